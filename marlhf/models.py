@@ -1,0 +1,178 @@
+"""Loading tokenizers and causal LMs (hub id, local directory, or the embedded `tiny`), dtype, dropout,
+gradient checkpointing and LoRA (through peft)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import torch
+
+from marlhf.config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``tiny`` -> the cached embedded model (built on first use); anything else unchanged."""
+    if name_or_path == "tiny":
+        from marlhf.tiny import ensure_tiny
+
+        return ensure_tiny()
+    return name_or_path
+
+
+def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
+    """Tokenizer with a pad token. Training pads on the right, generation on the left.
+
+    A tokenizer without a pad token gets its EOS as pad (loss masks and attention masks never depend on
+    the pad id, so this is safe).
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(cfg.tokenizer_name_or_path or cfg.model_name_or_path)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise ValueError(f"tokenizer of {path} has neither a pad nor an eos token")
+        tok.pad_token = tok.eos_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def _set_dropout(config: Any, p: float) -> None:
+    for key in (
+        "dropout",
+        "attention_dropout",
+        "hidden_dropout",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "activation_dropout",
+    ):
+        if hasattr(config, key):
+            setattr(config, key, p)
+
+
+def load_causal_lm(
+    cfg: ModelConfig,
+    *,
+    path: str | None = None,
+    dtype: str | None = None,
+    ds_zero3_config: dict | None = None,
+):
+    """``AutoModelForCausalLM`` from ``path`` (default ``cfg.model_name_or_path``).
+
+    With ``ds_zero3_config`` (a ZeRO-3 DeepSpeed dict) the weights are loaded partitioned across ranks
+    (transformers' ``HfDeepSpeedConfig`` must be alive during ``from_pretrained``).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve_model_path(path or cfg.model_name_or_path)
+    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if cfg.dropout is not None:
+        _set_dropout(hf_config, cfg.dropout)
+    keep = None
+    if ds_zero3_config is not None:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep = HfDeepSpeedConfig(ds_zero3_config)  # noqa: F841 (must outlive from_pretrained)
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        config=hf_config,
+        dtype=TORCH_DTYPES[dtype or cfg.dtype],
+        trust_remote_code=cfg.trust_remote_code,
+    )
+    del keep
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    # transformers 5 renamed gradient checkpointing to activation checkpointing (old name until v6)
+    fn = getattr(model, "activation_checkpointing_enable", None)
+    if fn is not None:
+        fn(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+
+
+def lora_target_modules(model: torch.nn.Module, module_name: str) -> list[str]:
+    """Names of the Linear modules whose qualified name contains ``module_name`` (the original
+    DeepSpeed-Chat flag's meaning), excluding the output head."""
+    names = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and module_name in n and not n.endswith("lm_head")
+    ]
+    if not names:
+        raise ValueError(f"--lora_module_name {module_name!r} matches no Linear module of the model")
+    return names
+
+
+def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
+    """Wrap ``model`` with peft LoRA adapters when ``--lora_dim > 0``."""
+    if cfg.lora_dim == 0:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora_target_modules(model, cfg.lora_module_name)
+    pattern = "^(" + "|".join(re.escape(t) for t in targets) + ")$"
+    lcfg = LoraConfig(
+        r=cfg.lora_dim,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=pattern,
+        bias="none",
+    )
+    peft_model = get_peft_model(model, lcfg)
+    if not cfg.only_optimize_lora:
+        for n, p in peft_model.named_parameters():
+            if "lora_" not in n:
+                p.requires_grad_(True)
+    return peft_model
+
+
+def merge_lora_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """Fold peft LoRA weights into plain weights: ``W + scaling · B @ A``; strip peft's prefixes.
+
+    ``state`` is a full (gathered) state dict of a peft-wrapped model with one adapter ("default").
+    The result has the keys of the unwrapped base model, so it saves as a normal HF checkpoint.
+    """
+    out: dict[str, torch.Tensor] = {}
+    lora_a = {k[: -len(".lora_A.default.weight")]: v for k, v in state.items() if k.endswith(".lora_A.default.weight")}
+    lora_b = {k[: -len(".lora_B.default.weight")]: v for k, v in state.items() if k.endswith(".lora_B.default.weight")}
+    for k, v in state.items():
+        if ".lora_A." in k or ".lora_B." in k:
+            continue
+        key = k
+        if key.endswith(".base_layer.weight"):
+            mod = key[: -len(".base_layer.weight")]
+            if mod in lora_a:
+                delta = (lora_b[mod].float() @ lora_a[mod].float()) * scaling
+                v = (v.float() + delta).to(v.dtype)
+            key = mod + ".weight"
+        key = key.replace(".base_layer.", ".")
+        if key.startswith("base_model.model."):
+            key = key[len("base_model.model.") :]
+        out[key] = v
+    return out
+
+
+def unwrap_peft(model: torch.nn.Module) -> tuple[torch.nn.Module, float | None]:
+    """(base model, LoRA scaling) for a peft model; (model, None) otherwise."""
+    get_base = getattr(model, "get_base_model", None)
+    if get_base is None or not hasattr(model, "peft_config"):
+        return model, None
+    lcfg = model.peft_config["default"]
+    return get_base(), lcfg.lora_alpha / lcfg.r
