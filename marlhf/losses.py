@@ -1,0 +1,243 @@
+"""PPO losses: masked statistics, the clipped policy surrogate (token- or macro-level ratio), the clipped
+value loss, explained variance and the entropy bonus.
+
+Shapes: B batch, A response tokens; `action_mask: (B, A) bool` true on valid tokens;
+`segment_ids: (B, A) long`, the macro action of each token (0..count-1), -1 on padding.
+
+Stats are returned as detached 0-d tensors (no host sync in the training step); convert with `.item()`
+when logging.
+
+>>> import torch
+>>> lp = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))  # ratios 1.5, 0.5, (padding)
+>>> old = torch.zeros(1, 3)
+>>> adv = torch.tensor([[1.0, 1.0, 9.0]])
+>>> mask = torch.tensor([[True, True, False]])
+>>> loss, stats = policy_loss(lp, old, adv, mask, cliprange=0.2)
+>>> round(loss.item(), 4)  # mean(-min(1.5, 1.2), -min(0.5, 0.8)) = mean(-1.2, -0.5)
+-0.85
+>>> stats["policy/clipfrac"].item()  # only the first token is clipped
+0.5
+"""
+
+from __future__ import annotations
+
+import torch
+
+RATIO_LEVELS = ("token", "macro")
+
+
+def masked_mean(
+    x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """Mean of `x` over entries where `mask` is true (over all of them, or along `dim`).
+
+    Masked-out entries are excluded even if they hold NaN/inf. An empty selection gives 0 (not NaN), so a
+    batch whose rows are all padding contributes nothing to a loss.
+
+    >>> import torch
+    >>> masked_mean(torch.tensor([[1.0, 2.0, 9.0]]), torch.tensor([[True, True, False]]))
+    tensor(1.5000)
+    """
+    mask = mask.bool()
+    total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if dim is None:
+        return total.sum() / mask.sum().clamp(min=1)
+    return total.sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of `x` over the masked entries (Bessel-corrected when `unbiased` and more than one entry).
+
+    >>> import torch
+    >>> masked_var(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([True, True, False]))
+    tensor(2.)
+    """
+    mask = mask.bool()
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean).square(), mask)
+    if unbiased:
+        n = mask.sum()
+        var = var * n / (n - 1).clamp(min=1)
+    return var
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Normalise `x` to unit variance over the masked entries (and zero mean if `shift_mean`; otherwise the
+    mean is kept, as is usual for advantages that should keep their sign balance). Padding becomes 0.
+
+    >>> import torch
+    >>> masked_whiten(torch.tensor([1.0, 3.0, 7.0]), torch.tensor([True, True, False]))
+    tensor([-0.7071,  0.7071,  0.0000])
+    """
+    mask = mask.bool()
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(mask, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _check_same_shape(reference: torch.Tensor, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.shape != reference.shape:
+            raise ValueError(
+                f"{name} must have shape {tuple(reference.shape)} like action_mask, got {tuple(t.shape)}"
+            )
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    cliprange: float,
+    ratio_level: str = "token",
+    segment_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate, `mean(max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps)))`.
+
+    - `ratio_level="token"`: one ratio per token, `rho_t = exp(logp_t - old_logp_t)`, averaged over the
+      valid tokens of the batch. With macro-action advantages broadcast to tokens this is what the
+      original MA-RLHF trained.
+    - `ratio_level="macro"`: one ratio per macro action omega, the ratio of the macro action's probability
+      (MA-RLHF, Eq. 3), `rho_omega = exp(sum_{t in omega} (logp_t - old_logp_t))`, clipped, times the macro
+      advantage, averaged over the valid macro actions of the batch. All tokens of a macro action share
+      one advantage (macro-level GAE broadcasts it); it is read at the macro action's first token. With
+      one-token macro actions this equals the token level exactly.
+
+    Args:
+        logprobs: `(B, A)` float, log-probs under the policy being trained (carries the gradient).
+        old_logprobs: `(B, A)` float, log-probs recorded at rollout time.
+        advantages: `(B, A)` float (constant within each macro action for the macro level).
+        action_mask: `(B, A)` bool.
+        cliprange: epsilon (original: 0.2).
+        ratio_level: "token" or "macro".
+        segment_ids: `(B, A)` long, required for the macro level; tokens with id -1 are ignored.
+
+    Returns:
+        `(loss: 0-d tensor, stats)` with stats `policy/clipfrac` (fraction of ratios, tokens or macro
+        actions, whose clipped term is the active one), `policy/approx_kl` (`mean((r - 1) - log r)` over
+        tokens, r the per-token ratio), `policy/ratio_mean` (mean ratio at the chosen level).
+    """
+    _check_same_shape(
+        action_mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages
+    )
+    if cliprange < 0:
+        raise ValueError(f"--cliprange must be >= 0, got {cliprange}")
+    mask = action_mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    token_log_ratio = torch.where(mask, logprobs - old_logprobs, zero)  # (B, A)
+
+    if ratio_level == "token":
+        log_ratio = token_log_ratio
+        adv = advantages
+        weight = mask  # one term per valid token
+    elif ratio_level == "macro":
+        if segment_ids is None:
+            raise ValueError("--ratio_level macro needs segment_ids (B, A)")
+        _check_same_shape(action_mask, segment_ids=segment_ids)
+        B, A = mask.shape
+        valid = mask & (segment_ids >= 0)
+        # A macro action has >= 1 token, so ids are < A: A buckets plus bucket A for padding suffice,
+        # and no host sync is needed to learn M.
+        bucket = torch.where(valid, segment_ids, A).long()
+        macro_log_ratio = torch.zeros(B, A + 1, dtype=token_log_ratio.dtype, device=mask.device)
+        macro_log_ratio.scatter_add_(1, bucket, torch.where(valid, token_log_ratio, zero))
+        positions = torch.arange(A, device=mask.device).expand(B, A)
+        first = torch.full((B, A + 1), A, dtype=torch.long, device=mask.device)
+        first.scatter_reduce_(1, bucket, positions, reduce="amin")
+        is_first = valid & (positions == first.gather(1, bucket))  # (B, A): one per macro action
+        # Each macro action's terms sit on its first token; the other tokens get weight 0.
+        log_ratio = macro_log_ratio.gather(1, bucket)
+        adv = advantages.gather(1, first.gather(1, bucket).clamp(max=A - 1))
+        weight = is_first
+    else:
+        raise ValueError(f"--ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    loss = masked_mean(torch.maximum(unclipped, clipped), weight)
+
+    with torch.no_grad():
+        stats = {
+            "policy/clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), weight),
+            "policy/approx_kl": masked_mean(torch.expm1(token_log_ratio) - token_log_ratio, mask),
+            "policy/ratio_mean": masked_mean(ratio, weight),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    cliprange_value: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss, `0.5 * mean(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2))` over valid
+    tokens. For macro-action PPO the returns are the macro returns broadcast to the macro's tokens (each
+    token's value regresses to its macro action's return, as in the original).
+
+    Args:
+        values: `(B, A)` float, current critic values (carries the gradient).
+        old_values: `(B, A)` float, values recorded at rollout time.
+        returns: `(B, A)` float, regression targets.
+        action_mask: `(B, A)` bool.
+        cliprange_value: c (original: 0.2).
+
+    Returns:
+        `(loss, {"value/clipfrac": fraction of tokens where the clipped error is the larger})`.
+
+    >>> import torch
+    >>> v, old, ret = torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2), torch.tensor([[2.0, 1.0]])
+    >>> loss, stats = value_loss(v, old, ret, torch.ones(1, 2, dtype=torch.bool), cliprange_value=0.5)
+    >>> loss.item()  # 0.5 * mean(max(1, 1.5^2), max(1, 1))
+    0.8125
+    """
+    _check_same_shape(action_mask, values=values, old_values=old_values, returns=returns)
+    if cliprange_value < 0:
+        raise ValueError(f"--cliprange_value must be >= 0, got {cliprange_value}")
+    mask = action_mask.bool()
+    clipped_values = old_values + torch.clamp(
+        values - old_values, -cliprange_value, cliprange_value
+    )
+    err = (values - returns).square()
+    err_clipped = (clipped_values - returns).square()
+    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
+    with torch.no_grad():
+        clipfrac = masked_mean((err_clipped > err).to(err.dtype), mask)
+    return loss, {"value/clipfrac": clipfrac.detach()}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """`1 - Var[R - V] / Var[R]` over the masked entries: 1 is a perfect critic, 0 no better than a constant,
+    negative worse. NaN when the returns have no variance. Meant for logging (syncs to the host).
+
+    >>> import torch
+    >>> m = torch.ones(1, 3, dtype=torch.bool)
+    >>> explained_variance(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 2.0, 3.0]]), m)
+    1.0
+    """
+    with torch.no_grad():
+        values, returns = values.detach().double(), returns.detach().double()
+        var_returns = masked_var(returns, mask)
+        if var_returns.item() == 0.0:
+            return float("nan")
+        return float(1.0 - masked_var(returns - values, mask) / var_returns)
+
+
+def entropy_bonus(entropy: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """Mean per-token entropy over valid tokens (`(B, A)` from `marlhf.logprobs.entropy_from_logits`);
+    subtract `coef * entropy_bonus(...)` from the loss to encourage exploration (the original uses none).
+
+    >>> import torch
+    >>> entropy_bonus(torch.tensor([[1.0, 3.0, 50.0]]), torch.tensor([[True, True, False]]))
+    tensor(2.)
+    """
+    return masked_mean(entropy, action_mask)

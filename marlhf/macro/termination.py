@@ -1,0 +1,380 @@
+"""Termination rules: which response tokens end a macro action (MA-RLHF Sec. 3.1), batched.
+
+Every rule maps a right-padded batch of responses to `macro_end: (B, A) bool`, true on the last token of
+each macro action and always on the last valid token. Rules are looked up by their CLI name in `RULES`
+(``--termination_condition``); `build_termination` wraps the chosen rule with input checks and the
+``--eos_own_macro`` convention. The ``parsing`` rule lives in `marlhf.macro.parsing` and registers
+itself with ``@register_rule("parsing")``.
+
+Example: fixed 2-grams over a batch of two responses; the first ends with EOS, which becomes its own
+macro action.
+
+>>> import torch
+>>> from marlhf.macro.config import MacroConfig
+>>> rule = build_termination(MacroConfig(termination_condition="fixed", ngram=2))
+>>> mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+>>> inputs = TerminationInputs(
+...     response_ids=torch.zeros(2, 6, dtype=torch.long),
+...     action_mask=mask,
+...     ends_with_eos=torch.tensor([True, False]),
+... )
+>>> rule(inputs).macro_end.int().tolist()
+[[0, 1, 0, 1, 1, 1], [0, 1, 1, 0, 0, 0]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from marlhf.macro.config import MacroConfig
+
+__all__ = [
+    "RULES",
+    "EntropyRule",
+    "FixedRule",
+    "PplRule",
+    "RandomizedRule",
+    "TerminationInputs",
+    "TerminationOutput",
+    "TerminationRule",
+    "build_termination",
+    "register_rule",
+]
+
+
+@dataclass
+class TerminationInputs:
+    """What a termination rule may look at, for a right-padded batch of responses.
+
+    Fields:
+        response_ids: (B, A) long — sampled response tokens.
+        action_mask: (B, A) bool — response tokens, true on a prefix of each row.
+        ends_with_eos: (B,) bool — the last valid token is EOS / end-of-conversation (false for
+            responses truncated at the length limit).
+        ref_logprobs: (B, A) float | None — log p_ref(a_t | s_t) of each sampled token (``ppl``).
+        ref_entropy: (B, A) float | None — entropy of p_ref( . | s_t), the distribution token t was
+            sampled from (``entropy``).
+        generator: torch.Generator | None — randomness for ``randomized`` (None: torch's default).
+    """
+
+    response_ids: torch.Tensor
+    action_mask: torch.Tensor
+    ends_with_eos: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    ref_entropy: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class TerminationOutput:
+    """A rule's answer.
+
+    Fields:
+        macro_end: (B, A) bool — true on the last token of each macro action, false on padding.
+        fallback: (B,) bool — rows where the rule failed and ``fixed`` was used instead (only
+            ``parsing`` sets it); None means all false.
+    """
+
+    macro_end: torch.Tensor
+    fallback: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.fallback is None:
+            self.fallback = torch.zeros(
+                self.macro_end.shape[0], dtype=torch.bool, device=self.macro_end.device
+            )
+
+
+class TerminationRule(Protocol):
+    """A batched termination rule. `needs` names the optional `TerminationInputs` fields it reads."""
+
+    needs: frozenset[str]
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput: ...
+
+
+RuleFactory = Callable[[MacroConfig, Any], TerminationRule]
+RULES: dict[str, RuleFactory] = {}
+
+
+def register_rule(name: str) -> Callable[[RuleFactory], RuleFactory]:
+    """Register a rule factory ``factory(cfg: MacroConfig, tokenizer | None) -> TerminationRule``
+    under the CLI name `name` (a class whose ``__init__`` takes ``(cfg, tokenizer=None)`` works)."""
+
+    def decorator(factory: RuleFactory) -> RuleFactory:
+        RULES[name] = factory
+        return factory
+
+    return decorator
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """(B, A) long token index 0..A-1."""
+    return torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+
+
+def _last_valid(mask: torch.Tensor) -> torch.Tensor:
+    """(B, A) bool — true on the last valid token of each non-empty row."""
+    n_valid = mask.sum(1, keepdim=True)
+    return _positions(mask) == (n_valid - 1)
+
+
+def _ends_from_lengths(lengths: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mark the ends of consecutive macro actions of the given lengths, then the last valid token.
+
+    Args:
+        lengths: (B, K) long >= 1 — macro-action lengths in order; the ones running past the end
+            of the response are ignored.
+        mask: (B, A) bool.
+
+    Returns:
+        (B, A) bool macro_end.
+    """
+    B, A = mask.shape
+    ends = torch.cumsum(lengths, dim=1) - 1  # (B, K) token index of each macro action's last token
+    n_valid = mask.sum(1, keepdim=True)
+    inside = ends < n_valid
+    macro_end = torch.zeros(B, A + 1, dtype=torch.bool, device=mask.device)
+    # Ends past the response go to the spare column A, which is dropped.
+    macro_end.scatter_(1, torch.where(inside, ends, torch.full_like(ends, A)), True)
+    return (macro_end[:, :A] | _last_valid(mask)) & mask
+
+
+# --------------------------------------------------------------------------------------------------
+# rules
+
+
+@register_rule("fixed")
+class FixedRule:
+    """Fixed n-gram: a macro action ends after every `--ngram` valid tokens and at the last one.
+
+    ``n = 1`` makes every token its own macro action, so MA-PPO is exactly token-level PPO (the original
+    added a spurious zero-length step when (T-1) % n == 0; this does not).
+    """
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+        self.n = cfg.ngram
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        mask = inputs.action_mask
+        macro_end = ((_positions(mask) + 1) % self.n == 0) | _last_valid(mask)
+        return TerminationOutput(macro_end=macro_end & mask)
+
+
+@register_rule("randomized")
+class RandomizedRule:
+    """Randomized n-gram lengths, each row its own draw from `inputs.generator`.
+
+    ``--randomized_mode original`` (the released code): the list ``ngram_choices * repeat_times`` (K
+    lengths) is shuffled per row — the permutation is
+    ``torch.rand(B, K, generator=g).argsort(dim=1)`` — and consumed as consecutive macro-action lengths;
+    once exhausted, the rest of the response is ONE macro action.
+
+    ``--randomized_mode resample``: lengths are drawn uniformly from ``ngram_choices`` until the end of
+    the response — ``torch.randint(len(ngram_choices), (B, A), generator=g)`` indexes the choices.
+    """
+
+    needs: frozenset[str] = frozenset()
+
+    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+        self.choices = torch.tensor([int(n) for n in cfg.ngram_choices], dtype=torch.long)
+        self.repeat_times = cfg.repeat_times
+        self.mode = cfg.randomized_mode
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        mask = inputs.action_mask
+        B, A = mask.shape
+        g = inputs.generator
+        device = g.device if g is not None else torch.device("cpu")
+        choices = self.choices.to(device)
+        if self.mode == "original":
+            pool = choices.repeat(self.repeat_times)  # (K,) choices * repeat_times, as a list
+            perm = torch.rand(B, pool.numel(), generator=g, device=device).argsort(dim=1)
+            lengths = pool[perm]
+        else:
+            draws = torch.randint(len(choices), (B, max(A, 1)), generator=g, device=device)
+            lengths = choices[draws]  # A draws always cover A tokens (lengths >= 1)
+        return TerminationOutput(macro_end=_ends_from_lengths(lengths.to(mask.device), mask))
+
+
+@register_rule("ppl")
+class PplRule:
+    """Perplexity rule over the reference model's token NLLs, nll_t = -log p_ref(a_t | s_t).
+
+    Scanning left to right, the current macro action holds tokens with running mean NLL m (its
+    perplexity is exp(m)). Token t (t >= 1) starts a new macro action — i.e. token t-1 ends one — when
+
+        (nll_t > m  and  current length >= --ppl_min_len)  or  (--ppl_max_len > 0 and
+        current length >= --ppl_max_len),
+
+    i.e. when adding t would raise the macro action's perplexity. The last valid token always ends a
+    macro action. (The original intended ppl_{t+1} > ppl_t between neighbours, but its code could never
+    fire.) Loops over A with batched tensor ops, never over rows.
+    """
+
+    needs: frozenset[str] = frozenset({"ref_logprobs"})
+
+    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+        self.min_len = cfg.ppl_min_len
+        self.max_len = cfg.ppl_max_len
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        mask = inputs.action_mask
+        assert inputs.ref_logprobs is not None
+        nll = -inputs.ref_logprobs.detach().to(torch.float64)
+        B, A = mask.shape
+        starts = torch.zeros(B, A, dtype=torch.bool, device=mask.device)  # token t starts a macro
+        if A > 0:
+            cur_sum = nll[:, 0].clone()
+            cur_len = torch.ones(B, dtype=torch.long, device=mask.device)
+            for t in range(1, A):
+                x = nll[:, t]
+                cut = (x > cur_sum / cur_len) & (cur_len >= self.min_len)
+                if self.max_len > 0:
+                    cut = cut | (cur_len >= self.max_len)
+                starts[:, t] = cut
+                cur_sum = torch.where(cut, x, cur_sum + x)
+                cur_len = torch.where(cut, torch.ones_like(cur_len), cur_len + 1)
+        macro_end = torch.zeros_like(starts)
+        macro_end[:, :-1] = starts[:, 1:]
+        return TerminationOutput(macro_end=(macro_end | _last_valid(mask)) & mask)
+
+
+@register_rule("entropy")
+class EntropyRule:
+    """Entropy segmentation (Segment-PPO, arXiv 2501.02790): a new macro action starts before token j
+    (j >= 1) when the reference model was uncertain there, H_j > tau; then token j-1 ends a macro action.
+
+    tau = ``--entropy_threshold``: 0 gives token level (for positive entropies), inf one macro action.
+    With ``--target_macro_len L*`` tau is chosen per batch: with N valid tokens, R non-empty rows and F
+    boundaries forced by ``--eos_own_macro``, the K = round(N / L*) - R - F highest candidate entropies
+    (tokens j >= 1, excluding a forced EOS) become boundaries — tau is the (K+1)-th highest — so the
+    pooled mean length N / #macros is about L* (exact without ties).
+    """
+
+    needs: frozenset[str] = frozenset({"ref_entropy"})
+
+    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+        self.threshold = cfg.entropy_threshold
+        self.target = cfg.target_macro_len
+        self.eos_own_macro = cfg.eos_own_macro
+
+    def threshold_for(self, inputs: TerminationInputs) -> float:
+        """tau used for this batch (the fixed threshold, or the one meeting --target_macro_len)."""
+        if self.target is None:
+            return self.threshold
+        mask = inputs.action_mask
+        entropy = inputs.ref_entropy
+        assert entropy is not None
+        n_valid = mask.sum(1)
+        candidate = mask & (_positions(mask) >= 1)
+        forced = torch.zeros_like(n_valid, dtype=torch.bool)
+        if self.eos_own_macro:
+            forced = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
+            candidate = candidate & ~(_last_valid(mask) & forced[:, None])
+        wanted = round(float(n_valid.sum()) / self.target)
+        k = wanted - int((n_valid > 0).sum()) - int(forced.sum())
+        values = entropy.detach()[candidate].to(torch.float64)
+        if k <= 0:
+            return math.inf
+        if k >= values.numel():
+            return -math.inf
+        return float(torch.topk(values, k + 1).values[-1])
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        mask = inputs.action_mask
+        assert inputs.ref_entropy is not None
+        tau = self.threshold_for(inputs)
+        starts = (
+            inputs.ref_entropy.detach().to(torch.float64) > tau
+        )  # (B, A) token j starts a macro
+        macro_end = torch.zeros_like(mask)
+        macro_end[:, :-1] = starts[:, 1:]
+        return TerminationOutput(macro_end=(macro_end | _last_valid(mask)) & mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# building
+
+
+class _CheckedRule:
+    """A registered rule plus input validation and the ``--eos_own_macro`` convention."""
+
+    def __init__(self, name: str, rule: TerminationRule, eos_own_macro: bool) -> None:
+        self.name = name
+        self.rule = rule
+        self.needs: frozenset[str] = frozenset(getattr(rule, "needs", frozenset()))
+        self.eos_own_macro = eos_own_macro
+
+    def __repr__(self) -> str:
+        return f"TerminationRule({self.name!r}, eos_own_macro={self.eos_own_macro})"
+
+    def _check(self, inputs: TerminationInputs) -> None:
+        mask = inputs.action_mask
+        if mask.dim() != 2 or mask.dtype != torch.bool:
+            raise ValueError(
+                f"action_mask must be a (B, A) bool tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        B, A = mask.shape
+        if tuple(inputs.response_ids.shape) != (B, A):
+            raise ValueError(
+                f"response_ids {tuple(inputs.response_ids.shape)} must match action_mask {(B, A)}"
+            )
+        if tuple(inputs.ends_with_eos.shape) != (B,):
+            raise ValueError(f"ends_with_eos {tuple(inputs.ends_with_eos.shape)} must be ({B},)")
+        if A > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise ValueError("action_mask must be right-padded (true on a prefix of each row)")
+        for name in sorted(self.needs):
+            value = getattr(inputs, name, None)
+            if value is None:
+                raise ValueError(
+                    f"termination rule {self.name!r} needs TerminationInputs.{name}; "
+                    f"compute it with the reference model and pass it"
+                )
+            if isinstance(value, torch.Tensor) and tuple(value.shape) != (B, A):
+                raise ValueError(
+                    f"TerminationInputs.{name} {tuple(value.shape)} must match action_mask {(B, A)}"
+                )
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        self._check(inputs)
+        out = self.rule(inputs)
+        mask = inputs.action_mask
+        last = _last_valid(mask) & mask
+        macro_end = (out.macro_end.bool() | last) & mask
+        if self.eos_own_macro:
+            # The token before a final EOS ends a macro action, so the EOS stands alone.
+            n_valid = mask.sum(1)
+            own = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
+            before_last = _positions(mask) == (n_valid - 2)[:, None]
+            macro_end = macro_end | (before_last & own[:, None])
+        return TerminationOutput(macro_end=macro_end, fallback=out.fallback)
+
+
+def build_termination(cfg: MacroConfig, tokenizer: Any = None) -> TerminationRule:
+    """The rule named by ``cfg.termination_condition``, with input checks and ``--eos_own_macro``.
+
+    Raises:
+        ValueError: unknown rule name (lists the registered ones).
+    """
+    name = cfg.termination_condition
+    if name not in RULES:
+        hint = ""
+        if name == "parsing":
+            hint = " (the parsing rule registers when marlhf.macro.parsing is importable)"
+        raise ValueError(
+            f"--termination_condition {name!r} is not a registered rule; known: "
+            f"{sorted(RULES)}{hint}"
+        )
+    return _CheckedRule(name, RULES[name](cfg, tokenizer), cfg.eos_own_macro)

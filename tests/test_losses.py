@@ -1,0 +1,265 @@
+"""Tests for marlhf.losses against per-token / per-macro loops and hand-worked clipping cases."""
+
+import doctest
+import statistics
+
+import pytest
+import torch
+
+import marlhf.losses as losses_mod
+from marlhf.losses import (
+    entropy_bonus,
+    explained_variance,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
+
+
+def _batch(seed, B=4, A=9, lengths=(9, 4, 1, 6)):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.arange(A).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    old = -torch.rand(B, A, generator=g) * 3
+    logp = old + 0.3 * torch.randn(B, A, generator=g)
+    adv = torch.randn(B, A, generator=g)
+    return logp, old, adv, mask, g
+
+
+def _random_segments(mask, g, max_len=3):
+    B, A = mask.shape
+    ids = torch.full((B, A), -1)
+    for b in range(B):
+        length, k, t = int(mask[b].sum()), 0, 0
+        while t < length:
+            n = int(torch.randint(1, max_len + 1, (1,), generator=g))
+            ids[b, t : min(length, t + n)] = k
+            t, k = t + n, k + 1
+    return ids
+
+
+# ---------------------------------------------------------------- masked statistics
+
+
+def test_masked_mean_var_whiten_match_loops():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    vals = [float(x[b, t]) for b in range(3) for t in range(5) if mask[b, t]]
+    assert masked_mean(x, mask).item() == pytest.approx(statistics.fmean(vals), abs=1e-6)
+    assert masked_var(x, mask).item() == pytest.approx(statistics.variance(vals), abs=1e-5)
+    assert masked_var(x, mask, unbiased=False).item() == pytest.approx(
+        statistics.pvariance(vals), abs=1e-5
+    )
+    rows = masked_mean(x, mask, dim=1)
+    for b in range(3):
+        row = [float(x[b, t]) for t in range(5) if mask[b, t]]
+        assert rows[b].item() == pytest.approx(statistics.fmean(row), abs=1e-6)
+
+    w = masked_whiten(x, mask)
+    assert masked_mean(w, mask).item() == pytest.approx(0.0, abs=1e-6)
+    assert masked_var(w, mask).item() == pytest.approx(1.0, abs=1e-5)
+    assert torch.all(w[~mask] == 0)
+    w2 = masked_whiten(x, mask, shift_mean=False)
+    assert masked_mean(w2, mask).item() == pytest.approx(statistics.fmean(vals), abs=1e-5)
+
+
+def test_masked_mean_ignores_nan_in_padding_and_empty_is_zero():
+    x = torch.tensor([[1.0, float("nan")], [float("inf"), 3.0]])
+    mask = torch.tensor([[True, False], [False, True]])
+    assert masked_mean(x, mask).item() == 2.0
+    assert masked_mean(x, torch.zeros(2, 2, dtype=torch.bool)).item() == 0.0
+
+
+# ---------------------------------------------------------------- policy loss, token level
+
+
+def _reference_token_policy_loss(logp, old, adv, mask, eps):
+    terms, clipped, kls = [], [], []
+    for b in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            if not mask[b, t]:
+                continue
+            r = torch.exp(logp[b, t] - old[b, t])
+            a = adv[b, t]
+            un, cl = -a * r, -a * torch.clamp(r, 1 - eps, 1 + eps)
+            terms.append(torch.maximum(un, cl))
+            clipped.append(float(cl > un))
+            kls.append(float((r - 1 - torch.log(r)).detach()))
+    return torch.stack(terms).mean(), statistics.fmean(clipped), statistics.fmean(kls)
+
+
+def test_token_policy_loss_matches_loop_including_gradient():
+    logp, old, adv, mask, _ = _batch(1)
+    x = logp.clone().requires_grad_(True)
+    loss, stats = policy_loss(x, old, adv, mask, cliprange=0.2)
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    ref, ref_clipfrac, ref_kl = _reference_token_policy_loss(y, old, adv, mask, 0.2)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(x.grad, y.grad)
+    assert stats["policy/clipfrac"].item() == pytest.approx(ref_clipfrac)
+    assert stats["policy/approx_kl"].item() == pytest.approx(ref_kl, abs=1e-6)
+    assert 0.0 < ref_clipfrac < 1.0  # the batch exercises both branches
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, expected_term, is_clipped, has_grad",
+    [
+        (1.5, 1.0, -1.2, True, False),  # above range, A > 0: gain capped at 1 + eps
+        (1.5, -1.0, 1.5, False, True),  # above range, A < 0: pessimistic, unclipped
+        (0.5, 1.0, -0.5, False, True),  # below range, A > 0: unclipped
+        (0.5, -1.0, 0.8, True, False),  # below range, A < 0: capped at 1 - eps
+        (1.1, 2.0, -2.2, False, True),  # inside the range: plain ratio * A
+    ],
+)
+def test_clipping_cases_by_hand(ratio, adv, expected_term, is_clipped, has_grad):
+    logp = torch.tensor([[torch.log(torch.tensor(ratio)).item(), 0.0]], requires_grad=True)
+    mask = torch.tensor([[True, False]])
+    loss, stats = policy_loss(
+        logp, torch.zeros(1, 2), torch.tensor([[adv, 5.0]]), mask, cliprange=0.2
+    )
+    assert loss.item() == pytest.approx(expected_term, abs=1e-6)
+    assert stats["policy/clipfrac"].item() == float(is_clipped)
+    loss.backward()
+    grad = logp.grad[0, 0].item()
+    if has_grad:  # d(-A r)/d logp = -A r
+        assert grad == pytest.approx(-adv * ratio, abs=1e-6)
+    else:
+        assert grad == 0.0
+    assert logp.grad[0, 1].item() == 0.0  # padding never gets gradient
+
+
+# ---------------------------------------------------------------- policy loss, macro level
+
+
+def test_macro_level_with_one_token_macros_equals_token_level_exactly():
+    logp, old, adv, mask, _ = _batch(2)
+    ids = torch.where(mask, torch.arange(mask.shape[1]).expand_as(mask), -1)
+    x1 = logp.clone().requires_grad_(True)
+    x2 = logp.clone().requires_grad_(True)
+    l1, s1 = policy_loss(x1, old, adv, mask, cliprange=0.2)
+    l2, s2 = policy_loss(x2, old, adv, mask, cliprange=0.2, ratio_level="macro", segment_ids=ids)
+    l1.backward()
+    l2.backward()
+    assert torch.equal(l1, l2)
+    assert torch.equal(x1.grad, x2.grad)
+    for k in s1:
+        assert torch.equal(s1[k], s2[k]), k
+
+
+def _reference_macro_policy_loss(logp, old, adv, ids, eps):
+    terms, clipped, ratios = [], [], []
+    for b in range(ids.shape[0]):
+        groups = {}
+        for t in range(ids.shape[1]):
+            if ids[b, t] >= 0:
+                groups.setdefault(int(ids[b, t]), []).append(t)
+        for ts in groups.values():
+            r = torch.exp(sum(logp[b, t] - old[b, t] for t in ts))  # Eq. 3: product of token ratios
+            a = adv[b, ts[0]]
+            un, cl = -a * r, -a * torch.clamp(r, 1 - eps, 1 + eps)
+            terms.append(torch.maximum(un, cl))
+            clipped.append(float(cl > un))
+            ratios.append(float(r.detach()))
+    return torch.stack(terms).mean(), statistics.fmean(clipped), statistics.fmean(ratios)
+
+
+def test_macro_level_multi_token_matches_loop_including_gradient():
+    logp, old, _, mask, g = _batch(3)
+    ids = _random_segments(mask, g)
+    # Macro advantages are shared by all tokens of a macro action (as macro GAE broadcasts them).
+    macro_adv = torch.randn(mask.shape[0], mask.shape[1], generator=g)
+    adv = torch.where(ids >= 0, macro_adv.gather(1, ids.clamp(min=0)), 0.0)
+    x = logp.clone().requires_grad_(True)
+    loss, stats = policy_loss(
+        x, old, adv, mask, cliprange=0.2, ratio_level="macro", segment_ids=ids
+    )
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    ref, ref_clipfrac, ref_ratio = _reference_macro_policy_loss(y, old, adv, ids, 0.2)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(x.grad, y.grad)
+    assert stats["policy/clipfrac"].item() == pytest.approx(ref_clipfrac)
+    assert stats["policy/ratio_mean"].item() == pytest.approx(ref_ratio, rel=1e-5)
+    assert 0.0 < ref_clipfrac < 1.0
+
+
+def test_macro_ratio_is_product_of_token_ratios_hand_example():
+    # One macro action of two tokens with ratios 1.1 and 1.2: rho = 1.32 > 1.2, A = 1 -> clipped, -1.2.
+    logp = torch.log(torch.tensor([[1.1, 1.2, 1.0]]))
+    mask = torch.tensor([[True, True, False]])
+    ids = torch.tensor([[0, 0, -1]])
+    adv = torch.tensor([[1.0, 1.0, 0.0]])
+    tok, _ = policy_loss(logp, torch.zeros(1, 3), adv, mask, cliprange=0.2)
+    mac, stats = policy_loss(
+        logp, torch.zeros(1, 3), adv, mask, cliprange=0.2, ratio_level="macro", segment_ids=ids
+    )
+    assert tok.item() == pytest.approx(-1.15)  # token level: neither token clipped
+    assert mac.item() == pytest.approx(-1.2)
+    assert stats["policy/clipfrac"].item() == 1.0
+    assert stats["policy/ratio_mean"].item() == pytest.approx(1.32)
+
+
+def test_policy_loss_validation():
+    z = torch.zeros(1, 2)
+    m = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="segment_ids"):
+        policy_loss(z, z, z, m, cliprange=0.2, ratio_level="macro")
+    with pytest.raises(ValueError, match="ratio_level"):
+        policy_loss(z, z, z, m, cliprange=0.2, ratio_level="sequence")
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(z, z, torch.zeros(1, 3), m, cliprange=0.2)
+
+
+# ---------------------------------------------------------------- value loss and diagnostics
+
+
+def test_value_loss_matches_loop():
+    g = torch.Generator().manual_seed(4)
+    B, A = 3, 6
+    mask = torch.arange(A).unsqueeze(0) < torch.tensor([[6], [2], [4]])
+    old = torch.randn(B, A, generator=g)
+    values = old + 0.5 * torch.randn(B, A, generator=g)
+    returns = torch.randn(B, A, generator=g)
+    x = values.clone().requires_grad_(True)
+    loss, stats = value_loss(x, old, returns, mask, cliprange_value=0.2)
+    loss.backward()
+    y = values.clone().requires_grad_(True)
+    terms, clipped = [], []
+    for b in range(B):
+        for t in range(A):
+            if mask[b, t]:
+                vc = old[b, t] + torch.clamp(y[b, t] - old[b, t], -0.2, 0.2)
+                e1, e2 = (y[b, t] - returns[b, t]) ** 2, (vc - returns[b, t]) ** 2
+                terms.append(torch.maximum(e1, e2))
+                clipped.append(float(e2 > e1))
+    ref = 0.5 * torch.stack(terms).mean()
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(x.grad, y.grad)
+    assert stats["value/clipfrac"].item() == pytest.approx(statistics.fmean(clipped))
+
+
+def test_explained_variance():
+    mask = torch.tensor([[True, True, True, False]])
+    ret = torch.tensor([[1.0, 2.0, 3.0, 100.0]])
+    assert explained_variance(ret, ret, mask) == pytest.approx(1.0)
+    const = torch.full((1, 4), 2.0)
+    assert explained_variance(const, ret, mask) == pytest.approx(0.0)
+    v = torch.tensor([[1.5, 2.0, 2.5, 0.0]])  # residuals -0.5, 0, 0.5: var 0.25 vs var(R) = 1
+    assert explained_variance(v, ret, mask) == pytest.approx(0.75)
+    assert explained_variance(v, const, mask) != explained_variance(v, const, mask)  # NaN
+
+
+def test_entropy_bonus_is_masked_mean():
+    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 8.0, 8.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    assert entropy_bonus(ent, mask).item() == pytest.approx(2.5)
+
+
+def test_docstring_examples():
+    assert doctest.testmod(losses_mod).failed == 0
