@@ -1,0 +1,151 @@
+"""Show macro actions: coloured terminal text, a self-contained HTML page, a length histogram.
+
+Token pieces come from `token_pieces`, which uses the same character-offset computation as the parsing
+rule (`marlhf.macro.parsing.token_char_spans`), so what is shown is exactly what was segmented.
+
+>>> print(render_terminal(["The", " cat", " sat", "."], [False, True, False, True], color=False))
+The cat| sat.|
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from marlhf.macro.parsing import token_char_spans
+
+__all__ = [
+    "macro_groups",
+    "plot_length_histogram",
+    "render_html",
+    "render_terminal",
+    "token_pieces",
+]
+
+# Two background colours for the terminal (ANSI) and the HTML page, alternating per macro action.
+_ANSI = ("\x1b[30;46m", "\x1b[30;43m")
+_ANSI_RESET = "\x1b[0m"
+_HTML_BG = ("#cdeffd", "#fde9b5")
+
+
+def token_pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """The text each token adds to the decoded response (special tokens included; a token completing
+    a multi-byte character carries it, the partial ones are empty). ``"".join`` gives the decoded text.
+    """
+    text, spans = token_char_spans(tokenizer, ids, skip_special_tokens=False)
+    return [text[s:e] for s, e in spans]
+
+
+def macro_groups(macro_end: Sequence[bool]) -> list[tuple[int, int]]:
+    """``[start, end)`` token ranges of the macro actions; a tail without an end is its own group.
+
+    >>> macro_groups([False, True, True, False])
+    [(0, 2), (2, 3), (3, 4)]
+    """
+    groups = []
+    start = 0
+    for k, end in enumerate(macro_end):
+        if end:
+            groups.append((start, k + 1))
+            start = k + 1
+    if start < len(macro_end):
+        groups.append((start, len(macro_end)))
+    return groups
+
+
+def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None = None) -> str:
+    """One response with its macro actions marked.
+
+    Args:
+        pieces: (A,) text of each token (`token_pieces`).
+        macro_end: (A,) true on the last token of each macro action.
+        color: ANSI background colours alternating per macro action; None = only when stdout is a
+            terminal and ``NO_COLOR`` is unset. Without colour a ``|`` follows each macro action.
+    """
+    if len(pieces) != len(macro_end):
+        raise ValueError(f"{len(pieces)} token pieces but {len(macro_end)} macro_end flags")
+    if color is None:
+        import sys
+
+        color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    out = []
+    for m, (s, e) in enumerate(macro_groups(macro_end)):
+        text = "".join(pieces[s:e])
+        out.append(f"{_ANSI[m % 2]}{text}{_ANSI_RESET}" if color else text + "|")
+    return "".join(out)
+
+
+def render_html(items: list[dict], path: str | os.PathLike, title: str = "Macro actions") -> Path:
+    """Write a self-contained HTML page showing responses split into macro actions.
+
+    Args:
+        items: one dict per response with ``prompt`` (str), ``pieces`` (list[str], one per token),
+            ``macro_end`` (list[bool], same length) and optionally ``reward`` (float).
+        path: the .html file to write (parent folders are created).
+
+    Each macro action is a ``<span class="ma">`` with alternating background and a tooltip
+    ``macro i, n tokens``; token pieces are HTML-escaped, whitespace kept (``white-space: pre-wrap``).
+    """
+    blocks = []
+    for n, item in enumerate(items):
+        pieces, ends = list(item["pieces"]), list(item["macro_end"])
+        if len(pieces) != len(ends):
+            raise ValueError(f"item {n}: {len(pieces)} pieces but {len(ends)} macro_end flags")
+        spans = []
+        for m, (s, e) in enumerate(macro_groups(ends)):
+            text = html.escape("".join(pieces[s:e]))
+            spans.append(
+                f'<span class="ma" style="background:{_HTML_BG[m % 2]}" '
+                f'title="macro {m}, {e - s} tokens">{text}</span>'
+            )
+        reward = item.get("reward")
+        reward_html = (
+            "" if reward is None else f'<div class="reward">reward {float(reward):.4f}</div>'
+        )
+        blocks.append(
+            f'<div class="item"><div class="prompt">{html.escape(str(item.get("prompt", "")))}</div>'
+            f'<div class="response">{"".join(spans)}</div>{reward_html}</div>'
+        )
+    page = (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>"
+        "body{font-family:sans-serif;max-width:60em;margin:auto}"
+        ".item{border-bottom:1px solid #ccc;padding:1em 0}"
+        ".prompt{color:#555;white-space:pre-wrap;margin-bottom:.5em}"
+        ".response{white-space:pre-wrap;font-family:monospace;line-height:1.6}"
+        ".ma{border-radius:3px}.reward{color:#060;margin-top:.3em}"
+        f"</style></head><body><h1>{html.escape(title)}</h1>\n"
+        + "\n".join(blocks)
+        + "\n</body></html>\n"
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def plot_length_histogram(lengths: list[int], path: str | os.PathLike, title: str = "") -> Path:
+    """Save a PNG histogram of macro-action lengths (tokens per macro action)."""
+    # The Agg canvas directly: no pyplot state, no change to the user's global backend.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not lengths:
+        raise ValueError("plot_length_histogram: no lengths given")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = Figure(figsize=(6, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    top = max(lengths)
+    ax.hist(lengths, bins=range(1, top + 2), align="left", rwidth=0.85, color="#4a90d9")
+    ax.set_xlabel("tokens per macro action")
+    ax.set_ylabel("count")
+    mean = sum(lengths) / len(lengths)
+    ax.set_title(title or f"macro-action lengths (n={len(lengths)}, mean {mean:.2f})")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    return path

@@ -1,0 +1,367 @@
+"""Tests for marlhf.macro.parsing: offsets, bracketed trees, backends, the macro-action DFS, the rule.
+
+Expected macro actions are hand-worked from the trees and the token counts of two tiny tokenizers
+(a byte-level BPE and a WordPiece one) and compared whitespace-insensitively with the tokenizer's own
+decoding of each predicted token range.
+"""
+
+from __future__ import annotations
+
+import doctest
+import logging
+import re
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+import marlhf.macro.parsing as parsing
+from marlhf.macro.config import MacroConfig
+from marlhf.macro.parsing import (
+    Node,
+    ParsingRule,
+    PythonBackend,
+    SpacyBackend,
+    _TokenCounter,
+    bracketed,
+    dependency_trees,
+    macro_starts,
+    split_sentences,
+    token_char_spans,
+)
+from marlhf.macro.termination import RULES, TerminationInputs
+
+CAT = "The cat sat on the mat."
+CAT_TREE = "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))"
+TOM = 'Tom said "I don\'t know."\nThe dog (a big one) barked.'
+TOM_TREES = [
+    "(S (NP (NNP Tom)) (VP (VBD said) (`` ``) (S (NP (PRP I)) (VP (VBP do) (RB n't) "
+    "(VP (VB know)))) (. .) ('' '')))",
+    "(S (NP (NP (DT The) (NN dog)) (PRN (-LRB- -LRB-) (NP (DT a) (JJ big) (NN one)) "
+    "(-RRB- -RRB-))) (VP (VBD barked)) (. .))",
+]
+TRUNC = "The cat sat on the mat. And then the"
+CODES = ["def f(a):\n    return a + 1\n", "for i in range(3):\n    print(i)\n", "x = [1, 2,\n"]
+CORPUS = [CAT, TOM, TRUNC, "It's fine.", "Yes.", *CODES]
+
+
+def _bpe() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=["<pad>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def _wordpiece() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()  # joins with spaces, then cleans " ." " ' " ...
+    trainer = trainers.WordPieceTrainer(vocab_size=2000, special_tokens=["[UNK]", "[PAD]", "[EOS]"])
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
+
+
+TOKENIZERS = {"bpe": _bpe(), "wordpiece": _wordpiece()}
+
+
+def _squash(s: str) -> str:
+    return "".join(s.split())
+
+
+class FakeBackend:
+    """Returns hand-written bracketed trees: `trees` maps the response (whitespace removed) to its
+    sentence tree strings, aligned one after the other; a response containing "BAD" raises."""
+
+    def __init__(self, trees: dict[str, list[str]]):
+        self.trees = trees
+
+    def parse(self, text: str) -> list[Node]:
+        if "BAD" in text:
+            raise KeyError("no tree for this response")
+        out, pos = [], 0
+        for tree_string in self.trees[_squash(text)]:
+            tree = bracketed(text[pos:], tree_string).shifted(pos)
+            out.append(tree)
+            pos = tree.end
+        return out
+
+
+FAKE_TREES = {_squash(CAT): [CAT_TREE], _squash(TOM): TOM_TREES, _squash(TRUNC): [CAT_TREE]}
+
+
+def _batch(tok, texts: list[str], eos: list[bool]) -> TerminationInputs:
+    rows = [
+        tok.encode(t, add_special_tokens=False) + ([tok.eos_token_id] if e else [])
+        for t, e in zip(texts, eos, strict=True)
+    ]
+    A = max(len(r) for r in rows) + 2
+    ids = torch.full((len(rows), A), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), A, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+        mask[b, : len(r)] = True
+    return TerminationInputs(response_ids=ids, action_mask=mask, ends_with_eos=torch.tensor(eos))
+
+
+def _actions(tok, ids: torch.Tensor, macro_end: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Decoded text of each macro action of one row (reference: the tokenizer's own decode)."""
+    out, start = [], 0
+    n = int(mask.sum())
+    for k in range(n):
+        if macro_end[k]:
+            out.append(_squash(tok.decode(ids[start : k + 1].tolist(), skip_special_tokens=True)))
+            start = k + 1
+    assert start == n, "the last valid token must end a macro action"
+    return out
+
+
+def _rule(tok, cutoff: int, ngram: int = 2, trees=FAKE_TREES, **kw) -> ParsingRule:
+    cfg = MacroConfig(termination_condition="parsing", parsing_cutoff=cutoff, ngram=ngram, **kw)
+    return ParsingRule(cfg, tok, backend_factory=lambda: FakeBackend(trees))
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_doctests():
+    assert doctest.testmod(parsing).failed == 0
+
+
+def test_parsing_rule_is_registered():
+    assert RULES["parsing"] is ParsingRule
+
+
+@pytest.mark.parametrize("name", ["bpe", "wordpiece"])
+def test_token_char_spans_tile_the_decoded_text(name):
+    tok = TOKENIZERS[name]
+    ids = tok.encode(TOM, add_special_tokens=False)
+    text, spans = token_char_spans(tok, ids)
+    assert text == tok.decode(ids)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    # each token's piece, squashed, is that token's own decoding (word-level vocabularies here)
+    for k, (s, e) in enumerate(spans):
+        own = _squash(tok.convert_tokens_to_string([tok.convert_ids_to_tokens(ids[k])]))
+        assert _squash(text[s:e]) in (own, own.replace("##", ""))
+
+
+def test_token_char_spans_partial_utf8_characters():
+    # byte-level BPE without merges: one token per byte, so "é" is 2 tokens and the emoji 4
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        ["x"],
+        trainers.BpeTrainer(vocab_size=10, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=tok)
+    text_in = "café 🙂!"
+    ids = tok.encode(text_in, add_special_tokens=False)
+    assert len(ids) == len(text_in.encode("utf-8"))
+    text, spans = token_char_spans(tok, ids)
+    assert text == text_in
+    pieces = [text[s:e] for s, e in spans]
+    # c a f [é: 2 bytes] space [🙂: 4 bytes] !
+    assert pieces == ["c", "a", "f", "", "é", " ", "", "", "", "🙂", "!"]
+
+
+def test_split_sentences():
+    t = 'He left.  "Why?" she asked.\nMr. Brown met J. Smith at 5 p.m. today.\n\n\n(See above.) Done'
+    got = [t[s:e] for s, e in split_sentences(t)]
+    assert got == [
+        "He left.",
+        '"Why?" she asked.',
+        "Mr. Brown met J. Smith at 5 p.m. today.",
+        "(See above.)",
+        "Done",
+    ]
+    assert split_sentences(" \n\n ") == []
+
+
+def test_bracketed_escapes_and_original_characters():
+    text = "“Well,” she said (twice) [sic] — it isn’t 5/6."
+    tree = bracketed(
+        text,
+        "(S (`` ``) (INTJ (UH Well)) (, ,) ('' '') (NP (PRP she)) (VP (VBD said) (-LRB- -LRB-) "
+        "(ADVP (RB twice)) (-RRB- -RRB-) (-LSB- -LSB-) (FW sic) (-RSB- -RSB-) (: --) "
+        "(S (NP (PRP it)) (VP (VBZ is) (RB n't) (NP (CD 5\\/6))))) (. .))",
+    )
+    leaves = [text[n.start : n.end] for n in parsing._leaves(tree)]
+    assert leaves == ["“", "Well", ",", "”", "she", "said", "(", "twice", ")", "[", "sic", "]", "—",
+                      "it", "is", "n’t", "5/6", "."]  # fmt: skip
+    assert (tree.start, tree.end) == (0, len(text))
+    with pytest.raises(ValueError, match="cannot align"):
+        bracketed("The cat.", "(S (NP (DT A) (NN dog)) (. .))")
+
+
+# expected macro actions, hand-worked (see the comments); whitespace is ignored in comparisons
+CASES = [
+    # cutoff 4: S (7 tokens) splits; NP "The cat" (2) is an action; VP (4) splits: "sat" joins it,
+    # PP "on the mat" (3) is an action and "." joins that.
+    ("cat", CAT, False, 4, {"bpe": ["The cat sat", "on the mat."], "wordpiece": ["The cat sat", "on the mat."]}),
+    # cutoff 4. Sentence 1: bpe tokens Tom|said| "|I| don|'t| know|." — S "I do n't know" has 4 tokens,
+    # splits; VP "do n't know" (don|'t|know = 3) is the first action, everything before joins it, '."'
+    # joins it. wordpiece: don|'|t|know = 4 tokens, so that VP splits too and sentence 1 is all single
+    # leaves: it joins the first action of sentence 2. Sentence 2 (9 tokens in both): NP "The dog" (2) is
+    # an action, "(" joins it, NP "a big one" (3) is an action, ") barked ." join it.
+    ("tom", TOM, True, 4, {
+        "bpe": ['Tom said "I don\'t know."', "The dog (", "a big one) barked."],
+        "wordpiece": ['Tom said "I don\'t know."The dog (', "a big one) barked."],
+    }),
+    # cutoff 100: every sentence is one macro action
+    ("tom-big", TOM, False, 100, {
+        "bpe": ['Tom said "I don\'t know."', "The dog (a big one) barked."],
+        "wordpiece": ['Tom said "I don\'t know."', "The dog (a big one) barked."],
+    }),
+    # truncated (no EOS): the parse covers the first sentence only; the uncovered tail joins the last
+    # macro action.
+    ("trunc", TRUNC, False, 4, {
+        "bpe": ["The cat sat", "on the mat. And then the"],
+        "wordpiece": ["The cat sat", "on the mat. And then the"],
+    }),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["bpe", "wordpiece"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_rule_hand_built_trees(name, case):
+    _, text, eos, cutoff, expected = case
+    tok = TOKENIZERS[name]
+    # a second row (different length, so padding is exercised) must not disturb the first
+    inputs = _batch(tok, [text, CAT], [eos, True])
+    out = _rule(tok, cutoff)(inputs)
+    assert not out.fallback.any()
+    assert not (out.macro_end & ~inputs.action_mask).any()
+    got = _actions(tok, inputs.response_ids[0], out.macro_end[0], inputs.action_mask[0])
+    want = [_squash(s) for s in expected[name]]
+    if eos:  # the final EOS joins the last macro action (build_termination splits it off)
+        assert out.macro_end[0, int(inputs.action_mask[0].sum()) - 2].item() is False
+    assert got == want
+
+
+def test_python_backend_function_with_loop():
+    code = "def f(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total\n"
+    # cutoff 7 with one token per word / punctuation mark: header "def f ( xs ) :" (6) is an action;
+    # the body (14) splits into statements; the loop (9) into its header (5) and body (4).
+    assert _code_actions(code, 7) == ["def f(xs):", "total = 0", "for x in xs:", "total += x", "return total"]  # fmt: skip
+
+
+def test_python_backend_class():
+    code = (
+        "class Point:\n    def __init__(self, x):\n        self.x = x\n\n"
+        "    def norm(self):\n        return abs(self.x)\n"
+    )
+    # cutoff 7: "class Point:" (3) is an action; __init__'s header (8) splits into single tokens that
+    # join it; "self.x = x" (5); norm's header (6); its return (7) splits: "return" joins the header,
+    # "abs(self.x)" (6) is an action.
+    assert _code_actions(code, 7) == [
+        "class Point:\n    def __init__(self, x):",
+        "self.x = x",
+        "def norm(self):\n        return",
+        "abs(self.x)",
+    ]
+
+
+def test_python_backend_truncated_snippet():
+    code = "import os\nx = compute(1, 2)\nif x > 1:\n    print(x"
+    # the first two lines parse; the tail is split by lines. cutoff 7: "import os" (2); the assignment
+    # (8) splits: "x", "=" join "import os"; the call (6) is an action; then one action per line.
+    assert _code_actions(code, 7) == ["import os\nx =", "compute(1, 2)", "if x > 1:", "print(x"]
+    # else/finally clauses get their own header node
+    src = "try:\n    a()\nexcept E:\n    b()\nfinally:\n    c()\n    d()\n"
+    (tree,) = PythonBackend().parse(src)
+    parts = {(n.label, src[n.start : n.end]) for n in _walk(tree)}
+    assert {("header", "try:"), ("header", "except E:"), ("header", "finally:"),
+            ("clause", "finally:\n    c()\n    d()"), ("block", "c()\n    d()")} <= parts  # fmt: skip
+
+
+def _walk(node: Node):
+    yield node
+    for c in node.children:
+        yield from _walk(c)
+
+
+def _code_actions(code: str, cutoff: int) -> list[str]:
+    # policy tokens: words and single punctuation characters, each taking the whitespace before it
+    ends = [m.end() for m in re.finditer(r"\w+|[^\w\s]", code)]
+    ends[-1] = len(code)
+    spans = list(zip([0] + ends[:-1], ends, strict=False))
+    starts = macro_starts(PythonBackend().parse(code), _TokenCounter(spans, len(code)), cutoff)
+    bounds = starts + [len(code)]
+    return [code[a:b].strip() for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def test_spacy_backend_hand_built_doc():
+    spacy = pytest.importorskip("spacy")
+    from spacy.tokens import Doc
+
+    vocab = spacy.blank("en").vocab
+    docs = {
+        "The big cat sat.": Doc(vocab, words=["The", "big", "cat", "sat", "."],
+                                spaces=[True, True, True, False, False], heads=[2, 2, 3, 3, 3],
+                                deps=["det", "amod", "nsubj", "ROOT", "punct"]),
+        "It ran.": Doc(vocab, words=["It", "ran", "."], spaces=[True, False, False], heads=[1, 1, 1],
+                       deps=["nsubj", "ROOT", "punct"]),
+    }  # fmt: skip
+    (tree,) = dependency_trees(docs["The big cat sat."])
+    assert (tree.start, tree.end, tree.label) == (0, 16, "ROOT")
+    assert [(c.start, c.end) for c in tree.children] == [(0, 11), (12, 15), (15, 16)]
+    assert [(c.start, c.end) for c in tree.children[0].children] == [(0, 3), (4, 7), (8, 11)]
+
+    text = "The big cat sat.\n\nIt ran."
+    trees = SpacyBackend(nlp=docs.__getitem__).parse(text)
+    assert [text[t.start : t.end] for t in trees] == ["The big cat sat.", "It ran."]
+    assert [text[c.start : c.end] for c in trees[1].children] == ["It", "ran", "."]
+
+
+def test_fallback_on_backend_exception(caplog):
+    tok = TOKENIZERS["bpe"]
+    texts = [CAT, "BAD one here, and more words.", "Also BAD."]
+    inputs = _batch(tok, texts, [True, False, True])
+    with caplog.at_level(logging.WARNING, logger="marlhf.macro.parsing"):
+        out = _rule(tok, cutoff=4, ngram=3)(inputs)
+    assert out.fallback.tolist() == [False, True, True]
+    assert sum("KeyError" in r.getMessage() for r in caplog.records) == 1  # once per error type
+    # failed rows: fixed 3-grams (plain loop reference); good row: same as when parsed alone
+    for b in (1, 2):
+        n = int(inputs.action_mask[b].sum())
+        want = [(k + 1) % 3 == 0 or k == n - 1 for k in range(n)]
+        assert out.macro_end[b, :n].tolist() == want
+        assert not out.macro_end[b, n:].any()
+    alone = _rule(tok, cutoff=4)(_batch(tok, [CAT], [True]))
+    n = int(inputs.action_mask[0].sum())
+    assert torch.equal(out.macro_end[0, :n], alone.macro_end[0, :n])
+
+
+def test_empty_and_eos_only_rows():
+    tok = TOKENIZERS["bpe"]
+    inputs = _batch(tok, [CAT, "", ""], [True, True, False])
+    inputs.action_mask[2] = False
+    out = _rule(tok, cutoff=4)(inputs)
+    assert out.macro_end[1].tolist() == [True] + [False] * (out.macro_end.shape[1] - 1)
+    assert not out.macro_end[2].any()
+    assert not out.fallback.any()
+
+
+def test_process_pool_matches_in_process():
+    tok = TOKENIZERS["bpe"]
+    inputs = _batch(tok, CODES, [False, True, False])
+    kw = dict(termination_condition="parsing", parser_backend="python", parsing_cutoff=6)
+    local = ParsingRule(MacroConfig(**kw), tok)(inputs)
+    pooled_rule = ParsingRule(MacroConfig(parse_workers=1, **kw), tok)
+    try:
+        pooled = pooled_rule(inputs)
+    finally:
+        pooled_rule.close()
+    assert torch.equal(local.macro_end, pooled.macro_end)
+    assert torch.equal(local.fallback, pooled.fallback)
+    assert local.macro_end.sum() > inputs.action_mask.shape[0]  # it did split something

@@ -1,0 +1,311 @@
+"""Tests for marlhf.sandbox: correct programs run, hostile ones are contained and scored as failures.
+
+Every hostile program is checked for its *effect* (file absent, no connection, no secret in the
+output, no stray process), not only for the reported status. Timeouts are short (1-2 s)."""
+
+import doctest
+import glob
+import os
+import platform
+import signal
+import socket
+import sys
+import tempfile
+import time
+
+import pytest
+
+import marlhf
+import marlhf.sandbox as sandbox_mod
+from marlhf.sandbox import LAYERS, run_python
+
+T = 2.0  # wall-clock limit for programs expected to finish quickly
+PROJECT_FILE = os.path.join(os.path.dirname(os.path.dirname(marlhf.__file__)), "pyproject.toml")
+KERNEL_LAYERS = (
+    sys.platform == "linux"
+    and os.geteuid() == 0
+    and platform.machine() in ("x86_64", "aarch64", "arm64")
+)
+
+
+def _sandbox_processes() -> list[int]:
+    """Pids of live processes started by the sandbox (their argv holds the work-dir prefix)."""
+    pids = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                if b"marlhf-sandbox-" in f.read():
+                    pids.append(int(path.split("/")[2]))
+        except OSError:
+            pass
+    return pids
+
+
+def test_docstring_examples():
+    assert doctest.testmod(sandbox_mod).failed == 0
+
+
+def test_stdin_stdout_program():
+    r = run_python(
+        "a, b = map(int, input().split())\nprint(a + b)\nprint('é')", "2 3\n", timeout_s=T
+    )
+    assert r.status == "ok" and r.returncode == 0
+    assert r.stdout == "5\né\n"
+
+
+def test_threads_and_common_stdlib_imports_work():
+    src = (
+        "import collections, heapq, bisect, itertools, math, functools, re, random, json, threading\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append(math.comb(5, 2)))\n"
+        "t.start(); t.join()\n"
+        "print(out[0], sorted(collections.Counter('abca').items())[0])\n"
+    )
+    r = run_python(src, timeout_s=T)
+    assert r.status == "ok", r.stderr
+    assert r.stdout == "10 ('a', 2)\n"
+
+
+def test_program_may_use_its_work_dir():
+    src = "open('scratch.txt', 'w').write('hi')\nprint(open('scratch.txt').read())"
+    r = run_python(src, timeout_s=T)
+    assert (r.status, r.stdout) == ("ok", "hi\n")
+
+
+def test_work_dir_is_removed():
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "marlhf-sandbox-*")))
+    r = run_python("import os; print(os.getcwd())", timeout_s=T)
+    assert r.status == "ok"
+    assert not os.path.exists(r.stdout.strip())
+    after = set(glob.glob(os.path.join(tempfile.gettempdir(), "marlhf-sandbox-*")))
+    assert after <= before
+
+
+def test_compile_error_detected_without_running():
+    r = run_python("def f(:\n    pass\nprint('ran')", timeout_s=T)
+    assert r.status == "compile_error"
+    assert r.returncode is None and r.stdout == ""
+    assert "SyntaxError" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "src, code",
+    [("1 / 0", 1), ("import sys; sys.exit(3)", 3), ("raise SystemExit('bad')", 1)],
+)
+def test_runtime_errors(src, code):
+    r = run_python(src, timeout_s=T)
+    assert r.status == "runtime_error"
+    assert r.returncode == code
+
+
+def test_sys_exit_zero_is_ok():
+    assert run_python("print(1)\nraise SystemExit(0)", timeout_s=T).status == "ok"
+
+
+def test_infinite_loop_times_out_and_is_killed():
+    t0 = time.monotonic()
+    r = run_python("while True:\n    pass", timeout_s=1.0)
+    assert r.status == "timeout"
+    assert time.monotonic() - t0 < 2.5
+    assert _sandbox_processes() == []
+
+
+def test_sleeping_program_times_out():
+    # no CPU use, so only the wall clock can stop it
+    r = run_python("import time\ntime.sleep(60)", timeout_s=1.0)
+    assert r.status == "timeout" and r.wall_s < 2.5
+
+
+def test_cpu_limit_gives_timeout():
+    r = run_python("while True:\n    pass", timeout_s=5.0, cpu_s=1)
+    assert r.status == "timeout"
+    assert r.wall_s < 4.0  # stopped by RLIMIT_CPU (SIGXCPU), not the wall clock
+
+
+def test_fork_bomb_blocked_and_no_stray_processes():
+    src = "import os\nwhile True:\n    os.fork()\n"
+    r = run_python(src, timeout_s=T)
+    assert r.status == "blocked"
+    assert _sandbox_processes() == []
+
+
+def test_fork_bomb_swallowing_errors_still_blocked():
+    src = "import os\nfor _ in range(100):\n    try:\n        os.fork()\n    except Exception:\n        pass\nprint('done')"
+    r = run_python(src, timeout_s=T)
+    assert r.status == "blocked"
+    assert _sandbox_processes() == []
+
+
+def test_huge_allocation_is_memory():
+    r = run_python("x = bytearray(8 * 1024**3)\nprint(len(x))", timeout_s=T, memory_mb=256)
+    assert r.status == "memory"
+    assert r.stdout == ""
+
+
+def test_gradual_allocation_is_memory():
+    r = run_python(
+        "xs = []\nwhile True:\n    xs.append(bytearray(1 << 20))", timeout_s=T, memory_mb=128
+    )
+    assert r.status == "memory"
+
+
+def test_write_outside_work_dir_blocked(tmp_path):
+    target = tmp_path / "evil.txt"
+    r = run_python(f"open({str(target)!r}, 'w').write('pwned')", timeout_s=T)
+    assert r.status == "blocked"
+    assert not target.exists()
+
+
+def test_delete_outside_work_dir_blocked(tmp_path):
+    victim = tmp_path / "keep.txt"
+    victim.write_text("keep")
+    r = run_python(f"import os\nos.remove({str(victim)!r})", timeout_s=T)
+    assert r.status == "blocked"
+    assert victim.read_text() == "keep"
+
+
+def _listening_server():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.3)
+    return srv
+
+
+def _saw_connection(srv) -> bool:
+    try:
+        conn, _ = srv.accept()
+    except TimeoutError:
+        return False
+    conn.close()
+    return True
+
+
+def test_network_to_localhost_blocked():
+    srv = _listening_server()
+    try:
+        port = srv.getsockname()[1]
+        src = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'hi')"
+        r = run_python(src, timeout_s=T)
+        assert r.status == "blocked"
+        assert not _saw_connection(srv)
+    finally:
+        srv.close()
+
+
+def test_environment_secret_not_visible(monkeypatch):
+    monkeypatch.setenv("MARLHF_TEST_SECRET", "hunter2-secret")
+    r = run_python("import os\nprint(sorted(os.environ.items()))", timeout_s=T)
+    assert r.status == "ok"
+    assert "hunter2-secret" not in r.stdout and "MARLHF_TEST_SECRET" not in r.stdout
+
+
+def test_parent_environ_via_proc_not_readable(monkeypatch):
+    monkeypatch.setenv("MARLHF_TEST_SECRET", "hunter2-secret")
+    src = f"print(open('/proc/{os.getpid()}/environ', 'rb').read())"
+    r = run_python(src, timeout_s=T)
+    assert r.status == "blocked"
+    assert "hunter2" not in r.stdout
+
+
+def test_project_file_by_absolute_path_blocked():
+    assert os.path.exists(PROJECT_FILE)
+    r = run_python(f"print(open({PROJECT_FILE!r}).read())", timeout_s=T)
+    assert r.status == "blocked"
+    assert "ma-rlhf" not in r.stdout
+
+
+def test_listing_project_dir_blocked():
+    r = run_python(f"import os\nprint(os.listdir({os.path.dirname(PROJECT_FILE)!r}))", timeout_s=T)
+    assert r.status == "blocked"
+    assert "pyproject" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import subprocess\nprint(subprocess.run(['sh', '-c', 'echo spawned'], capture_output=True).stdout)",
+        "import os\nos.system('echo spawned')",
+        "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo spawned'])",
+    ],
+    ids=["subprocess", "os.system", "execv"],
+)
+def test_spawning_shell_blocked(src):
+    r = run_python(src, timeout_s=T)
+    assert r.status == "blocked"
+    assert "spawned" not in r.stdout
+    assert _sandbox_processes() == []
+
+
+def test_signal_to_parent_blocked():
+    got = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+    try:
+        r = run_python(f"import os, signal\nos.kill({os.getpid()}, signal.SIGUSR1)", timeout_s=T)
+        time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert r.status == "blocked"
+    assert got == []
+
+
+def test_ctypes_blocked():
+    r = run_python("import ctypes\nctypes.CDLL(None).getpid()", timeout_s=T)
+    assert r.status == "blocked"
+
+
+def test_printing_gigabytes_hits_output_limit():
+    t0 = time.monotonic()
+    src = "import sys\nblock = 'x' * (1 << 20)\nfor _ in range(4096):\n    sys.stdout.write(block)"
+    r = run_python(src, timeout_s=T, max_output_bytes=1 << 16)
+    assert r.status == "output_limit"
+    assert len(r.stdout) <= 1 << 16
+    assert time.monotonic() - t0 < T
+
+
+def test_stderr_flood_counts_towards_output_limit():
+    src = "import sys\nwhile True:\n    sys.stderr.write('e' * 65536)"
+    r = run_python(src, timeout_s=T, max_output_bytes=1 << 16)
+    assert r.status == "output_limit"
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError, match="timeout_s"):
+        run_python("pass", timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        run_python("pass", memory_mb=1)
+    with pytest.raises(ValueError, match="layers"):
+        run_python("pass", _skip_layers=("nope",))
+
+
+# Defence in depth: with any single layer switched off, the others still contain each attack.
+HOSTILE = {
+    "fork": "import os\nfor _ in range(50):\n    os.fork()\nprint('forked')",
+    "shell": "import subprocess\nprint(subprocess.run(['sh', '-c', 'echo spawned'], capture_output=True).stdout)",
+    "project": f"print(open({PROJECT_FILE!r}).read())",
+}
+
+
+@pytest.mark.skipif(
+    not KERNEL_LAYERS, reason="namespaces/seccomp need root on x86-64 or aarch64 Linux"
+)
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_alone_is_not_load_bearing(layer, tmp_path):
+    srv = _listening_server()
+    try:
+        port = srv.getsockname()[1]
+        target = tmp_path / "evil.txt"
+        progs = dict(HOSTILE)
+        progs["write"] = f"open({str(target)!r}, 'w').write('pwned')"
+        progs["net"] = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)"
+        for name, src in progs.items():
+            r = run_python(src, timeout_s=T, _skip_layers=(layer,))
+            assert r.status != "ok", (layer, name, r)
+            assert (
+                "forked" not in r.stdout and "spawned" not in r.stdout and "ma-rlhf" not in r.stdout
+            )
+        assert not target.exists()
+        assert not _saw_connection(srv)
+        assert _sandbox_processes() == []
+    finally:
+        srv.close()
