@@ -163,8 +163,8 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dic
                 v = (v.float() + delta).to(v.dtype)
             key = mod + ".weight"
         key = key.replace(".base_layer.", ".")
-        if key.startswith("base_model.model."):
-            key = key[len("base_model.model.") :]
+        # peft's wrapper prefix, at the start (a peft causal LM) or inside (a peft backbone of a reward model)
+        key = key.replace("base_model.model.", "")
         out[key] = v
     return out
 

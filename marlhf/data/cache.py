@@ -1,0 +1,68 @@
+"""A disk cache for tokenised datasets, keyed by everything that changes them.
+
+The key (a JSON-able dict: data paths with local files' mtimes and sizes, split, phase, seed,
+tokenizer name and vocabulary hash, max lengths, template version, eot token, ...) is hashed with
+SHA-256 over its canonical JSON. The local-rank-0 process of each node builds the dataset and saves
+it atomically (``save_to_disk`` into a temporary directory, then a rename); the other ranks wait at
+``torch.distributed.barrier()`` (when distributed is initialised) and load it. An existing key loads,
+a changed key builds a new entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import datasets
+
+log = logging.getLogger(__name__)
+
+
+def key_hash(key: dict) -> str:
+    """SHA-256 hex digest of ``key``'s canonical JSON (sorted keys, no whitespace)."""
+    blob = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _dist():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def cached(
+    cache_dir: str | os.PathLike, key: dict, build: Callable[[], datasets.Dataset]
+) -> datasets.Dataset:
+    """Load the dataset stored under ``key`` in ``cache_dir``, building and saving it if absent."""
+    path = Path(cache_dir) / key_hash(key)
+    dist = _dist()
+    # Without torch.distributed every process builds for itself (no one to wait for).
+    builder = dist is None or int(os.environ.get("LOCAL_RANK", dist.get_rank())) == 0
+    if builder and not path.exists():
+        log.info("data cache miss: building %s", path)
+        ds = build()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            ds.save_to_disk(str(tmp))
+            (tmp / "marlhf_cache_key.json").write_text(
+                json.dumps(key, sort_keys=True, indent=1, default=str)
+            )
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if not path.exists():  # another node's builder won the race otherwise
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if dist:
+        dist.barrier()
+    return datasets.load_from_disk(str(path))

@@ -1,0 +1,79 @@
+"""Data options shared by the SFT, reward-model and PPO stages (flag names as in DeepSpeed-Chat)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DataConfig:
+    """Which datasets, how they are split between the three phases and how they are tokenised."""
+
+    data_path: tuple[str, ...] = field(
+        default=("synthetic-tldr",),
+        metadata={
+            "help": "Datasets to blend: registered names / hub ids (openai/summarize_from_feedback, "
+            "Dahoas/full-hh-rlhf, Dahoas/rm-static, openai/webgpt_comparisons, codeparrot/apps, "
+            "synthetic-tldr) or local json/jsonl/parquet files or directories; 'adapter:path' forces "
+            "the adapter of a local file."
+        },
+    )
+    data_split: str = field(
+        default="2,4,4",
+        metadata={"help": "Relative sizes of the SFT, reward-model and PPO parts, e.g. '2,4,4'."},
+    )
+    data_output_path: str = field(
+        default="./data_cache",
+        metadata={"help": "Directory of the tokenised-data cache."},
+    )
+    max_seq_len: int = field(
+        default=512, metadata={"help": "Maximum tokens of prompt + response (SFT and RM)."}
+    )
+    end_of_conversation_token: str | None = field(
+        default=None,
+        metadata={
+            "help": "Appended once after every response; default: the tokenizer's eos token."
+        },
+    )
+    skip_bad_rows: bool = field(
+        default=False,
+        metadata={"help": "Skip (and count) malformed rows instead of raising."},
+    )
+    sft_include_prompt_loss: bool = field(
+        default=False,
+        metadata={"help": "Also train SFT on the prompt tokens (default: response tokens only)."},
+    )
+    max_samples: int = field(
+        default=0,
+        metadata={"help": "Cap on examples per dataset per split, for quick runs (0 = all)."},
+    )
+    webgpt_skip_ties: bool = field(
+        default=False,
+        metadata={
+            "help": "WebGPT: skip comparisons with equal scores (default: answer_0 is chosen)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_path, str):
+            raise ValueError("--data_path must be a tuple of strings, got a single string")
+        if not self.data_path or any(not p for p in self.data_path):
+            raise ValueError(f"--data_path must name at least one dataset, got {self.data_path!r}")
+        parts = self.data_split.split(",")
+        try:
+            weights = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(
+                f"--data_split must be comma-separated numbers like '2,4,4', got {self.data_split!r}"
+            ) from None
+        if len(weights) != 3 or any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(
+                f"--data_split needs three non-negative weights with a positive sum, "
+                f"got {self.data_split!r}"
+            )
+        if self.max_seq_len < 2:
+            raise ValueError(f"--max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.max_samples < 0:
+            raise ValueError(f"--max_samples must be >= 0, got {self.max_samples}")
+        if self.end_of_conversation_token == "":
+            raise ValueError("--end_of_conversation_token must not be empty (omit it for eos)")

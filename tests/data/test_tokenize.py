@@ -1,0 +1,184 @@
+"""Tokenised datasets against hand-built id sequences."""
+
+import json
+import math
+
+import pytest
+
+import marlhf.data.tokenize as T
+from marlhf.data.collate import PairCollator, PromptCollator, SFTCollator
+from marlhf.data.config import DataConfig
+
+ROWS = [
+    {
+        "prompt": "POST\nMy dog ate my lunch.\nTL;DR: ",
+        "chosen": "my dog ate my lunch",
+        "rejected": "my cat",
+        "margin": 1.5,
+    },
+    {
+        "prompt": "POST\nSorry for the long post.\nTL;DR: ",
+        "chosen": "nothing",
+        "rejected": "my boss quit the band",
+    },
+]
+
+
+@pytest.fixture()
+def data_file(tmp_path):
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return f
+
+
+def cfg_for(f, tmp_path, **kw):
+    # "1,0,0" puts every row in phase 1; "0,1,0" / "0,0,1" in phase 2 / 3. Two rows -> all train.
+    kw.setdefault("data_split", "1,0,0")
+    return DataConfig(data_path=(f"plain:{f}",), data_output_path=str(tmp_path / "cache"), **kw)
+
+
+def ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def by_prompt_len(ds, key="input_ids"):
+    return sorted((list(r[key]) for r in ds), key=len)
+
+
+def test_sft_labels_hand_built(tok, data_file, tmp_path):
+    ds = T.build_sft_dataset(cfg_for(data_file, tmp_path), tok, "train", seed=0)
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    expected = []
+    for r in ROWS:
+        p, c = ids(tok, r["prompt"]), ids(tok, r["chosen"])
+        expected.append(([bos] + p + c + [eos], [-100] * (1 + len(p)) + c + [eos]))
+    got = sorted(((list(r["input_ids"]), list(r["labels"])) for r in ds), key=lambda x: len(x[0]))
+    assert got == sorted(expected, key=lambda x: len(x[0]))
+    # Collated: padding gets pad ids, attention 0 and label -100.
+    batch = SFTCollator(tok.pad_token_id)([ds[0], ds[1]])
+    for i, (ids_i, lab_i) in enumerate(
+        [
+            (list(ds[0]["input_ids"]), list(ds[0]["labels"])),
+            (list(ds[1]["input_ids"]), list(ds[1]["labels"])),
+        ]
+    ):
+        n, width = len(ids_i), batch["input_ids"].shape[1]
+        assert batch["input_ids"][i].tolist() == ids_i + [tok.pad_token_id] * (width - n)
+        assert batch["labels"][i].tolist() == lab_i + [-100] * (width - n)
+        assert batch["attention_mask"][i].tolist() == [1] * n + [0] * (width - n)
+
+
+def test_sft_prompt_loss_no_bos_and_custom_eot(tok_nobos, data_file, tmp_path):
+    cfg = cfg_for(
+        data_file, tmp_path, sft_include_prompt_loss=True, end_of_conversation_token="TL;DR"
+    )
+    ds = T.build_sft_dataset(cfg, tok_nobos, "train", seed=0)
+    eot = ids(tok_nobos, "TL;DR")
+    assert len(eot) > 1
+    for r in ds:
+        assert r["labels"] == r["input_ids"]
+        assert r["input_ids"][-len(eot) :] == eot and r["input_ids"][0] != tok_nobos.bos_token_id
+    assert T.bos_prefix(tok_nobos) == [] and T.eot_ids(cfg, tok_nobos) == eot
+
+
+def test_truncation_keeps_response_start(tok, data_file, tmp_path):
+    cfg = cfg_for(data_file, tmp_path, max_seq_len=12)
+    ds = T.build_sft_dataset(cfg, tok, "train", seed=0)
+    for r in ds:
+        assert len(r["input_ids"]) <= 12 and r["input_ids"][0] == tok.bos_token_id
+        n_prompt = sum(lab == -100 for lab in r["labels"])
+        resp = r["input_ids"][n_prompt:]
+        source = next(
+            x
+            for x in ROWS
+            if ids(tok, x["chosen"])[: len(resp)] == resp[: len(ids(tok, x["chosen"]))]
+        )
+        p = ids(tok, source["prompt"])
+        assert (
+            r["input_ids"][1:n_prompt] == p[len(p) - (n_prompt - 1) :]
+        )  # prompt cut from the left
+
+
+def test_fit_hand_worked():
+    assert T.fit([1, 2, 3, 4], [[5, 6]], 10) == ([1, 2, 3, 4], [[5, 6]])
+    # Budget 5: the prompt keeps max(min(4, 2), 5 - 6) = 2 tokens from its end; responses get 3.
+    assert T.fit([1, 2, 3, 4], [[5, 6, 7, 8, 9, 10], [11]], 5) == ([3, 4], [[5, 6, 7], [11]])
+    # A short response lets the prompt keep more than half.
+    assert T.fit([1, 2, 3, 4, 5, 6], [[7]], 5) == ([3, 4, 5, 6], [[7]])
+
+
+def test_pair_dataset_and_collator(tok, data_file, tmp_path):
+    ds = T.build_pair_dataset(
+        cfg_for(data_file, tmp_path, data_split="0,1,0"), tok, "train", seed=0
+    )
+    assert len(ds) == 2
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    rows = {r["prompt_len"]: r for r in ds}
+    for src in ROWS:
+        p = ids(tok, src["prompt"])
+        r = rows[1 + len(p)]
+        assert r["chosen_input_ids"] == [bos] + p + ids(tok, src["chosen"]) + [eos]
+        assert r["rejected_input_ids"] == [bos] + p + ids(tok, src["rejected"]) + [eos]
+        if "margin" in src:
+            assert r["margin"] == src["margin"]
+        else:
+            assert math.isnan(r["margin"])
+    b = PairCollator(tok.pad_token_id)([ds[0], ds[1]])
+    seqs = [
+        ds[0]["chosen_input_ids"],
+        ds[1]["chosen_input_ids"],
+        ds[0]["rejected_input_ids"],
+        ds[1]["rejected_input_ids"],
+    ]
+    width = max(map(len, seqs))
+    assert b["input_ids"].tolist() == [s + [tok.pad_token_id] * (width - len(s)) for s in seqs]
+    assert b["attention_mask"].tolist() == [[1] * len(s) + [0] * (width - len(s)) for s in seqs]
+    assert b["prompt_len"].tolist() == [ds[0]["prompt_len"], ds[1]["prompt_len"]]
+
+
+def test_prompt_dataset_drop_and_truncate(tok, data_file, tmp_path):
+    cfg = cfg_for(data_file, tmp_path, data_split="0,0,1")
+    lens = sorted(1 + len(ids(tok, r["prompt"])) for r in ROWS)
+    limit = lens[0]  # the shorter prompt fits exactly, the longer does not
+    ds, dropped = T.build_prompt_dataset(cfg, tok, "train", 0, max_prompt_len=limit)
+    assert dropped == 1 and len(ds) == 1 and len(ds[0]["input_ids"]) == limit
+    ds2, dropped2 = T.build_prompt_dataset(cfg, tok, "train", 0, max_prompt_len=limit)  # cached
+    assert dropped2 == 1 and ds2[0]["input_ids"] == ds[0]["input_ids"]
+    dt, d0 = T.build_prompt_dataset(
+        cfg, tok, "train", 0, max_prompt_len=limit, overlong="truncate_left"
+    )
+    assert d0 == 0 and len(dt) == 2
+    for r in dt:
+        p = ids(tok, r["prompt"])
+        assert r["input_ids"] == [tok.bos_token_id] + p[max(0, len(p) - (limit - 1)) :]
+        assert json.loads(r["meta"]) == {} and r["prompt_id"].startswith("local/")
+    b = PromptCollator(tok.pad_token_id)([dt[0], dt[1]])
+    a, c = dt[0]["input_ids"], dt[1]["input_ids"]
+    w = max(len(a), len(c))
+    assert b["input_ids"].tolist() == [[tok.pad_token_id] * (w - len(x)) + x for x in (a, c)]
+    assert b["attention_mask"].tolist() == [[0] * (w - len(x)) + [1] * len(x) for x in (a, c)]
+    assert b["prompt_id"] == [dt[0]["prompt_id"], dt[1]["prompt_id"]]
+
+
+def test_cache_hit_and_source_change(tok, data_file, tmp_path, monkeypatch):
+    calls = []
+    real = T._phase_examples
+    monkeypatch.setattr(T, "_phase_examples", lambda *a: calls.append(a) or real(*a))
+    cfg = cfg_for(data_file, tmp_path)
+    T.build_sft_dataset(cfg, tok, "train", 0)
+    T.build_sft_dataset(cfg, tok, "train", 0)
+    assert len(calls) == 1  # second call loaded the cache
+    T.build_sft_dataset(cfg_for(data_file, tmp_path, max_seq_len=100), tok, "train", 0)
+    assert len(calls) == 2  # changed option -> rebuilt
+    data_file.write_text(data_file.read_text() + json.dumps(ROWS[0]) + "\n")
+    ds = T.build_sft_dataset(cfg, tok, "train", 0)
+    assert len(calls) == 3 and len(ds) == 3  # changed file -> rebuilt
+
+
+def test_phases_partition_bundled(tok, tmp_path):
+    cfg = DataConfig(data_output_path=str(tmp_path), max_samples=60)
+    a = T._phase_examples(cfg, "train", 1234, 1)
+    b = T._phase_examples(cfg, "train", 1234, 2)
+    c = T._phase_examples(cfg, "train", 1234, 3)
+    assert (len(a), len(b), len(c)) == (12, 24, 24)
+    assert len({e.prompt_id for e in a + b + c}) == 60
