@@ -112,9 +112,9 @@ def build_parser(stage_cls: type, description: str | None = None) -> argparse.Ar
                 if a in seen:
                     raise TypeError(f"alias {a} of {flag} already used by {seen[a]}")
                 seen[a] = part_name
-            help_text = meta.get("help", "")
+            help_text = str(meta.get("help", "")).replace("%", "%%")  # argparse formats help with %
             default = _field_default(f)
-            kwargs: dict[str, Any] = {"dest": f"{part_name}.{name}", "help": help_text}
+            kwargs: dict[str, Any] = {"dest": f"{part_name}.{name}", "help": help_text, "metavar": name.upper()}
             if default is dataclasses.MISSING:
                 kwargs["required"] = True
             else:
@@ -131,7 +131,7 @@ def build_parser(stage_cls: type, description: str | None = None) -> argparse.Ar
                     const=True,
                     type=_bool_value,
                     default=default,
-                    **{k: v for k, v in kwargs.items() if k in ("dest", "help")},
+                    **{k: v for k, v in kwargs.items() if k in ("dest", "help", "metavar")},
                 )
                 group.add_argument(
                     f"--no_{name}",
