@@ -1,0 +1,110 @@
+"""MA-PPO's experience and update math against a separately written token-level PPO (plain loops)."""
+
+import math
+
+import torch
+
+from marlhf.losses import policy_loss
+from marlhf.macro import MacroConfig, build_termination
+from marlhf.ppo.config import PPOConfig
+from marlhf.ppo.rollout import Rollout
+from marlhf.stages.ppo import PPOStageConfig, make_experience
+
+
+def _rollout(B=3, A=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [6, 3, 5]
+    mask = torch.zeros(B, A, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = True
+    ids = torch.randint(4, 50, (B, A), generator=g).masked_fill(~mask, 0)
+    ends = torch.tensor([True, False, True])
+    ro = Rollout(
+        sequences=torch.zeros(B, 10, dtype=torch.long),
+        attention_mask=torch.ones(B, 10, dtype=torch.bool),
+        response_start=torch.full((B,), 4),
+        response_ids=ids,
+        action_mask=mask,
+        ends_with_eos=ends,
+        prompt_ids=["a", "b", "c"],
+    )
+    scored = {
+        "old_logprobs": -torch.rand(B, A, generator=g) * 3,
+        "ref_logprobs": -torch.rand(B, A, generator=g) * 3,
+        "values": torch.randn(B, A, generator=g),
+        "entropy": torch.rand(B, A, generator=g),
+        "ref_entropy": None,
+    }
+    scores = torch.tensor([3.0, -0.7, 1.2])  # 3.0 is clipped to 2.5
+    return ro, scored, scores, lengths
+
+
+def _token_ppo_reference(ro, scored, scores, lengths, kl_coef, clip, gamma, lam):
+    """Textbook token-level PPO, one row and one token at a time."""
+    B, A = ro.response_ids.shape
+    adv = torch.zeros(B, A, dtype=torch.float64)
+    ret = torch.zeros(B, A, dtype=torch.float64)
+    for b in range(B):
+        n = lengths[b]
+        r = [-kl_coef * (float(scored["old_logprobs"][b, t]) - float(scored["ref_logprobs"][b, t])) for t in range(n)]
+        r[n - 1] += max(-clip, min(clip, float(scores[b])))
+        v = [float(scored["values"][b, t]) for t in range(n)]
+        last = 0.0
+        for t in reversed(range(n)):
+            v_next = v[t + 1] if t + 1 < n else 0.0
+            delta = r[t] + gamma * v_next - v[t]
+            last = delta + gamma * lam * last
+            adv[b, t] = last
+            ret[b, t] = last + v[t]
+    return adv, ret
+
+
+def test_ngram_1_is_exactly_token_level_ppo():
+    ro, scored, scores, lengths = _rollout()
+    cfg = PPOStageConfig(
+        ppo=PPOConfig(kl_ctl=0.1, gamma=0.97, lam=0.9, reward_clip=2.5),
+        macro=MacroConfig(termination_condition="fixed", ngram=1),
+    )
+    rule = build_termination(cfg.macro)
+    exp = make_experience(ro, scored, scores, rule, cfg, kl_coef=0.1)
+    ref_adv, ref_ret = _token_ppo_reference(ro, scored, scores, lengths, 0.1, 2.5, 0.97, 0.9)
+    m = ro.action_mask
+    torch.testing.assert_close(exp.advantages[m].double(), ref_adv[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exp.returns[m].double(), ref_ret[m], atol=1e-5, rtol=1e-5)
+    # the same policy loss as a per-token loop, at token and macro ratio level (one-token macros)
+    new_logp = scored["old_logprobs"] + 0.3 * torch.randn_like(scored["old_logprobs"])
+    total, count = 0.0, 0
+    for b in range(3):
+        for t in range(lengths[b]):
+            ratio = math.exp(float(new_logp[b, t]) - float(scored["old_logprobs"][b, t]))
+            a = float(ref_adv[b, t])
+            total += max(-a * ratio, -a * min(max(ratio, 0.8), 1.2))
+            count += 1
+    for level in ("token", "macro"):
+        loss, _ = policy_loss(new_logp, scored["old_logprobs"], exp.advantages, m, cliprange=0.2,
+                              ratio_level=level, segment_ids=exp.segment_ids)
+        assert abs(float(loss) - total / count) < 1e-5
+
+
+def test_macro_actions_share_advantages_and_score_lands_on_last_valid_token():
+    ro, scored, scores, lengths = _rollout()
+    cfg = PPOStageConfig(
+        ppo=PPOConfig(kl_ctl=0.05), macro=MacroConfig(termination_condition="fixed", ngram=2, eos_own_macro=True)
+    )
+    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.05)
+    for b, n in enumerate(lengths):
+        # the clipped score sits on the last valid token, never on padding
+        kl_last = -0.05 * (scored["old_logprobs"][b, n - 1] - scored["ref_logprobs"][b, n - 1])
+        expected = kl_last + max(-2.5, min(2.5, float(scores[b])))
+        assert abs(float(exp.rewards[b, n - 1]) - float(expected)) < 1e-5
+        assert torch.all(exp.rewards[b, n:] == 0)
+        # tokens of one macro action share its advantage
+        ids = exp.segment_ids[b, :n]
+        for k in ids.unique():
+            vals = exp.advantages[b, :n][ids == k]
+            assert torch.allclose(vals, vals[0].expand_as(vals))
+    # row 0 (6 tokens, ends with EOS): {0,1} {2,3} {4} {5=EOS}
+    assert exp.segment_ids[0].tolist() == [0, 0, 1, 1, 2, 3]
+    # row 1 (3 tokens, truncated, no EOS): {0,1} {2}
+    assert exp.segment_ids[1, :3].tolist() == [0, 0, 1]
+    assert exp.stats["macro/count"] > 0
