@@ -145,11 +145,6 @@ class PPOConfig:
         default="rm",
         metadata={"help": "`rm`, `code` (execute against test cases, APPS) or `rm+code`.", "choices": ("rm", "code", "rm+code")},
     )
-    code_reward_scheme: str = field(
-        default="ppocoder", metadata={"help": "Execution reward scheme.", "choices": ("pass_fraction", "ppocoder")}
-    )
-    code_timeout_s: float = field(default=4.0, metadata={"help": "Per-test wall-clock limit of generated code."})
-    code_workers: int = field(default=4, metadata={"help": "Parallel sandboxed executions."})
     ratio_level: str = field(
         default="token", metadata={"help": "Policy ratio per token (original code) or per macro action (paper Eq. 3).", "choices": ("token", "macro")}
     )

@@ -41,6 +41,7 @@ from marlhf.checkpoint import (
     write_json,
 )
 from marlhf.cli import config_to_dict, parse_config
+from marlhf.code_reward import CodeRewardConfig
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.distributed import all_reduce_mean, is_main, rank, world_size
@@ -48,7 +49,7 @@ from marlhf.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.losses import entropy_bonus, explained_variance, masked_mean, masked_whiten, policy_loss, value_loss
 from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
 from marlhf.macro.estimate import macro_advantages, macro_stats
-from marlhf.models import apply_lora, load_causal_lm, load_tokenizer
+from marlhf.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
 from marlhf.ppo.config import ActorCriticConfig, GenerationConfig, PPOConfig
 from marlhf.ppo.rollout import (
     Rollout,
@@ -81,6 +82,7 @@ class PPOStageConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -170,9 +172,18 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
         offload=mc.offload_reference_model,
     )
     # critic: initialised from the reward model, trainable
-    if not mc.critic_model_name_or_path:
-        raise ValueError("--critic_model_name_or_path (a stage-2 reward-model directory) is required")
-    critic, info = load_reward_model(mc.critic_model_name_or_path, dtype=dtype)
+    critic_path = mc.critic_model_name_or_path or mc.actor_model_name_or_path
+    if (Path(critic_path) / "reward_config.json").exists():
+        critic, info = load_reward_model(critic_path, dtype=dtype)
+    elif ppo.reward_source == "code":
+        # no reward-model stage (code generation, APPS): the critic starts from the policy's backbone
+        # with a fresh value head
+        critic, info = RewardModel.from_pretrained(resolve_model_path(critic_path), dtype=dtype), {}
+    else:
+        raise ValueError(
+            f"--critic_model_name_or_path {critic_path!r} is not a reward-model directory (no "
+            "reward_config.json); pass the output of stage 2"
+        )
     if mc.critic_dropout is not None:
         from marlhf.models import _set_dropout
 
@@ -414,14 +425,13 @@ def _gold_scorer(cfg: PPOStageConfig):
     return gold_score
 
 
-def _code_rewards(cfg: PPOStageConfig, ro: Rollout, metas: list[dict], tokenizer, rewarder) -> torch.Tensor:
-    from marlhf.code_reward import code_reward, extract_code, parse_tests
+def _code_rewards(ro: Rollout, metas: list[dict], tokenizer, rewarder) -> torch.Tensor:
+    """Execution reward of each response against its task's test cases (sandboxed). (B,)"""
+    from marlhf.code_reward import parse_tests
 
     texts = tokenizer.batch_decode(ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id), skip_special_tokens=True)
-    programs = [extract_code(t) for t in texts]
     suites = [parse_tests(m.get("tests") or m.get("input_output") or "{}") for m in metas]
-    results = rewarder.score(programs, suites)
-    return torch.tensor([code_reward(r, cfg.ppo.code_reward_scheme) for r in results], dtype=torch.float32)
+    return torch.tensor(rewarder.rewards(texts, suites), dtype=torch.float32)
 
 
 def train(cfg: PPOStageConfig) -> Path:
@@ -464,7 +474,7 @@ def train(cfg: PPOStageConfig) -> Path:
     if ppo.reward_source in ("code", "rm+code"):
         from marlhf.code_reward import CodeRewarder
 
-        rewarder = CodeRewarder(workers=ppo.code_workers, timeout_s=ppo.code_timeout_s)
+        rewarder = CodeRewarder.from_config(cfg.code)
     score_stats = models.reward_info.get("score_stats") if models.reward_info else None
 
     run_config = config_to_dict(cfg)
@@ -540,7 +550,7 @@ def train(cfg: PPOStageConfig) -> Path:
                 rm = normalize_scores(rm, score_stats.mean, score_stats.std)
             scores = scores + rm
         if rewarder is not None:
-            scores = scores + _code_rewards(cfg, ro, metas, tokenizer, rewarder).to(scores.device)
+            scores = scores + _code_rewards(ro, metas, tokenizer, rewarder).to(scores.device)
         dense = None
         if ppo.dense_reward:
             dense = _dense_rewards(models, ro, scored, cfg, tokenizer)
