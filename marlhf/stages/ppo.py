@@ -367,8 +367,16 @@ def _slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     )
 
 
-def ppo_update(models: Models, exp: Experience, cfg: PPOStageConfig, train_actor: bool, generator: torch.Generator) -> dict[str, float]:
-    """``--ppo_epochs`` passes of minibatches over one experience batch; actor then critic per minibatch."""
+def ppo_update(
+    models: Models,
+    exp: Experience,
+    cfg: PPOStageConfig,
+    train_actor: bool,
+    generator: torch.Generator,
+    unsup_batches=None,
+) -> dict[str, float]:
+    """``--ppo_epochs`` passes of minibatches over one experience batch; actor then critic per minibatch.
+    ``unsup_batches`` (an iterator of SFT batches) adds ``--unsup_coef`` × LM loss to the actor's loss."""
     ppo = cfg.ppo
     B = exp.rollout.sequences.shape[0]
     mb = ppo.per_device_training_batch_size
@@ -394,6 +402,15 @@ def ppo_update(models: Models, exp: Experience, cfg: PPOStageConfig, train_actor
                     ent_mean = entropy_bonus(ent, mask)
                     loss = loss - ppo.entropy_coef * ent_mean
                     stats["policy/entropy_train"] = ent_mean.detach()
+                if unsup_batches is not None:
+                    from marlhf.lm_loss import lm_loss_sum
+
+                    sft = {k: v.to(models.actor.device) for k, v in next(unsup_batches).items()}
+                    logits = models.actor(input_ids=sft["input_ids"], attention_mask=sft["attention_mask"]).logits
+                    nll, count = lm_loss_sum(logits, sft["labels"])
+                    unsup = nll / count.clamp(min=1)
+                    loss = loss + ppo.unsup_coef * unsup
+                    stats["loss/unsup"] = unsup.detach()
                 models.actor.backward(loss)
                 models.actor.step()
                 stats.update(pstats)
@@ -499,6 +516,19 @@ def train(cfg: PPOStageConfig) -> Path:
         set_rng_state(client["rng"])
         log.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
 
+    unsup_iter = None
+    if ppo.unsup_coef > 0:
+        # batches already consumed before a resume are skipped, so a resumed run sees the same data
+        consumed = max(0, global_step - ppo.critic_warmup_steps) * ppo.ppo_epochs * (rollout_size // ppo.per_device_training_batch_size)
+        unsup_iter = _sft_batches(cfg, tokenizer, skip=consumed)
+    ema = None
+    if ppo.enable_ema:
+        from marlhf.ema import EMA
+
+        ema = EMA(models.actor.module, ppo.ema_decay, zero3=mc.actor_zero_stage == 3)
+        if found is not None and (state_root / "ema.pt").exists():
+            ema.shadow = torch.load(state_root / "ema.pt", map_location="cpu")
+
     tracker = Tracker(cfg.log)
     bar = progress(total, global_step, "ma-ppo", cfg.log.disable_progress_bar)
 
@@ -519,6 +549,20 @@ def train(cfg: PPOStageConfig) -> Path:
             save_reward_model_state(state, models.critic.module.config, tokenizer, critic_dir,
                                     rm_type="end", extra={"role": "critic"})
             write_json(critic_dir / "run_config.json", run_config)
+        if ema is not None:
+            from marlhf.models import merge_lora_state_dict, unwrap_peft
+
+            like = gather_state_dict(models.actor.module, mc.actor_zero_stage)
+            if is_main():
+                base, scaling = unwrap_peft(models.actor.module)
+                averaged = ema.state_dict(like)
+                if scaling is not None:
+                    averaged = merge_lora_state_dict(averaged, scaling)
+                ema_dir = actor_dir.parent / "actor_ema"
+                base.save_pretrained(ema_dir, state_dict=averaged)
+                tokenizer.save_pretrained(ema_dir)
+                state_root.mkdir(parents=True, exist_ok=True)
+                torch.save(ema.shadow, state_root / "ema.pt")
         client = {"global_step": step, "kl_ctl": kl_ctl.state_dict(), "generator": gen.get_state(), "rng": rng_state()}
         save_train_state({"actor": models.actor, "critic": models.critic}, state_root, step, client, cfg.log.keep_checkpoints)
 
@@ -560,7 +604,9 @@ def train(cfg: PPOStageConfig) -> Path:
         # 6. update
         t0 = time.perf_counter()
         train_actor = global_step >= ppo.critic_warmup_steps
-        upd = ppo_update(models, exp, cfg, train_actor, gen)
+        upd = ppo_update(models, exp, cfg, train_actor, gen, unsup_iter if train_actor else None)
+        if ema is not None and train_actor:
+            ema.update(models.actor.module)
         times["time/train"] = time.perf_counter() - t0
         times["time/step"] = time.perf_counter() - t
         global_step += 1
@@ -592,6 +638,27 @@ def train(cfg: PPOStageConfig) -> Path:
     if is_main():
         log.info("MA-PPO actor saved to %s", out / "actor")
     return out
+
+
+def _sft_batches(cfg: PPOStageConfig, tokenizer, skip: int):
+    """Endless SFT micro-batches for the pretraining-mix loss (``--unsup_coef``), this rank's shard."""
+    from marlhf.data.collate import SFTCollator
+    from marlhf.data.tokenize import build_sft_dataset
+
+    data = replace(cfg.data, data_path=cfg.ppo.unsup_data_path or cfg.data.data_path)
+    ds = build_sft_dataset(data, tokenizer, "train", cfg.ppo.seed)
+    collate = SFTCollator(tokenizer.pad_token_id)
+    mb, ws = cfg.ppo.per_device_training_batch_size, world_size()
+    spe = steps_per_epoch(len(ds), mb, 1, ws)
+    if spe == 0:
+        raise ValueError(f"--unsup_coef: the SFT data has {len(ds)} examples, fewer than one batch")
+    i = skip
+    while True:
+        epoch, step = divmod(i, spe)
+        perm = epoch_permutation(len(ds), cfg.ppo.seed + 1, epoch)
+        (idx,) = step_micro_batches(perm, step, mb, 1, ws, rank())
+        yield collate([ds[j] for j in idx])
+        i += 1
 
 
 def _concat(rollouts: list[Rollout], scoreds: list[dict], pad_id: int) -> tuple[Rollout, dict]:

@@ -102,3 +102,19 @@ def test_resume_continues_with_identical_metrics(models, tmp_path):
     for step in (3, 4):
         for key in ("objective/score", "objective/kl", "loss/policy", "loss/value", "response/length"):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+def test_lora_ema_and_pretraining_mix(models, tmp_path):
+    base, actor, rm = models
+    rows = _ppo(base, actor, rm, tmp_path / "run", "--actor_lora_dim", "4", "--critic_lora_dim", "4",
+                "--enable_ema", "--unsup_coef", "0.1", "--critic_warmup_steps", "1", "--target_kl", "0.1")
+    assert "loss/unsup" in rows[-1] and "loss/policy" not in rows[0]  # step 1 trains only the critic
+    assert rows[-1]["objective/kl_coef"] != rows[0]["objective/kl_coef"] or rows[0]["objective/kl"] == 0.1
+    from transformers import AutoModelForCausalLM
+
+    from marlhf.reward_model import load_reward_model
+
+    for d in ("actor", "actor_ema"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / d)
+        assert not any("lora" in k for k in model.state_dict())
+    load_reward_model(tmp_path / "run" / "critic")
