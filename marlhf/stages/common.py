@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ from marlhf.distributed import init_distributed, is_main, world_size
 
 
 def setup_logging() -> None:
+    # torch.distributed's deprecation notices fire on every ZeRO collective; once is plenty
+    warnings.filterwarnings("once", category=FutureWarning, module="torch.distributed")
     level = logging.INFO if is_main() else logging.WARNING
     logging.basicConfig(
         level=level,

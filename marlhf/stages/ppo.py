@@ -157,7 +157,8 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
 
     # actor: the SFT policy, trainable
     actor_cfg = _model_cfg(mc, mc.actor_model_name_or_path, mc.actor_dropout, mc.actor_gradient_checkpointing, mc.actor_lora_dim, mc.actor_lora_module_name)
-    zero3 = ds_config(zero_stage=3, dtype=mc.effective_dtype, micro_batch_size=micro) if mc.actor_zero_stage == 3 else None
+    # ZeRO-3: load the weights partitioned across ranks (transformers reads only the ZeRO section)
+    zero3 = ds_config(zero_stage=3, dtype=mc.effective_dtype, micro_batch_size=micro, inference=True) if mc.actor_zero_stage == 3 else None
     actor = apply_lora(load_causal_lm(actor_cfg, ds_zero3_config=zero3), actor_cfg)
     actor_engine, actor_ds = build_train_engine(
         actor, model_cfg=actor_cfg, ds=_DS(mc.actor_zero_stage),

@@ -98,7 +98,12 @@ def train(cfg: SFTConfig) -> Path:
     if cfg.optim.max_steps:
         total = min(total, cfg.optim.max_steps)
 
-    model = apply_lora(load_causal_lm(cfg.model), cfg.model)
+    zero3 = None
+    if cfg.ds.zero_stage == 3:  # load the weights partitioned across ranks (big models never fit whole)
+        from marlhf.engine import ds_config
+
+        zero3 = ds_config(zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=micro, inference=True)
+    model = apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
     engine, ds_json = build_train_engine(
         model, model_cfg=cfg.model, ds=cfg.ds, optim=cfg.optim, total_steps=total, micro_batch_size=micro
     )

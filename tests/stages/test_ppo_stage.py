@@ -58,7 +58,8 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
     "rule",
     [
         ["--termination_condition", "fixed", "--ngram", "3"],
-        ["--termination_condition", "randomized", "--repeat_times", "2", "--ratio_level", "macro"],
+        ["--termination_condition", "randomized", "--repeat_times", "2", "--ratio_level", "macro",
+         "--actor_zero_stage", "3", "--critic_zero_stage", "3"],
         ["--termination_condition", "ppl", "--value_function", "position"],
         ["--termination_condition", "entropy", "--target_macro_len", "3", "--value_function", "unit"],
         ["--termination_condition", "parsing", "--parser_backend", "python", "--parsing_cutoff", "4"],
