@@ -99,7 +99,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_train_state(engines: dict[str, Any], root: str | Path, step: int, client_state: dict, keep: int) -> None:
+def save_train_state(
+    engines: dict[str, Any], root: str | Path, step: int, client_state: dict, keep: int
+) -> None:
     """DeepSpeed checkpoint of each engine (model, optimizer, scheduler) under ``root/<name>``, tagged
     ``step-N``, with ``client_state`` stored alongside. Keeps the newest ``keep`` tags."""
     root = Path(root)

@@ -20,8 +20,6 @@ when the parser is built.
 (5, (2, 3), False)
 """
 
-
-
 import argparse
 import dataclasses
 import json
@@ -114,7 +112,11 @@ def build_parser(stage_cls: type, description: str | None = None) -> argparse.Ar
                 seen[a] = part_name
             help_text = str(meta.get("help", "")).replace("%", "%%")  # argparse formats help with %
             default = _field_default(f)
-            kwargs: dict[str, Any] = {"dest": f"{part_name}.{name}", "help": help_text, "metavar": name.upper()}
+            kwargs: dict[str, Any] = {
+                "dest": f"{part_name}.{name}",
+                "help": help_text,
+                "metavar": name.upper(),
+            }
             if default is dataclasses.MISSING:
                 kwargs["required"] = True
             else:

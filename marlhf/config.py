@@ -128,7 +128,8 @@ class DeepSpeedConfig:
 
     zero_stage: int = field(default=0, metadata={"help": "ZeRO stage 0..3."})
     offload: bool = field(
-        default=False, metadata={"help": "ZeRO-Offload: optimizer states (and ZeRO-3 params) on CPU."}
+        default=False,
+        metadata={"help": "ZeRO-Offload: optimizer states (and ZeRO-3 params) on CPU."},
     )
     deepspeed_config: str | None = field(
         default=None,
@@ -151,7 +152,9 @@ class DeepSpeedConfig:
 class LoggingConfig:
     """Output, checkpoints, TensorBoard, progress."""
 
-    output_dir: str = field(default="./output", metadata={"help": "Where the run writes everything."})
+    output_dir: str = field(
+        default="./output", metadata={"help": "Where the run writes everything."}
+    )
     enable_tensorboard: bool = field(
         default=True, metadata={"help": "Write TensorBoard scalars under <output_dir>/tensorboard."}
     )

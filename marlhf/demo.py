@@ -24,22 +24,76 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Settings sized for 2 CPU cores and a few minutes in all; the real recipes are in training/*/run_gemma.sh.
 SFT_FLAGS = [
-    "--model_name_or_path", "tiny", "--data_path", "synthetic-tldr", "--max_seq_len", "192",
-    "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
-    "--learning_rate", "3e-3", "--num_train_epochs", "6", "--warmup_ratio", "0.05",
-    "--lr_scheduler_type", "cosine", "--zero_stage", "0", "--eval_iters", "4",
+    "--model_name_or_path",
+    "tiny",
+    "--data_path",
+    "synthetic-tldr",
+    "--max_seq_len",
+    "192",
+    "--per_device_train_batch_size",
+    "16",
+    "--per_device_eval_batch_size",
+    "32",
+    "--learning_rate",
+    "3e-3",
+    "--num_train_epochs",
+    "6",
+    "--warmup_ratio",
+    "0.05",
+    "--lr_scheduler_type",
+    "cosine",
+    "--zero_stage",
+    "0",
+    "--eval_iters",
+    "4",
 ]
 RM_FLAGS = [
-    "--data_path", "synthetic-tldr", "--max_seq_len", "192", "--per_device_train_batch_size", "16",
-    "--per_device_eval_batch_size", "32", "--learning_rate", "1e-3", "--num_train_epochs", "2",
-    "--warmup_ratio", "0.05", "--zero_stage", "0", "--eval_iters", "8",
+    "--data_path",
+    "synthetic-tldr",
+    "--max_seq_len",
+    "192",
+    "--per_device_train_batch_size",
+    "16",
+    "--per_device_eval_batch_size",
+    "32",
+    "--learning_rate",
+    "1e-3",
+    "--num_train_epochs",
+    "2",
+    "--warmup_ratio",
+    "0.05",
+    "--zero_stage",
+    "0",
+    "--eval_iters",
+    "8",
 ]
 PPO_FLAGS = [
-    "--data_path", "synthetic-tldr", "--max_prompt_seq_len", "160", "--max_answer_seq_len", "40",
-    "--per_device_generation_batch_size", "16", "--per_device_training_batch_size", "8",
-    "--actor_learning_rate", "2e-4", "--critic_learning_rate", "5e-4", "--kl_ctl", "0.05",
-    "--temperature", "1.0", "--top_k", "0", "--ppo_epochs", "1", "--lr_scheduler_type", "constant",
-    "--value_function", "equal",
+    "--data_path",
+    "synthetic-tldr",
+    "--max_prompt_seq_len",
+    "160",
+    "--max_answer_seq_len",
+    "40",
+    "--per_device_generation_batch_size",
+    "16",
+    "--per_device_training_batch_size",
+    "8",
+    "--actor_learning_rate",
+    "2e-4",
+    "--critic_learning_rate",
+    "5e-4",
+    "--kl_ctl",
+    "0.05",
+    "--temperature",
+    "1.0",
+    "--top_k",
+    "0",
+    "--ppo_epochs",
+    "1",
+    "--lr_scheduler_type",
+    "constant",
+    "--value_function",
+    "equal",
 ]
 
 
@@ -62,7 +116,9 @@ def _run(title: str, args: list[str], done: Path, log_file: Path, fresh: bool) -
     t0 = time.time()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
-        proc = subprocess.run([sys.executable, *args], env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, *args], env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+        )
     if proc.returncode != 0:
         tail = "".join(open(log_file).readlines()[-30:])
         raise SystemExit(f"[demo] {title} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
@@ -70,12 +126,20 @@ def _run(title: str, args: list[str], done: Path, log_file: Path, fresh: bool) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--output_dir", default="output/demo")
     ap.add_argument("--fresh", action="store_true", help="redo every stage")
-    ap.add_argument("--ppo_steps", type=int, default=30, help="PPO steps for each of PPO and MA-PPO")
-    ap.add_argument("--ngram", type=int, default=5, help="MA-PPO macro-action length (fixed n-gram)")
-    ap.add_argument("--eval_prompts", type=int, default=128, help="held-out prompts for the comparison")
+    ap.add_argument(
+        "--ppo_steps", type=int, default=30, help="PPO steps for each of PPO and MA-PPO"
+    )
+    ap.add_argument(
+        "--ngram", type=int, default=5, help="MA-PPO macro-action length (fixed n-gram)"
+    )
+    ap.add_argument(
+        "--eval_prompts", type=int, default=128, help="held-out prompts for the comparison"
+    )
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
 
@@ -89,32 +153,94 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.time()
 
     # 1. supervised fine-tuning
-    _run("1/6 SFT", ["-m", "marlhf.stages.sft", *SFT_FLAGS, *common, "--output_dir", str(out / "sft")],
-         out / "sft" / "model.safetensors", logs / "sft.log", args.fresh)
+    _run(
+        "1/6 SFT",
+        ["-m", "marlhf.stages.sft", *SFT_FLAGS, *common, "--output_dir", str(out / "sft")],
+        out / "sft" / "model.safetensors",
+        logs / "sft.log",
+        args.fresh,
+    )
     # 2. reward model (initialised from the SFT model)
-    _run("2/6 reward model", ["-m", "marlhf.stages.reward", *RM_FLAGS, *common,
-         "--model_name_or_path", str(out / "sft"), "--output_dir", str(out / "rm")],
-         out / "rm" / "reward_config.json", logs / "rm.log", args.fresh)
+    _run(
+        "2/6 reward model",
+        [
+            "-m",
+            "marlhf.stages.reward",
+            *RM_FLAGS,
+            *common,
+            "--model_name_or_path",
+            str(out / "sft"),
+            "--output_dir",
+            str(out / "rm"),
+        ],
+        out / "rm" / "reward_config.json",
+        logs / "rm.log",
+        args.fresh,
+    )
     # 3. vanilla PPO (fixed n=1 is token-level PPO exactly) and MA-PPO (fixed n)
     runs = {"ppo": 1, "mappo": args.ngram}
     for i, (name, n) in enumerate(runs.items()):
-        _run(f"{3 + i}/6 {'PPO (n=1)' if n == 1 else f'MA-PPO (n={n})'}",
-             ["-m", "marlhf.stages.ppo", *PPO_FLAGS, *common, "--actor_model_name_or_path", str(out / "sft"),
-              "--critic_model_name_or_path", str(out / "rm"), "--termination_condition", "fixed",
-              "--ngram", str(n), "--max_steps", str(args.ppo_steps), "--output_dir", str(out / name)],
-             out / name / "actor" / "model.safetensors", logs / f"{name}.log", args.fresh)
+        _run(
+            f"{3 + i}/6 {'PPO (n=1)' if n == 1 else f'MA-PPO (n={n})'}",
+            [
+                "-m",
+                "marlhf.stages.ppo",
+                *PPO_FLAGS,
+                *common,
+                "--actor_model_name_or_path",
+                str(out / "sft"),
+                "--critic_model_name_or_path",
+                str(out / "rm"),
+                "--termination_condition",
+                "fixed",
+                "--ngram",
+                str(n),
+                "--max_steps",
+                str(args.ppo_steps),
+                "--output_dir",
+                str(out / name),
+            ],
+            out / name / "actor" / "model.safetensors",
+            logs / f"{name}.log",
+            args.fresh,
+        )
     # 5. inference with rewards on held-out prompts, for each policy
     models = {"sft": out / "sft", "ppo": out / "ppo" / "actor", "mappo": out / "mappo" / "actor"}
     results = {}
     for name, path in models.items():
         target = out / "results" / f"{name}.jsonl"
         results[name] = target
-        _run(f"5/6 inference ({name})",
-             [str(ROOT / "inference" / "inference_with_rewards.py"), "--proj-path", str(out),
-              "--dataset", "synthetic", "--model", str(path), "--reward-model", str(out / "rm"),
-              "--num-samples", str(args.eval_prompts), "--batch-size", "32", "--max-new-tokens", "40",
-              "--max-prompt-len", "160", "--temperature", "0.8", "--seed", str(args.seed), "--output", str(target)],
-             target.with_suffix(".jsonl.summary.json"), logs / f"inference_{name}.log", args.fresh)
+        _run(
+            f"5/6 inference ({name})",
+            [
+                str(ROOT / "inference" / "inference_with_rewards.py"),
+                "--proj-path",
+                str(out),
+                "--dataset",
+                "synthetic",
+                "--model",
+                str(path),
+                "--reward-model",
+                str(out / "rm"),
+                "--num-samples",
+                str(args.eval_prompts),
+                "--batch-size",
+                "32",
+                "--max-new-tokens",
+                "40",
+                "--max-prompt-len",
+                "160",
+                "--temperature",
+                "0.8",
+                "--seed",
+                str(args.seed),
+                "--output",
+                str(target),
+            ],
+            target.with_suffix(".jsonl.summary.json"),
+            logs / f"inference_{name}.log",
+            args.fresh,
+        )
     # 6. the comparison report
     from marlhf.report import write_report
 

@@ -13,7 +13,9 @@ class EMA:
         self.decay = decay
         self.zero3 = zero3
         self.shadow: dict[str, torch.Tensor] = {}
-        self._visit(module, lambda name, p: self.shadow.__setitem__(name, p.detach().float().cpu().clone()))
+        self._visit(
+            module, lambda name, p: self.shadow.__setitem__(name, p.detach().float().cpu().clone())
+        )
 
     def _visit(self, module: torch.nn.Module, fn) -> None:
         for name, p in module.named_parameters():

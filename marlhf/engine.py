@@ -179,7 +179,9 @@ def build_train_engine(
     return engine, cfg
 
 
-def build_eval_engine(model: torch.nn.Module, *, dtype: str, zero_stage: int, offload: bool = False):
+def build_eval_engine(
+    model: torch.nn.Module, *, dtype: str, zero_stage: int, offload: bool = False
+):
     """A frozen model (reference / reward) under DeepSpeed: ZeRO-3 partitions it across ranks, other
     stages keep a full copy per rank. Returns ``(engine, ds_json)``."""
     import deepspeed

@@ -116,7 +116,9 @@ def lora_target_modules(model: torch.nn.Module, module_name: str) -> list[str]:
         if isinstance(m, torch.nn.Linear) and module_name in n and not n.endswith("lm_head")
     ]
     if not names:
-        raise ValueError(f"--lora_module_name {module_name!r} matches no Linear module of the model")
+        raise ValueError(
+            f"--lora_module_name {module_name!r} matches no Linear module of the model"
+        )
     return names
 
 
@@ -143,15 +145,25 @@ def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
     return peft_model
 
 
-def merge_lora_state_dict(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+def merge_lora_state_dict(
+    state: dict[str, torch.Tensor], scaling: float
+) -> dict[str, torch.Tensor]:
     """Fold peft LoRA weights into plain weights: ``W + scaling · B @ A``; strip peft's prefixes.
 
     ``state`` is a full (gathered) state dict of a peft-wrapped model with one adapter ("default").
     The result has the keys of the unwrapped base model, so it saves as a normal HF checkpoint.
     """
     out: dict[str, torch.Tensor] = {}
-    lora_a = {k[: -len(".lora_A.default.weight")]: v for k, v in state.items() if k.endswith(".lora_A.default.weight")}
-    lora_b = {k[: -len(".lora_B.default.weight")]: v for k, v in state.items() if k.endswith(".lora_B.default.weight")}
+    lora_a = {
+        k[: -len(".lora_A.default.weight")]: v
+        for k, v in state.items()
+        if k.endswith(".lora_A.default.weight")
+    }
+    lora_b = {
+        k[: -len(".lora_B.default.weight")]: v
+        for k, v in state.items()
+        if k.endswith(".lora_B.default.weight")
+    }
     for k, v in state.items():
         if ".lora_A." in k or ".lora_B." in k:
             continue

@@ -73,7 +73,9 @@ def plot_curves(run_dirs: dict[str, Path], path: Path) -> Path | None:
     return path
 
 
-def write_report(out: Path, results: dict[str, Path], run_dirs: dict[str, Path], ngram: int) -> Path:
+def write_report(
+    out: Path, results: dict[str, Path], run_dirs: dict[str, Path], ngram: int
+) -> Path:
     rows = {name: _rows(p) for name, p in results.items() if p.exists()}
     lines = ["# ma-rlhf embedded pipeline: comparison report", ""]
     lines += [
@@ -88,7 +90,11 @@ def write_report(out: Path, results: dict[str, Path], run_dirs: dict[str, Path],
         rm = _mean_sd([float(r["reward"]) for r in rs if r.get("reward") is not None])
         gold = _mean_sd([float(r["gold"]) for r in rs if r.get("gold") is not None])
         length = _mean_sd([float(r.get("response_tokens", 0)) for r in rs])
-        eos = statistics.fmean(float(bool(r.get("ends_with_eos", False))) for r in rs) if rs else float("nan")
+        eos = (
+            statistics.fmean(float(bool(r.get("ends_with_eos", False))) for r in rs)
+            if rs
+            else float("nan")
+        )
         lines.append(
             f"| {name} | {len(rs)} | {rm[0]:.3f} ± {rm[1]:.3f} | {gold[0]:.3f} ± {gold[1]:.3f} | "
             f"{length[0]:.1f} | {eos:.2f} |"
@@ -103,8 +109,16 @@ def write_report(out: Path, results: dict[str, Path], run_dirs: dict[str, Path],
             ci = bootstrap_ci(outcomes, seed=0)
             w, t, l_ = (outcomes.count(x) for x in ("a", "tie", "b"))
             ci_text = f" (95% bootstrap CI {ci[0]:.2f}–{ci[1]:.2f})" if ci else ""
-            lines.append(f"- {label} win rate of MA-PPO: {wr:.2f}{ci_text}; wins {w} / ties {t} / losses {l_}")
-    lines += ["", "## Training runs", "", "| run | steps | final RM score | final gold | final KL | macro actions / response | mean macro length | s / step |", "|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"- {label} win rate of MA-PPO: {wr:.2f}{ci_text}; wins {w} / ties {t} / losses {l_}"
+            )
+    lines += [
+        "",
+        "## Training runs",
+        "",
+        "| run | steps | final RM score | final gold | final KL | macro actions / response | mean macro length | s / step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, d in run_dirs.items():
         f = d / "metrics.jsonl"
         if not f.exists():

@@ -15,7 +15,8 @@ def test_two_ranks_see_the_same_examples_as_one_with_same_global_batch():
     for step in range(steps_per_epoch(103, 4, 1, 1)):
         one = step_micro_batches(perm, step, micro=4, accumulation=1, world=1, rank=0)
         two = [
-            step_micro_batches(perm, step, micro=2, accumulation=1, world=2, rank=r)[0] for r in (0, 1)
+            step_micro_batches(perm, step, micro=2, accumulation=1, world=2, rank=r)[0]
+            for r in (0, 1)
         ]
         assert sorted(one[0]) == sorted(two[0] + two[1])
 

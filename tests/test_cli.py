@@ -92,7 +92,9 @@ def test_aliases_and_tuples_and_optional():
     class S:
         p: P = field(default_factory=P)
 
-    cfg = parse_config(S, ["--parser_cutoff", "7", "--choices", "2", "3,5", "--paths", "x", "y", "--thr", "0.5"])
+    cfg = parse_config(
+        S, ["--parser_cutoff", "7", "--choices", "2", "3,5", "--paths", "x", "y", "--thr", "0.5"]
+    )
     assert cfg.p.parsing_cutoff == 7 and cfg.p.choices == (2, 3, 5) and cfg.p.paths == ("x", "y")
     assert cfg.p.thr == 0.5
     assert parse_config(S, ["--thr", "none"]).p.thr is None

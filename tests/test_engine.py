@@ -23,8 +23,15 @@ def test_warmup_steps_precedence():
 
 
 def test_ds_config_shapes():
-    cfg = ds_config(zero_stage=3, dtype="bf16", micro_batch_size=4, gradient_accumulation_steps=8,
-                    offload=True, optim=OptimConfig(learning_rate=1e-4, weight_decay=0.1), on_cpu=True)
+    cfg = ds_config(
+        zero_stage=3,
+        dtype="bf16",
+        micro_batch_size=4,
+        gradient_accumulation_steps=8,
+        offload=True,
+        optim=OptimConfig(learning_rate=1e-4, weight_decay=0.1),
+        on_cpu=True,
+    )
     assert cfg["train_batch_size"] == 32
     assert cfg["bf16"] == {"enabled": True}
     assert cfg["zero_optimization"]["stage"] == 3

@@ -1,7 +1,13 @@
 import torch
 
 from marlhf.config import ModelConfig
-from marlhf.models import apply_lora, load_causal_lm, load_tokenizer, merge_lora_state_dict, unwrap_peft
+from marlhf.models import (
+    apply_lora,
+    load_causal_lm,
+    load_tokenizer,
+    merge_lora_state_dict,
+    unwrap_peft,
+)
 from marlhf.tiny import build_tiny, train_tokenizer
 
 CORPUS = [
@@ -34,7 +40,9 @@ def test_tiny_saves_and_reloads_as_hf_directory(tmp_path):
 
 def test_lora_merge_equals_peft_merge(tmp_path):
     path = build_tiny(tmp_path / "tiny", CORPUS)
-    cfg = ModelConfig(model_name_or_path=str(path), lora_dim=4, lora_alpha=8.0, lora_module_name="layers.")
+    cfg = ModelConfig(
+        model_name_or_path=str(path), lora_dim=4, lora_alpha=8.0, lora_module_name="layers."
+    )
     torch.manual_seed(0)
     model = apply_lora(load_causal_lm(cfg), cfg)
     # non-zero LoRA B so the merge matters

@@ -12,39 +12,57 @@ class ActorCriticConfig:
     """The four models: actor (from SFT) and critic (from the RM) train; reference and reward are frozen."""
 
     actor_model_name_or_path: str = field(
-        default="tiny", metadata={"help": "SFT checkpoint (HF directory or hub id) for the actor and reference."}
+        default="tiny",
+        metadata={"help": "SFT checkpoint (HF directory or hub id) for the actor and reference."},
     )
     critic_model_name_or_path: str = field(
-        default="", metadata={"help": "Reward-model directory (stage 2) that initialises the critic."}
+        default="",
+        metadata={"help": "Reward-model directory (stage 2) that initialises the critic."},
     )
     reward_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Frozen reward model (default: --critic_model_name_or_path)."}
+        default=None,
+        metadata={"help": "Frozen reward model (default: --critic_model_name_or_path)."},
     )
     reference_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Frozen reference policy (default: --actor_model_name_or_path)."}
+        default=None,
+        metadata={"help": "Frozen reference policy (default: --actor_model_name_or_path)."},
     )
-    trust_remote_code: bool = field(default=False, metadata={"help": "Allow model code from the hub."})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow model code from the hub."}
+    )
     dtype: str = field(default="fp32", metadata={"help": "Precision.", "choices": DTYPES})
     bf16: bool = field(default=False, metadata={"help": "Alias of --dtype bf16 (original flag)."})
     actor_zero_stage: int = field(default=0, metadata={"help": "ZeRO stage of the actor."})
     critic_zero_stage: int = field(default=0, metadata={"help": "ZeRO stage of the critic."})
     offload: bool = field(default=False, metadata={"help": "ZeRO-Offload for actor and critic."})
     offload_reference_model: bool = field(
-        default=False, metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."}
+        default=False,
+        metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."},
     )
     actor_dropout: float | None = field(default=None, metadata={"help": "Actor dropout override."})
-    critic_dropout: float | None = field(default=None, metadata={"help": "Critic dropout override."})
-    actor_gradient_checkpointing: bool = field(default=False, metadata={"help": "Actor activation checkpointing."})
-    critic_gradient_checkpointing: bool = field(default=False, metadata={"help": "Critic activation checkpointing."})
+    critic_dropout: float | None = field(
+        default=None, metadata={"help": "Critic dropout override."}
+    )
+    actor_gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Actor activation checkpointing."}
+    )
+    critic_gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Critic activation checkpointing."}
+    )
     actor_lora_dim: int = field(default=0, metadata={"help": "Actor LoRA rank (0: off)."})
-    actor_lora_module_name: str = field(default="layers.", metadata={"help": "Actor LoRA target filter."})
+    actor_lora_module_name: str = field(
+        default="layers.", metadata={"help": "Actor LoRA target filter."}
+    )
     critic_lora_dim: int = field(default=0, metadata={"help": "Critic LoRA rank (0: off)."})
-    critic_lora_module_name: str = field(default="layers.", metadata={"help": "Critic LoRA target filter."})
+    critic_lora_module_name: str = field(
+        default="layers.", metadata={"help": "Critic LoRA target filter."}
+    )
     only_optimize_lora: bool = field(default=False, metadata={"help": "Train only LoRA weights."})
     local_rank: int = field(default=-1, metadata={"help": "Set by the deepspeed launcher."})
     dist_timeout_s: int = field(default=1800, metadata={"help": "Collective timeout, seconds."})
     deepspeed_config: str | None = field(
-        default=None, metadata={"help": "DeepSpeed JSON merged over the generated configs (expert use)."}
+        default=None,
+        metadata={"help": "DeepSpeed JSON merged over the generated configs (expert use)."},
     )
 
     @property
@@ -68,7 +86,9 @@ class GenerationConfig:
     """Rollout generation."""
 
     max_prompt_seq_len: int = field(default=256, metadata={"help": "Prompt tokens (left-padded)."})
-    max_answer_seq_len: int = field(default=256, metadata={"help": "Maximum new tokens per response."})
+    max_answer_seq_len: int = field(
+        default=256, metadata={"help": "Maximum new tokens per response."}
+    )
     overlong_prompts: str = field(
         default="drop",
         metadata={
@@ -84,16 +104,25 @@ class GenerationConfig:
         default=4, metadata={"help": "Prompts per generation call per device."}
     )
     generation_batches: int = field(
-        default=1, metadata={"help": "Generation calls per PPO step (rollout = their concatenation)."}
+        default=1,
+        metadata={"help": "Generation calls per PPO step (rollout = their concatenation)."},
     )
     enable_zero3_generation_gather: bool = field(
-        default=True, metadata={"help": "Under ZeRO-3, gather the actor's weights once per rollout."}
+        default=True,
+        metadata={"help": "Under ZeRO-3, gather the actor's weights once per rollout."},
     )
-    print_answers: bool = field(default=False, metadata={"help": "Print sample responses with macro actions."})
+    print_answers: bool = field(
+        default=False, metadata={"help": "Print sample responses with macro actions."}
+    )
     print_answers_interval: int = field(default=10, metadata={"help": "Every N PPO steps."})
 
     def __post_init__(self) -> None:
-        for name in ("max_prompt_seq_len", "max_answer_seq_len", "per_device_generation_batch_size", "generation_batches"):
+        for name in (
+            "max_prompt_seq_len",
+            "max_answer_seq_len",
+            "per_device_generation_batch_size",
+            "generation_batches",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
         if self.temperature <= 0:
@@ -110,55 +139,97 @@ class PPOConfig:
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic peak LR."})
     actor_weight_decay: float = field(default=0.0, metadata={"help": "Actor AdamW weight decay."})
     critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
-    lr_scheduler_type: str = field(default="linear", metadata={"help": "LR schedule.", "choices": SCHEDULERS})
+    lr_scheduler_type: str = field(
+        default="linear", metadata={"help": "LR schedule.", "choices": SCHEDULERS}
+    )
     num_warmup_steps: int = field(default=0, metadata={"help": "LR warm-up (optimizer steps)."})
     warmup_ratio: float = field(default=0.0, metadata={"help": "LR warm-up ratio (if no steps)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
     num_train_epochs: int = field(default=1, metadata={"help": "Passes over the PPO prompts."})
     max_steps: int = field(default=0, metadata={"help": "Stop after N PPO steps (0: all epochs)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Optimisation epochs over each rollout."})
-    per_device_training_batch_size: int = field(default=4, metadata={"help": "PPO minibatch per device."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Minibatches per optimizer step."})
+    per_device_training_batch_size: int = field(
+        default=4, metadata={"help": "PPO minibatch per device."}
+    )
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Minibatches per optimizer step."}
+    )
     cliprange: float = field(default=0.2, metadata={"help": "Policy ratio clip."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Value clip around old values."})
     gamma: float = field(default=1.0, metadata={"help": "GAE discount (over macro actions)."})
     lam: float = field(default=0.95, metadata={"help": "GAE lambda (over macro actions)."})
-    kl_ctl: float = field(default=0.05, metadata={"help": "KL penalty coefficient (initial if adaptive)."})
-    kl_estimator: str = field(default="k1", metadata={"help": "Per-token KL estimator.", "choices": ("k1", "k2", "k3")})
-    target_kl: float | None = field(default=None, metadata={"help": "Adaptive KL controller target (None: fixed)."})
+    kl_ctl: float = field(
+        default=0.05, metadata={"help": "KL penalty coefficient (initial if adaptive)."}
+    )
+    kl_estimator: str = field(
+        default="k1", metadata={"help": "Per-token KL estimator.", "choices": ("k1", "k2", "k3")}
+    )
+    target_kl: float | None = field(
+        default=None, metadata={"help": "Adaptive KL controller target (None: fixed)."}
+    )
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL horizon (samples)."})
-    reward_clip: float = field(default=2.5, metadata={"help": "Clip the reward-model score to ±this (0: off)."})
+    reward_clip: float = field(
+        default=2.5, metadata={"help": "Clip the reward-model score to ±this (0: off)."}
+    )
     normalize_reward: bool = field(
-        default=False, metadata={"help": "Normalise scores with the RM's saved mean/std before clipping."}
+        default=False,
+        metadata={"help": "Normalise scores with the RM's saved mean/std before clipping."},
     )
     no_eos_penalty: float = field(
-        default=0.0, metadata={"help": "Added to the score of responses cut at --max_answer_seq_len (e.g. -1)."}
+        default=0.0,
+        metadata={"help": "Added to the score of responses cut at --max_answer_seq_len (e.g. -1)."},
     )
     dense_reward: bool = field(
         default=False,
-        metadata={"help": "Segment-PPO: use a segment RM's per-segment rewards (location-normalised) spread over tokens."},
+        metadata={
+            "help": "Segment-PPO: use a segment RM's per-segment rewards (location-normalised) spread over tokens."
+        },
     )
     dense_reward_mode: str = field(
-        default="interpolate", metadata={"help": "How segment rewards reach tokens.", "choices": ("interpolate", "last")}
+        default="interpolate",
+        metadata={"help": "How segment rewards reach tokens.", "choices": ("interpolate", "last")},
     )
     reward_source: str = field(
         default="rm",
-        metadata={"help": "`rm`, `code` (execute against test cases, APPS) or `rm+code`.", "choices": ("rm", "code", "rm+code")},
+        metadata={
+            "help": "`rm`, `code` (execute against test cases, APPS) or `rm+code`.",
+            "choices": ("rm", "code", "rm+code"),
+        },
     )
     ratio_level: str = field(
-        default="token", metadata={"help": "Policy ratio per token (original code) or per macro action (paper Eq. 3).", "choices": ("token", "macro")}
+        default="token",
+        metadata={
+            "help": "Policy ratio per token (original code) or per macro action (paper Eq. 3).",
+            "choices": ("token", "macro"),
+        },
     )
-    whiten_advantages: bool = field(default=False, metadata={"help": "Whiten advantages over valid tokens."})
+    whiten_advantages: bool = field(
+        default=False, metadata={"help": "Whiten advantages over valid tokens."}
+    )
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
-    critic_warmup_steps: int = field(default=0, metadata={"help": "First N PPO steps train only the critic."})
-    enable_ema: bool = field(default=False, metadata={"help": "Keep an EMA of the actor weights (saved as actor_ema)."})
+    critic_warmup_steps: int = field(
+        default=0, metadata={"help": "First N PPO steps train only the critic."}
+    )
+    enable_ema: bool = field(
+        default=False, metadata={"help": "Keep an EMA of the actor weights (saved as actor_ema)."}
+    )
     ema_decay: float = field(default=0.992, metadata={"help": "EMA decay."})
-    unsup_coef: float = field(default=0.0, metadata={"help": "Weight of the pretraining/SFT LM loss mixed into the actor update."})
-    unsup_data_path: tuple[str, ...] = field(default=(), metadata={"help": "SFT data for --unsup_coef (default: --data_path)."})
+    unsup_coef: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the pretraining/SFT LM loss mixed into the actor update."},
+    )
+    unsup_data_path: tuple[str, ...] = field(
+        default=(), metadata={"help": "SFT data for --unsup_coef (default: --data_path)."}
+    )
     seed: int = field(default=1234, metadata={"help": "Random seed."})
 
     def __post_init__(self) -> None:
-        for name in ("ppo_epochs", "per_device_training_batch_size", "gradient_accumulation_steps", "num_train_epochs"):
+        for name in (
+            "ppo_epochs",
+            "per_device_training_batch_size",
+            "gradient_accumulation_steps",
+            "num_train_epochs",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
         if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:

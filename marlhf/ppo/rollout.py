@@ -29,7 +29,9 @@ class Rollout:
     prompt_ids: list[str]  # dataset prompt ids, for logging and code rewards
 
 
-def response_mask(response_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def response_mask(
+    response_ids: torch.Tensor, eos_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Valid tokens up to and including each row's first EOS.
 
     response_ids: (B, A) long. Returns (action_mask (B, A) bool, ends_with_eos (B,) bool).
@@ -76,7 +78,9 @@ def pack_flush_left(
     return packed, mask, prompt_mask.bool().sum(dim=1)
 
 
-def gather_response(x: torch.Tensor, response_start: torch.Tensor, num_actions: int) -> torch.Tensor:
+def gather_response(
+    x: torch.Tensor, response_start: torch.Tensor, num_actions: int
+) -> torch.Tensor:
     """Read per-position quantities at the positions that predict/precede each response token.
 
     x: (B, T) or (B, T, ...) indexed by position t, where position t looks at tokens ≤ t.

@@ -46,7 +46,14 @@ from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConf
 from marlhf.data.config import DataConfig
 from marlhf.distributed import all_reduce_mean, is_main, rank, world_size
 from marlhf.engine import build_eval_engine, build_train_engine, ds_config
-from marlhf.losses import entropy_bonus, explained_variance, masked_mean, masked_whiten, policy_loss, value_loss
+from marlhf.losses import (
+    entropy_bonus,
+    explained_variance,
+    masked_mean,
+    masked_whiten,
+    policy_loss,
+    value_loss,
+)
 from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
 from marlhf.macro.estimate import macro_advantages, macro_stats
 from marlhf.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
@@ -94,7 +101,9 @@ class Experience:
     old_logprobs: torch.Tensor  # (B, A) log π_old(a_t | s_t) at the sampling temperature
     ref_logprobs: torch.Tensor  # (B, A) log π_ref(a_t | s_t)
     values: torch.Tensor  # (B, A) critic V(s_t)
-    scores: torch.Tensor  # (B,) reward before clipping (RM end score / code reward), after normalisation
+    scores: (
+        torch.Tensor
+    )  # (B,) reward before clipping (RM end score / code reward), after normalisation
     kl: torch.Tensor  # (B, A) per-token KL estimate
     rewards: torch.Tensor  # (B, A)
     advantages: torch.Tensor  # (B, A) macro advantage broadcast to its tokens
@@ -118,7 +127,9 @@ class Models:
     critic_ds: dict
 
 
-def _model_cfg(cfg: ActorCriticConfig, path: str, dropout, ckpt: bool, lora_dim: int, lora_name: str) -> ModelConfig:
+def _model_cfg(
+    cfg: ActorCriticConfig, path: str, dropout, ckpt: bool, lora_dim: int, lora_name: str
+) -> ModelConfig:
     return ModelConfig(
         model_name_or_path=path,
         trust_remote_code=cfg.trust_remote_code,
@@ -149,27 +160,53 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     from marlhf.reward_model import RewardModel, load_reward_model
 
     mc, ppo = cfg.models, cfg.ppo
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[mc.effective_dtype]
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
+        mc.effective_dtype
+    ]
     micro = ppo.per_device_training_batch_size
 
     def _DS(stage: int) -> DeepSpeedConfig:
-        return DeepSpeedConfig(zero_stage=stage, offload=mc.offload, deepspeed_config=mc.deepspeed_config)
+        return DeepSpeedConfig(
+            zero_stage=stage, offload=mc.offload, deepspeed_config=mc.deepspeed_config
+        )
 
     # actor: the SFT policy, trainable
-    actor_cfg = _model_cfg(mc, mc.actor_model_name_or_path, mc.actor_dropout, mc.actor_gradient_checkpointing, mc.actor_lora_dim, mc.actor_lora_module_name)
+    actor_cfg = _model_cfg(
+        mc,
+        mc.actor_model_name_or_path,
+        mc.actor_dropout,
+        mc.actor_gradient_checkpointing,
+        mc.actor_lora_dim,
+        mc.actor_lora_module_name,
+    )
     # ZeRO-3: load the weights partitioned across ranks (transformers reads only the ZeRO section)
-    zero3 = ds_config(zero_stage=3, dtype=mc.effective_dtype, micro_batch_size=micro, inference=True) if mc.actor_zero_stage == 3 else None
+    zero3 = (
+        ds_config(zero_stage=3, dtype=mc.effective_dtype, micro_batch_size=micro, inference=True)
+        if mc.actor_zero_stage == 3
+        else None
+    )
     actor = apply_lora(load_causal_lm(actor_cfg, ds_zero3_config=zero3), actor_cfg)
     actor_engine, actor_ds = build_train_engine(
-        actor, model_cfg=actor_cfg, ds=_DS(mc.actor_zero_stage),
+        actor,
+        model_cfg=actor_cfg,
+        ds=_DS(mc.actor_zero_stage),
         optim=_optim(ppo, ppo.actor_learning_rate, ppo.actor_weight_decay, micro),
-        total_steps=total_updates, micro_batch_size=micro,
+        total_steps=total_updates,
+        micro_batch_size=micro,
     )
     # reference: the same SFT weights, frozen
-    ref_cfg = replace(actor_cfg, model_name_or_path=mc.reference_model_name_or_path or mc.actor_model_name_or_path,
-                      lora_dim=0, only_optimize_lora=False, gradient_checkpointing=False, dropout=0.0)
+    ref_cfg = replace(
+        actor_cfg,
+        model_name_or_path=mc.reference_model_name_or_path or mc.actor_model_name_or_path,
+        lora_dim=0,
+        only_optimize_lora=False,
+        gradient_checkpointing=False,
+        dropout=0.0,
+    )
     ref_engine, _ = build_eval_engine(
-        load_causal_lm(ref_cfg), dtype=mc.effective_dtype, zero_stage=mc.actor_zero_stage,
+        load_causal_lm(ref_cfg),
+        dtype=mc.effective_dtype,
+        zero_stage=mc.actor_zero_stage,
         offload=mc.offload_reference_model,
     )
     # critic: initialised from the reward model, trainable
@@ -192,21 +229,32 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     if mc.critic_gradient_checkpointing:
         critic.gradient_checkpointing_enable({"use_reentrant": False})
     if mc.critic_lora_dim:
-        critic_lora = _model_cfg(mc, "", None, False, mc.critic_lora_dim, mc.critic_lora_module_name)
+        critic_lora = _model_cfg(
+            mc, "", None, False, mc.critic_lora_dim, mc.critic_lora_module_name
+        )
         critic.backbone = apply_lora(critic.backbone, critic_lora)
     critic_engine, critic_ds = build_train_engine(
-        critic, model_cfg=actor_cfg, ds=_DS(mc.critic_zero_stage),
+        critic,
+        model_cfg=actor_cfg,
+        ds=_DS(mc.critic_zero_stage),
         optim=_optim(ppo, ppo.critic_learning_rate, ppo.critic_weight_decay, micro),
-        total_steps=total_updates, micro_batch_size=micro,
+        total_steps=total_updates,
+        micro_batch_size=micro,
     )
     # reward model: frozen
     reward_engine = None
     reward_info = info
     if ppo.reward_source in ("rm", "rm+code"):
-        reward, reward_info = load_reward_model(mc.reward_model_name_or_path or mc.critic_model_name_or_path, dtype=dtype)
+        reward, reward_info = load_reward_model(
+            mc.reward_model_name_or_path or mc.critic_model_name_or_path, dtype=dtype
+        )
         assert isinstance(reward, RewardModel)
-        reward_engine, _ = build_eval_engine(reward, dtype=mc.effective_dtype, zero_stage=mc.critic_zero_stage)
-    return Models(actor_engine, critic_engine, ref_engine, reward_engine, reward_info, actor_ds, critic_ds)
+        reward_engine, _ = build_eval_engine(
+            reward, dtype=mc.effective_dtype, zero_stage=mc.critic_zero_stage
+        )
+    return Models(
+        actor_engine, critic_engine, ref_engine, reward_engine, reward_info, actor_ds, critic_ds
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -232,7 +280,9 @@ def _zero3_gather(engine, enabled: bool):
 
 
 @torch.no_grad()
-def generate(models: Models, batch: dict, cfg: PPOStageConfig, tokenizer, eos_ids: list[int]) -> Rollout:
+def generate(
+    models: Models, batch: dict, cfg: PPOStageConfig, tokenizer, eos_ids: list[int]
+) -> Rollout:
     g = cfg.generation
     actor = models.actor
     device = actor.device
@@ -260,7 +310,9 @@ def generate(models: Models, batch: dict, cfg: PPOStageConfig, tokenizer, eos_id
         response_ids = torch.full((out.shape[0], 1), tokenizer.pad_token_id, device=device)
     action_mask, ends = response_mask(response_ids, eos_ids)
     response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
-    seq, att, start = pack_flush_left(prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id)
+    seq, att, start = pack_flush_left(
+        prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
+    )
     return Rollout(seq, att, start, response_ids, action_mask, ends, list(batch["prompt_id"]))
 
 
@@ -270,7 +322,9 @@ def generate(models: Models, batch: dict, cfg: PPOStageConfig, tokenizer, eos_id
 
 def policy_forward(engine, ro: Rollout, temperature: float, *, with_entropy: bool = False):
     """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy."""
-    logits = engine(input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False).logits
+    logits = engine(
+        input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
+    ).logits
     logits = logits / temperature
     return response_logprobs_and_entropy(
         logits, ro.sequences, ro.response_start, ro.response_ids.shape[1], with_entropy=with_entropy
@@ -284,16 +338,26 @@ def critic_forward(engine, ro: Rollout) -> torch.Tensor:
 
 
 @torch.no_grad()
-def score(models: Models, ro: Rollout, cfg: PPOStageConfig, need_entropy: bool) -> dict[str, torch.Tensor]:
+def score(
+    models: Models, ro: Rollout, cfg: PPOStageConfig, need_entropy: bool
+) -> dict[str, torch.Tensor]:
     T = cfg.generation.temperature
     old_logp, entropy = policy_forward(models.actor, ro, T, with_entropy=True)
     ref_logp, ref_ent = policy_forward(models.ref, ro, T, with_entropy=need_entropy)
     values = critic_forward(models.critic, ro)
-    out = {"old_logprobs": old_logp, "entropy": entropy, "ref_logprobs": ref_logp, "ref_entropy": ref_ent, "values": values}
+    out = {
+        "old_logprobs": old_logp,
+        "entropy": entropy,
+        "ref_logprobs": ref_logp,
+        "ref_entropy": ref_ent,
+        "values": values,
+    }
     if models.reward is not None:
         rm_values = models.reward(input_ids=ro.sequences, attention_mask=ro.attention_mask.long())
         out["rm_values"] = rm_values
-        out["scores"] = torch.gather(rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)).squeeze(1)
+        out["scores"] = torch.gather(
+            rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)
+        ).squeeze(1)
     return out
 
 
@@ -329,15 +393,26 @@ def make_experience(
     # 4. rewards: per-token KL penalty, the (clipped) score on the last response token
     kl = kl_penalty(scored["old_logprobs"], scored["ref_logprobs"], ppo.kl_estimator) * mask
     rewards = compose_rewards(
-        kl, scores, mask, kl_coef=kl_coef,
+        kl,
+        scores,
+        mask,
+        kl_coef=kl_coef,
         reward_clip=ppo.reward_clip if ppo.reward_clip > 0 else None,
-        ends_with_eos=ro.ends_with_eos, no_eos_penalty=ppo.no_eos_penalty, dense=dense,
+        ends_with_eos=ro.ends_with_eos,
+        no_eos_penalty=ppo.no_eos_penalty,
+        dense=dense,
     )
     # 5. advantages over macro actions (MA-RLHF Sec. 3.2), broadcast to their tokens
     values = scored["values"] * mask
     adv, ret = macro_advantages(
-        rewards, values, mask, segments, value_function=mcfg.value_function,
-        reward_agg=mcfg.macro_reward_agg, gamma=ppo.gamma, lam=ppo.lam,
+        rewards,
+        values,
+        mask,
+        segments,
+        value_function=mcfg.value_function,
+        reward_agg=mcfg.macro_reward_agg,
+        gamma=ppo.gamma,
+        lam=ppo.lam,
     )
     if ppo.whiten_advantages:
         adv = masked_whiten(adv, mask)
@@ -351,7 +426,19 @@ def make_experience(
             "policy/entropy": float(masked_mean(scored["entropy"], mask)),
         }
     )
-    return Experience(ro, scored["old_logprobs"], scored["ref_logprobs"], values, scores, kl, rewards, adv, ret, segments.ids, stats)
+    return Experience(
+        ro,
+        scored["old_logprobs"],
+        scored["ref_logprobs"],
+        values,
+        scores,
+        kl,
+        rewards,
+        adv,
+        ret,
+        segments.ids,
+        stats,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,8 +449,12 @@ def _slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     a = int(ro.action_mask[idx].sum(1).max().clamp(min=1))
     t = int(ro.attention_mask[idx].sum(1).max())
     return Rollout(
-        ro.sequences[idx, :t], ro.attention_mask[idx, :t], ro.response_start[idx],
-        ro.response_ids[idx, :a], ro.action_mask[idx, :a], ro.ends_with_eos[idx],
+        ro.sequences[idx, :t],
+        ro.attention_mask[idx, :t],
+        ro.response_start[idx],
+        ro.response_ids[idx, :a],
+        ro.action_mask[idx, :a],
+        ro.ends_with_eos[idx],
         [ro.prompt_ids[i] for i in idx.tolist()],
     )
 
@@ -393,10 +484,17 @@ def ppo_update(
             stats: dict[str, torch.Tensor | float] = {}
             if train_actor:
                 need_ent = ppo.entropy_coef > 0
-                logp, ent = policy_forward(models.actor, ro, cfg.generation.temperature, with_entropy=need_ent)
+                logp, ent = policy_forward(
+                    models.actor, ro, cfg.generation.temperature, with_entropy=need_ent
+                )
                 pg, pstats = policy_loss(
-                    logp, exp.old_logprobs[idx, :a], exp.advantages[idx, :a], mask,
-                    cliprange=ppo.cliprange, ratio_level=ppo.ratio_level, segment_ids=exp.segment_ids[idx, :a],
+                    logp,
+                    exp.old_logprobs[idx, :a],
+                    exp.advantages[idx, :a],
+                    mask,
+                    cliprange=ppo.cliprange,
+                    ratio_level=ppo.ratio_level,
+                    segment_ids=exp.segment_ids[idx, :a],
                 )
                 loss = pg
                 if need_ent:
@@ -407,7 +505,9 @@ def ppo_update(
                     from marlhf.lm_loss import lm_loss_sum
 
                     sft = {k: v.to(models.actor.device) for k, v in next(unsup_batches).items()}
-                    logits = models.actor(input_ids=sft["input_ids"], attention_mask=sft["attention_mask"]).logits
+                    logits = models.actor(
+                        input_ids=sft["input_ids"], attention_mask=sft["attention_mask"]
+                    ).logits
                     nll, count = lm_loss_sum(logits, sft["labels"])
                     unsup = nll / count.clamp(min=1)
                     loss = loss + ppo.unsup_coef * unsup
@@ -418,7 +518,11 @@ def ppo_update(
                 stats["loss/policy"] = pg.detach()
             values = critic_forward(models.critic, ro)
             vl, vstats = value_loss(
-                values, exp.values[idx, :a], exp.returns[idx, :a], mask, cliprange_value=ppo.cliprange_value
+                values,
+                exp.values[idx, :a],
+                exp.returns[idx, :a],
+                mask,
+                cliprange_value=ppo.cliprange_value,
             )
             models.critic.backward(vl)
             models.critic.step()
@@ -436,7 +540,9 @@ def ppo_update(
 
 def _gold_scorer(cfg: PPOStageConfig):
     """The synthetic task's true quality, logged when the prompts come from it (else None)."""
-    if not any(p.split(":")[0] == "synthetic-tldr" or p == "synthetic-tldr" for p in cfg.data.data_path):
+    if not any(
+        p.split(":")[0] == "synthetic-tldr" or p == "synthetic-tldr" for p in cfg.data.data_path
+    ):
         return None
     from marlhf.data.synthetic import gold_score
 
@@ -447,7 +553,10 @@ def _code_rewards(ro: Rollout, metas: list[dict], tokenizer, rewarder) -> torch.
     """Execution reward of each response against its task's test cases (sandboxed). (B,)"""
     from marlhf.code_reward import parse_tests
 
-    texts = tokenizer.batch_decode(ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id), skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
+        skip_special_tokens=True,
+    )
     suites = [parse_tests(m.get("tests") or m.get("input_output") or "{}") for m in metas]
     return torch.tensor(rewarder.rewards(texts, suites), dtype=torch.float32)
 
@@ -460,9 +569,19 @@ def train(cfg: PPOStageConfig) -> Path:
 
     start(DeepSpeedConfig(local_rank=mc.local_rank, dist_timeout_s=mc.dist_timeout_s), ppo.seed)
     out = ensure_output_dir(cfg.log.output_dir)
-    tokenizer = load_tokenizer(ModelConfig(model_name_or_path=mc.actor_model_name_or_path, trust_remote_code=mc.trust_remote_code), padding_side="left")
+    tokenizer = load_tokenizer(
+        ModelConfig(
+            model_name_or_path=mc.actor_model_name_or_path, trust_remote_code=mc.trust_remote_code
+        ),
+        padding_side="left",
+    )
     prompts, dropped = build_prompt_dataset(
-        cfg.data, tokenizer, "train", ppo.seed, g.max_prompt_seq_len, phase=3,
+        cfg.data,
+        tokenizer,
+        "train",
+        ppo.seed,
+        g.max_prompt_seq_len,
+        phase=3,
         overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
     )
     collate = PromptCollator(tokenizer.pad_token_id)
@@ -475,7 +594,9 @@ def train(cfg: PPOStageConfig) -> Path:
         )
     spe = steps_per_epoch(len(prompts), gen_bs, gen_batches, ws)
     if spe == 0:
-        raise ValueError(f"PPO split has {len(prompts)} prompts, fewer than one rollout ({rollout_size} x {ws})")
+        raise ValueError(
+            f"PPO split has {len(prompts)} prompts, fewer than one rollout ({rollout_size} x {ws})"
+        )
     total = spe * ppo.num_train_epochs
     if ppo.max_steps:
         total = min(total, ppo.max_steps)
@@ -486,7 +607,11 @@ def train(cfg: PPOStageConfig) -> Path:
     rule = build_termination(cfg.macro, tokenizer)
     need_entropy = "ref_entropy" in rule.needs
     eos_ids = eos_token_ids(tokenizer, cfg.data)
-    kl_ctl = AdaptiveKLController(ppo.kl_ctl, ppo.target_kl, ppo.kl_horizon) if ppo.target_kl else FixedKLController(ppo.kl_ctl)
+    kl_ctl = (
+        AdaptiveKLController(ppo.kl_ctl, ppo.target_kl, ppo.kl_horizon)
+        if ppo.target_kl
+        else FixedKLController(ppo.kl_ctl)
+    )
     gold = _gold_scorer(cfg)
     rewarder = None
     if ppo.reward_source in ("code", "rm+code"):
@@ -501,8 +626,12 @@ def train(cfg: PPOStageConfig) -> Path:
         write_json(out / "ds_config.json", {"actor": models.actor_ds, "critic": models.critic_ds})
         log.info(
             "MA-PPO: %d prompts (%d over-long %s), %d steps, rollout %d/device, termination=%s",
-            len(prompts), dropped, "dropped" if g.overlong_prompts == "drop" else "truncated", total,
-            rollout_size, cfg.macro.termination_condition,
+            len(prompts),
+            dropped,
+            "dropped" if g.overlong_prompts == "drop" else "truncated",
+            total,
+            rollout_size,
+            cfg.macro.termination_condition,
         )
 
     state_root = out / "train_state"
@@ -520,7 +649,11 @@ def train(cfg: PPOStageConfig) -> Path:
     unsup_iter = None
     if ppo.unsup_coef > 0:
         # batches already consumed before a resume are skipped, so a resumed run sees the same data
-        consumed = max(0, global_step - ppo.critic_warmup_steps) * ppo.ppo_epochs * (rollout_size // ppo.per_device_training_batch_size)
+        consumed = (
+            max(0, global_step - ppo.critic_warmup_steps)
+            * ppo.ppo_epochs
+            * (rollout_size // ppo.per_device_training_batch_size)
+        )
         unsup_iter = _sft_batches(cfg, tokenizer, skip=consumed)
     ema = None
     if ppo.enable_ema:
@@ -538,8 +671,14 @@ def train(cfg: PPOStageConfig) -> Path:
 
         actor_dir = out / "actor" if final else out / "checkpoints" / f"step-{step}" / "actor"
         critic_dir = out / "critic" if final else out / "checkpoints" / f"step-{step}" / "critic"
-        save_hf_causal_lm(models.actor.module, tokenizer, actor_dir, zero_stage=mc.actor_zero_stage,
-                          run_config=run_config, ds_config=models.actor_ds)
+        save_hf_causal_lm(
+            models.actor.module,
+            tokenizer,
+            actor_dir,
+            zero_stage=mc.actor_zero_stage,
+            run_config=run_config,
+            ds_config=models.actor_ds,
+        )
         state = gather_state_dict(models.critic.module, mc.critic_zero_stage)
         if is_main():
             from marlhf.models import merge_lora_state_dict
@@ -547,8 +686,14 @@ def train(cfg: PPOStageConfig) -> Path:
             if mc.critic_lora_dim:
                 lcfg = models.critic.module.backbone.peft_config["default"]
                 state = merge_lora_state_dict(state, lcfg.lora_alpha / lcfg.r)
-            save_reward_model_state(state, models.critic.module.config, tokenizer, critic_dir,
-                                    rm_type="end", extra={"role": "critic"})
+            save_reward_model_state(
+                state,
+                models.critic.module.config,
+                tokenizer,
+                critic_dir,
+                rm_type="end",
+                extra={"role": "critic"},
+            )
             write_json(critic_dir / "run_config.json", run_config)
         if ema is not None:
             from marlhf.models import merge_lora_state_dict, unwrap_peft
@@ -564,8 +709,19 @@ def train(cfg: PPOStageConfig) -> Path:
                 tokenizer.save_pretrained(ema_dir)
                 state_root.mkdir(parents=True, exist_ok=True)
                 torch.save(ema.shadow, state_root / "ema.pt")
-        client = {"global_step": step, "kl_ctl": kl_ctl.state_dict(), "generator": gen.get_state(), "rng": rng_state()}
-        save_train_state({"actor": models.actor, "critic": models.critic}, state_root, step, client, cfg.log.keep_checkpoints)
+        client = {
+            "global_step": step,
+            "kl_ctl": kl_ctl.state_dict(),
+            "generator": gen.get_state(),
+            "rng": rng_state(),
+        }
+        save_train_state(
+            {"actor": models.actor, "critic": models.critic},
+            state_root,
+            step,
+            client,
+            cfg.log.keep_checkpoints,
+        )
 
     while global_step < total:
         epoch, step_in_epoch = divmod(global_step, spe)
@@ -583,8 +739,15 @@ def train(cfg: PPOStageConfig) -> Path:
             scoreds.append(score(models, ro, cfg, need_entropy))
             times["time/score"] = times.get("time/score", 0.0) + time.perf_counter() - t0
             rollouts.append(ro)
-            metas.extend(json.loads(m) if isinstance(m, str) else (m or {}) for m in batch.get("meta", [{}] * len(idx)))
-        prompt_texts = [t for idx in step_micro_batches(perm, step_in_epoch, gen_bs, gen_batches, ws, rank()) for t in (prompts[i]["prompt"] for i in idx)]
+            metas.extend(
+                json.loads(m) if isinstance(m, str) else (m or {})
+                for m in batch.get("meta", [{}] * len(idx))
+            )
+        prompt_texts = [
+            t
+            for idx in step_micro_batches(perm, step_in_epoch, gen_bs, gen_batches, ws, rank())
+            for t in (prompts[i]["prompt"] for i in idx)
+        ]
         ro, scored = _concat(rollouts, scoreds, tokenizer.pad_token_id)
         # 4. sequence-level reward: RM score (normalised if asked) and/or execution reward
         scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
@@ -614,19 +777,30 @@ def train(cfg: PPOStageConfig) -> Path:
         kl_now = float(all_reduce_mean(torch.tensor(exp.stats["objective/kl"])))
         kl_ctl.update(kl_now, rollout_size * ws)
         metrics = {**exp.stats, **upd, **times}
-        metrics["objective/score"] = float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
+        metrics["objective/score"] = (
+            float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
+        )
         metrics["objective/kl_coef"] = kl_ctl.value
-        metrics["value/explained_variance"] = explained_variance(exp.values, exp.returns, ro.action_mask)
+        metrics["value/explained_variance"] = explained_variance(
+            exp.values, exp.returns, ro.action_mask
+        )
         metrics["value/mean"] = float(masked_mean(exp.values, ro.action_mask))
         if gold is not None:
             texts = tokenizer.batch_decode(ro.response_ids, skip_special_tokens=True)
-            metrics["objective/gold"] = sum(gold(p, r) for p, r in zip(prompt_texts, texts, strict=True)) / len(texts)
-        metrics = {k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())}
+            metrics["objective/gold"] = sum(
+                gold(p, r) for p, r in zip(prompt_texts, texts, strict=True)
+            ) / len(texts)
+        metrics = {
+            k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())
+        }
         metrics["lr/actor"] = models.actor.get_lr()[0]
         tracker.log(metrics, global_step)
         bar.update(1)
-        bar.set_postfix(score=f"{metrics['objective/score']:.3f}", kl=f"{metrics['objective/kl']:.3f}",
-                        macro=f"{metrics['macro/mean_len']:.1f}")
+        bar.set_postfix(
+            score=f"{metrics['objective/score']:.3f}",
+            kl=f"{metrics['objective/kl']:.3f}",
+            macro=f"{metrics['macro/mean_len']:.1f}",
+        )
         if g.print_answers and is_main() and global_step % g.print_answers_interval == 0:
             _print_answer(tokenizer, ro, exp, prompt_texts)
         if cfg.log.save_steps and global_step % cfg.log.save_steps == 0 and global_step < total:
@@ -694,18 +868,31 @@ def _concat(rollouts: list[Rollout], scoreds: list[dict], pad_id: int) -> tuple[
     return ro, scored
 
 
-def _dense_rewards(models: Models, ro: Rollout, scored: dict, cfg: PPOStageConfig, tokenizer) -> torch.Tensor:
+def _dense_rewards(
+    models: Models, ro: Rollout, scored: dict, cfg: PPOStageConfig, tokenizer
+) -> torch.Tensor:
     """Segment-PPO dense rewards: the segment RM's value at each of its segments' last tokens,
     location-normalised, spread over the segment's tokens."""
     from marlhf.reward_norm import segment_positions, segment_readout
 
     info = models.reward_info or {}
     if info.get("rm_type") != "segment" or "rm_values" not in scored:
-        raise ValueError("--dense_reward needs a segment reward model (stage 2 with --rm_type segment)")
-    seg_cfg = MacroConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in info["termination"].items()})
+        raise ValueError(
+            "--dense_reward needs a segment reward model (stage 2 with --rm_type segment)"
+        )
+    seg_cfg = MacroConfig(
+        **{k: (tuple(v) if isinstance(v, list) else v) for k, v in info["termination"].items()}
+    )
     seg_rule = build_termination(seg_cfg, tokenizer)
-    term = seg_rule(TerminationInputs(ro.response_ids, ro.action_mask, ro.ends_with_eos,
-                                      scored["ref_logprobs"], scored.get("ref_entropy")))
+    term = seg_rule(
+        TerminationInputs(
+            ro.response_ids,
+            ro.action_mask,
+            ro.ends_with_eos,
+            scored["ref_logprobs"],
+            scored.get("ref_entropy"),
+        )
+    )
     seg_rewards, seg_mask = segment_readout(scored["rm_values"], ro.response_start, term.macro_end)
     normalizer = info.get("normalizer")
     if normalizer is not None:
@@ -721,7 +908,9 @@ def _print_answer(tokenizer, ro: Rollout, exp: Experience, prompts: list[str]) -
     ids = ro.response_ids[0, :n].tolist()
     ends = (exp.segment_ids[0, :n] != torch.roll(exp.segment_ids[0, :n], -1)).tolist()
     ends[-1] = True
-    print(f"\n--- prompt ---\n{prompts[0]}\n--- response (| = macro-action boundary), score {float(exp.scores[0]):.3f} ---")
+    print(
+        f"\n--- prompt ---\n{prompts[0]}\n--- response (| = macro-action boundary), score {float(exp.scores[0]):.3f} ---"
+    )
     print(render_terminal(token_pieces(tokenizer, ids), ends))
 
 

@@ -87,7 +87,11 @@ def train(cfg: SFTConfig) -> Path:
     eval_ds = build_sft_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
     collate = SFTCollator(tokenizer.pad_token_id)
 
-    micro, acc, ws = cfg.optim.per_device_train_batch_size, cfg.optim.gradient_accumulation_steps, world_size()
+    micro, acc, ws = (
+        cfg.optim.per_device_train_batch_size,
+        cfg.optim.gradient_accumulation_steps,
+        world_size(),
+    )
     spe = steps_per_epoch(len(train_ds), micro, acc, ws)
     if spe == 0:
         raise ValueError(
@@ -99,19 +103,34 @@ def train(cfg: SFTConfig) -> Path:
         total = min(total, cfg.optim.max_steps)
 
     zero3 = None
-    if cfg.ds.zero_stage == 3:  # load the weights partitioned across ranks (big models never fit whole)
+    if (
+        cfg.ds.zero_stage == 3
+    ):  # load the weights partitioned across ranks (big models never fit whole)
         from marlhf.engine import ds_config
 
-        zero3 = ds_config(zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=micro, inference=True)
+        zero3 = ds_config(
+            zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=micro, inference=True
+        )
     model = apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
     engine, ds_json = build_train_engine(
-        model, model_cfg=cfg.model, ds=cfg.ds, optim=cfg.optim, total_steps=total, micro_batch_size=micro
+        model,
+        model_cfg=cfg.model,
+        ds=cfg.ds,
+        optim=cfg.optim,
+        total_steps=total,
+        micro_batch_size=micro,
     )
     run_config = config_to_dict(cfg)
     if is_main():
         write_json(out / "run_config.json", run_config)
         write_json(out / "ds_config.json", ds_json)
-        log.info("SFT: %d train / %d eval examples, %d steps/epoch, %d steps", len(train_ds), len(eval_ds), spe, total)
+        log.info(
+            "SFT: %d train / %d eval examples, %d steps/epoch, %d steps",
+            len(train_ds),
+            len(eval_ds),
+            spe,
+            total,
+        )
 
     state_root = out / "train_state"
     global_step = 0
@@ -128,8 +147,12 @@ def train(cfg: SFTConfig) -> Path:
 
     def checkpoint(step: int, hf_dir: Path) -> None:
         save_hf_causal_lm(
-            engine.module, tokenizer, hf_dir,
-            zero_stage=cfg.ds.zero_stage, run_config=run_config, ds_config=ds_json,
+            engine.module,
+            tokenizer,
+            hf_dir,
+            zero_stage=cfg.ds.zero_stage,
+            run_config=run_config,
+            ds_config=ds_json,
         )
         client = {"global_step": step, "rng": rng_state()}
         save_train_state({"model": engine}, state_root, step, client, cfg.log.keep_checkpoints)
@@ -170,9 +193,11 @@ def train(cfg: SFTConfig) -> Path:
                 global_step,
             )
         end_of_epoch = global_step % spe == 0
-        if (cfg.log.eval_interval and global_step % cfg.log.eval_interval == 0) or (
-            not cfg.log.eval_interval and end_of_epoch
-        ) or global_step == total:
+        if (
+            (cfg.log.eval_interval and global_step % cfg.log.eval_interval == 0)
+            or (not cfg.log.eval_interval and end_of_epoch)
+            or global_step == total
+        ):
             metrics = evaluate(engine, eval_ds, collate, cfg)
             tracker.log(metrics, global_step)
             if is_main():

@@ -46,7 +46,10 @@ def _token_ppo_reference(ro, scored, scores, lengths, kl_coef, clip, gamma, lam)
     ret = torch.zeros(B, A, dtype=torch.float64)
     for b in range(B):
         n = lengths[b]
-        r = [-kl_coef * (float(scored["old_logprobs"][b, t]) - float(scored["ref_logprobs"][b, t])) for t in range(n)]
+        r = [
+            -kl_coef * (float(scored["old_logprobs"][b, t]) - float(scored["ref_logprobs"][b, t]))
+            for t in range(n)
+        ]
         r[n - 1] += max(-clip, min(clip, float(scores[b])))
         v = [float(scored["values"][b, t]) for t in range(n)]
         last = 0.0
@@ -81,15 +84,23 @@ def test_ngram_1_is_exactly_token_level_ppo():
             total += max(-a * ratio, -a * min(max(ratio, 0.8), 1.2))
             count += 1
     for level in ("token", "macro"):
-        loss, _ = policy_loss(new_logp, scored["old_logprobs"], exp.advantages, m, cliprange=0.2,
-                              ratio_level=level, segment_ids=exp.segment_ids)
+        loss, _ = policy_loss(
+            new_logp,
+            scored["old_logprobs"],
+            exp.advantages,
+            m,
+            cliprange=0.2,
+            ratio_level=level,
+            segment_ids=exp.segment_ids,
+        )
         assert abs(float(loss) - total / count) < 1e-5
 
 
 def test_macro_actions_share_advantages_and_score_lands_on_last_valid_token():
     ro, scored, scores, lengths = _rollout()
     cfg = PPOStageConfig(
-        ppo=PPOConfig(kl_ctl=0.05), macro=MacroConfig(termination_condition="fixed", ngram=2, eos_own_macro=True)
+        ppo=PPOConfig(kl_ctl=0.05),
+        macro=MacroConfig(termination_condition="fixed", ngram=2, eos_own_macro=True),
     )
     exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.05)
     for b, n in enumerate(lengths):

@@ -17,8 +17,14 @@ pytestmark = pytest.mark.slow
 
 def _env(home: Path) -> dict:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DS_ACCELERATOR="cpu",
-               MARLHF_HOME=str(home), TOKENIZERS_PARALLELISM="false")
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DS_ACCELERATOR="cpu",
+        MARLHF_HOME=str(home),
+        TOKENIZERS_PARALLELISM="false",
+    )
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -37,19 +43,41 @@ def models(tmp_path_factory):
     from transformers import AutoTokenizer
 
     rm = RewardModel.from_pretrained(actor)
-    save_reward_model(rm, AutoTokenizer.from_pretrained(actor), base / "rm", score_stats={"mean": 0.0, "std": 1.0})
+    save_reward_model(
+        rm, AutoTokenizer.from_pretrained(actor), base / "rm", score_stats={"mean": 0.0, "std": 1.0}
+    )
     return base, actor, base / "rm"
 
 
 def _ppo(base, actor, rm, out, *extra, steps=2):
     cmd = [
-        sys.executable, "-m", "marlhf.stages.ppo",
-        "--actor_model_name_or_path", str(actor), "--critic_model_name_or_path", str(rm),
-        "--data_output_path", str(base / "cache"), "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
-        "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
-        "--max_steps", str(steps), "--output_dir", str(out), "--disable_progress_bar", *extra,
+        sys.executable,
+        "-m",
+        "marlhf.stages.ppo",
+        "--actor_model_name_or_path",
+        str(actor),
+        "--critic_model_name_or_path",
+        str(rm),
+        "--data_output_path",
+        str(base / "cache"),
+        "--max_prompt_seq_len",
+        "160",
+        "--max_answer_seq_len",
+        "12",
+        "--per_device_generation_batch_size",
+        "4",
+        "--per_device_training_batch_size",
+        "2",
+        "--max_steps",
+        str(steps),
+        "--output_dir",
+        str(out),
+        "--disable_progress_bar",
+        *extra,
     ]
-    proc = subprocess.run(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600)
+    proc = subprocess.run(
+        cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return read_metrics(out / "metrics.jsonl")
 
@@ -58,11 +86,35 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
     "rule",
     [
         ["--termination_condition", "fixed", "--ngram", "3"],
-        ["--termination_condition", "randomized", "--repeat_times", "2", "--ratio_level", "macro",
-         "--actor_zero_stage", "3", "--critic_zero_stage", "3"],
+        [
+            "--termination_condition",
+            "randomized",
+            "--repeat_times",
+            "2",
+            "--ratio_level",
+            "macro",
+            "--actor_zero_stage",
+            "3",
+            "--critic_zero_stage",
+            "3",
+        ],
         ["--termination_condition", "ppl", "--value_function", "position"],
-        ["--termination_condition", "entropy", "--target_macro_len", "3", "--value_function", "unit"],
-        ["--termination_condition", "parsing", "--parser_backend", "python", "--parsing_cutoff", "4"],
+        [
+            "--termination_condition",
+            "entropy",
+            "--target_macro_len",
+            "3",
+            "--value_function",
+            "unit",
+        ],
+        [
+            "--termination_condition",
+            "parsing",
+            "--parser_backend",
+            "python",
+            "--parsing_cutoff",
+            "4",
+        ],
     ],
     ids=lambda r: r[1],
 )
@@ -70,9 +122,23 @@ def test_every_termination_rule_trains(models, tmp_path, rule):
     base, actor, rm = models
     rows = _ppo(base, actor, rm, tmp_path / "run", *rule)
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("objective/score", "objective/kl", "loss/policy", "loss/value", "policy/clipfrac",
-                "policy/approx_kl", "policy/entropy", "value/explained_variance", "macro/count",
-                "macro/mean_len", "macro/fallbacks", "time/generate", "time/score", "time/macro", "time/train"):
+    for key in (
+        "objective/score",
+        "objective/kl",
+        "loss/policy",
+        "loss/value",
+        "policy/clipfrac",
+        "policy/approx_kl",
+        "policy/entropy",
+        "value/explained_variance",
+        "macro/count",
+        "macro/mean_len",
+        "macro/fallbacks",
+        "time/generate",
+        "time/score",
+        "time/macro",
+        "time/train",
+    ):
         assert key in rows[-1], key
     assert rows[-1]["macro/mean_len"] >= 1.0
     # the actor loads as a plain HF model, the critic as a reward model
@@ -82,7 +148,12 @@ def test_every_termination_rule_trains(models, tmp_path, rule):
 
     AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "actor")
     load_reward_model(tmp_path / "run" / "critic")
-    assert json.loads((tmp_path / "run" / "actor" / "run_config.json").read_text())["macro"]["termination_condition"] == rule[1]
+    assert (
+        json.loads((tmp_path / "run" / "actor" / "run_config.json").read_text())["macro"][
+            "termination_condition"
+        ]
+        == rule[1]
+    )
 
 
 def test_resume_continues_with_identical_metrics(models, tmp_path):
@@ -101,16 +172,42 @@ def test_resume_continues_with_identical_metrics(models, tmp_path):
     b = {r["step"]: r for r in resumed}
     assert sorted(b) == [1, 2, 3, 4]
     for step in (3, 4):
-        for key in ("objective/score", "objective/kl", "loss/policy", "loss/value", "response/length"):
+        for key in (
+            "objective/score",
+            "objective/kl",
+            "loss/policy",
+            "loss/value",
+            "response/length",
+        ):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
 def test_lora_ema_and_pretraining_mix(models, tmp_path):
     base, actor, rm = models
-    rows = _ppo(base, actor, rm, tmp_path / "run", "--actor_lora_dim", "4", "--critic_lora_dim", "4",
-                "--enable_ema", "--unsup_coef", "0.1", "--critic_warmup_steps", "1", "--target_kl", "0.1")
-    assert "loss/unsup" in rows[-1] and "loss/policy" not in rows[0]  # step 1 trains only the critic
-    assert rows[-1]["objective/kl_coef"] != rows[0]["objective/kl_coef"] or rows[0]["objective/kl"] == 0.1
+    rows = _ppo(
+        base,
+        actor,
+        rm,
+        tmp_path / "run",
+        "--actor_lora_dim",
+        "4",
+        "--critic_lora_dim",
+        "4",
+        "--enable_ema",
+        "--unsup_coef",
+        "0.1",
+        "--critic_warmup_steps",
+        "1",
+        "--target_kl",
+        "0.1",
+    )
+    assert (
+        "loss/unsup" in rows[-1] and "loss/policy" not in rows[0]
+    )  # step 1 trains only the critic
+    assert (
+        rows[-1]["objective/kl_coef"] != rows[0]["objective/kl_coef"]
+        or rows[0]["objective/kl"] == 0.1
+    )
     from transformers import AutoModelForCausalLM
 
     from marlhf.reward_model import load_reward_model
