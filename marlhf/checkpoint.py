@@ -36,8 +36,9 @@ def gather_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, tor
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                 if is_main():
                     out[name] = p.detach().cpu().clone()
+        persistent = set(module.state_dict())  # non-persistent buffers are not checkpoint entries
         for name, b in module.named_buffers():
-            if is_main():
+            if is_main() and name in persistent:
                 out[name] = b.detach().cpu().clone()
         return out if is_main() else None
     if not is_main():

@@ -57,12 +57,12 @@ from marlhf.distributed import all_reduce_sum, barrier, is_main, rank, world_siz
 from marlhf.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.macro import MacroConfig, TerminationInputs, build_termination
 from marlhf.models import TORCH_DTYPES, apply_lora, resolve_model_path
+from marlhf.reward_model import RM_TYPES
 from marlhf.stages.common import ensure_output_dir, progress, start
 from marlhf.tracking import Tracker
 
 log = logging.getLogger("marlhf.reward")
 
-RM_TYPES = ("end", "segment")
 NORMALIZER_SPLITS = ("train", "eval")
 
 
@@ -125,9 +125,13 @@ class RewardConfig:
         if self.normalizer_split not in NORMALIZER_SPLITS:
             raise ValueError(f"--normalizer_split must be one of {NORMALIZER_SPLITS}")
         if self.normalizer_max_samples < 0:
-            raise ValueError(f"--normalizer_max_samples must be >= 0, got {self.normalizer_max_samples}")
+            raise ValueError(
+                f"--normalizer_max_samples must be >= 0, got {self.normalizer_max_samples}"
+            )
         if self.num_padding_at_beginning < 0:
-            raise ValueError(f"--num_padding_at_beginning must be >= 0, got {self.num_padding_at_beginning}")
+            raise ValueError(
+                f"--num_padding_at_beginning must be >= 0, got {self.num_padding_at_beginning}"
+            )
 
 
 @dataclass
@@ -195,7 +199,9 @@ def pair_responses(
     two_b, T = input_ids.shape
     start = prompt_len.to(input_ids.device).long().repeat(2)  # (2B,) chosen rows, then rejected
     if start.shape[0] != two_b:
-        raise ValueError(f"pair_responses: prompt_len must be (B,) = ({two_b // 2},), got {tuple(prompt_len.shape)}")
+        raise ValueError(
+            f"pair_responses: prompt_len must be (B,) = ({two_b // 2},), got {tuple(prompt_len.shape)}"
+        )
     length = attention_mask.long().sum(dim=1)  # right padding: valid tokens are 0..length-1
     n_resp = (length - start).clamp(min=0)  # (2B,)
     A = max(int(n_resp.max()), 1) if two_b else 1
@@ -265,7 +271,9 @@ class Scorer:
             from marlhf.ppo.rollout import response_logprobs_and_entropy
 
             logits = self.ref(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                use_cache=False,
             ).logits
             ref_logprobs, ref_entropy = response_logprobs_and_entropy(
                 logits,
@@ -295,7 +303,11 @@ class Scorer:
             s = end_scores(values, batch["attention_mask"])
             return s, s, None
         responses = pair_responses(
-            batch["input_ids"], batch["attention_mask"], batch["prompt_len"], self.pad_id, self.eot_id
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["prompt_len"],
+            self.pad_id,
+            self.eot_id,
         )
         macro_end = self.macro_end(batch, responses, generator)
         s, seg_mask = response_scores(values, batch["attention_mask"], responses, macro_end)
@@ -324,7 +336,9 @@ _SUMS = ("pairs", "loss", "wins", "chosen", "rejected", "score_sq", "end", "end_
 
 
 @torch.no_grad()
-def evaluate(engine, dataset, collate, scorer: Scorer, max_batches: int) -> tuple[dict[str, float], Any]:
+def evaluate(
+    engine, dataset, collate, scorer: Scorer, max_batches: int
+) -> tuple[dict[str, float], Any]:
     """Pairwise metrics over the eval split (all ranks) and the end-score statistics.
 
     Returns ``({"eval/accuracy", "eval/chosen_mean", "eval/rejected_mean", "eval/score_std",
@@ -335,7 +349,9 @@ def evaluate(engine, dataset, collate, scorer: Scorer, max_batches: int) -> tupl
     cfg = scorer.cfg
     engine.eval()
     acc = torch.zeros(len(_SUMS), dtype=torch.float64)
-    gen = torch.Generator().manual_seed(cfg.optim.seed)  # the `randomized` rule: the same cuts every eval
+    gen = torch.Generator().manual_seed(
+        cfg.optim.seed
+    )  # the `randomized` rule: the same cuts every eval
     for idx, real in _shard(len(dataset), cfg.optim.per_device_eval_batch_size, max_batches):
         batch = _to_device(collate([dataset[i] for i in idx]), engine.device)
         scores, ends, _ = scorer.scores(engine, batch, gen)
@@ -402,10 +418,16 @@ def fit_normalizer(engine, dataset, collate, scorer: Scorer):
         batch = _to_device(collate([dataset[i] for i in idx]), engine.device)
         values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         responses = pair_responses(
-            batch["input_ids"], batch["attention_mask"], batch["prompt_len"], scorer.pad_id, scorer.eot_id
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["prompt_len"],
+            scorer.pad_id,
+            scorer.eot_id,
         )
         macro_end = scorer.macro_end(batch, responses, gen)
-        r, mask = segment_readout(values, responses.response_start, macro_end, responses.action_mask)
+        r, mask = segment_readout(
+            values, responses.response_start, macro_end, responses.action_mask
+        )
         if not real:
             continue
         half = r.shape[0] // 2  # chosen rows only
@@ -436,7 +458,9 @@ def build_reward_model(cfg: RewardStageConfig):
         from transformers.integrations import HfDeepSpeedConfig
 
         zero3 = ds_config(
-            zero_stage=3, dtype=m.dtype, micro_batch_size=cfg.optim.per_device_train_batch_size,
+            zero_stage=3,
+            dtype=m.dtype,
+            micro_batch_size=cfg.optim.per_device_train_batch_size,
             learning_rate=cfg.optim.learning_rate,
         )
         keep = HfDeepSpeedConfig(zero3)  # noqa: F841
@@ -528,12 +552,18 @@ def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
         )
         zero3 = None
         if cfg.ds.zero_stage == 3:
-            zero3 = ds_config(zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=1, inference=True)
+            zero3 = ds_config(
+                zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=1, inference=True
+            )
         ref = load_causal_lm(ref_cfg, ds_zero3_config=zero3)
         scorer.ref, _ = build_eval_engine(
             ref, dtype=cfg.model.dtype, zero_stage=cfg.ds.zero_stage, offload=cfg.ds.offload
         )
-        log.info("segment RM: %s rule reads reference model %s", cfg.macro.termination_condition, ref_path)
+        log.info(
+            "segment RM: %s rule reads reference model %s",
+            cfg.macro.termination_condition,
+            ref_path,
+        )
     return scorer
 
 
@@ -548,11 +578,17 @@ def train(cfg: RewardStageConfig) -> Path:
     train_ds = build_pair_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
     eval_ds = build_pair_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
     if len(eval_ds) == 0:
-        raise ValueError(f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty")
+        raise ValueError(
+            f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
+        )
     _check_margins(train_ds, cfg)
     collate = PairCollator(tokenizer.pad_token_id)
 
-    micro, acc, ws = cfg.optim.per_device_train_batch_size, cfg.optim.gradient_accumulation_steps, world_size()
+    micro, acc, ws = (
+        cfg.optim.per_device_train_batch_size,
+        cfg.optim.gradient_accumulation_steps,
+        world_size(),
+    )
     spe = steps_per_epoch(len(train_ds), micro, acc, ws)
     if spe == 0:
         raise ValueError(
@@ -567,7 +603,12 @@ def train(cfg: RewardStageConfig) -> Path:
     scorer = _build_scorer(cfg, tokenizer)
     model = build_reward_model(cfg)
     engine, ds_json = build_train_engine(
-        model, model_cfg=cfg.model, ds=cfg.ds, optim=cfg.optim, total_steps=total, micro_batch_size=micro
+        model,
+        model_cfg=cfg.model,
+        ds=cfg.ds,
+        optim=cfg.optim,
+        total_steps=total,
+        micro_batch_size=micro,
     )
     run_config = config_to_dict(cfg)
     if is_main():
@@ -575,7 +616,11 @@ def train(cfg: RewardStageConfig) -> Path:
         write_json(out / "ds_config.json", ds_json)
         log.info(
             "RM (%s): %d train / %d eval pairs, %d steps/epoch, %d steps",
-            cfg.reward.rm_type, len(train_ds), len(eval_ds), spe, total,
+            cfg.reward.rm_type,
+            len(train_ds),
+            len(eval_ds),
+            spe,
+            total,
         )
 
     state_root = out / "train_state"
@@ -595,10 +640,17 @@ def train(cfg: RewardStageConfig) -> Path:
 
     def checkpoint(step: int, hf_dir: Path, score_stats=None, normalizer=None, extra=None) -> None:
         save_reward_checkpoint(
-            engine.module, tokenizer, hf_dir,
-            zero_stage=cfg.ds.zero_stage, rm_type=cfg.reward.rm_type, run_config=run_config,
-            ds_config=ds_json, score_stats=score_stats, normalizer=normalizer,
-            termination=termination, extra={"global_step": step, **(extra or {})},
+            engine.module,
+            tokenizer,
+            hf_dir,
+            zero_stage=cfg.ds.zero_stage,
+            rm_type=cfg.reward.rm_type,
+            run_config=run_config,
+            ds_config=ds_json,
+            score_stats=score_stats,
+            normalizer=normalizer,
+            termination=termination,
+            extra={"global_step": step, **(extra or {})},
         )
         client = {"global_step": step, "rng": rng_state()}
         save_train_state({"model": engine}, state_root, step, client, cfg.log.keep_checkpoints)
@@ -654,16 +706,21 @@ def train(cfg: RewardStageConfig) -> Path:
                 metrics["macro/mean_len"] = float(sums[4] / sums[3].clamp(min=1))
             tracker.log(metrics, global_step)
         end_of_epoch = global_step % spe == 0
-        if (cfg.log.eval_interval and global_step % cfg.log.eval_interval == 0) or (
-            not cfg.log.eval_interval and end_of_epoch
-        ) or global_step == total:
+        if (
+            (cfg.log.eval_interval and global_step % cfg.log.eval_interval == 0)
+            or (not cfg.log.eval_interval and end_of_epoch)
+            or global_step == total
+        ):
             last_eval = evaluate(engine, eval_ds, collate, scorer, cfg.log.eval_iters)
             tracker.log(last_eval[0], global_step)
             if is_main():
-                log.info("step %d: %s", global_step, {k: round(v, 4) for k, v in last_eval[0].items()})
+                log.info(
+                    "step %d: %s", global_step, {k: round(v, 4) for k, v in last_eval[0].items()}
+                )
         if cfg.log.save_steps and global_step % cfg.log.save_steps == 0 and global_step < total:
             checkpoint(
-                global_step, out / "checkpoints" / f"step-{global_step}",
+                global_step,
+                out / "checkpoints" / f"step-{global_step}",
                 score_stats=last_eval[1] if last_eval else None,
             )
     bar.close()
@@ -680,12 +737,20 @@ def train(cfg: RewardStageConfig) -> Path:
         if is_main():
             log.info("location normaliser: %s", normalizer)
     checkpoint(
-        global_step, out, score_stats=score_stats, normalizer=normalizer,
+        global_step,
+        out,
+        score_stats=score_stats,
+        normalizer=normalizer,
         extra={"eval_accuracy": metrics["eval/accuracy"]},
     )  # the final model is the run directory itself
     tracker.close()
     if is_main():
-        log.info("reward model saved to %s (score mean %.4f, std %.4f)", out, score_stats.mean, score_stats.std)
+        log.info(
+            "reward model saved to %s (score mean %.4f, std %.4f)",
+            out,
+            score_stats.mean,
+            score_stats.std,
+        )
     return out
 
 

@@ -169,6 +169,8 @@ def train(cfg: SFTConfig) -> Path:
         local = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
         n_tokens = all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0)
         # 2. forward/backward each micro-batch; DeepSpeed averages gradients over ranks, hence × world
+        # the rate this step uses (the scheduler moves on inside engine.step)
+        lr = engine.get_lr()[0]
         loss_sum = torch.zeros(())
         for batch in micro_batches:
             batch = _to_device(batch, engine.device)
@@ -187,7 +189,7 @@ def train(cfg: SFTConfig) -> Path:
                     "train/loss": loss,
                     "train/tokens": float(n_tokens),
                     "train/step_time_s": time.perf_counter() - t0,
-                    "lr": engine.get_lr()[0],
+                    "lr": lr,
                     "train/epoch": epoch + (step_in_epoch + 1) / spe,
                 },
                 global_step,

@@ -1,0 +1,669 @@
+"""PPO vs MA-PPO on the bundled synthetic TL;DR task: does MA-PPO reach PPO's quality faster and end higher?
+
+MA-RLHF (Chai et al., ICLR 2025) reports that MA-PPO reaches vanilla PPO's final quality 1.7-2x
+faster in training and ends higher. This experiment measures the same thing on the embedded task,
+whose *gold score* (``marlhf.data.synthetic.gold_score``) is the true quality of a summary:
+
+    1. shared SFT and reward model, trained once (``marlhf.demo``'s CPU-sized flags) and reused;
+    2. PPO (fixed n=1, token level) and MA-PPO for each termination rule (fixed n=3/5/10, randomized,
+       ppl, entropy with a target mean length of 5, parsing where a parser model is installed),
+       each for ``--seeds`` seeds and the same number of PPO steps, all other settings equal;
+    3. analysis: per-step gold / RM score / KL / macro length / time of every run into a CSV, a plot
+       (mean over seeds with a 95 % t-interval band), and a markdown table with the final values
+       (mean of the last ``--final_window`` steps, mean ± 95 % CI over seeds) and the paper's
+       measure: the first step at which an arm's smoothed mean gold curve reaches PPO's final gold,
+       and the speed-up ``PPO steps / that step``.
+
+Every run is its own process (``python -m marlhf.stages.*``) and is skipped when its output exists,
+so an interrupted experiment resumes. CPU (2 cores, the default ``--size cpu``)::
+
+    .venv/bin/python benchmarks/ppo_vs_mappo.py --output_dir output/ppo_vs_mappo
+
+GPU session (same tiny model, larger rollouts, longer runs, more seeds)::
+
+    python benchmarks/ppo_vs_mappo.py --size gpu --output_dir output/ppo_vs_mappo_gpu
+
+Only analyse existing runs: ``--analyze_only``. Subsets: ``--arms ppo,fixed5 --seeds 1,2,3 --steps 20``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from marlhf.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
+
+# --------------------------------------------------------------------------------------------------
+# arms and sizes
+
+# Arm name -> the macro-action flags of its PPO run (everything else is shared). `ppo` is
+# token-level PPO exactly (fixed n=1 reproduces it, tests/ppo says so).
+ARMS: dict[str, list[str]] = {
+    "ppo": ["--termination_condition", "fixed", "--ngram", "1"],
+    "fixed3": ["--termination_condition", "fixed", "--ngram", "3"],
+    "fixed5": ["--termination_condition", "fixed", "--ngram", "5"],
+    "fixed10": ["--termination_condition", "fixed", "--ngram", "10"],
+    "randomized": ["--termination_condition", "randomized"],
+    "ppl": ["--termination_condition", "ppl"],
+    "entropy": ["--termination_condition", "entropy", "--target_macro_len", "5"],
+    "parsing": [
+        "--termination_condition",
+        "parsing",
+        "--parser_backend",
+        "spacy",
+        "--spacy_model",
+        "en_core_web_sm",
+    ],
+}
+BASELINE = "ppo"
+
+
+@dataclass(frozen=True)
+class Size:
+    """Steps, seeds and per-stage flag overrides of one experiment size."""
+
+    steps: int
+    seeds: tuple[int, ...]
+    jobs: int  # PPO processes at once
+    threads: int  # OMP threads per process
+    sft: dict[str, str]
+    rm: dict[str, str]
+    ppo: dict[str, str]
+    cpu: bool  # force DeepSpeed's CPU accelerator
+
+
+SIZES = {
+    # 2 CPU cores: one PPO step of the demo settings (16 prompts x 40 tokens) took 0.7-1.8 s per
+    # process (1 thread, two processes side by side) plus ~10 s of start-up per run (measured, see
+    # docs/results.md), so 7 arms x 4 seeds x 80 steps is about 25 min of wall time.
+    "cpu": Size(steps=80, seeds=(1, 2, 3, 4), jobs=2, threads=1, sft={}, rm={}, ppo={}, cpu=True),
+    # One GPU: the same tiny model (nothing can be downloaded) with 4x larger rollouts, longer
+    # answers, more steps and seeds; several small runs share the GPU.
+    "gpu": Size(
+        steps=300,
+        seeds=(1, 2, 3, 4, 5),
+        jobs=4,
+        threads=2,
+        sft={"--per_device_train_batch_size": "32"},
+        rm={"--per_device_train_batch_size": "32"},
+        ppo={
+            "--per_device_generation_batch_size": "64",
+            "--per_device_training_batch_size": "16",
+            "--max_answer_seq_len": "48",
+        },
+        cpu=False,
+    ),
+}
+
+
+def with_overrides(flags: Sequence[str], overrides: dict[str, str]) -> list[str]:
+    """``flags`` (``--name value`` pairs) with the values of ``overrides`` replaced or appended."""
+    out = list(flags)
+    for name, value in overrides.items():
+        if name in out:
+            out[out.index(name) + 1] = value
+        else:
+            out += [name, value]
+    return out
+
+
+def parser_available() -> bool:
+    """Whether the `parsing` arm can run on prose here: a spaCy English pipeline is installed."""
+    try:
+        import spacy.util
+    except ImportError:
+        return False
+    return bool(spacy.util.is_package("en_core_web_sm"))
+
+
+# --------------------------------------------------------------------------------------------------
+# pure analysis (tested in tests/test_ppo_vs_mappo.py against hand-worked numbers)
+
+# Two-sided 95 % Student-t quantiles t_{0.975, df}, df = 1..30 (standard tables); 1.96 beyond.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(df: float) -> float:
+    """Two-sided 95 % Student-t critical value for ``df`` degrees of freedom (floored: conservative).
+
+    >>> t975(2), t975(4.7), t975(1000)
+    (4.303, 2.776, 1.96)
+    """
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    d = int(math.floor(df))
+    return _T975[d - 1] if d <= len(_T975) else 1.96
+
+
+def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and half-width of its 95 % t-interval over independent samples (seeds).
+
+    One sample has no spread: its half-width is NaN.
+
+    >>> m, h = mean_ci([1.0, 2.0, 3.0])  # sd 1, se 1/sqrt(3), t_2 = 4.303
+    >>> m, round(h, 4)
+    (2.0, 2.4843)
+    """
+    if len(xs) == 0:
+        return float("nan"), float("nan")
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """``mean(a) - mean(b)`` and the half-width of its Welch 95 % interval (unequal variances).
+
+    >>> d, h = welch_diff_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])  # df = 2
+    >>> d, round(h, 4)
+    (2.0, 2.4843)
+    """
+    if len(a) < 2 or len(b) < 2:
+        return statistics.fmean(a) - statistics.fmean(b), float("nan")
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return d, 0.0
+    # Welch-Satterthwaite degrees of freedom
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return d, t975(df) * math.sqrt(va + vb)
+
+
+def smooth(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average: point i is the mean of ``values[max(0, i-window+1) : i+1]``.
+
+    Trailing (not centred) so a smoothed curve at step s uses no information from after s.
+
+    >>> smooth([0.0, 3.0, 6.0, 3.0], 2)
+    [0.0, 1.5, 4.5, 4.5]
+    """
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def final_value(values: Sequence[float], window: int) -> float:
+    """Mean of the last ``window`` values (the de-noised end of a curve).
+
+    >>> final_value([0.0, 1.0, 2.0, 4.0], 2)
+    3.0
+    """
+    if not values:
+        return float("nan")
+    return statistics.fmean(values[-window:])
+
+
+def first_reach(steps: Sequence[int], curve: Sequence[float], target: float) -> int | None:
+    """The first step whose curve value is >= ``target`` (None if never).
+
+    >>> first_reach([1, 2, 3, 4], [0.1, 0.5, 0.4, 0.7], 0.45)
+    2
+    >>> first_reach([1, 2], [0.1, 0.2], 0.45) is None
+    True
+    """
+    for s, v in zip(steps, curve, strict=True):
+        if v >= target:
+            return s
+    return None
+
+
+def speedup(baseline_steps: int, reach_step: int | None) -> float | None:
+    """MA-RLHF's training-speed measure: baseline PPO steps / steps the arm needed to match it.
+
+    >>> speedup(60, 30), speedup(60, None)
+    (2.0, None)
+    """
+    if reach_step is None:
+        return None
+    return baseline_steps / reach_step
+
+
+def mean_curve(curves: Sequence[Sequence[float]]) -> list[float]:
+    """Pointwise mean of equally long curves (one per seed), truncated to the shortest.
+
+    >>> mean_curve([[0.0, 1.0, 2.0], [2.0, 3.0]])
+    [1.0, 2.0]
+    """
+    n = min(len(c) for c in curves)
+    return [statistics.fmean(c[i] for c in curves) for i in range(n)]
+
+
+@dataclass
+class ArmSummary:
+    """Final values (mean, 95 % CI half-width over seeds) and the speed-up of one arm."""
+
+    arm: str
+    n_seeds: int
+    steps: int
+    gold: tuple[float, float]
+    score: tuple[float, float]
+    kl: tuple[float, float]
+    macro_len: float
+    step_time: float
+    gold_vs_ppo: tuple[float, float]  # Welch difference of final gold to the baseline
+    reach_step: int | None  # smoothed mean gold curve first >= baseline final gold
+    speedup: float | None
+    seeds_reached: int  # seeds whose own smoothed gold curve reaches the baseline final gold
+
+
+def summarize(
+    runs: dict[str, dict[int, dict[str, list[float]]]],
+    *,
+    baseline: str = BASELINE,
+    final_window: int = 5,
+    smooth_window: int = 5,
+) -> list[ArmSummary]:
+    """Summaries of every arm from ``runs[arm][seed][metric] -> per-step values`` (steps 1..n).
+
+    Metrics used: ``gold``, ``score``, ``kl``, ``macro_len``, ``step_time``. The baseline's final gold
+    is the mean over its seeds of each seed's last-``final_window`` mean; an arm's reach step is the
+    first step at which the smoothed (``smooth_window``) mean-over-seeds gold curve attains it.
+    """
+    base = runs[baseline]
+    base_final = [final_value(m["gold"], final_window) for m in base.values()]
+    target = statistics.fmean(base_final)
+    base_steps = min(len(m["gold"]) for m in base.values())
+    out = []
+    for arm, seeds in runs.items():
+        finals = {
+            k: [final_value(m[k], final_window) for m in seeds.values()]
+            for k in ("gold", "score", "kl", "macro_len", "step_time")
+        }
+        curve = smooth(mean_curve([m["gold"] for m in seeds.values()]), smooth_window)
+        steps = list(range(1, len(curve) + 1))
+        reach = first_reach(steps, curve, target)
+        per_seed = [
+            first_reach(
+                list(range(1, len(m["gold"]) + 1)), smooth(m["gold"], smooth_window), target
+            )
+            for m in seeds.values()
+        ]
+        out.append(
+            ArmSummary(
+                arm=arm,
+                n_seeds=len(seeds),
+                steps=len(curve),
+                gold=mean_ci(finals["gold"]),
+                score=mean_ci(finals["score"]),
+                kl=mean_ci(finals["kl"]),
+                macro_len=statistics.fmean(finals["macro_len"]),
+                step_time=statistics.fmean(finals["step_time"]),
+                gold_vs_ppo=welch_diff_ci(finals["gold"], base_final),
+                reach_step=reach,
+                speedup=speedup(base_steps, reach),
+                seeds_reached=sum(r is not None for r in per_seed),
+            )
+        )
+    return out
+
+
+def _pm(x: tuple[float, float], digits: int = 3) -> str:
+    m, h = x
+    return f"{m:.{digits}f}" if math.isnan(h) else f"{m:.{digits}f} ± {h:.{digits}f}"
+
+
+def markdown_table(rows: Sequence[ArmSummary], baseline: str = BASELINE) -> str:
+    """The results table (markdown)."""
+    lines = [
+        "| arm | seeds | steps | final gold | Δ gold vs PPO | final RM score | final KL | "
+        "mean macro len | s / step | reaches PPO's final gold at step | speed-up | seeds reaching |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        # the baseline's own reach step says where PPO's curve flattens (context for the others)
+        is_base = r.arm == baseline
+        reach = "not reached" if r.reach_step is None else str(r.reach_step)
+        sp = "—" if is_base or r.speedup is None else f"{r.speedup:.2f}×"
+        seeds = f"{r.seeds_reached}/{r.n_seeds}"
+        delta = "—" if is_base else _pm(r.gold_vs_ppo)
+        lines.append(
+            f"| {r.arm} | {r.n_seeds} | {r.steps} | {_pm(r.gold)} | {delta} | {_pm(r.score)} | "
+            f"{_pm(r.kl)} | {r.macro_len:.2f} | {r.step_time:.2f} | {reach} | {sp} | {seeds} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# reading runs, CSV, plot
+
+CSV_COLUMNS = (
+    "arm",
+    "seed",
+    "step",
+    "gold",
+    "rm_score",
+    "kl",
+    "macro_mean_len",
+    "step_time_s",
+    "elapsed_s",
+)
+_METRIC_KEYS = {
+    "gold": "objective/gold",
+    "score": "objective/score",
+    "kl": "objective/kl",
+    "macro_len": "macro/mean_len",
+    "step_time": "time/step",
+}
+
+
+def load_run(metrics_file: Path) -> dict[str, list[float]]:
+    """Per-step metrics of one PPO run (its last logged value per step, so a resumed run counts once)."""
+    from marlhf.tracking import read_metrics
+
+    by_step: dict[int, dict] = {}
+    for row in read_metrics(metrics_file):
+        by_step[int(row["step"])] = row
+    rows = [by_step[s] for s in sorted(by_step)]
+    run = {k: [float(r.get(key, float("nan"))) for r in rows] for k, key in _METRIC_KEYS.items()}
+    run["step"] = [float(r["step"]) for r in rows]
+    # cumulative training time (excludes model loading)
+    run["elapsed"] = list(itertools.accumulate(run["step_time"]))
+    return run
+
+
+def write_csv(runs: dict[str, dict[int, dict[str, list[float]]]], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for arm, seeds in runs.items():
+            for seed, m in sorted(seeds.items()):
+                for i, step in enumerate(m["step"]):
+                    w.writerow(
+                        [
+                            arm,
+                            seed,
+                            int(step),
+                            *(
+                                f"{m[k][i]:.6g}"
+                                for k in (
+                                    "gold",
+                                    "score",
+                                    "kl",
+                                    "macro_len",
+                                    "step_time",
+                                    "elapsed",
+                                )
+                            ),
+                        ]
+                    )
+
+
+def plot(
+    runs: dict[str, dict[int, dict[str, list[float]]]], path: Path, smooth_window: int
+) -> Path:
+    """Gold and RM score against PPO step: smoothed mean over seeds, 95 % t-interval band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("gold", "gold score (true quality)"), ("score", "reward-model score")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for arm, seeds in runs.items():
+            curves = [smooth(m[key], smooth_window) for m in seeds.values()]
+            n = min(len(c) for c in curves)
+            stats = [mean_ci([c[i] for c in curves]) for i in range(n)]
+            xs = list(range(1, n + 1))
+            mean = [s[0] for s in stats]
+            half = [0.0 if math.isnan(s[1]) else s[1] for s in stats]
+            style = {"color": "black", "linewidth": 2.0} if arm == BASELINE else {"linewidth": 1.2}
+            (line,) = ax.plot(xs, mean, label=arm, **style)
+            ax.fill_between(
+                xs,
+                [m - h for m, h in zip(mean, half, strict=True)],
+                [m + h for m, h in zip(mean, half, strict=True)],
+                color=line.get_color(),
+                alpha=0.12,
+                linewidth=0,
+            )
+        ax.set_title(f"{title}, mean of seeds ± 95% CI", fontsize=10)
+        ax.set_xlabel(f"PPO step (trailing mean over {smooth_window})")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# running the stages
+
+
+def _env(size: Size) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(size.threads)
+    env["MKL_NUM_THREADS"] = str(size.threads)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    if size.cpu:
+        env["DS_ACCELERATOR"] = "cpu"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _run(title: str, args: list[str], done: Path, log_file: Path, env: dict[str, str]) -> float:
+    """Run ``python args`` unless ``done`` exists; returns its wall time (0 when skipped)."""
+    if done.exists():
+        print(f"[exp] {title}: already done ({done}), skipped", flush=True)
+        return 0.0
+    print(f"[exp] {title} ...", flush=True)
+    t0 = time.time()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+        )
+    if proc.returncode != 0:
+        tail = "".join(open(log_file).readlines()[-30:])
+        raise RuntimeError(f"{title} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
+    dt = time.time() - t0
+    print(f"[exp] {title}: done in {dt:.0f}s", flush=True)
+    return dt
+
+
+def ppo_args(
+    out: Path, arm: str, seed: int, steps: int, size: Size, common: list[str]
+) -> list[str]:
+    """The ``marlhf.stages.ppo`` command line of one run (arm, seed)."""
+    return [
+        "-m",
+        "marlhf.stages.ppo",
+        *with_overrides(PPO_FLAGS, size.ppo),
+        *common,
+        *ARMS[arm],
+        "--seed",
+        str(seed),
+        "--actor_model_name_or_path",
+        str(out / "sft"),
+        "--critic_model_name_or_path",
+        str(out / "rm"),
+        "--max_steps",
+        str(steps),
+        # enough passes over the prompts for any --steps; the LR schedule is constant
+        "--num_train_epochs",
+        "100",
+        "--output_dir",
+        str(run_dir(out, arm, seed)),
+    ]
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / "runs" / arm / f"seed{seed}"
+
+
+def stage_args(out: Path, size: Size, model: str, common: list[str]) -> dict[str, list[str]]:
+    """The SFT and reward-model command lines (shared by every run, data seed 1234)."""
+    shared = [*common, "--seed", "1234"]
+    return {
+        "sft": [
+            "-m",
+            "marlhf.stages.sft",
+            *with_overrides(SFT_FLAGS, {"--model_name_or_path": model, **size.sft}),
+            *shared,
+            "--output_dir",
+            str(out / "sft"),
+        ],
+        "rm": [
+            "-m",
+            "marlhf.stages.reward",
+            *with_overrides(RM_FLAGS, size.rm),
+            *shared,
+            "--model_name_or_path",
+            str(out / "sft"),
+            "--output_dir",
+            str(out / "rm"),
+        ],
+    }
+
+
+def collect(
+    out: Path, arms: Sequence[str], seeds: Sequence[int]
+) -> dict[str, dict[int, dict[str, list[float]]]]:
+    runs: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for arm in arms:
+        for seed in seeds:
+            f = run_dir(out, arm, seed) / "metrics.jsonl"
+            if f.exists():
+                runs.setdefault(arm, {})[seed] = load_run(f)
+    return runs
+
+
+def analyze(
+    out: Path,
+    arms: Sequence[str],
+    seeds: Sequence[int],
+    final_window: int,
+    smooth_window: int,
+    plot_path: Path | None,
+) -> str:
+    runs = collect(out, arms, seeds)
+    if BASELINE not in runs:
+        raise SystemExit(f"no finished `{BASELINE}` runs under {out / 'runs'}: nothing to compare")
+    write_csv(runs, out / "curves.csv")
+    rows = summarize(runs, final_window=final_window, smooth_window=smooth_window)
+    table = markdown_table(rows)
+    png = plot(runs, plot_path or out / "ppo_vs_mappo.png", smooth_window)
+    text = (
+        f"{table}\n\nfinal = mean of the last {final_window} steps of each seed, then mean ± 95% "
+        f"t-interval over seeds; reach step on the trailing-{smooth_window} mean-over-seeds gold "
+        f"curve; speed-up = PPO steps / reach step.\n\nCSV: {out / 'curves.csv'}\nplot: {png}\n"
+    )
+    (out / "summary.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--size", choices=tuple(SIZES), default="cpu")
+    ap.add_argument("--output_dir", default="output/ppo_vs_mappo")
+    ap.add_argument(
+        "--arms",
+        default=",".join(ARMS),
+        help=f"comma-separated subset of {','.join(ARMS)} (`{BASELINE}` is always run)",
+    )
+    ap.add_argument("--seeds", default=None, help="comma-separated PPO seeds (default: per size)")
+    ap.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: per size)")
+    ap.add_argument("--jobs", type=int, default=None, help="PPO runs at once (default: per size)")
+    ap.add_argument(
+        "--model_name_or_path", default="tiny", help="base model of SFT (default: embedded tiny)"
+    )
+    ap.add_argument("--final_window", type=int, default=5, help="steps averaged for final values")
+    ap.add_argument("--smooth_window", type=int, default=5, help="trailing smoothing of curves")
+    ap.add_argument("--plot", default=None, help="PNG path (default: OUTPUT_DIR/ppo_vs_mappo.png)")
+    ap.add_argument("--analyze_only", action="store_true", help="only analyse existing runs")
+    args = ap.parse_args(argv)
+
+    size = SIZES[args.size]
+    steps = args.steps or size.steps
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(size.seeds)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; choose from {list(ARMS)}")
+    if BASELINE not in arms:
+        arms.insert(0, BASELINE)
+    if "parsing" in arms and not parser_available():
+        print(
+            "[exp] parsing arm skipped: no spaCy English pipeline (en_core_web_sm) or benepar "
+            "model is installed, and the `python` backend is for code, not prose",
+            flush=True,
+        )
+        arms.remove("parsing")
+    out = Path(args.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    if not args.analyze_only:
+        env = _env(size)
+        common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
+        t_start = time.time()
+        # 1. shared SFT and reward model
+        stages = stage_args(out, size, args.model_name_or_path, common)
+        _run("SFT", stages["sft"], out / "sft" / "model.safetensors", out / "logs" / "sft.log", env)
+        _run("RM", stages["rm"], out / "rm" / "reward_config.json", out / "logs" / "rm.log", env)
+        # 2. every (arm, seed), seed-major so partial results cover every arm
+        jobs = [(arm, seed) for seed in seeds for arm in arms]
+
+        def one(job: tuple[str, int]) -> str | None:
+            arm, seed = job
+            try:
+                _run(
+                    f"{arm} seed {seed}",
+                    ppo_args(out, arm, seed, steps, size, common),
+                    run_dir(out, arm, seed) / "actor" / "model.safetensors",
+                    out / "logs" / f"{arm}_seed{seed}.log",
+                    env,
+                )
+            except RuntimeError as e:  # one failed arm must not stop the others
+                print(f"[exp] {e}", flush=True)
+                return f"{arm} seed {seed}"
+            return None
+
+        with ThreadPoolExecutor(max_workers=args.jobs or size.jobs) as pool:
+            failed = [f for f in pool.map(one, jobs) if f]
+        print(f"[exp] all runs: {time.time() - t_start:.0f}s wall; failed: {failed or 'none'}")
+
+    print(
+        analyze(
+            out,
+            arms,
+            seeds,
+            args.final_window,
+            args.smooth_window,
+            Path(args.plot).resolve() if args.plot else None,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

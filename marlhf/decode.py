@@ -1,0 +1,285 @@
+"""Static-shape sampling for rollouts: a pre-allocated KV cache, one decode step per token.
+
+Why not ``model.generate``: on a GPU, generate spends most of each decode step in Python and kernel
+launches (35–220× above the weights-only memory-bandwidth bound at 0.1–1 B parameters). This loop keeps
+every tensor the same shape at every step — the KV cache is allocated once for ``P + max_new_tokens``
+positions, the attention mask and positions are computed on the device, the random draw is an input —
+so the step can be captured once as a CUDA graph (``torch.compile(mode="reduce-overhead")``) and
+replayed.
+
+Layout. Prompts are left-padded ``(B, P)``. Row ``b``'s real tokens get positions ``0 … n_b − 1``
+(``n_b`` = its prompt length), and its ``s``-th new token position ``n_b + s``, exactly as ``generate``
+computes them from the attention mask; padded slots are masked out of every attention. Responses come
+back right-padded ``(B, A)``: ``pad_id`` after each row's first EOS, ``A ≤ max_new_tokens`` (the loop
+stops once every row has finished).
+
+Sampling follows ``generate``'s order: logits / temperature → top-k → top-p → draw. The draw is the
+exponential race (``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` i.i.d. picks ``v`` with probability
+``p_v``), with the noise drawn from the caller's ``torch.Generator`` outside the compiled step, so a
+seeded run is reproducible whether or not the step is compiled. ``top_k=1`` is greedy (argmax, no noise).
+
+Works for models whose attention layers are all full attention and that take a 4-D additive mask
+(Llama, Gemma, Mistral without sliding window, Qwen2, …).
+
+>>> import torch
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> torch.manual_seed(0) and None
+>>> model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
+...     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, pad_token_id=0))
+>>> ids = torch.tensor([[0, 5, 6], [7, 8, 9]])  # row 0 left-padded
+>>> out = sample(model, ids, (ids != 0).long(), max_new_tokens=4, temperature=0.8, top_k=10,
+...              top_p=0.9, eos_ids=[1], pad_id=0, generator=torch.Generator().manual_seed(0))
+>>> out.shape[0], out.shape[1] <= 4, out.dtype
+(2, True, torch.int64)
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+# One decoder (KV cache + compiled step) per model, reused while (B, L, dtype, device) stay the same:
+# a PPO run calls `sample` every step, and rebuilding would re-capture the CUDA graph each time.
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set logits outside the top-k, then outside the top-p nucleus, to −inf.
+
+    logits: (B, V) float, already divided by the temperature. ``top_k=0`` and ``top_p=1`` are off.
+    The nucleus is the smallest set of most-probable tokens whose probability (after top-k) reaches
+    ``top_p``: a token is kept when the mass of the tokens ranked above it is < ``top_p``; the most
+    probable token is always kept. Returns (B, V).
+
+    >>> filter_logits(torch.log(torch.tensor([[0.5, 0.1, 0.3, 0.1]])), top_p=0.7).exp()
+    tensor([[0.5000, 0.0000, 0.3000, 0.0000]])
+    """
+    V = logits.shape[-1]
+    if 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_above = torch.cumsum(probs, dim=-1) - probs  # (B, V) mass of better-ranked tokens
+        drop_sorted = mass_above >= top_p
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def draw(
+    logits: torch.Tensor,
+    noise: torch.Tensor | None,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> torch.Tensor:
+    """Next tokens from raw logits: (B, V) float → (B,) long.
+
+    ``noise``: (B, V) i.i.d. Exp(1) draws (``None`` for greedy, ``top_k=1``). Computes
+    argmax softmax(filter(logits / temperature)) / noise, a sample from the filtered distribution.
+    """
+    if top_k == 1:
+        return torch.argmax(logits, dim=-1)
+    probs = torch.softmax(filter_logits(logits.float() / temperature, top_k, top_p), dim=-1)
+    return torch.argmax(probs / noise, dim=-1)
+
+
+def _exp_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor:
+    # Exp(1) by inversion of a uniform, so CPU and CUDA generators behave alike. 1 − U ∈ (0, 1].
+    u = torch.rand(shape, device=device, generator=generator)
+    return (-torch.log1p(-u)).clamp_min(1e-30)
+
+
+def _check_model(config) -> None:
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError(
+            f"marlhf.decode supports full-attention models only; layer_types={sorted(set(layer_types))}"
+            " (use --generation_backend hf)"
+        )
+
+
+class _Decoder:
+    """The static buffers of ``sample`` for one (B, L) shape; ``step`` is the graph-capturable part."""
+
+    def __init__(self, model, B: int, L: int, dtype: torch.dtype, device, compile: bool):
+        from transformers import StaticCache
+
+        # the model itself is not kept: `_DECODERS` holds it weakly, and `step` takes it as an argument
+        self.cache = StaticCache(config=model.config, max_cache_len=L)
+        self.key = (B, L, dtype, torch.device(device), compile)
+        self.L = L
+        self.neg = torch.finfo(dtype).min
+        self.dtype = dtype
+        self.kv_valid = torch.ones(B, L, dtype=torch.bool, device=device)  # (B, L)
+        self.key_pos = torch.arange(L, device=device)  # (L,)
+        self.compiled = compile
+        self.step_fn = (
+            torch.compile(self.step, mode="reduce-overhead", fullgraph=False)
+            if compile
+            else self.step
+        )
+
+    @classmethod
+    def for_model(cls, model, B: int, L: int, dtype, device, compile: bool) -> _Decoder:
+        key = (B, L, dtype, torch.device(device), compile)
+        dec = _DECODERS.get(model)
+        if dec is None or dec.key != key:
+            dec = cls(model, B, L, dtype, device, compile)
+            _DECODERS[model] = dec
+        else:
+            dec.cache.reset()
+            dec.kv_valid.fill_(True)
+        return dec
+
+    def prefill(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Run the prompts through the model, filling the cache. Returns last-position logits (B, V)."""
+        B, P = input_ids.shape
+        valid = attention_mask.bool()
+        self.kv_valid[:, :P] = valid
+        positions = (valid.long().cumsum(1) - 1).clamp_min(0)  # (B, P)
+        q = torch.arange(P, device=input_ids.device)
+        # key j visible to query i: j ≤ i and j is a real token; a padded query sees itself only, so
+        # no row of the softmax is empty (its output is never read)
+        allowed = (self.key_pos[None, None, :] <= q[None, :, None]) & self.kv_valid[:, None, :]
+        allowed |= self.key_pos[None, None, :] == q[None, :, None]  # (B, P, L)
+        mask = torch.zeros(B, 1, P, self.L, dtype=self.dtype, device=input_ids.device)
+        mask.masked_fill_(~allowed[:, None], self.neg)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    def step(
+        self,
+        model,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cur: torch.Tensor,
+        noise: torch.Tensor | None,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+    ) -> torch.Tensor:
+        """One decode step. tokens, positions: (B, 1) long; cur: () long, the cache slot written now;
+        noise: (B, V) or None. Returns the next tokens (B,) long."""
+        allowed = self.kv_valid & (self.key_pos <= cur)  # (B, L)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+        mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, L)
+        out = model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return draw(out.logits[:, -1, :], noise, temperature, top_k, top_p)
+
+
+def release_decoders() -> None:
+    """Free the KV caches (and compiled steps) kept between ``sample`` calls."""
+    _DECODERS.clear()
+
+
+@torch.no_grad()
+def sample(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_ids: list[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+    compile: bool = False,
+    stop_check_every: int = 8,
+    prompt_bucket: int = 64,
+) -> torch.Tensor:
+    """Sample responses to left-padded prompts with a static KV cache.
+
+    input_ids, attention_mask: (B, P), left-padded (every row's last column is a real token).
+    ``top_k=1`` decodes greedily; ``top_k=0``/``top_p=1`` switch those filters off. ``generator``
+    must live on the model's device. ``compile=True`` wraps the decode step in
+    ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on CUDA; elsewhere it is ignored.
+    ``stop_check_every``: steps between checks that every row has finished (each check syncs the host).
+    ``prompt_bucket``: prompts are left-padded further to a multiple of it, so batches whose prompt
+    lengths differ a little share one cache shape (and one CUDA graph); pass the maximum prompt length
+    to make every call the same shape. The cache of the last shape stays allocated for the next call
+    (``release_decoders()`` frees it).
+    Returns response_ids: (B, A) long, A ≤ max_new_tokens, ``pad_id`` after each row's first EOS.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    _check_model(model.config)
+    device = input_ids.device
+    B, P = input_ids.shape
+    if prompt_bucket > 1 and P % prompt_bucket:
+        extra = prompt_bucket - P % prompt_bucket
+        input_ids = torch.nn.functional.pad(input_ids, (extra, 0), value=pad_id)
+        attention_mask = torch.nn.functional.pad(attention_mask, (extra, 0), value=0)
+        P += extra
+    was_training = model.training
+    model.eval()
+    dtype = next(model.parameters()).dtype
+    compile = compile and device.type == "cuda"
+    dec = _Decoder.for_model(model, B, P + max_new_tokens, dtype, device, compile)
+    step = dec.step_fn
+
+    def noise_like(logits_shape):
+        return None if top_k == 1 else _exp_noise(logits_shape, device, generator)
+
+    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
+    out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    try:
+        logits = dec.prefill(model, input_ids, attention_mask).float()  # (B, V)
+        tok = draw(logits, noise_like(logits.shape), temperature, top_k, top_p)  # (B,)
+        out[:, 0] = tok
+        done = torch.isin(tok, eos)  # (B,)
+        positions = attention_mask.long().sum(1, keepdim=True)  # (B, 1) position of the new token
+        cur = torch.tensor(P, device=device)
+        for s in range(1, max_new_tokens):
+            if s % stop_check_every == 0 and bool(done.all()):
+                break
+            nxt = step(
+                model,
+                tok[:, None],
+                positions,
+                cur,
+                noise_like(logits.shape),
+                temperature,
+                top_k,
+                top_p,
+            )
+            # clone: a CUDA-graph output buffer is overwritten by the next replay
+            tok = torch.where(done, pad_id, nxt.clone())
+            out[:, s] = tok
+            done = done | torch.isin(tok, eos)
+            positions = positions + 1
+            cur = cur + 1
+    finally:
+        if was_training:
+            model.train()
+    # trim to the longest response (EOS included); later columns hold only padding
+    is_eos = torch.isin(out, eos)
+    after = (torch.cumsum(is_eos.long(), 1) - is_eos.long()) > 0
+    out = out.masked_fill(after, pad_id)
+    length = int((~after).sum(1).max())
+    return out[:, :length]
