@@ -111,6 +111,20 @@ class GenerationConfig:
         default=True,
         metadata={"help": "Under ZeRO-3, gather the actor's weights once per rollout."},
     )
+    generation_backend: str = field(
+        default="hf",
+        metadata={
+            "help": "Rollout decoder: `hf` (model.generate) or `static` (marlhf.decode: static KV cache, "
+            "on-device sampling).",
+            "choices": ("hf", "static"),
+        },
+    )
+    compile_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "With --generation_backend static on CUDA: CUDA-graph the decode step (torch.compile)."
+        },
+    )
     print_answers: bool = field(
         default=False, metadata={"help": "Print sample responses with macro actions."}
     )
@@ -125,6 +139,8 @@ class GenerationConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
+        if self.generation_backend not in ("hf", "static"):
+            raise ValueError("--generation_backend must be hf or static")
         if self.temperature <= 0:
             raise ValueError("--temperature must be > 0")
         if not 0 < self.top_p <= 1:

@@ -291,23 +291,41 @@ def generate(
     zero3 = actor.zero_optimization_stage() == 3
     actor.eval()
     with _zero3_gather(actor, g.enable_zero3_generation_gather):
-        out = actor.module.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            do_sample=True,
-            temperature=g.temperature,
-            top_k=g.top_k if g.top_k > 0 else None,
-            top_p=g.top_p,
-            max_new_tokens=g.max_answer_seq_len,
-            eos_token_id=eos_ids,
-            pad_token_id=tokenizer.pad_token_id,
-            synced_gpus=zero3 and not g.enable_zero3_generation_gather and world_size() > 1,
-            use_cache=True,
-        )
+        if g.generation_backend == "static":
+            from marlhf.decode import sample
+
+            response_ids = sample(
+                actor.module,
+                prompt_ids,
+                prompt_mask,
+                max_new_tokens=g.max_answer_seq_len,
+                temperature=g.temperature,
+                top_k=g.top_k,
+                top_p=g.top_p,
+                eos_ids=eos_ids,
+                pad_id=tokenizer.pad_token_id,
+                generator=None,  # the global RNG: seeded and restored on resume like generate's
+                compile=g.compile_generation,
+                prompt_bucket=g.max_prompt_seq_len,
+            )
+        else:
+            out = actor.module.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                do_sample=True,
+                temperature=g.temperature,
+                top_k=g.top_k if g.top_k > 0 else None,
+                top_p=g.top_p,
+                max_new_tokens=g.max_answer_seq_len,
+                eos_token_id=eos_ids,
+                pad_token_id=tokenizer.pad_token_id,
+                synced_gpus=zero3 and not g.enable_zero3_generation_gather and world_size() > 1,
+                use_cache=True,
+            )
+            response_ids = out[:, prompt_ids.shape[1] :]
     actor.train()
-    response_ids = out[:, prompt_ids.shape[1] :]
     if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
-        response_ids = torch.full((out.shape[0], 1), tokenizer.pad_token_id, device=device)
+        response_ids = torch.full((prompt_ids.shape[0], 1), tokenizer.pad_token_id, device=device)
     action_mask, ends = response_mask(response_ids, eos_ids)
     response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
     seq, att, start = pack_flush_left(
@@ -603,6 +621,15 @@ def train(cfg: PPOStageConfig) -> Path:
     minibatches = rollout_size // ppo.per_device_training_batch_size
     total_updates = max(1, total * ppo.ppo_epochs * minibatches // ppo.gradient_accumulation_steps)
 
+    if (
+        g.generation_backend == "static"
+        and mc.actor_zero_stage == 3
+        and not g.enable_zero3_generation_gather
+    ):
+        raise ValueError(
+            "--generation_backend static under ZeRO-3 needs --enable_zero3_generation_gather "
+            "(the static decoder has no synced_gpus mode)"
+        )
     models = build_models(cfg, total_updates)
     rule = build_termination(cfg.macro, tokenizer)
     need_entropy = "ref_entropy" in rule.needs
@@ -768,6 +795,7 @@ def train(cfg: PPOStageConfig) -> Path:
         # 6. update
         t0 = time.perf_counter()
         train_actor = global_step >= ppo.critic_warmup_steps
+        actor_lr = models.actor.get_lr()[0]  # the rate this update is taken with
         upd = ppo_update(models, exp, cfg, train_actor, gen, unsup_iter if train_actor else None)
         if ema is not None and train_actor:
             ema.update(models.actor.module)
@@ -793,7 +821,7 @@ def train(cfg: PPOStageConfig) -> Path:
         metrics = {
             k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())
         }
-        metrics["lr/actor"] = models.actor.get_lr()[0]
+        metrics["lr/actor"] = actor_lr
         tracker.log(metrics, global_step)
         bar.update(1)
         bar.set_postfix(

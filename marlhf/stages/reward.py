@@ -658,6 +658,7 @@ def train(cfg: RewardStageConfig) -> Path:
     while global_step < total:
         epoch, step_in_epoch = divmod(global_step, spe)
         perm = epoch_permutation(len(train_ds), cfg.optim.seed, epoch)
+        lr = engine.get_lr()[0]  # the rate this step is taken with (read before engine.step())
         t0 = time.perf_counter()
         # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
         gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + global_step)
@@ -698,7 +699,7 @@ def train(cfg: RewardStageConfig) -> Path:
                 "train/accuracy": accuracy,
                 "train/margin_mean": float(sums[2] / pairs_per_step),
                 "train/step_time_s": time.perf_counter() - t0,
-                "lr": engine.get_lr()[0],
+                "lr": lr,
                 "train/epoch": epoch + (step_in_epoch + 1) / spe,
             }
             if scorer.segment:

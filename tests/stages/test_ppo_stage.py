@@ -98,7 +98,14 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
             "--critic_zero_stage",
             "3",
         ],
-        ["--termination_condition", "ppl", "--value_function", "position"],
+        [
+            "--termination_condition",
+            "ppl",
+            "--value_function",
+            "position",
+            "--generation_backend",
+            "static",
+        ],
         [
             "--termination_condition",
             "entropy",

@@ -1,0 +1,44 @@
+"""The README's demo command end to end (smaller step counts to bound CI time): SFT -> RM -> PPO and
+MA-PPO -> inference -> report."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_demo_pipeline_end_to_end(tmp_path):
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DS_ACCELERATOR="cpu",
+        MARLHF_HOME=str(tmp_path / "home"),
+    )
+    out = tmp_path / "demo"
+    cmd = [
+        sys.executable,
+        "-m",
+        "marlhf.demo",
+        "--output_dir",
+        str(out),
+        "--ppo_steps",
+        "3",
+        "--eval_prompts",
+        "16",
+    ]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = (out / "report.md").read_text()
+    for name in ("| sft |", "| ppo |", "| mappo |", "win rate of MA-PPO"):
+        assert name in report, report
+    assert (out / "training_curves.png").stat().st_size > 1000
+    # a second run resumes: every stage is skipped
+    again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and again.stdout.count("already done") == 7, again.stdout
