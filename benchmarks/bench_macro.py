@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_macro.py [--batch 64] [--length 512] [--repeats 7]
 
 Prints the median wall time (ms) per call for a random right-padded batch (B, A).
-`ppo_step_fraction` is the hook for relating these times to a tiny-model PPO step (to be filled in
-once the PPO trainer exists).
+With ``--ppo_metrics RUN/metrics.jsonl`` (any MA-PPO run, e.g. from ``benchmarks/bench_ppo.py`` or the
+demo) each time is also printed as a fraction of that run's median PPO step (``time/step``). Note the
+batch shape here (default B=64, A=512) may differ from the run's rollout; pass --batch/--length to match.
 """
 
 from __future__ import annotations
@@ -85,19 +86,26 @@ def bench_macro_core(B: int = 64, A: int = 512, repeats: int = 7) -> dict[str, f
     return results
 
 
-def ppo_step_fraction(macro_ms: dict[str, float]) -> dict[str, float] | None:
-    """Fraction of one tiny-model PPO step spent in the macro-action core.
+def ppo_step_fraction(macro_ms: dict[str, float], metrics_path: str | None) -> dict[str, float] | None:
+    """Fraction of one PPO step (median ``time/step`` of a run's metrics.jsonl) per timed operation."""
+    if not metrics_path:
+        return None
+    import json
 
-    TODO(lead): time one MA-PPO step of the tiny model (generation + scoring + update) and return
-    {name: ms / step_ms}. Returns None until the PPO trainer exists.
-    """
-    return None
+    with open(metrics_path) as f:
+        steps = [json.loads(line).get("time/step") for line in f if line.strip()]
+    steps = [s for s in steps if s]
+    if not steps:
+        raise SystemExit(f"{metrics_path}: no time/step rows")
+    step_ms = 1000.0 * statistics.median(steps)
+    return {name: ms / step_ms for name, ms in macro_ms.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--ppo_metrics", default=None, help="metrics.jsonl of a PPO run to relate to")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -111,7 +119,7 @@ def main() -> None:
     print(f"{'operation':<{width}}  {'ms':>8}")
     for name, ms in results.items():
         print(f"{name:<{width}}  {ms:8.2f}")
-    fractions = ppo_step_fraction(results)
+    fractions = ppo_step_fraction(results, args.ppo_metrics)
     if fractions is not None:
         for name, frac in fractions.items():
             print(f"{name:<{width}}  {100 * frac:7.2f}% of a PPO step")
