@@ -43,7 +43,8 @@ def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     return tok
 
 
-def _set_dropout(config: Any, p: float) -> None:
+def set_dropout_config(config: Any, p: float) -> None:
+    """Set every dropout probability of a HF config (before the model is built from it)."""
     for key in (
         "dropout",
         "attention_dropout",
@@ -57,6 +58,19 @@ def _set_dropout(config: Any, p: float) -> None:
     ):
         if hasattr(config, key):
             setattr(config, key, p)
+
+
+def set_model_dropout(model: torch.nn.Module, p: float) -> None:
+    """Set dropout on an already-built model: its config, every ``nn.Dropout`` and the float
+    ``attention_dropout`` attributes attention modules read at call time (editing only the config
+    after construction would change nothing)."""
+    if hasattr(model, "config"):
+        set_dropout_config(model.config, p)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = p
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = p
 
 
 def load_causal_lm(
@@ -76,7 +90,7 @@ def load_causal_lm(
     path = resolve_model_path(path or cfg.model_name_or_path)
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if cfg.dropout is not None:
-        _set_dropout(hf_config, cfg.dropout)
+        set_dropout_config(hf_config, cfg.dropout)
     keep = None
     if ds_zero3_config is not None:
         from transformers.integrations import HfDeepSpeedConfig

@@ -64,3 +64,20 @@ def test_lora_trains_only_adapters_when_asked(tmp_path):
     model = apply_lora(load_causal_lm(cfg), cfg)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_set_model_dropout_reaches_built_modules(tmp_path):
+    from marlhf.models import set_model_dropout
+
+    path = build_tiny(tmp_path / "tiny", CORPUS)
+    model = load_causal_lm(ModelConfig(model_name_or_path=str(path)))
+    set_model_dropout(model, 0.3)
+    attn = [m for m in model.modules() if isinstance(getattr(m, "attention_dropout", None), float)]
+    assert attn and all(m.attention_dropout == 0.3 for m in attn)
+    assert model.config.attention_dropout == 0.3
+    model.train()
+    x = torch.tensor([[2, 5, 6, 7, 8, 9]])
+    # with dropout active two training-mode forwards differ; in eval mode they agree
+    assert not torch.equal(model(x).logits, model(x).logits)
+    model.eval()
+    assert torch.equal(model(x).logits, model(x).logits)

@@ -223,9 +223,9 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
             "reward_config.json); pass the output of stage 2"
         )
     if mc.critic_dropout is not None:
-        from marlhf.models import _set_dropout
+        from marlhf.models import set_model_dropout
 
-        _set_dropout(critic.config, mc.critic_dropout)
+        set_model_dropout(critic, mc.critic_dropout)
     if mc.critic_gradient_checkpointing:
         critic.gradient_checkpointing_enable({"use_reentrant": False})
     if mc.critic_lora_dim:

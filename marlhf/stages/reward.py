@@ -444,14 +444,14 @@ def build_reward_model(cfg: RewardStageConfig):
     """A fresh value head on the backbone of ``--model_name_or_path`` (dropout, checkpointing, LoRA)."""
     from transformers import AutoConfig
 
-    from marlhf.models import _set_dropout
+    from marlhf.models import set_dropout_config
     from marlhf.reward_model import RewardModel
 
     m = cfg.model
     path = resolve_model_path(m.model_name_or_path)
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
     if m.dropout is not None:
-        _set_dropout(hf_config, m.dropout)
+        set_dropout_config(hf_config, m.dropout)
     keep = None
     if cfg.ds.zero_stage == 3:
         # Load the backbone partitioned across ranks (the config object must outlive from_pretrained).
