@@ -42,6 +42,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from marlhf.sandbox import run_python
@@ -58,6 +59,33 @@ RUNTIME_FAILURES = frozenset({"runtime_error", "memory", "output_limit", "blocke
 
 _SENTINEL = "\x1e__marlhf_result__\x1e"
 _FLOAT_TOL = 1e-6
+# Python refuses int <-> decimal-string conversions beyond 4300 digits (sys.int_info), but APPS tests
+# hold integers of 9000+ digits; longer literals go through Decimal, which has no such limit.
+_INT_DIGITS_SAFE = 4000
+
+
+def _parse_int(text: str) -> int:
+    return int(text) if len(text) <= _INT_DIGITS_SAFE else int(Decimal(text))
+
+
+def _int_text(n: int) -> str:
+    return str(n) if -(10**_INT_DIGITS_SAFE) < n < 10**_INT_DIGITS_SAFE else format(Decimal(n), "f")
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` that also reads integer literals longer than Python's int-string limit."""
+    return json.loads(text, parse_int=_parse_int)
+
+
+def _dumps(obj: Any) -> str:
+    """``json.dumps`` that also writes integers longer than Python's int-string limit."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return _int_text(obj)
+    if isinstance(obj, (list, tuple)):
+        return "[" + ", ".join(_dumps(x) for x in obj) + "]"
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {_dumps(v)}" for k, v in obj.items()) + "}"
+    return json.dumps(obj)
 
 
 @dataclass(frozen=True)
@@ -90,7 +118,7 @@ def parse_tests(input_output: str | dict) -> TestSuite:
     """Parse an APPS ``input_output`` field (JSON text or an already-decoded dict)."""
     if isinstance(input_output, str):
         try:
-            data = json.loads(input_output)
+            data = parse_json(input_output)
         except json.JSONDecodeError as e:
             raise ValueError(f"input_output: not valid JSON ({e})") from e
     else:
@@ -112,16 +140,20 @@ def parse_tests(input_output: str | dict) -> TestSuite:
     return TestSuite(tuple(data["inputs"]), tuple(data["outputs"]), fn_name)
 
 
+def _str(x: Any) -> str:
+    return _int_text(x) if isinstance(x, int) and not isinstance(x, bool) else str(x)
+
+
 def _as_text(x: Any) -> str:
     if isinstance(x, list):
-        return "\n".join(str(line) for line in x)
-    return str(x)
+        return "\n".join(_str(line) for line in x)
+    return _str(x)
 
 
 def _floats_close(a: str | float, b: str | float) -> bool:
     try:
         fa, fb = float(a), float(b)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float range
         return False
     if math.isnan(fa) or math.isnan(fb):
         return False
@@ -224,7 +256,7 @@ def run_tests(
         if suite.fn_name is None:
             stdin = _as_text(suite.inputs[i])
         else:
-            stdin = json.dumps(suite.inputs[i])
+            stdin = _dumps(suite.inputs[i])
         r = run_python(program, stdin, timeout_s=left, memory_mb=memory_mb)
         if r.status != "ok":
             status = r.status
@@ -233,7 +265,7 @@ def run_tests(
         else:
             _, sep, payload = r.stdout.rpartition(_SENTINEL)
             try:
-                got = json.loads(payload) if sep else None
+                got = parse_json(payload) if sep else None
                 ok = bool(sep) and return_matches(got, suite.outputs[i])
             except json.JSONDecodeError:
                 ok = False
@@ -274,6 +306,26 @@ def code_reward(result: CodeResult, scheme: str = "pass_fraction") -> float:
     if scheme == "ppocoder":
         return frac
     return 1.0 if result.total and result.passed == result.total else WRONG_ANSWER_PENALTY
+
+
+def code_stats(results: Sequence[CodeResult], rewards: Sequence[float]) -> dict[str, float]:
+    """Batch metrics of scored programs (fractions of the batch, in [0, 1], except ``code/reward``):
+    ``code/pass_rate`` mean fraction of tests passed, ``code/all_pass`` programs passing every test,
+    ``code/compile_error``, ``code/runtime_error`` (a run-time failure in some test), ``code/timeout``,
+    and ``code/reward`` the mean reward. An empty batch gives ``{}``."""
+    n = len(results)
+    if n == 0:
+        return {}
+    if len(rewards) != n:
+        raise ValueError(f"{n} results but {len(rewards)} rewards")
+    return {
+        "code/pass_rate": sum(r.passed / r.total if r.total else 0.0 for r in results) / n,
+        "code/all_pass": sum(bool(r.total) and r.passed == r.total for r in results) / n,
+        "code/compile_error": sum(r.compile_error for r in results) / n,
+        "code/runtime_error": sum(r.runtime_error for r in results) / n,
+        "code/timeout": sum(r.timeout for r in results) / n,
+        "code/reward": sum(rewards) / n,
+    }
 
 
 @dataclass
@@ -371,12 +423,20 @@ class CodeRewarder:
             raise ValueError(f"{len(programs)} programs but {len(suites)} test suites")
         return list(self._pool.map(self._one, programs, suites))
 
+    def evaluate(
+        self, responses: Sequence[str], suites: Sequence[TestSuite], *, extract: bool = True
+    ) -> tuple[list[float], list[CodeResult]]:
+        """Rewards (B,) and test results of model responses; code is taken with
+        :func:`extract_code` if ``extract``."""
+        programs = [extract_code(r) for r in responses] if extract else list(responses)
+        results = self.score(programs, suites)
+        return [code_reward(r, self.scheme) for r in results], results
+
     def rewards(
         self, responses: Sequence[str], suites: Sequence[TestSuite], *, extract: bool = True
     ) -> list[float]:
         """Rewards (B,) for model responses; code is taken with :func:`extract_code` if ``extract``."""
-        programs = [extract_code(r) for r in responses] if extract else list(responses)
-        return [code_reward(r, self.scheme) for r in self.score(programs, suites)]
+        return self.evaluate(responses, suites, extract=extract)[0]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -76,12 +76,46 @@ def device() -> torch.device:
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over ranks (a copy; identity in a single process)."""
+    """Sum a tensor over ranks (a copy on ``x``'s device; identity in a single process). The
+    reduction runs on this process's accelerator: an NCCL-only process group rejects CPU tensors."""
     y = x.detach().clone()
     if world_size() > 1:
-        torch.distributed.all_reduce(y, op=torch.distributed.ReduceOp.SUM)
+        z = y.to(device())
+        torch.distributed.all_reduce(z, op=torch.distributed.ReduceOp.SUM)
+        y = z.to(x.device)
     return y
 
 
 def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
     return all_reduce_sum(x) / world_size()
+
+
+def all_gather_padded(x: torch.Tensor, pad_value: float | int | bool = 0) -> torch.Tensor:
+    """``x`` of every rank concatenated along dim 0, in rank order (``x`` itself in a single process).
+
+    x: (N,) or (N, W, ...) with the same N on every rank; W may differ between ranks and is
+    right-padded with ``pad_value`` to the widest. Bool tensors travel as uint8 (not every backend
+    gathers bool).
+    """
+    ws = world_size()
+    if ws == 1:
+        return x
+    y = x.to(torch.uint8) if x.dtype == torch.bool else x
+    if y.dim() >= 2:
+        width = torch.tensor([y.shape[1]], device=y.device)
+        torch.distributed.all_reduce(width, op=torch.distributed.ReduceOp.MAX)
+        pad = [0, 0] * (y.dim() - 2) + [0, int(width) - y.shape[1]]
+        y = torch.nn.functional.pad(y, pad, value=pad_value)
+    parts = [torch.empty_like(y) for _ in range(ws)]
+    torch.distributed.all_gather(parts, y.contiguous())
+    out = torch.cat(parts)
+    return out.bool() if x.dtype == torch.bool else out
+
+
+def all_gather_object(obj) -> list:
+    """A picklable object of every rank, in rank order (``[obj]`` in a single process)."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out

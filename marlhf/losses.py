@@ -27,12 +27,17 @@ RATIO_LEVELS = ("token", "macro")
 
 
 def masked_mean(
-    x: torch.Tensor, mask: torch.Tensor, dim: int | tuple[int, ...] | None = None
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    dim: int | tuple[int, ...] | None = None,
+    count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean of `x` over entries where `mask` is true (over all of them, or along `dim`).
 
     Masked-out entries are excluded even if they hold NaN/inf. An empty selection gives 0 (not NaN), so a
-    batch whose rows are all padding contributes nothing to a loss.
+    batch whose rows are all padding contributes nothing to a loss. `count` (only with `dim=None`)
+    replaces the denominator: the number of entries of a batch split over data-parallel ranks makes the
+    result this part's share of the whole batch's mean (the shares sum to it).
 
     >>> import torch
     >>> masked_mean(torch.tensor([[1.0, 2.0, 9.0]]), torch.tensor([[True, True, False]]))
@@ -41,7 +46,9 @@ def masked_mean(
     mask = mask.bool()
     total = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
     if dim is None:
-        return total.sum() / mask.sum().clamp(min=1)
+        return total.sum() / (mask.sum().clamp(min=1) if count is None else count)
+    if count is not None:
+        raise ValueError("masked_mean: count is only supported with dim=None")
     return total.sum(dim) / mask.sum(dim).clamp(min=1)
 
 
@@ -88,6 +95,45 @@ def _check_same_shape(reference: torch.Tensor, **tensors: torch.Tensor) -> None:
             )
 
 
+def _macro_layout(
+    mask: torch.Tensor, segment_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(valid, bucket, first, is_first) of a macro batch: `bucket` (B, A) the macro index of each
+    token (A on padding), `first` (B, A + 1) each macro action's first token index, `is_first` (B, A)
+    true on the first token of every macro action."""
+    B, A = mask.shape
+    valid = mask & (segment_ids >= 0)
+    # A macro action has >= 1 token, so ids are < A: A buckets plus bucket A for padding suffice,
+    # and no host sync is needed to learn M.
+    bucket = torch.where(valid, segment_ids, A).long()
+    positions = torch.arange(A, device=mask.device).expand(B, A)
+    first = torch.full((B, A + 1), A, dtype=torch.long, device=mask.device)
+    first.scatter_reduce_(1, bucket, positions, reduce="amin")
+    is_first = valid & (positions == first.gather(1, bucket))  # (B, A): one per macro action
+    return valid, bucket, first, is_first
+
+
+def policy_terms(
+    action_mask: torch.Tensor, ratio_level: str = "token", segment_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(B, A) bool: where `policy_loss` places its terms, every valid token (token level) or the first
+    token of every macro action (macro level). Its `.sum()` is the count the policy loss is a mean
+    over, so a trainer can count the terms of a whole minibatch split over ranks.
+
+    >>> import torch
+    >>> ids = torch.tensor([[0, 0, 1, -1]])
+    >>> policy_terms(ids >= 0, "macro", ids).int().tolist()
+    [[1, 0, 1, 0]]
+    """
+    if ratio_level == "token":
+        return action_mask.bool()
+    if ratio_level != "macro":
+        raise ValueError(f"--ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    if segment_ids is None:
+        raise ValueError("--ratio_level macro needs segment_ids (B, A)")
+    return _macro_layout(action_mask.bool(), segment_ids)[3]
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -97,6 +143,8 @@ def policy_loss(
     cliprange: float,
     ratio_level: str = "token",
     segment_ids: torch.Tensor | None = None,
+    num_terms: torch.Tensor | None = None,
+    num_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, `mean(max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps)))`.
 
@@ -117,6 +165,10 @@ def policy_loss(
         cliprange: epsilon (original: 0.2).
         ratio_level: "token" or "macro".
         segment_ids: `(B, A)` long, required for the macro level; tokens with id -1 are ignored.
+        num_terms, num_tokens: denominators of the means over the terms (`policy_terms(...).sum()`)
+            and over the tokens (`policy/approx_kl`); default this batch's own counts. A data-parallel
+            trainer passes the counts of the whole minibatch over all ranks: the loss and stats are
+            then this rank's shares, which sum over ranks to the whole minibatch's means.
 
     Returns:
         `(loss: 0-d tensor, stats)` with stats `policy/clipfrac` (fraction of ratios, tokens or macro
@@ -141,16 +193,9 @@ def policy_loss(
             raise ValueError("--ratio_level macro needs segment_ids (B, A)")
         _check_same_shape(action_mask, segment_ids=segment_ids)
         B, A = mask.shape
-        valid = mask & (segment_ids >= 0)
-        # A macro action has >= 1 token, so ids are < A: A buckets plus bucket A for padding suffice,
-        # and no host sync is needed to learn M.
-        bucket = torch.where(valid, segment_ids, A).long()
+        valid, bucket, first, is_first = _macro_layout(mask, segment_ids)
         macro_log_ratio = torch.zeros(B, A + 1, dtype=token_log_ratio.dtype, device=mask.device)
         macro_log_ratio.scatter_add_(1, bucket, torch.where(valid, token_log_ratio, zero))
-        positions = torch.arange(A, device=mask.device).expand(B, A)
-        first = torch.full((B, A + 1), A, dtype=torch.long, device=mask.device)
-        first.scatter_reduce_(1, bucket, positions, reduce="amin")
-        is_first = valid & (positions == first.gather(1, bucket))  # (B, A): one per macro action
         # Each macro action's terms sit on its first token; the other tokens get weight 0.
         log_ratio = macro_log_ratio.gather(1, bucket)
         adv = advantages.gather(1, first.gather(1, bucket).clamp(max=A - 1))
@@ -161,13 +206,17 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(unclipped, clipped), weight)
+    loss = masked_mean(torch.maximum(unclipped, clipped), weight, count=num_terms)
 
     with torch.no_grad():
         stats = {
-            "policy/clipfrac": masked_mean((clipped > unclipped).to(ratio.dtype), weight),
-            "policy/approx_kl": masked_mean(torch.expm1(token_log_ratio) - token_log_ratio, mask),
-            "policy/ratio_mean": masked_mean(ratio, weight),
+            "policy/clipfrac": masked_mean(
+                (clipped > unclipped).to(ratio.dtype), weight, count=num_terms
+            ),
+            "policy/approx_kl": masked_mean(
+                torch.expm1(token_log_ratio) - token_log_ratio, mask, count=num_tokens
+            ),
+            "policy/ratio_mean": masked_mean(ratio, weight, count=num_terms),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
 
@@ -179,6 +228,7 @@ def value_loss(
     action_mask: torch.Tensor,
     *,
     cliprange_value: float,
+    num_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss, `0.5 * mean(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2))` over valid
     tokens. For macro-action PPO the returns are the macro returns broadcast to the macro's tokens (each
@@ -190,6 +240,8 @@ def value_loss(
         returns: `(B, A)` float, regression targets.
         action_mask: `(B, A)` bool.
         cliprange_value: c (original: 0.2).
+        num_tokens: the denominator of the means (default: this batch's valid tokens); the count of
+            a whole minibatch split over ranks makes the loss this rank's share (see `policy_loss`).
 
     Returns:
         `(loss, {"value/clipfrac": fraction of tokens where the clipped error is the larger})`.
@@ -209,9 +261,9 @@ def value_loss(
     )
     err = (values - returns).square()
     err_clipped = (clipped_values - returns).square()
-    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask)
+    loss = 0.5 * masked_mean(torch.maximum(err, err_clipped), mask, count=num_tokens)
     with torch.no_grad():
-        clipfrac = masked_mean((err_clipped > err).to(err.dtype), mask)
+        clipfrac = masked_mean((err_clipped > err).to(err.dtype), mask, count=num_tokens)
     return loss, {"value/clipfrac": clipfrac.detach()}
 
 
@@ -232,12 +284,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         return float(1.0 - masked_var(returns - values, mask) / var_returns)
 
 
-def entropy_bonus(entropy: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+def entropy_bonus(
+    entropy: torch.Tensor, action_mask: torch.Tensor, num_tokens: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean per-token entropy over valid tokens (`(B, A)` from `marlhf.logprobs.entropy_from_logits`);
     subtract `coef * entropy_bonus(...)` from the loss to encourage exploration (the original uses none).
+    `num_tokens`: the denominator (default: this batch's valid tokens; see `policy_loss`).
 
     >>> import torch
     >>> entropy_bonus(torch.tensor([[1.0, 3.0, 50.0]]), torch.tensor([[True, True, False]]))
     tensor(2.)
     """
-    return masked_mean(entropy, action_mask)
+    return masked_mean(entropy, action_mask, count=num_tokens)

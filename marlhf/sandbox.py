@@ -21,6 +21,8 @@ up the layers below *before* it reads and executes the user program (``solution.
 2. **Resource limits** (``resource.setrlimit`` in the child): address space (``memory_mb``), CPU
    seconds, file size, open files, core dumps off, and ``RLIMIT_NPROC=0`` (effective for non-root
    only: the kernel exempts uid 0, which is what we run as here and in CI; layers 4-5 cover root).
+   Python's int/str digit limit is lifted instead (APPS tests hold 9000+ digit integers, written
+   for Pythons without it); the CPU limit bounds what a huge conversion can cost.
 3. **Namespaces** (``unshare`` through ctypes; needs root / CAP_SYS_ADMIN, skipped otherwise):
    a new *network* namespace with no interfaces up, so even 127.0.0.1 is unreachable; a new *mount*
    namespace in which every mount is remounted read-only except the work dir, and ``/proc``, the
@@ -307,6 +309,8 @@ _cfg = json.loads(sys.argv[1])
 with open(os.path.join(_cfg["workdir"], "solution.py"), "rb") as _f:
     _src = _f.read()
 _MEM = b"\n[sandbox] memory-error\n"
+if hasattr(sys, "set_int_max_str_digits"):
+    sys.set_int_max_str_digits(0)  # APPS has 9000+ digit numbers; RLIMIT_CPU bounds the cost
 _setup(_cfg)
 del _setup, _namespaces, _seccomp, _audit
 sys.argv = ["solution.py"]

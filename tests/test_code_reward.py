@@ -17,6 +17,7 @@ from marlhf.code_reward import (
     TestSuite,
     batched_pass_at_k,
     code_reward,
+    code_stats,
     extract_code,
     parse_tests,
     pass_at_k,
@@ -217,6 +218,48 @@ def test_empty_suite():
     assert (r.passed, r.total) == (0, 0) and code_reward(r) == 0.0
 
 
+def test_integers_beyond_the_int_str_digit_limit():
+    # APPS tests hold 9000+ digit numbers; Python refuses int(str) / str(int) beyond 4300 digits
+    big, twice = "7" * 5000, "1" + "5" * 4999 + "4"  # twice = 2 * big, by hand
+    raw = '{"fn_name": "double", "inputs": [[' + big + "], [3]], "
+    raw += '"outputs": [[' + twice + "], [6]]}"
+    suite = parse_tests(raw)
+    assert suite.inputs[0][0] % 10**6 == 777777 and suite.outputs[1] == [6]
+    r = run_tests("def double(x):\n    return 2 * x", suite, timeout_s=T)
+    assert (r.passed, r.total) == (2, 2)
+    r = run_tests("def double(x):\n    return 2 * x + 1", suite, timeout_s=T)
+    assert r.statuses == ("wrong_answer", "wrong_answer")
+    # stdin: a number given as a JSON integer in a list of lines, read by the program as text
+    suite = parse_tests('{"inputs": [[' + big + ']], "outputs": ["' + twice + '"]}')
+    assert run_tests("print(2 * int(input()))", suite, timeout_s=T).passed == 1
+    # unequal integers beyond float range compare as unequal instead of raising OverflowError
+    assert not return_matches(10**400, 10**400 + 1)
+    assert return_matches(10**400, [10**400])
+
+
+def test_code_stats_by_hand():
+    results = [
+        CodeResult(3, 3, ("pass",) * 3, False, False, False),
+        CodeResult(1, 4, ("pass", "wrong_answer", "runtime_error", "timeout"), False, True, True),
+        CodeResult(0, 2, ("compile_error",) * 2, True, False, False),
+        CodeResult(0, 0, (), False, False, False),
+    ]
+    rewards = [1.0, -0.6, -1.0, 0.0]
+    assert code_stats(results, rewards) == pytest.approx(
+        {
+            "code/pass_rate": (1 + 1 / 4 + 0 + 0) / 4,
+            "code/all_pass": 1 / 4,  # no tests is not "all pass"
+            "code/compile_error": 1 / 4,
+            "code/runtime_error": 1 / 4,
+            "code/timeout": 1 / 4,
+            "code/reward": -0.6 / 4,
+        }
+    )
+    assert code_stats([], []) == {}
+    with pytest.raises(ValueError, match="1 results but 2 rewards"):
+        code_stats(results[:1], rewards[:2])
+
+
 def test_unknown_scheme():
     with pytest.raises(ValueError, match="--code_reward_scheme"):
         code_reward(CodeResult(0, 1, ("pass",), False, False, False), "nope")
@@ -243,6 +286,8 @@ def test_rewarder_extracts_code_and_checks_lengths():
     response = "Sure:\n```python\n" + ADD_OK + "\n```\nThis adds."
     with CodeRewarder(1, timeout_s=T, scheme="ppocoder") as rw:
         assert rw.rewards([response], [ADD_SUITE]) == [1.0]
+        rewards, results = rw.evaluate([response, "def f(:"], [ADD_SUITE, ADD_SUITE])
+        assert rewards == [1.0, -1.0] and [r.compile_error for r in results] == [False, True]
         with pytest.raises(ValueError, match="2 programs but 1 test suites"):
             rw.score([ADD_OK, ADD_OK], [ADD_SUITE])
 

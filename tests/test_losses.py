@@ -14,6 +14,7 @@ from marlhf.losses import (
     masked_var,
     masked_whiten,
     policy_loss,
+    policy_terms,
     value_loss,
 )
 
@@ -259,6 +260,60 @@ def test_entropy_bonus_is_masked_mean():
     ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 8.0, 8.0]])
     mask = torch.tensor([[True, True, True], [True, False, False]])
     assert entropy_bonus(ent, mask).item() == pytest.approx(2.5)
+
+
+# ---------------------------------------------------------------- a minibatch split over ranks
+
+
+def test_policy_terms_counts_tokens_or_macro_actions():
+    logp, old, adv, mask, g = _batch(7)  # lengths 9, 4, 1, 6
+    ids = _random_segments(mask, g)
+    assert int(policy_terms(mask, "token").sum()) == 20
+    # one term per macro action: the number of distinct ids of each row, counted by a loop
+    want = sum(len({int(i) for i in row if i >= 0}) for row in ids)
+    assert int(policy_terms(mask, "macro", ids).sum()) == want
+    with pytest.raises(ValueError, match="segment_ids"):
+        policy_terms(mask, "macro")
+
+
+@pytest.mark.parametrize("level", ["token", "macro"])
+def test_shares_of_a_split_minibatch_sum_to_its_losses_and_gradients(level):
+    """Rows split over two "ranks", each dividing by the whole minibatch's counts: the shares of
+    the losses, stats and gradients sum to the unsplit values (the ranks hold unequal token counts,
+    so per-part means would not)."""
+    logp, old, adv, mask, g = _batch(8)  # lengths 9, 4, 1, 6: parts hold 13 and 7 tokens
+    ids = _random_segments(mask, g)
+    values, ret, ent = torch.randn(3, 4, 9, generator=g)
+    n_terms = policy_terms(mask, level, ids).sum()
+    n_tokens = mask.sum()
+
+    def losses(rows, **counts):
+        x = logp[rows].clone().requires_grad_(True)
+        v = values[rows].clone().requires_grad_(True)
+        pg, pstats = policy_loss(
+            x, old[rows], adv[rows], mask[rows], cliprange=0.2, ratio_level=level,
+            segment_ids=ids[rows], **counts,
+        )  # fmt: skip
+        vcounts = {"num_tokens": counts["num_tokens"]} if counts else {}
+        vl, vstats = value_loss(
+            v, values[rows] * 0.9, ret[rows], mask[rows], cliprange_value=0.2, **vcounts
+        )
+        eb = entropy_bonus(ent[rows], mask[rows], **vcounts)
+        (pg + vl).backward()
+        return [pg, vl, eb, *pstats.values(), *vstats.values()], x.grad, v.grad
+
+    whole, gx, gv = losses(torch.arange(4))
+    counts = {"num_terms": n_terms, "num_tokens": n_tokens}
+    part0, gx0, gv0 = losses(torch.tensor([0, 1]), **counts)
+    part1, gx1, gv1 = losses(torch.tensor([2, 3]), **counts)
+    for w, a, b in zip(whole, part0, part1, strict=True):
+        torch.testing.assert_close(a + b, w)
+    torch.testing.assert_close(torch.cat([gx0, gx1]), gx)
+    torch.testing.assert_close(torch.cat([gv0, gv1]), gv)
+    # per-part means (the split-dependent alternative) do not add up to the minibatch's
+    mean0, _, _ = losses(torch.tensor([0, 1]))
+    mean1, _, _ = losses(torch.tensor([2, 3]))
+    assert abs(float((mean0[1] + mean1[1]).detach() / 2 - whole[1].detach())) > 1e-3
 
 
 def test_docstring_examples():

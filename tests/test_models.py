@@ -81,3 +81,23 @@ def test_set_model_dropout_reaches_built_modules(tmp_path):
     assert not torch.equal(model(x).logits, model(x).logits)
     model.eval()
     assert torch.equal(model(x).logits, model(x).logits)
+
+
+def test_tiny_tokenizer_round_trips_code(tmp_path):
+    """Trained on English prose only, the byte-level tokenizer still encodes every character of a
+    program and decodes it back unchanged after a save and reload: the APPS code reward executes the
+    decoded text, so indentation, newlines, tabs and brackets must survive."""
+    train_tokenizer(CORPUS, vocab_size=300).save_pretrained(tmp_path / "tok")
+    tok = load_tokenizer(ModelConfig(model_name_or_path=str(tmp_path / "tok")), padding_side="left")
+    programs = [
+        "class Solution:\n    def f(self, xs: list[int]) -> int:\n\treturn {'k': [1 , 2]}[\"k\"]\n",
+        'import sys\nfor line in sys.stdin:\n    print(line.rstrip("\\r\\n")[::-1], end="")\n',
+        "x = 3 ** 2 // 1 % 5  # é ü 中 ~ $ @ `\r\n\n\n  \n",
+    ]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in programs]
+    assert all(tok.unk_token_id not in row for row in ids)
+    assert [tok.decode(row) for row in ids] == programs
+    # as the trainer decodes responses: a right-padded batch ending in EOS, special tokens skipped
+    width = max(map(len, ids)) + 1
+    batch = [row + [tok.eos_token_id] + [tok.pad_token_id] * (width - len(row) - 1) for row in ids]
+    assert tok.batch_decode(batch, skip_special_tokens=True) == programs

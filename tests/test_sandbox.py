@@ -66,6 +66,12 @@ def test_threads_and_common_stdlib_imports_work():
     assert r.stdout == "10 ('a', 2)\n"
 
 
+def test_integers_beyond_the_int_str_digit_limit():
+    # APPS programs read and print numbers of 9000+ digits, written for Pythons without the limit
+    r = run_python("n = int(input())\nprint(n + 1)", "9" * 5000 + "\n", timeout_s=T)
+    assert r.status == "ok" and r.stdout == "1" + "0" * 5000 + "\n"
+
+
 def test_program_may_use_its_work_dir():
     src = "open('scratch.txt', 'w').write('hi')\nprint(open('scratch.txt').read())"
     r = run_python(src, timeout_s=T)

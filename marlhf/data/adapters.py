@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from marlhf.code_reward import parse_json
 from marlhf.data.schema import DataError, Example
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ class Adapter:
 
     ``splits`` maps our split ("train" / "eval") to the hub split name (None: carve eval from train).
     ``columns``: the columns that identify the schema in a local file.
+    ``hub_files``: hub split name -> data file in the hub repository, read directly as JSON lines,
+    for repositories whose loading script ``datasets`` no longer runs.
     """
 
     name: str
@@ -116,6 +119,7 @@ class Adapter:
     splits: dict[str, str | None]
     columns: frozenset[str]
     convert: Callable[[dict, str, dict], Example | None]
+    hub_files: dict[str, str] | None = None
 
     def to_example(self, row: dict, where: str, options: dict | None = None) -> Example | None:
         """One row -> ``Example`` (None: a row this adapter skips by design, e.g. a WebGPT tie)."""
@@ -224,7 +228,7 @@ def _apps(row: dict, where: str, options: dict) -> Example:
     fn_name = None
     if io_raw.strip():
         try:
-            io = json.loads(io_raw)
+            io = parse_json(io_raw)  # APPS tests hold integers beyond json.loads' digit limit
         except json.JSONDecodeError as e:
             raise DataError(f'{where}: field "input_output" is not valid JSON ({e.msg})') from None
         fn_name = io.get("fn_name") if isinstance(io, dict) else None
@@ -324,6 +328,8 @@ ADAPTERS: dict[str, Adapter] = {
             {"train": "train", "eval": "test"},
             frozenset({"question", "solutions", "input_output"}),
             _apps,
+            # the repository's apps.py is a loading script; its data are these two files
+            hub_files={"train": "train.jsonl", "test": "test.jsonl"},
         ),
         Adapter(
             "plain", None, None, {"train": "train", "eval": None}, frozenset({"prompt"}), _plain
@@ -599,7 +605,13 @@ def _load_hub(
     hub_split = adapter.splits[split]
     source = f"{adapter.hub_id}[{hub_split or 'train'}]"
     try:
-        ds = datasets.load_dataset(adapter.hub_id, adapter.hub_config, split=hub_split or "train")
+        if adapter.hub_files:
+            url = f"hf://datasets/{adapter.hub_id}/{adapter.hub_files[hub_split or 'train']}"
+            ds = datasets.load_dataset("json", data_files=url, split="train")
+        else:
+            ds = datasets.load_dataset(
+                adapter.hub_id, adapter.hub_config, split=hub_split or "train"
+            )
     except Exception as e:  # noqa: BLE001
         raise DataError(
             f"{adapter.hub_id}: cannot load from the hub ({type(e).__name__}: {e}); "

@@ -44,7 +44,15 @@ from marlhf.cli import config_to_dict, parse_config
 from marlhf.code_reward import CodeRewardConfig
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
-from marlhf.distributed import all_reduce_mean, is_main, rank, world_size
+from marlhf.distributed import (
+    all_gather_object,
+    all_gather_padded,
+    all_reduce_mean,
+    all_reduce_sum,
+    is_main,
+    rank,
+    world_size,
+)
 from marlhf.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.losses import (
     entropy_bonus,
@@ -52,6 +60,7 @@ from marlhf.losses import (
     masked_mean,
     masked_whiten,
     policy_loss,
+    policy_terms,
     value_loss,
 )
 from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
@@ -95,7 +104,11 @@ class PPOStageConfig:
 
 @dataclass
 class Experience:
-    """A scored rollout with its macro actions, rewards and advantages (B rows)."""
+    """A scored rollout with its macro actions, rewards and advantages (B rows).
+
+    Under data parallelism it holds the global batch, every rank's rows on every rank in the order of
+    one process with the whole batch (``gather_experience``).
+    """
 
     rollout: Rollout
     old_logprobs: torch.Tensor  # (B, A) log π_old(a_t | s_t) at the sampling temperature
@@ -109,6 +122,8 @@ class Experience:
     advantages: torch.Tensor  # (B, A) macro advantage broadcast to its tokens
     returns: torch.Tensor  # (B, A)
     segment_ids: torch.Tensor  # (B, A) macro index of each token, -1 on padding
+    entropy: torch.Tensor  # (B, A) entropy of π_old(· | s_t) at the sampling temperature
+    fallback: torch.Tensor  # (B,) bool rows whose termination rule fell back to `fixed`
     stats: dict[str, float]
 
 
@@ -392,8 +407,13 @@ def make_experience(
     kl_coef: float,
     generator: torch.Generator | None = None,
     dense: torch.Tensor | None = None,
+    gather=None,
 ) -> Experience:
-    """Macro actions → rewards → GAE over macro actions. ``scores``: (B,) final sequence rewards."""
+    """Macro actions → rewards → GAE over macro actions. ``scores``: (B,) final sequence rewards.
+
+    Steps 3–5 are per row. ``gather`` (``Experience -> Experience``; the trainer passes
+    ``gather_experience`` under data parallelism) is applied before the batch-level steps, advantage
+    whitening and the logged statistics, so those are over the global batch, as in one process."""
     ppo, mcfg = cfg.ppo, cfg.macro
     mask = ro.action_mask
     # 3. macro actions
@@ -432,19 +452,7 @@ def make_experience(
         gamma=ppo.gamma,
         lam=ppo.lam,
     )
-    if ppo.whiten_advantages:
-        adv = masked_whiten(adv, mask)
-    stats = macro_stats(segments, term.fallback)
-    stats.update(
-        {
-            "objective/kl": float((kl.sum(1)).mean()),
-            "objective/reward": float((rewards.sum(1)).mean()),
-            "response/length": float(mask.sum(1).float().mean()),
-            "response/eos_rate": float(ro.ends_with_eos.float().mean()),
-            "policy/entropy": float(masked_mean(scored["entropy"], mask)),
-        }
-    )
-    return Experience(
+    exp = Experience(
         ro,
         scored["old_logprobs"],
         scored["ref_logprobs"],
@@ -455,7 +463,79 @@ def make_experience(
         adv,
         ret,
         segments.ids,
-        stats,
+        scored["entropy"],
+        term.fallback,
+        {},
+    )
+    if gather is not None:
+        exp = gather(exp)
+        segments = build_segments(_macro_ends(exp.segment_ids), exp.rollout.action_mask)
+    mask = exp.rollout.action_mask
+    if ppo.whiten_advantages:
+        exp.advantages = masked_whiten(exp.advantages, mask)
+    exp.stats = macro_stats(segments, exp.fallback)
+    exp.stats.update(
+        {
+            "objective/kl": float((exp.kl.sum(1)).mean()),
+            "objective/reward": float((exp.rewards.sum(1)).mean()),
+            "response/length": float(mask.sum(1).float().mean()),
+            "response/eos_rate": float(exp.rollout.ends_with_eos.float().mean()),
+            "policy/entropy": float(masked_mean(exp.entropy, mask)),
+        }
+    )
+    exp.stats.update(term.stats)  # what the rule chose for this rank's rows (entropy: tau)
+    return exp
+
+
+def _macro_ends(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, A) bool macro_end from (B, A) segment ids (-1 on padding): a token whose successor is in
+    another macro action (or is padding)."""
+    following = torch.nn.functional.pad(segment_ids[:, 1:], (0, 1), value=-1)
+    return (segment_ids >= 0) & (following != segment_ids)
+
+
+def gather_experience(exp: Experience, pad_id: int, block: int) -> Experience:
+    """Every data-parallel rank's rows on every rank, in the order of one process with the whole batch.
+
+    Each rank holds ``B`` rows made of generation batches of ``block`` rows; rank ``r``'s batch ``j``
+    is global batch ``j·world + r`` (``marlhf.batching.step_micro_batches``), so the gathered
+    rank-major rows are reordered batch-major. Widths (T, A) are right-padded to the widest rank's.
+    The PPO update then draws minibatches from the same global batch whatever the world size.
+    """
+    ws = world_size()
+    if ws == 1:
+        return exp
+    ro = exp.rollout
+    B = ro.sequences.shape[0]
+    # gathered row (r, j, k) -> global row (j, r, k)
+    order = torch.arange(ws * B).view(ws, B // block, block).transpose(0, 1).reshape(-1)
+
+    def rows(x: torch.Tensor, pad) -> torch.Tensor:
+        return all_gather_padded(x, pad)[order.to(x.device)]
+
+    prompt_ids = sum(all_gather_object(ro.prompt_ids), [])
+    return Experience(
+        Rollout(
+            rows(ro.sequences, pad_id),
+            rows(ro.attention_mask, False),
+            rows(ro.response_start, 0),
+            rows(ro.response_ids, pad_id),
+            rows(ro.action_mask, False),
+            rows(ro.ends_with_eos, False),
+            [prompt_ids[i] for i in order.tolist()],
+        ),
+        rows(exp.old_logprobs, 0.0),
+        rows(exp.ref_logprobs, 0.0),
+        rows(exp.values, 0.0),
+        rows(exp.scores, 0.0),
+        rows(exp.kl, 0.0),
+        rows(exp.rewards, 0.0),
+        rows(exp.advantages, 0.0),
+        rows(exp.returns, 0.0),
+        rows(exp.segment_ids, -1),
+        rows(exp.entropy, 0.0),
+        rows(exp.fallback, False),
+        dict(exp.stats),
     )
 
 
@@ -486,16 +566,30 @@ def ppo_update(
     unsup_batches=None,
 ) -> dict[str, float]:
     """``--ppo_epochs`` passes of minibatches over one experience batch; actor then critic per minibatch.
-    ``unsup_batches`` (an iterator of SFT batches) adds ``--unsup_coef`` × LM loss to the actor's loss."""
+    ``unsup_batches`` (an iterator of SFT batches) adds ``--unsup_coef`` × LM loss to the actor's loss.
+
+    ``exp`` is the global batch (``gather_experience``) and ``generator`` is in the same state on every
+    rank, so all ranks draw one shuffle: minibatch ``i`` is rows ``order[i·M:(i+1)·M]`` with
+    ``M = --per_device_training_batch_size × world``, of which rank ``r`` trains on the ``r``-th slice.
+    Every mean (losses and stats) is divided by the count over the whole minibatch, and the losses are
+    multiplied by the world size because DeepSpeed averages gradients over ranks: the update is the
+    one process's with the global minibatch, whatever the split. Returns the stats' global means."""
     ppo = cfg.ppo
+    ws, r = world_size(), rank()
     B = exp.rollout.sequences.shape[0]
     mb = ppo.per_device_training_batch_size
+    M = mb * ws
     sums: dict[str, float] = {}
     n = 0
     for _ in range(ppo.ppo_epochs):
         order = torch.randperm(B, generator=generator)
-        for s in range(0, B - mb + 1, mb):
-            idx = order[s : s + mb]
+        for s in range(0, B - M + 1, M):
+            rows = order[s : s + M]  # the global minibatch
+            idx = rows[r * mb : (r + 1) * mb]  # this rank's part of it
+            # the minibatch's counts over all ranks (every rank holds every row)
+            whole = exp.rollout.action_mask[rows]
+            n_tokens = whole.sum().clamp(min=1)
+            n_terms = policy_terms(whole, ppo.ratio_level, exp.segment_ids[rows]).sum().clamp(min=1)
             ro = _slice_rollout(exp.rollout, idx)
             a = ro.response_ids.shape[1]
             mask = ro.action_mask
@@ -513,10 +607,12 @@ def ppo_update(
                     cliprange=ppo.cliprange,
                     ratio_level=ppo.ratio_level,
                     segment_ids=exp.segment_ids[idx, :a],
+                    num_terms=n_terms,
+                    num_tokens=n_tokens,
                 )
                 loss = pg
                 if need_ent:
-                    ent_mean = entropy_bonus(ent, mask)
+                    ent_mean = entropy_bonus(ent, mask, num_tokens=n_tokens)
                     loss = loss - ppo.entropy_coef * ent_mean
                     stats["policy/entropy_train"] = ent_mean.detach()
                 if unsup_batches is not None:
@@ -527,10 +623,11 @@ def ppo_update(
                         input_ids=sft["input_ids"], attention_mask=sft["attention_mask"]
                     ).logits
                     nll, count = lm_loss_sum(logits, sft["labels"])
-                    unsup = nll / count.clamp(min=1)
+                    # over the SFT tokens of all ranks' batches, like the PPO terms
+                    unsup = nll / all_reduce_sum(count).clamp(min=1)
                     loss = loss + ppo.unsup_coef * unsup
                     stats["loss/unsup"] = unsup.detach()
-                models.actor.backward(loss)
+                models.actor.backward(loss * ws)
                 models.actor.step()
                 stats.update(pstats)
                 stats["loss/policy"] = pg.detach()
@@ -541,15 +638,22 @@ def ppo_update(
                 exp.returns[idx, :a],
                 mask,
                 cliprange_value=ppo.cliprange_value,
+                num_tokens=n_tokens,
             )
-            models.critic.backward(vl)
+            models.critic.backward(vl * ws)
             models.critic.step()
             stats.update(vstats)
             stats["loss/value"] = vl.detach()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             n += 1
-    return {k: v / max(n, 1) for k, v in sums.items()}
+    # each rank's stats are its shares of the minibatch means: their sum over ranks is the mean
+    keys = sorted(sums)
+    device = exp.rollout.sequences.device
+    total = all_reduce_sum(
+        torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
+    )
+    return {k: float(v) / max(n, 1) for k, v in zip(keys, total.tolist(), strict=True)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -567,16 +671,62 @@ def _gold_scorer(cfg: PPOStageConfig):
     return gold_score
 
 
-def _code_rewards(ro: Rollout, metas: list[dict], tokenizer, rewarder) -> torch.Tensor:
-    """Execution reward of each response against its task's test cases (sandboxed). (B,)"""
-    from marlhf.code_reward import parse_tests
+def _test_suite(meta: dict):
+    """The test cases of a prompt's problem (APPS ``input_output``); an empty suite if none."""
+    from marlhf.code_reward import TestSuite, parse_tests
+
+    raw = meta.get("tests") or meta.get("input_output")
+    return parse_tests(raw) if raw else TestSuite((), ())
+
+
+def _has_tests(meta_json: str) -> bool:
+    try:
+        return len(_test_suite(json.loads(meta_json or "{}"))) > 0
+    except ValueError:  # malformed tests: the problem cannot be scored
+        return False
+
+
+def _code_rewards(
+    ro: Rollout, metas: list[dict], tokenizer, rewarder
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Execution reward (B,) of each response against its task's test cases (sandboxed), and the
+    batch's ``code/*`` metrics (:func:`marlhf.code_reward.code_stats`)."""
+    from marlhf.code_reward import code_stats
 
     texts = tokenizer.batch_decode(
         ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
         skip_special_tokens=True,
     )
-    suites = [parse_tests(m.get("tests") or m.get("input_output") or "{}") for m in metas]
-    return torch.tensor(rewarder.rewards(texts, suites), dtype=torch.float32)
+    rewards, results = rewarder.evaluate(texts, [_test_suite(m) for m in metas])
+    return torch.tensor(rewards, dtype=torch.float32), code_stats(results, rewards)
+
+
+def sequence_scores(
+    ro: Rollout,
+    scored: dict[str, torch.Tensor],
+    metas: list[dict],
+    tokenizer,
+    ppo: PPOConfig,
+    rewarder=None,
+    score_stats=None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """4. The sequence-level reward of each response, (B,): the reward model's end score
+    (normalised with ``--normalize_reward``) plus, with a ``rewarder`` (``--reward_source code`` or
+    ``rm+code``), the execution reward of the program against ``metas[b]``'s tests. Returns the
+    scores and the ``code/*`` metrics ({} without a rewarder). ``make_experience`` puts the
+    (clipped) score on each row's last valid token."""
+    scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
+    stats: dict[str, float] = {}
+    raw_rm = scored.get("scores")
+    if raw_rm is not None:
+        rm = raw_rm
+        if ppo.normalize_reward and score_stats is not None:
+            rm = normalize_scores(rm, score_stats.mean, score_stats.std)
+        scores = scores + rm
+    if rewarder is not None:
+        code, stats = _code_rewards(ro, metas, tokenizer, rewarder)
+        scores = scores + code.to(scores.device)
+    return scores, stats
 
 
 def train(cfg: PPOStageConfig) -> Path:
@@ -602,6 +752,16 @@ def train(cfg: PPOStageConfig) -> Path:
         phase=3,
         overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
     )
+    if ppo.reward_source in ("code", "rm+code"):
+        # a problem without usable test cases earns no execution reward (APPS has a few): leave it out
+        keep = [i for i, m in enumerate(prompts["meta"]) if _has_tests(m)]
+        if len(keep) < len(prompts):
+            log.warning(
+                "%d of %d PPO prompts have no usable test cases for the code reward; left out",
+                len(prompts) - len(keep),
+                len(prompts),
+            )
+            prompts = prompts.select(keep)
     collate = PromptCollator(tokenizer.pad_token_id)
     gen_bs, gen_batches, ws = g.per_device_generation_batch_size, g.generation_batches, world_size()
     rollout_size = gen_bs * gen_batches
@@ -663,13 +823,17 @@ def train(cfg: PPOStageConfig) -> Path:
 
     state_root = out / "train_state"
     global_step = 0
-    gen = torch.Generator().manual_seed(ppo.seed + rank())
+    gen = torch.Generator().manual_seed(ppo.seed + rank())  # this rank's rows (termination rules)
+    # the minibatch shuffle: one stream shared by all ranks (minibatches are drawn from the global batch)
+    shuffle = torch.Generator().manual_seed(ppo.seed)
     found = find_resume(state_root, cfg.log.resume)
     if found is not None:
         client = load_train_state({"actor": models.actor, "critic": models.critic}, *found)
         global_step = client["global_step"]
         kl_ctl.load_state_dict(client["kl_ctl"])
         gen.set_state(client["generator"])
+        if "shuffle" in client:
+            shuffle.set_state(client["shuffle"])
         set_rng_state(client["rng"])
         log.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
 
@@ -690,7 +854,7 @@ def train(cfg: PPOStageConfig) -> Path:
         if found is not None and (state_root / "ema.pt").exists():
             ema.shadow = torch.load(state_root / "ema.pt", map_location="cpu")
 
-    tracker = Tracker(cfg.log)
+    tracker = Tracker(cfg.log, start_step=global_step)  # drops rows logged after the checkpoint
     bar = progress(total, global_step, "ma-ppo", cfg.log.disable_progress_bar)
 
     def save(step: int, final: bool) -> None:
@@ -740,6 +904,7 @@ def train(cfg: PPOStageConfig) -> Path:
             "global_step": step,
             "kl_ctl": kl_ctl.state_dict(),
             "generator": gen.get_state(),
+            "shuffle": shuffle.get_state(),
             "rng": rng_state(),
         }
         save_train_state(
@@ -777,26 +942,36 @@ def train(cfg: PPOStageConfig) -> Path:
         ]
         ro, scored = _concat(rollouts, scoreds, tokenizer.pad_token_id)
         # 4. sequence-level reward: RM score (normalised if asked) and/or execution reward
-        scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
-        raw_rm = scored.get("scores")
-        if raw_rm is not None:
-            rm = raw_rm
-            if ppo.normalize_reward and score_stats is not None:
-                rm = normalize_scores(rm, score_stats.mean, score_stats.std)
-            scores = scores + rm
+        t0 = time.perf_counter()
+        scores, code_metrics = sequence_scores(
+            ro, scored, metas, tokenizer, ppo, rewarder, score_stats
+        )
         if rewarder is not None:
-            scores = scores + _code_rewards(ro, metas, tokenizer, rewarder).to(scores.device)
+            times["time/code_reward"] = time.perf_counter() - t0
+        raw_rm = scored.get("scores")
         dense = None
         if ppo.dense_reward:
             dense = _dense_rewards(models, ro, scored, cfg, tokenizer)
         t0 = time.perf_counter()
-        exp = make_experience(ro, scored, scores, rule, cfg, kl_ctl.value, gen, dense)
+        exp = make_experience(
+            ro,
+            scored,
+            scores,
+            rule,
+            cfg,
+            kl_ctl.value,
+            gen,
+            dense,
+            gather=lambda e: gather_experience(e, tokenizer.pad_token_id, gen_bs),
+        )
         times["time/macro"] = time.perf_counter() - t0
         # 6. update
         t0 = time.perf_counter()
         train_actor = global_step >= ppo.critic_warmup_steps
         actor_lr = models.actor.get_lr()[0]  # the rate this update is taken with
-        upd = ppo_update(models, exp, cfg, train_actor, gen, unsup_iter if train_actor else None)
+        upd = ppo_update(
+            models, exp, cfg, train_actor, shuffle, unsup_iter if train_actor else None
+        )
         if ema is not None and train_actor:
             ema.update(models.actor.module)
         times["time/train"] = time.perf_counter() - t0
@@ -804,15 +979,17 @@ def train(cfg: PPOStageConfig) -> Path:
         global_step += 1
         kl_now = float(all_reduce_mean(torch.tensor(exp.stats["objective/kl"])))
         kl_ctl.update(kl_now, rollout_size * ws)
-        metrics = {**exp.stats, **upd, **times}
+        metrics = {**exp.stats, **upd, **times, **code_metrics}
         metrics["objective/score"] = (
             float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
         )
         metrics["objective/kl_coef"] = kl_ctl.value
+        # exp.stats, upd and the two below are over the global batch already (the same on every rank);
+        # the row means of this rank's rows (score, gold) average over ranks, which hold equal counts
         metrics["value/explained_variance"] = explained_variance(
-            exp.values, exp.returns, ro.action_mask
+            exp.values, exp.returns, exp.rollout.action_mask
         )
-        metrics["value/mean"] = float(masked_mean(exp.values, ro.action_mask))
+        metrics["value/mean"] = float(masked_mean(exp.values, exp.rollout.action_mask))
         if gold is not None:
             texts = tokenizer.batch_decode(ro.response_ids, skip_special_tokens=True)
             metrics["objective/gold"] = sum(

@@ -139,6 +139,15 @@ def test_apps(tmp_path):
     assert exs[1].prompt_id == "apps/8"
 
 
+def test_apps_tests_with_integers_beyond_the_digit_limit(tmp_path):
+    # APPS holds test numbers of 9000+ digits; json.loads refuses those beyond 4300 by default
+    big = "9" * 5000
+    io = '{"fn_name": "f", "inputs": [[' + big + ']], "outputs": [[1]]}'
+    row = {"problem_id": 1, "question": "Q", "solutions": "[]", "input_output": io}
+    (ex,), _ = load_examples(str(write_jsonl(tmp_path / "train.jsonl", [row]).parent), "train")
+    assert ex.meta["fn_name"] == "f" and ex.meta["tests"] == io
+
+
 def test_plain_with_margin_and_parquet(tmp_path):
     import datasets
 

@@ -119,3 +119,57 @@ def test_macro_actions_share_advantages_and_score_lands_on_last_valid_token():
     # row 1 (3 tokens, truncated, no EOS): {0,1} {2}
     assert exp.segment_ids[1, :3].tolist() == [0, 0, 1]
     assert exp.stats["macro/count"] > 0
+
+
+def test_entropy_threshold_is_logged_with_the_hand_computed_value():
+    # row 0: 5 tokens ending with EOS; row 1: 3 tokens, truncated; padding entropy is huge (ignored)
+    B, A = 2, 5
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    ro = Rollout(
+        sequences=torch.zeros(B, 8, dtype=torch.long),
+        attention_mask=torch.ones(B, 8, dtype=torch.bool),
+        response_start=torch.full((B,), 3),
+        response_ids=torch.arange(B * A).view(B, A) + 4,
+        action_mask=mask,
+        ends_with_eos=torch.tensor([True, False]),
+        prompt_ids=["a", "b"],
+    )
+    scored = {
+        "old_logprobs": torch.full((B, A), -1.0),
+        "ref_logprobs": torch.full((B, A), -1.0),
+        "values": torch.zeros(B, A),
+        "entropy": torch.ones(B, A),
+        "ref_entropy": torch.tensor([[9.0, 0.5, 3.0, 1.0, 7.0], [8.0, 2.0, 0.7, 100.0, 100.0]]),
+    }
+    cfg = PPOStageConfig(
+        macro=MacroConfig(termination_condition="entropy", target_macro_len=2.0),
+    )
+    exp = make_experience(
+        ro, scored, torch.zeros(B), build_termination(cfg.macro), cfg, kl_coef=0.1
+    )
+    # N = 8 tokens, target 2 -> 4 macro actions; 2 rows and 1 forced EOS boundary leave K = 1.
+    # Candidates (j >= 1, not the forced EOS): 0.5, 3.0, 1.0 | 2.0, 0.7 -> the 2nd highest, 2.0.
+    assert exp.stats["macro/entropy_threshold"] == 2.0
+    # only 3.0 > 2.0 starts a macro action: {0,1} {2,3} {4=EOS} and {0,1,2}
+    assert exp.segment_ids.tolist() == [[0, 0, 1, 1, 2], [0, 0, 0, -1, -1]]
+    assert exp.stats["macro/count"] == 2.0  # (3 + 1) / 2
+    # a fixed threshold is logged as given
+    fixed = PPOStageConfig(
+        macro=MacroConfig(termination_condition="entropy", entropy_threshold=0.8)
+    )
+    exp = make_experience(
+        ro, scored, torch.zeros(B), build_termination(fixed.macro), fixed, kl_coef=0.1
+    )
+    assert exp.stats["macro/entropy_threshold"] == 0.8
+    assert exp.segment_ids.tolist() == [[0, 0, 1, 2, 3], [0, 1, 1, -1, -1]]  # 3.0, 1.0 | 2.0
+
+
+def test_macro_ends_rebuild_the_segments_of_gathered_rows():
+    """After the experience is gathered over ranks, segments are rebuilt from segment ids alone."""
+    from marlhf.macro import build_segments
+    from marlhf.stages.ppo import _macro_ends
+
+    ids = torch.tensor([[0, 0, 1, 1, 2], [0, 1, 1, -1, -1], [-1, -1, -1, -1, -1]])
+    ends = _macro_ends(ids)
+    assert ends.int().tolist() == [[0, 1, 0, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 0]]
+    assert torch.equal(build_segments(ends, ids >= 0).ids, ids)

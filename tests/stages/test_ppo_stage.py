@@ -113,6 +113,7 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
             "3",
             "--value_function",
             "unit",
+            "--enable_tensorboard",
         ],
         [
             "--termination_condition",
@@ -148,6 +149,13 @@ def test_every_termination_rule_trains(models, tmp_path, rule):
     ):
         assert key in rows[-1], key
     assert rows[-1]["macro/mean_len"] >= 1.0
+    if rule[1] == "entropy":  # the threshold --target_macro_len picked, in both logs
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        taus = [r["macro/entropy_threshold"] for r in rows]
+        events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+        events.Reload()
+        assert [e.value for e in events.Scalars("macro/entropy_threshold")] == pytest.approx(taus)
     # the actor loads as a plain HF model, the critic as a reward model
     from transformers import AutoModelForCausalLM
 

@@ -1,0 +1,66 @@
+"""``python -m marlhf.stages.ppo`` with recording hooks, for tests/stages/test_ppo_distributed.py.
+
+Run like the stage (``python tests/stages/ppo_record.py ARGS`` or under ``torchrun``); the program is
+unchanged, but every PPO step saves ``<output_dir>/record/step-<k>-rank-<r>.pt`` with what this rank
+generated, the experience the update saw and the rows of each minibatch this rank trained on.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+import marlhf.stages.ppo as stage
+from marlhf.distributed import rank
+
+_generate, _ppo_update, _slice_rollout = stage.generate, stage.ppo_update, stage._slice_rollout
+_generated: list[dict] = []
+_parts: list[list[int]] = []
+_steps = [0]
+
+
+def generate(models, batch, cfg, tokenizer, eos_ids):
+    ro = _generate(models, batch, cfg, tokenizer, eos_ids)
+    _generated.append(
+        {
+            "prompt_ids": list(ro.prompt_ids),
+            "response_ids": ro.response_ids.cpu(),
+            "action_mask": ro.action_mask.cpu(),
+        }
+    )
+    return ro
+
+
+def slice_rollout(ro, idx):
+    _parts.append(idx.tolist())
+    return _slice_rollout(ro, idx)
+
+
+def ppo_update(models, exp, cfg, *args, **kwargs):
+    out = _ppo_update(models, exp, cfg, *args, **kwargs)
+    _steps[0] += 1
+    fields = ("old_logprobs", "ref_logprobs", "values", "scores", "rewards", "advantages")
+    record = {k: getattr(exp, k).detach().cpu() for k in (*fields, "returns", "segment_ids")}
+    record.update(
+        prompt_ids=list(exp.rollout.prompt_ids),
+        response_ids=exp.rollout.response_ids.cpu(),
+        action_mask=exp.rollout.action_mask.cpu(),
+        generated=list(_generated),
+        minibatch_rows=list(_parts),
+        stats=dict(exp.stats),
+        update=dict(out),
+    )
+    path = Path(cfg.log.output_dir) / "record" / f"step-{_steps[0]}-rank-{rank()}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(record, path)
+    _generated.clear()
+    _parts.clear()
+    return out
+
+
+stage.generate, stage.ppo_update, stage._slice_rollout = generate, ppo_update, slice_rollout
+
+if __name__ == "__main__":
+    stage.main(sys.argv[1:])

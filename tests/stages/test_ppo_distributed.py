@@ -1,0 +1,252 @@
+"""MA-PPO under data parallelism: two ranks (``torchrun``, gloo on CPU) with G rollouts per device
+take the same update as one process with 2G.
+
+The two ranks generate in two batches of G/2 (``--generation_batches 2``), so the global order of
+the gathered rows (rank r's batch j is global batch 2j + r) is checked too.
+
+Both runs train MA-PPO (``fixed``, n=3, advantage whitening, entropy bonus, pretraining mix, two PPO
+epochs) for two steps on the same 8 prompts per step, with greedy decoding (``--top_k 1``, the static
+decoder, whose prompts are all left-padded to ``--max_prompt_seq_len``, so the rollouts do not depend
+on the batch split). The one-process run is the reference: the same prompts, responses and
+experience, the same rows in every minibatch, actor and critic weights that agree far below the
+update's size, and the same logged metrics.
+
+For this to hold the trainer is batch-global (``marlhf.stages.ppo``): every rank gathers the whole
+experience (``gather_experience``) before whitening and statistics, all ranks draw minibatches from
+one shuffle of the global batch, and every loss and stat of a minibatch is divided by the count over
+all ranks (times the world size, since DeepSpeed averages gradients). The actor is made to stop at
+prompt-dependent lengths, so the ranks' halves of a minibatch hold different token counts (the test
+checks this): there per-rank means would give a different gradient.
+
+Remaining differences are float rounding: the ranks score and train narrower batches (generation
+batches of 2 rows against 8, minibatch parts of 2 rows against 4, each right-padded to its own
+longest row) and DeepSpeed all-reduces gradients.
+Measured on CPU by this test: experience within 2e-6 (whitened advantages; log-probs 1e-6), weights
+within 1.7e-3 of the largest weight step (Adam's first steps divide by |g|, so parameters whose
+gradient is near zero amplify rounding), metrics within 3e-6 relative. Not covered, and not
+split-independent: temperature sampling (every rank draws from its own RNG stream; per-prompt
+seeded sampling would be needed), the ``randomized`` rule (its draws use a per-rank generator), and
+with ``--generation_backend hf`` the prompts' left-padding width, which follows the local batch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from marlhf.tracking import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = Path(__file__).with_name("ppo_record.py")
+pytestmark = pytest.mark.slow
+
+G = 4  # prompts per rank per step in the two-process run
+FLAGS = (
+    "--termination_condition", "fixed", "--ngram", "3",
+    "--generation_backend", "static", "--top_k", "1",
+    "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
+    "--whiten_advantages", "--entropy_coef", "0.01", "--unsup_coef", "0.1",
+    "--ppo_epochs", "2", "--actor_learning_rate", "1e-4", "--critic_learning_rate", "1e-4",
+    "--max_steps", "2", "--seed", "1234", "--disable_progress_bar",
+)  # fmt: skip
+
+
+def _env(home: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        DS_ACCELERATOR="cpu",
+        MARLHF_HOME=str(home),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sft_briefly(actor: Path, cache: Path, steps: int = 60) -> None:
+    """A few SFT steps in plain torch, so greedy responses depend on the prompt, then the EOS
+    embedding scaled up (tied, so also its logit) so they stop after 3 to 7 tokens, at
+    prompt-dependent lengths (the untrained model repeats one token and never stops)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from marlhf.data.collate import SFTCollator
+    from marlhf.data.config import DataConfig
+    from marlhf.data.tokenize import build_sft_dataset
+    from marlhf.lm_loss import lm_loss_sum
+
+    tok = AutoTokenizer.from_pretrained(actor)
+    data = build_sft_dataset(
+        DataConfig(data_output_path=str(cache), max_seq_len=192), tok, "train", 1234
+    )
+    collate = SFTCollator(tok.pad_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(actor, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        b = collate([data[i] for i in torch.randint(len(data), (8,), generator=g).tolist()])
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        nll, n = lm_loss_sum(logits, b["labels"])
+        (nll / n).backward()
+        opt.step()
+        opt.zero_grad()
+    with torch.no_grad():
+        model.get_input_embeddings().weight[tok.eos_token_id] *= 3.5
+    model.save_pretrained(actor)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The one-process reference and the two-process run (each a subprocess of the real stage)."""
+    from transformers import AutoTokenizer
+
+    from marlhf.reward_model import RewardModel, save_reward_model
+    from marlhf.tiny import build_tiny
+
+    base = tmp_path_factory.mktemp("ppo_dp")
+    actor = build_tiny(base / "actor")
+    _sft_briefly(actor, base / "cache")
+    torch.manual_seed(0)
+    save_reward_model(
+        RewardModel.from_pretrained(actor),
+        AutoTokenizer.from_pretrained(actor),
+        base / "rm",
+        score_stats={"mean": 0.0, "std": 1.0},
+    )
+    common = (
+        "--actor_model_name_or_path", str(actor), "--critic_model_name_or_path", str(base / "rm"),
+        "--data_output_path", str(base / "cache"), *FLAGS,
+    )  # fmt: skip
+    one, two = base / "one", base / "two"
+    launch = {
+        one: [sys.executable, str(RECORD)],
+        two: [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(_free_port()), str(RECORD),
+        ],
+    }  # fmt: skip
+    batches = {
+        one: (
+            "--per_device_generation_batch_size", str(2 * G),
+            "--per_device_training_batch_size", str(G),
+        ),
+        two: (
+            "--per_device_generation_batch_size", str(G // 2), "--generation_batches", "2",
+            "--per_device_training_batch_size", str(G // 2),
+        ),
+    }  # fmt: skip
+    for out in (one, two):
+        proc = subprocess.run(
+            [*launch[out], *common, *batches[out], "--output_dir", str(out)],
+            env=_env(base / "home"),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return base, one, two
+
+
+def _record(out: Path, step: int, rank: int) -> dict:
+    return torch.load(out / "record" / f"step-{step}-rank-{rank}.pt", weights_only=False)
+
+
+def _trim(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x[:, :width]
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_same_prompts_responses_and_experience(runs, step):
+    _, one, two = runs
+    ref, r0, r1 = _record(one, step, 0), _record(two, step, 0), _record(two, step, 1)
+    assert len(ref["prompt_ids"]) == 2 * G
+    # rank r generated global batches r and 2 + r (of G/2 prompts); each then holds all, in order
+    h = G // 2
+    batches = [ref["prompt_ids"][i * h : (i + 1) * h] for i in range(4)]
+    assert [g["prompt_ids"] for g in r0["generated"]] == [batches[0], batches[2]]
+    assert [g["prompt_ids"] for g in r1["generated"]] == [batches[1], batches[3]]
+    assert r0["prompt_ids"] == r1["prompt_ids"] == ref["prompt_ids"]
+    a = int(ref["action_mask"].sum(1).max())
+    for got in (r0, r1):
+        assert torch.equal(_trim(got["action_mask"], a), _trim(ref["action_mask"], a))
+        assert not got["action_mask"][:, a:].any()
+        assert torch.equal(_trim(got["response_ids"], a), _trim(ref["response_ids"], a))
+        assert torch.equal(_trim(got["segment_ids"], a), _trim(ref["segment_ids"], a))
+        valid = _trim(ref["action_mask"], a)
+        for k in ("old_logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns"):
+            x, y = _trim(got[k], a)[valid], _trim(ref[k], a)[valid]  # padding holds anything
+            torch.testing.assert_close(x, y, rtol=0, atol=2e-5, msg=(step, k))
+        torch.testing.assert_close(got["scores"], ref["scores"], rtol=0, atol=2e-5)
+    for k, v in ref["stats"].items():
+        assert r0["stats"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), (step, k)
+    # the responses stop at different lengths: the data can tell per-rank from global means
+    assert len(set(ref["action_mask"].sum(1).tolist())) > 1
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_minibatches_are_the_same_rows(runs, step):
+    _, one, two = runs
+    ref, r0, r1 = _record(one, step, 0), _record(two, step, 0), _record(two, step, 1)
+    mask = ref["action_mask"]
+    assert len(ref["minibatch_rows"]) == len(r0["minibatch_rows"]) == len(r1["minibatch_rows"]) == 4
+    uneven = False
+    for rows, p0, p1 in zip(
+        ref["minibatch_rows"], r0["minibatch_rows"], r1["minibatch_rows"], strict=True
+    ):
+        assert len(p0) == len(p1) == G // 2 and sorted(p0 + p1) == sorted(rows)
+        uneven |= int(mask[p0].sum()) != int(mask[p1].sum())
+    # some minibatch splits unequal token counts between the ranks
+    assert uneven
+
+
+def _weights(out: Path) -> tuple[dict, dict]:
+    from transformers import AutoModelForCausalLM
+
+    from marlhf.reward_model import load_reward_model
+
+    actor = AutoModelForCausalLM.from_pretrained(out / "actor", dtype=torch.float32).state_dict()
+    critic, _ = load_reward_model(out / "critic", dtype=torch.float32)
+    return actor, critic.state_dict()
+
+
+def test_actor_and_critic_weights_agree(runs):
+    from transformers import AutoModelForCausalLM
+
+    from marlhf.reward_model import load_reward_model
+
+    base, one, two = runs
+    init_actor = AutoModelForCausalLM.from_pretrained(base / "actor", dtype=torch.float32)
+    init_critic, _ = load_reward_model(base / "rm", dtype=torch.float32)
+    inits = (init_actor.state_dict(), init_critic.state_dict())
+    for init, ref, got in zip(inits, _weights(one), _weights(two), strict=True):
+        assert set(ref) == set(got)
+        step = max(float((ref[k] - init[k]).abs().max()) for k in ref)
+        diff = max(float((got[k] - ref[k]).abs().max()) for k in ref)
+        assert step > 1e-4  # the two PPO steps moved the weights
+        assert diff < 2e-2 * step, (diff, step)
+
+
+def test_logged_metrics_agree(runs):
+    _, one, two = runs
+    ref, got = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["step"] for r in ref] == [r["step"] for r in got] == [1, 2]
+    for a, b in zip(ref, got, strict=True):
+        assert set(a) == set(b)
+        for k in a:
+            if not k.startswith("time/"):
+                assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)
