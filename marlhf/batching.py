@@ -46,3 +46,24 @@ def eval_shard(n: int, batch: int, world: int, rank: int, max_batches: int = 0) 
     idx = list(range(rank, n, world))
     batches = [idx[i : i + batch] for i in range(0, len(idx), batch)]
     return batches[:max_batches] if max_batches > 0 else batches
+
+
+def padded_eval_shard(
+    n: int, batch: int, world: int, rank: int, max_batches: int = 0
+) -> list[tuple[list[int], bool]]:
+    """``eval_shard`` of ``rank`` as ``(indices, real)`` pairs, padded to the same length on all ranks.
+
+    Under ZeRO-3 every forward pass gathers the partitioned parameters collectively, so every rank
+    must run as many forward passes as rank 0 (whose strided shard is the longest). A rank with fewer
+    batches repeats its first one (row 0 if it has none) with ``real`` false: run it, then discard
+    its result.
+
+    >>> padded_eval_shard(5, 2, world=2, rank=0)
+    [([0, 2], True), ([4], True)]
+    >>> padded_eval_shard(5, 2, world=2, rank=1)
+    [([1, 3], True), ([1, 3], False)]
+    """
+    mine = eval_shard(n, batch, world, rank, max_batches)
+    most = len(eval_shard(n, batch, world, 0, max_batches))
+    filler = mine[0] if mine else [0]
+    return [(b, True) for b in mine] + [(filler, False)] * (most - len(mine))

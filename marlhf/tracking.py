@@ -2,20 +2,75 @@
 
 The JSONL copy lets reports and plots read a run's curves without parsing TensorBoard event files.
 Metric names are namespaced (``train/loss``, ``eval/ppl``, ``objective/kl``, ``macro/mean_len``).
+
+A run started at ``start_step`` (the step of the checkpoint it resumed from, 0 for a fresh start)
+logs every step after it again, so the rows of later steps that a killed run had logged are dropped
+first: ``metrics.jsonl`` keeps its rows with ``step <= start_step`` (rewritten atomically, only when
+something goes) and TensorBoard hides the old events from ``start_step + 1`` on (``purge_step``).
+Readers then see one row per step and metric.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import tempfile
 import time
 from pathlib import Path
 
 from marlhf.config import LoggingConfig
 from marlhf.distributed import is_main
 
+log = logging.getLogger(__name__)
+
+
+def truncate_metrics(path: str | Path, last_step: int) -> int:
+    """Keep the rows of ``path`` with ``step <= last_step``, in order; return how many were dropped.
+
+    A line that is not JSON (the torn last write of a killed process) is dropped too. The file is
+    replaced atomically (a temporary file in the same directory, then ``os.replace``), so a crash
+    here leaves either the old or the new file; an untouched file is not rewritten.
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    keep, dropped = [], 0
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if row.get("step", 0) <= last_step:
+                keep.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.writelines(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return dropped
+
 
 class Tracker:
-    def __init__(self, cfg: LoggingConfig, subdir: str = ""):
+    """Rank 0's metrics sink.
+
+    ``start_step``: the step the run starts from (its resumed checkpoint's, 0 for a fresh start);
+    rows and events of later steps, from an earlier attempt, are dropped.
+    """
+
+    def __init__(self, cfg: LoggingConfig, subdir: str = "", start_step: int = 0):
         self.enabled = is_main()
         self.writer = None
         self.jsonl = None
@@ -23,12 +78,18 @@ class Tracker:
             return
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
+        dropped = truncate_metrics(out / "metrics.jsonl", start_step)
+        if dropped:
+            log.info("metrics.jsonl: %d rows after step %d dropped", dropped, start_step)
         self.jsonl = open(out / "metrics.jsonl", "a", buffering=1)
         if cfg.enable_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             tb = Path(cfg.tensorboard_path) if cfg.tensorboard_path else out / "tensorboard"
-            self.writer = SummaryWriter(str(tb / subdir) if subdir else str(tb))
+            # events of steps >= purge_step in earlier files are hidden by TensorBoard's readers
+            self.writer = SummaryWriter(
+                str(tb / subdir) if subdir else str(tb), purge_step=start_step + 1
+            )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self.enabled:

@@ -3,7 +3,13 @@ import doctest
 import numpy as np
 
 import marlhf.batching as batching
-from marlhf.batching import epoch_permutation, eval_shard, step_micro_batches, steps_per_epoch
+from marlhf.batching import (
+    epoch_permutation,
+    eval_shard,
+    padded_eval_shard,
+    step_micro_batches,
+    steps_per_epoch,
+)
 
 
 def test_doctest():
@@ -41,3 +47,29 @@ def test_eval_shard_partitions():
     shards = [sum(eval_shard(11, 2, 3, r), []) for r in range(3)]
     assert sorted(sum(shards, [])) == list(range(11))
     assert eval_shard(11, 2, 1, 0, max_batches=2) == [[0, 1], [2, 3]]
+
+
+def test_padded_eval_shard_same_count_on_every_rank_real_rows_once():
+    """Every rank gets as many batches (ZeRO-3 forwards in step); the real batches cover each row of
+    the evaluated prefix exactly once: all ``n`` rows, or with ``max_batches`` the first
+    ``max_batches * batch`` rows of each rank's stride (a plain loop here)."""
+    for n in range(0, 23):
+        for batch in (1, 2, 3, 5):
+            for world in (1, 2, 3, 4):
+                for max_batches in (0, 1, 2):
+                    shards = [
+                        padded_eval_shard(n, batch, world, r, max_batches) for r in range(world)
+                    ]
+                    assert len({len(s) for s in shards}) == 1, (n, batch, world, max_batches)
+                    # no more forward passes than the longest real shard needs
+                    assert len(shards[0]) == max(sum(ok for _, ok in s) for s in shards)
+                    want = []
+                    for r in range(world):
+                        stride = [i for i in range(n) if i % world == r]
+                        want += stride[: max_batches * batch] if max_batches else stride
+                    real = [i for s in shards for idx, ok in s if ok for i in idx]
+                    assert sorted(real) == sorted(want) and len(set(real)) == len(real)
+                    for s in shards:
+                        assert all(0 < len(idx) <= batch and max(idx) < n for idx, _ in s)
+                        flags = [ok for _, ok in s]
+                        assert flags == sorted(flags, reverse=True)  # the padding comes last

@@ -22,6 +22,14 @@ class DataConfig:
         default="2,4,4",
         metadata={"help": "Relative sizes of the SFT, reward-model and PPO parts, e.g. '2,4,4'."},
     )
+    data_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "Seed of the phase split (which rows go to SFT, reward model and PPO); "
+            "default: the stage's --seed. Set it to vary --seed while every stage and run keeps "
+            "the same rows."
+        },
+    )
     data_output_path: str = field(
         default="./data_cache",
         metadata={"help": "Directory of the tokenised-data cache."},
@@ -53,6 +61,10 @@ class DataConfig:
             "help": "WebGPT: skip comparisons with equal scores (default: answer_0 is chosen)."
         },
     )
+
+    def split_seed(self, seed: int) -> int:
+        """The seed of the phase split: ``--data_seed``, or the stage's ``seed`` when it is unset."""
+        return seed if self.data_seed is None else self.data_seed
 
     def __post_init__(self) -> None:
         if isinstance(self.data_path, str):

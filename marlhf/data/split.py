@@ -3,8 +3,9 @@
 As in DeepSpeed-Chat: the weights of ``data_split`` ("2,4,4") are normalised, their cumulative sums
 times ``n`` are rounded to chunk boundaries, the rows are permuted with
 ``np.random.RandomState(seed)`` and phase ``p`` takes chunk ``p - 1``. The parts are disjoint, cover
-all rows and depend only on ``(n, data_split, seed)``, so every stage sees the same split. The train
-and eval splits of a dataset are divided separately.
+all rows and depend only on ``(n, data_split, seed)``, so every stage sees the same split as long
+as the stages share the seed: ``--data_seed`` when set (``DataConfig.split_seed``), else each
+stage's ``--seed``. The train and eval splits of a dataset are divided separately.
 
 >>> sorted(phase_indices(10, "2,4,4", 1, seed=1234).tolist() + phase_indices(10, "2,4,4", 2, seed=1234).tolist()
 ...        + phase_indices(10, "2,4,4", 3, seed=1234).tolist()) == list(range(10))

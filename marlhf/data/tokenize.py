@@ -20,6 +20,9 @@ same for both.
   ``prompt`` and ``meta`` (JSON: subreddit, APPS tests, ...); prompts longer than
   ``max_prompt_len`` are dropped (as the original did) or cut from the left.
 
+Every builder takes the stage's ``seed``; the phase split uses ``cfg.split_seed(seed)``
+(``--data_seed`` when set), and so does the cache key.
+
 Examples without the needed fields (no chosen for SFT, no rejected for pairs) are skipped; the
 counts are logged. Datasets listed in ``--data_path`` are concatenated in order.
 """
@@ -118,7 +121,7 @@ def _phase_examples(cfg: DataConfig, split: str, seed: int, phase: int) -> list[
             max_samples=cfg.max_samples,
             webgpt_skip_ties=cfg.webgpt_skip_ties,
         )
-        idx = phase_indices(len(exs), cfg.data_split, phase, seed)
+        idx = phase_indices(len(exs), cfg.data_split, phase, cfg.split_seed(seed))
         out += [exs[i] for i in idx]
         log.info("%s [%s] phase %d: %d of %d examples", spec, split, phase, len(idx), len(exs))
     return out
@@ -142,16 +145,22 @@ def _source_fingerprint(spec: str) -> dict:
 
 
 def cache_key(cfg: DataConfig, tokenizer, split: str, seed: int, phase: int, **extra) -> dict:
-    """Everything that changes a tokenised dataset (see ``marlhf.data.cache``)."""
+    """Everything that changes a tokenised dataset (see ``marlhf.data.cache``).
+
+    ``seed`` is the stage's; the key holds the seed the phase split uses (``--data_seed`` when set),
+    so stages and runs that differ only in ``--seed`` share an entry when they share a data seed, and
+    a key without ``--data_seed`` is the key of the runs before that flag existed.
+    """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     fields = asdict(cfg)
     fields.pop("data_output_path")
+    fields.pop("data_seed")  # it enters as "seed" below
     return {
         "sources": [_source_fingerprint(s) for s in cfg.data_path],
         "data": fields,
         "split": split,
-        "seed": seed,
+        "seed": cfg.split_seed(seed),
         "phase": phase,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "eot": eot_ids(cfg, tokenizer),

@@ -39,7 +39,12 @@ from typing import Any
 
 import torch
 
-from marlhf.batching import epoch_permutation, eval_shard, step_micro_batches, steps_per_epoch
+from marlhf.batching import (
+    epoch_permutation,
+    padded_eval_shard,
+    step_micro_batches,
+    steps_per_epoch,
+)
 from marlhf.bradley_terry import bt_loss, split_pair
 from marlhf.checkpoint import (
     find_resume,
@@ -319,16 +324,9 @@ def _to_device(batch: dict, device) -> dict:
 
 
 def _shard(n: int, batch: int, max_batches: int = 0) -> list[tuple[list[int], bool]]:
-    """This rank's evaluation batches as ``(indices, real)``. Every rank runs as many forward passes as
-    rank 0 (the longest shard): a rank with fewer batches repeats its first one (``real`` false, not
-    counted), so ZeRO-3's collective parameter gathers stay in step."""
-    ws, r = world_size(), rank()
-    mine = eval_shard(n, batch, ws, r, max_batches)
-    most = len(eval_shard(n, batch, ws, 0, max_batches))
-    out = [(b, True) for b in mine]
-    filler = mine[0] if mine else [0]
-    out += [(filler, False)] * (most - len(mine))
-    return out
+    """This rank's evaluation batches as ``(indices, real)``, as many on every rank (ZeRO-3's
+    collective parameter gathers stay in step; see ``padded_eval_shard``)."""
+    return padded_eval_shard(n, batch, world_size(), rank(), max_batches)
 
 
 # Sums accumulated over evaluation batches, all-reduced as one float64 vector.
@@ -632,7 +630,7 @@ def train(cfg: RewardStageConfig) -> Path:
         set_rng_state(client["rng"])
         log.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
 
-    tracker = Tracker(cfg.log)
+    tracker = Tracker(cfg.log, start_step=global_step)  # drops rows logged after the checkpoint
     bar = progress(total, global_step, "rm", cfg.log.disable_progress_bar)
     engine.train()
     termination = cfg.macro if scorer.segment else None

@@ -18,7 +18,12 @@ from pathlib import Path
 
 import torch
 
-from marlhf.batching import epoch_permutation, eval_shard, step_micro_batches, steps_per_epoch
+from marlhf.batching import (
+    epoch_permutation,
+    padded_eval_shard,
+    step_micro_batches,
+    steps_per_epoch,
+)
 from marlhf.checkpoint import (
     find_resume,
     load_train_state,
@@ -58,15 +63,21 @@ def _to_device(batch: dict, device) -> dict:
 
 @torch.no_grad()
 def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
-    """Token-level perplexity of the eval split (summed over ranks)."""
+    """Token-level perplexity of the eval split (summed over ranks).
+
+    Every rank runs as many forward passes (ZeRO-3 gathers parameters collectively in each): a rank
+    whose shard is short runs padding batches and discards them (``padded_eval_shard``).
+    """
     engine.eval()
     nll = torch.zeros((), dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)
-    for idx in eval_shard(
+    for idx, real in padded_eval_shard(
         len(dataset), cfg.optim.per_device_eval_batch_size, world_size(), rank(), cfg.log.eval_iters
     ):
         batch = _to_device(collate([dataset[i] for i in idx]), engine.device)
         out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        if not real:
+            continue
         s, c = lm_loss_sum(out.logits, batch["labels"])
         nll += s.double().cpu()
         count += c.double().cpu()
@@ -141,7 +152,7 @@ def train(cfg: SFTConfig) -> Path:
         set_rng_state(client["rng"])
         log.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
 
-    tracker = Tracker(cfg.log)
+    tracker = Tracker(cfg.log, start_step=global_step)  # drops rows logged after the checkpoint
     bar = progress(total, global_step, "sft", cfg.log.disable_progress_bar)
     engine.train()
 

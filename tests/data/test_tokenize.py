@@ -182,3 +182,55 @@ def test_phases_partition_bundled(tok, tmp_path):
     c = T._phase_examples(cfg, "train", 1234, 3)
     assert (len(a), len(b), len(c)) == (12, 24, 24)
     assert len({e.prompt_id for e in a + b + c}) == 60
+
+
+# --- --data_seed: the phase split's own seed ----------------------------------------------------
+def _phase_ids(split_seed, phase, n=60):
+    """Prompt ids of ``phase`` of the bundled train split, from the raw rows and ``phase_indices``."""
+    from marlhf.data.adapters import load_examples
+    from marlhf.data.split import phase_indices
+
+    exs, _ = load_examples("synthetic-tldr", "train", max_samples=n)
+    return [exs[i].prompt_id for i in phase_indices(len(exs), "2,4,4", phase, split_seed)]
+
+
+def test_data_seed_fixes_the_split_whatever_the_seed(tok, tmp_path, monkeypatch):
+    """PPO prompts (phase 3) and SFT rows (phase 1): two stage seeds with one --data_seed see the
+    same rows, built once (one cache entry); another --data_seed sees other rows."""
+    calls = []
+    real = T._phase_examples
+    monkeypatch.setattr(T, "_phase_examples", lambda *a: calls.append(a) or real(*a))
+
+    def prompts(seed, **kw):
+        cfg = DataConfig(data_output_path=str(tmp_path / "cache"), max_samples=60, **kw)
+        ds, _ = T.build_prompt_dataset(cfg, tok, "train", seed, max_prompt_len=4096)
+        return list(ds["prompt_id"])
+
+    def sft(seed, **kw):
+        cfg = DataConfig(data_output_path=str(tmp_path / "cache"), max_samples=60, **kw)
+        return [list(x) for x in T.build_sft_dataset(cfg, tok, "train", seed)["input_ids"]]
+
+    a = prompts(1, data_seed=7)
+    assert a == _phase_ids(7, 3)
+    assert prompts(2, data_seed=7) == a
+    assert len(calls) == 1, "the second seed must load the first one's cache entry"
+    other = prompts(1, data_seed=8)
+    assert other == _phase_ids(8, 3) and set(other) != set(a)
+    assert len(calls) == 2
+    assert sft(1, data_seed=7) == sft(2, data_seed=7) != sft(1, data_seed=8)
+    # default (no --data_seed): the stage's seed splits, as before the flag existed
+    assert prompts(1) == _phase_ids(1, 3) and prompts(2) == _phase_ids(2, 3) != _phase_ids(1, 3)
+    assert prompts(7) == a  # --seed 7 alone splits like --data_seed 7
+
+
+def test_cache_key_holds_the_split_seed(tok, tmp_path):
+    cfg = DataConfig(data_output_path=str(tmp_path))
+    key = T.cache_key(cfg, tok, "train", 5, 1)
+    assert key["seed"] == 5 and "data_seed" not in key["data"]  # the key of runs before the flag
+    pinned = T.cache_key(
+        DataConfig(data_output_path=str(tmp_path), data_seed=5), tok, "train", 9, 1
+    )
+    assert pinned == key
+    assert T.cache_key(cfg, tok, "train", 6, 1) != key
+    moved = DataConfig(data_output_path=str(tmp_path), data_seed=6)
+    assert T.cache_key(moved, tok, "train", 5, 1) != key

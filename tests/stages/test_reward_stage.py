@@ -425,13 +425,16 @@ def test_resume_continues_the_same_run(rm_dir, sft_dir, workdir):
     state = json.loads(latest.read_text())
     assert (copy / "train_state" / "model" / f"step-{SAVE}").is_dir()
     latest.write_text(json.dumps({**state, "tag": f"step-{SAVE}", "step": SAVE}))
-    n_before = len(read_metrics(copy / "metrics.jsonl"))
+    before = read_metrics(copy / "metrics.jsonl")  # the whole run's rows: steps after SAVE too
     _run(
         "marlhf.stages.reward",
         ["--model_name_or_path", str(sft_dir), "--output_dir", str(copy), *RM_ARGS],
         workdir / "cache",
     )
-    resumed = read_metrics(copy / "metrics.jsonl")[n_before:]
+    after = read_metrics(copy / "metrics.jsonl")
+    kept = [r for r in before if r["step"] <= SAVE]
+    assert after[: len(kept)] == kept  # the rows up to the checkpoint, untouched
+    resumed = after[len(kept) :]  # the rows the first attempt logged after it are gone: no doubles
     original = [r for r in read_metrics(rm_dir / "metrics.jsonl") if r["step"] > SAVE]
     assert resumed and min(r["step"] for r in resumed) == SAVE + 1
     keys = ("train/loss", "train/accuracy", "lr", "eval/accuracy", "eval/loss", "eval/chosen_mean")

@@ -107,7 +107,7 @@ def metrics(out: Path) -> list[dict]:
 
 
 def train_losses(out: Path) -> dict[int, float]:
-    """``step -> train/loss`` (the last row wins where a killed run logged a step twice)."""
+    """``step -> train/loss``."""
     return {r["step"]: r["train/loss"] for r in metrics(out) if "train/loss" in r}
 
 
@@ -139,7 +139,7 @@ def tokenizer(tiny_dir: str):
 
 
 @torch.no_grad()
-def eval_ppl(model_dir: str, env: Env, tiny_dir: str) -> float:
+def eval_ppl(model_dir: str, env: Env, tiny_dir: str, **data_kw) -> float:
     """Perplexity of the whole phase-1 eval split under the weights in ``model_dir``, computed here
     with a plain per-row loop over response tokens (not the stage's evaluate)."""
     from transformers import AutoModelForCausalLM
@@ -147,7 +147,7 @@ def eval_ppl(model_dir: str, env: Env, tiny_dir: str) -> float:
     from marlhf.data.tokenize import build_sft_dataset
 
     tok = tokenizer(tiny_dir)
-    ds = build_sft_dataset(data_cfg(env), tok, "eval", seed=1234)
+    ds = build_sft_dataset(data_cfg(env, **data_kw), tok, "eval", seed=1234)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     nll, count = 0.0, 0
     for row in ds:
@@ -352,10 +352,10 @@ def test_resume_from_copied_run_matches_uninterrupted(env, base6):
     latest = copy / "train_state" / "latest.json"
     state = json.loads(latest.read_text())
     latest.write_text(json.dumps({**state, "tag": "step-3", "step": 3}))
-    rows = [r for r in metrics(copy) if r["step"] <= 3]
-    (copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    kept = [r for r in metrics(copy) if r["step"] <= 3]  # metrics.jsonl still holds steps 4..6
 
     env.run(copy, *BASE_FLAGS, "--zero_stage", "0")
+    assert metrics(copy)[: len(kept)] == kept  # the rows up to the checkpoint, untouched
     got, ref = all_train_losses(copy), all_train_losses(base6)
     assert [s for s, _ in got] == [1, 2, 3, 4, 5, 6]
     for (step, loss), (_, loss_ref) in zip(got, ref, strict=True):
@@ -369,7 +369,8 @@ def test_resume_from_copied_run_matches_uninterrupted(env, base6):
 
 def test_sigkill_and_resume_matches_uninterrupted(env, tiny_dir):
     """Kill the process as soon as the first resumable checkpoint is on disk, rerun the same
-    command: every logged step (also those the killed process logged) equals a run never killed."""
+    command: every step is logged once (the killed process's rows after its checkpoint are
+    dropped) and equals a run never killed."""
     flags = ("--per_device_train_batch_size", "2", "--max_steps", "24", "--save_steps", "3")
     ref = env.root / "kill_ref"
     env.run(ref, *flags)
@@ -398,7 +399,7 @@ def test_sigkill_and_resume_matches_uninterrupted(env, tiny_dir):
     env.run(out, *flags)
     ref_losses = train_losses(ref)
     got = all_train_losses(out)
-    assert {s for s, _ in got} == set(range(1, 25))
+    assert [s for s, _ in got] == list(range(1, 25))
     for step, loss in got:
         assert abs(loss - ref_losses[step]) <= 1e-6, (step, loss, ref_losses[step])
     a, b = weights(out), weights(ref)
@@ -426,6 +427,36 @@ def test_two_processes_match_one(launcher, env, base6):
     a, b = weights(out), weights(base6)
     for k in b:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize(("n_eval", "eval_batch"), [(1, 2), (3, 1)])
+def test_zero3_two_processes_with_uneven_eval_shards(n_eval, eval_batch, env, tiny_dir, tmp_path):
+    """ZeRO-3 on two ranks whose eval shards have different batch counts: rank 1 runs padding
+    forwards, since every forward gathers the partitioned parameters collectively (with one eval
+    row and no padding, rank 0's gathers wait for a partner until the timeout). The logged eval is
+    the perplexity of the eval rows, each counted once, under the saved model, recomputed here."""
+    from marlhf.batching import eval_shard
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [
+        {"prompt": f"POST: my cat number {i} ran off today.\nTL;DR: ", "chosen": f"cat {i} ran off"}
+        for i in range(8 + n_eval)
+    ]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    (data / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[8:]))
+    counts = [len(eval_shard(n_eval, eval_batch, 2, r)) for r in (0, 1)]
+    assert counts[0] == counts[1] + 1, counts
+    out = env.root / f"zero3_uneven_eval{n_eval}"
+    flags = (
+        "--data_path", str(data), "--data_split", "1,0,0", "--per_device_train_batch_size", "2",
+        "--per_device_eval_batch_size", str(eval_batch), "--max_steps", "1", "--zero_stage", "3",
+        "--dist_timeout_s", "60",
+    )  # fmt: skip
+    proc = env.run(out, *flags, launcher="torchrun")
+    assert f"8 train / {n_eval} eval examples" in proc.stderr
+    want = eval_ppl(str(out), env, tiny_dir, data_path=(str(data),), data_split="1,0,0")
+    assert last_eval(out)["eval/ppl"] == pytest.approx(want, rel=1e-4)
 
 
 LORA_FLAGS = (
