@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -78,10 +78,13 @@ class TerminationOutput:
         macro_end: (B, A) bool — true on the last token of each macro action, false on padding.
         fallback: (B,) bool — rows where the rule failed and ``fixed`` was used instead (only
             ``parsing`` sets it); None means all false.
+        stats: batch-level values the rule chose, to log with the ``macro/*`` metrics (``entropy``:
+            ``macro/entropy_threshold``, the tau it used).
     """
 
     macro_end: torch.Tensor
     fallback: torch.Tensor | None = None
+    stats: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.fallback is None:
@@ -260,7 +263,8 @@ class EntropyRule:
     With ``--target_macro_len L*`` tau is chosen per batch: with N valid tokens, R non-empty rows and F
     boundaries forced by ``--eos_own_macro``, the K = round(N / L*) - R - F highest candidate entropies
     (tokens j >= 1, excluding a forced EOS) become boundaries — tau is the (K+1)-th highest — so the
-    pooled mean length N / #macros is about L* (exact without ties).
+    pooled mean length N / #macros is about L* (exact without ties). The tau used is reported as
+    ``macro/entropy_threshold`` (inf when no boundary is wanted, -inf when every candidate is one).
     """
 
     needs: frozenset[str] = frozenset({"ref_entropy"})
@@ -301,7 +305,10 @@ class EntropyRule:
         )  # (B, A) token j starts a macro
         macro_end = torch.zeros_like(mask)
         macro_end[:, :-1] = starts[:, 1:]
-        return TerminationOutput(macro_end=(macro_end | _last_valid(mask)) & mask)
+        return TerminationOutput(
+            macro_end=(macro_end | _last_valid(mask)) & mask,
+            stats={"macro/entropy_threshold": tau},
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,7 +366,7 @@ class _CheckedRule:
             own = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
             before_last = _positions(mask) == (n_valid - 2)[:, None]
             macro_end = macro_end | (before_last & own[:, None])
-        return TerminationOutput(macro_end=macro_end, fallback=out.fallback)
+        return TerminationOutput(macro_end=macro_end, fallback=out.fallback, stats=out.stats)
 
 
 def build_termination(cfg: MacroConfig, tokenizer: Any = None) -> TerminationRule:

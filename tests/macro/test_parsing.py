@@ -174,6 +174,162 @@ def test_token_char_spans_partial_utf8_characters():
     assert pieces == ["c", "a", "f", "", "é", " ", "", "", "", "🙂", "!"]
 
 
+# --------------------------------------------------------------------------------------------------
+# token_char_spans (incremental) against the straightforward O(A^2) rule it replaces
+
+
+def _reference_spans(tok, ids: list[int], skip_special_tokens: bool = True):
+    """The original rule, written out: decode every prefix ids[:k+1] (no clean-up of spaces); token
+    k ends where that prefix stops agreeing with the full text, never before the previous end; the
+    last token ends at the end of the text."""
+
+    def decode(seq):
+        if hasattr(tok, "backend_tokenizer"):
+            return tok.backend_tokenizer.decode(seq, skip_special_tokens=skip_special_tokens)
+        return tok.decode(seq, skip_special_tokens=skip_special_tokens)
+
+    text = decode(ids)
+    spans, prev = [], 0
+    for k in range(len(ids)):
+        prefix = decode(ids[: k + 1])
+        if k == len(ids) - 1:
+            end = len(text)
+        elif prefix.startswith(text[:prev]):
+            end = prev
+            while end < min(len(prefix), len(text)) and prefix[end] == text[end]:
+                end += 1
+        else:
+            end = prev
+        spans.append((prev, end))
+        prev = end
+    return text, spans
+
+
+MULTILINGUAL = [
+    "café crème, naïve Zoë — “quoted” text…",
+    "日本語のテキストと emoji 🙂🎉👍🏽 mixed in.",
+    'Tom said "I don\'t know."\n\n  - item one\n\tTabbed  double  spaces\n',
+    "I do not think so , he said ' yes ' . Why ? Because !",
+    "def f(x):\n    return x ** 2  # ünïcödé comment\n",
+]
+
+
+def _sentencepiece() -> PreTrainedTokenizerFast:
+    """A Llama/Gemma-style tokenizer: "▁" for spaces, byte fallback (<0xNN>) for unknown characters,
+    and a decoder that strips the first leading space (not prefix-stable on the first token)."""
+    import json
+
+    from tokenizers import normalizers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tok.train_from_iterator(
+        CORPUS + MULTILINGUAL[:1],
+        trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<pad>", "<eos>"]),
+    )
+    spec = json.loads(tok.to_str())
+    for b in range(256):
+        spec["model"]["vocab"].setdefault(f"<0x{b:02X}>", len(spec["model"]["vocab"]))
+    spec["model"]["byte_fallback"] = True
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        unk_token="<unk>",
+        pad_token="<pad>",
+        eos_token="<eos>",
+    )
+
+
+def _id_sequences(tok, seed: int) -> list[list[int]]:
+    """Random ids (any token: byte pieces of multi-byte characters, specials, "##" pieces) and
+    slices of encoded text starting and ending anywhere, with special tokens dropped in."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(tok)
+    specials = tok.all_special_ids
+    encoded = [tok.encode(t, add_special_tokens=False) for t in CORPUS + MULTILINGUAL]
+    seqs = []
+    for i in range(120):
+        n = int(torch.randint(1, 40 if i < 100 else 300, (1,), generator=g))
+        seqs.append(torch.randint(0, vocab, (n,), generator=g).tolist())
+    for i in range(120):
+        a = encoded[i % len(encoded)] + encoded[(i * 7 + 3) % len(encoded)]
+        s = int(torch.randint(0, len(a), (1,), generator=g))
+        e = int(torch.randint(s + 1, len(a) + 1, (1,), generator=g))
+        row = a[s:e]
+        for _ in range(int(torch.randint(0, 3, (1,), generator=g))):
+            at = int(torch.randint(0, len(row) + 1, (1,), generator=g))
+            row.insert(at, specials[int(torch.randint(0, len(specials), (1,), generator=g))])
+        seqs.append(row)
+    seqs.append(sum(encoded, []) * 3)  # a long realistic row (several hundred tokens)
+    return seqs
+
+
+@pytest.mark.parametrize("name", ["bpe", "wordpiece", "sentencepiece"])
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_token_char_spans_equals_the_prefix_rule(name, skip_special_tokens):
+    tok = _sentencepiece() if name == "sentencepiece" else TOKENIZERS[name]
+    for ids in _id_sequences(tok, seed=len(name) + 10 * skip_special_tokens):
+        want = _reference_spans(tok, ids, skip_special_tokens)
+        assert token_char_spans(tok, ids, skip_special_tokens) == want, ids
+
+
+class _WordDecoder:
+    """A slow tokenizer over a word list; "\\b" deletes the character before it, like a decoder that
+    rewrites earlier text. Subclasses break the incremental assumption in different ways."""
+
+    words = ["The", " cat", " sat", "\b", "t", "", " on", " the", " mat", "."]
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        out = ""
+        for i in ids:
+            out = out[:-1] if self.words[i] == "\b" else out + self.words[i]
+        return out
+
+
+class _Marked(_WordDecoder):
+    """More than five tokens decode with a trailing "!": the pieces miss it (final check)."""
+
+    def decode(self, ids, **kw):
+        return super().decode(ids) + ("!" if len(ids) > 5 else "")
+
+
+class _Lagging(_WordDecoder):
+    """Six to ten tokens decode without their last token: pieces add up, prefixes do not (spot
+    checks of the prefixes)."""
+
+    def decode(self, ids, **kw):
+        return super().decode(ids[:-1] if 6 <= len(ids) <= 10 else ids)
+
+
+SENTENCE = [0, 1, 2, 6, 7, 8, 9]  # The cat sat on the mat.
+
+
+@pytest.mark.parametrize(
+    "tok, ids, incremental",
+    [
+        # deletes: "The cat" -> "The ca" (shrinks below the previous end), "" keeps it there
+        (_WordDecoder(), [0, 1, 3, 5, 4, 2, 6, 3, 3, 6, 9], True),
+        (_WordDecoder(), SENTENCE * 4 + [3, 5, 5, 4] + SENTENCE, True),
+        # "The catt" is not a prefix of the text "The cat. on", though " on" continues it there
+        (_WordDecoder(), [0, 1, 4, 6, 3, 3, 3, 3, 9, 6], True),
+        (_Marked(), SENTENCE * 3, False),
+        (_Marked(), SENTENCE[:6], False),
+        (_Lagging(), SENTENCE * 3, False),
+    ],
+)
+def test_token_char_spans_non_incremental_decoders(tok, ids, incremental):
+    pieces = parsing._incremental_spans(tok, ids, tok.decode(ids), True)
+    assert (pieces is not None) == incremental  # otherwise a check caught it: the O(A^2) rule runs
+    assert token_char_spans(tok, ids) == _reference_spans(tok, ids)
+
+
 def test_split_sentences():
     t = 'He left.  "Why?" she asked.\nMr. Brown met J. Smith at 5 p.m. today.\n\n\n(See above.) Done'
     got = [t[s:e] for s, e in split_sentences(t)]
@@ -321,6 +477,20 @@ def test_spacy_backend_hand_built_doc():
     trees = SpacyBackend(nlp=docs.__getitem__).parse(text)
     assert [text[t.start : t.end] for t in trees] == ["The big cat sat.", "It ran."]
     assert [text[c.start : c.end] for c in trees[1].children] == ["It", "ran", "."]
+
+    class Piped:  # a pipeline with nlp.pipe: the sentences go through it in one batch
+        batches: list[list[str]] = []
+
+        def __call__(self, text):
+            raise AssertionError("called per sentence")
+
+        def pipe(self, texts):
+            self.batches.append(list(texts))
+            return [docs[t] for t in self.batches[-1]]
+
+    piped = Piped()
+    assert SpacyBackend(nlp=piped).parse(text) == trees
+    assert piped.batches == [["The big cat sat.", "It ran."]]
 
 
 def test_fallback_on_backend_exception(caplog):
