@@ -596,7 +596,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: per size)")
     ap.add_argument("--jobs", type=int, default=None, help="PPO runs at once (default: per size)")
     ap.add_argument(
-        "--model_name_or_path", default="tiny", help="base model of SFT (default: embedded tiny)"
+        "--model_name_or_path",
+        default="tiny-base",
+        help="base model of SFT (default: the shipped pretrained tiny model)",
+    )
+    ap.add_argument(
+        "--reward_source",
+        choices=("gold", "rm"),
+        default="gold",
+        help="PPO's reward: the task's gold score (an oracle: compares the RL algorithms without "
+        "the reward model's errors; default) or the learned reward model",
     )
     ap.add_argument("--final_window", type=int, default=5, help="steps averaged for final values")
     ap.add_argument("--smooth_window", type=int, default=5, help="trailing smoothing of curves")
@@ -625,13 +634,21 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.analyze_only:
         env = _env(size)
-        common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
+        # one data split for every run (--seed varies only the RL randomness)
+        common = [
+            "--data_output_path",
+            str(out / "data_cache"),
+            "--data_seed",
+            "1234",
+            "--disable_progress_bar",
+        ]
         t_start = time.time()
         # 1. shared SFT and reward model
         stages = stage_args(out, size, args.model_name_or_path, common)
         _run("SFT", stages["sft"], out / "sft" / "model.safetensors", out / "logs" / "sft.log", env)
         _run("RM", stages["rm"], out / "rm" / "reward_config.json", out / "logs" / "rm.log", env)
         # 2. every (arm, seed), seed-major so partial results cover every arm
+        reward = args.reward_source
         jobs = [(arm, seed) for seed in seeds for arm in arms]
 
         def one(job: tuple[str, int]) -> str | None:
@@ -639,7 +656,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 _run(
                     f"{arm} seed {seed}",
-                    ppo_args(out, arm, seed, steps, size, common),
+                    [*ppo_args(out, arm, seed, steps, size, common), "--reward_source", reward],
                     run_dir(out, arm, seed) / "actor" / "model.safetensors",
                     out / "logs" / f"{arm}_seed{seed}.log",
                     env,

@@ -15,13 +15,14 @@ SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 
 @dataclass
 class ModelConfig:
-    """Model loading: hub id, local directory, or `tiny` (the embedded default)."""
+    """Model loading: hub id, local directory, `tiny` (the embedded default) or `tiny-base`."""
 
     model_name_or_path: str = field(
         default="tiny",
         metadata={
-            "help": "Hub id (e.g. google/gemma-2b), local HF directory, or `tiny` for the embedded "
-            "tiny Gemma-architecture model built from the bundled corpus."
+            "help": "Hub id (e.g. google/gemma-2b), local HF directory, `tiny` for the embedded "
+            "tiny Gemma-architecture model built from the bundled corpus (random init), or "
+            "`tiny-base`: the same model shipped pretrained on generated posts (see marlhf.tiny)."
         },
     )
     tokenizer_name_or_path: str | None = field(

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Settings sized for 2 CPU cores and a few minutes in all; the real recipes are in training/*/run_gemma.sh.
 SFT_FLAGS = [
     "--model_name_or_path",
-    "tiny",
+    "tiny-base",
     "--data_path",
     "synthetic-tldr",
     "--max_seq_len",
@@ -35,9 +35,9 @@ SFT_FLAGS = [
     "--per_device_eval_batch_size",
     "32",
     "--learning_rate",
-    "3e-3",
+    "5e-4",
     "--num_train_epochs",
-    "6",
+    "2",
     "--warmup_ratio",
     "0.05",
     "--lr_scheduler_type",
@@ -57,9 +57,9 @@ RM_FLAGS = [
     "--per_device_eval_batch_size",
     "32",
     "--learning_rate",
-    "1e-3",
+    "3e-4",
     "--num_train_epochs",
-    "2",
+    "4",
     "--warmup_ratio",
     "0.05",
     "--zero_stage",
@@ -141,6 +141,13 @@ def main(argv: list[str] | None = None) -> None:
         "--eval_prompts", type=int, default=128, help="held-out prompts for the comparison"
     )
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument(
+        "--reward_source",
+        choices=("rm", "gold"),
+        default="rm",
+        help="PPO's reward: the trained reward model (the pipeline, default) or the synthetic "
+        "task's gold score (an oracle; shows what the RL stage does without the RM's errors)",
+    )
     args = ap.parse_args(argv)
 
     out = Path(args.output_dir).resolve()
@@ -195,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
                 "fixed",
                 "--ngram",
                 str(n),
+                "--reward_source",
+                args.reward_source,
                 "--max_steps",
                 str(args.ppo_steps),
                 "--output_dir",
@@ -244,7 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     # 6. the comparison report
     from marlhf.report import write_report
 
-    report = write_report(out, results, {k: out / k for k in runs}, ngram=args.ngram)
+    report = write_report(
+        out, results, {k: out / k for k in runs}, ngram=args.ngram, reward_source=args.reward_source
+    )
     print(f"[demo] 6/6 report: {report}  (total {time.time() - t_start:.0f}s)", flush=True)
     print(report.read_text())
 

@@ -17,7 +17,12 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """``tiny`` -> the cached embedded model (built on first use); anything else unchanged."""
+    """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
+    shipped pretrained tiny model; anything else unchanged."""
+    if name_or_path == "tiny-base":
+        from marlhf.tiny import ensure_tiny_base
+
+        return ensure_tiny_base()
     if name_or_path == "tiny":
         from marlhf.tiny import ensure_tiny
 

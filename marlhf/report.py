@@ -74,7 +74,11 @@ def plot_curves(run_dirs: dict[str, Path], path: Path) -> Path | None:
 
 
 def write_report(
-    out: Path, results: dict[str, Path], run_dirs: dict[str, Path], ngram: int
+    out: Path,
+    results: dict[str, Path],
+    run_dirs: dict[str, Path],
+    ngram: int,
+    reward_source: str = "rm",
 ) -> Path:
     rows = {name: _rows(p) for name, p in results.items() if p.exists()}
     lines = ["# ma-rlhf embedded pipeline: comparison report", ""]
@@ -82,6 +86,13 @@ def write_report(
         "Tiny Gemma-architecture model on the bundled synthetic TL;DR task (CPU). *RM score*: the trained",
         "reward model's end score; *gold*: the synthetic task's true quality of the summary",
         "(`marlhf.data.synthetic.gold_score`, which the policies never see).",
+        "PPO's reward: "
+        + (
+            "the trained reward model."
+            if reward_source == "rm"
+            else "the gold score itself (`--reward_source gold`, an oracle), so RM scores are only "
+            "diagnostics."
+        ),
         "",
         "| policy | n | RM score (mean ± sd) | gold (mean ± sd) | response tokens | EOS rate |",
         "|---|---|---|---|---|---|",

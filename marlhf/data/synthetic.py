@@ -389,3 +389,23 @@ def generate(n: int, seed: int, split: str = "train", id_offset: int = 0) -> lis
         row["choice"] = 0 if rng.random() < _sigmoid(BETA * (g0 - g1)) else 1
         rows.append(row)
     return rows
+
+
+def pretraining_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` fresh posts with a correct summary each, as ``{"id", "prompt", "chosen"}`` rows.
+
+    The corpus of the embedded *pretrained* tiny model (``tiny-base``, see ``marlhf.tiny``): it plays
+    the part of the web text a real base model has read before fine-tuning, so the base can already
+    read a post and write a TL;DR in the right format, but binds events to the wrong people often
+    (that is what SFT and RLHF then improve). The summaries are ``complete`` or ``reordered``; the
+    random stream (``"pretrain/{seed}"``) is not the one of the bundled comparisons.
+    """
+    rng = random.Random(f"pretrain/{seed}")
+    rows = []
+    for i in range(n):
+        sub, _title, post, facts, distractors = _make_post(rng)
+        kind = rng.choice(("complete", "reordered"))
+        summary = _candidate(kind, facts, distractors, rng)
+        prompt = prompt_of({"info": {"subreddit": sub, "post": post}})
+        rows.append({"id": i, "prompt": prompt, "chosen": summary})
+    return rows

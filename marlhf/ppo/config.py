@@ -208,8 +208,9 @@ class PPOConfig:
     reward_source: str = field(
         default="rm",
         metadata={
-            "help": "`rm`, `code` (execute against test cases, APPS) or `rm+code`.",
-            "choices": ("rm", "code", "rm+code"),
+            "help": "`rm`, `code` (execute against test cases, APPS), `rm+code`, or `gold`: the "
+            "synthetic task's gold score (an oracle reward for experiments, synthetic-tldr prompts only).",
+            "choices": ("rm", "code", "rm+code", "gold"),
         },
     )
     ratio_level: str = field(

@@ -709,13 +709,28 @@ def sequence_scores(
     ppo: PPOConfig,
     rewarder=None,
     score_stats=None,
+    oracle=None,
+    prompt_texts: list[str] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """4. The sequence-level reward of each response, (B,): the reward model's end score
     (normalised with ``--normalize_reward``) plus, with a ``rewarder`` (``--reward_source code`` or
-    ``rm+code``), the execution reward of the program against ``metas[b]``'s tests. Returns the
-    scores and the ``code/*`` metrics ({} without a rewarder). ``make_experience`` puts the
-    (clipped) score on each row's last valid token."""
+    ``rm+code``), the execution reward of the program against ``metas[b]``'s tests, plus, with an
+    ``oracle`` (``--reward_source gold``: ``oracle(prompt, response_text) -> float``), the oracle's
+    score of each response to ``prompt_texts[b]``. Returns the scores and the ``code/*`` metrics
+    ({} without a rewarder). ``make_experience`` puts the (clipped) score on each row's last valid
+    token."""
     scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
+    if oracle is not None:
+        if prompt_texts is None or len(prompt_texts) != len(scores):
+            raise ValueError("an oracle reward needs one prompt text per response")
+        texts = tokenizer.batch_decode(
+            ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
+            skip_special_tokens=True,
+        )
+        scores = scores + torch.tensor(
+            [float(oracle(p, r)) for p, r in zip(prompt_texts, texts, strict=True)],
+            device=scores.device,
+        )
     stats: dict[str, float] = {}
     raw_rm = scored.get("scores")
     if raw_rm is not None:
@@ -800,6 +815,11 @@ def train(cfg: PPOStageConfig) -> Path:
         else FixedKLController(ppo.kl_ctl)
     )
     gold = _gold_scorer(cfg)
+    if ppo.reward_source == "gold" and gold is None:
+        raise ValueError(
+            "--reward_source gold needs the synthetic task's prompts (--data_path synthetic-tldr): "
+            "the gold score is only defined there"
+        )
     rewarder = None
     if ppo.reward_source in ("code", "rm+code"):
         from marlhf.code_reward import CodeRewarder
@@ -944,7 +964,15 @@ def train(cfg: PPOStageConfig) -> Path:
         # 4. sequence-level reward: RM score (normalised if asked) and/or execution reward
         t0 = time.perf_counter()
         scores, code_metrics = sequence_scores(
-            ro, scored, metas, tokenizer, ppo, rewarder, score_stats
+            ro,
+            scored,
+            metas,
+            tokenizer,
+            ppo,
+            rewarder,
+            score_stats,
+            oracle=gold if ppo.reward_source == "gold" else None,
+            prompt_texts=prompt_texts,
         )
         if rewarder is not None:
             times["time/code_reward"] = time.perf_counter() - t0
