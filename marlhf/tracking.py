@@ -7,13 +7,15 @@ A run started at ``start_step`` (the step of the checkpoint it resumed from, 0 f
 logs every step after it again, so the rows of later steps that a killed run had logged are dropped
 first: ``metrics.jsonl`` keeps its rows with ``step <= start_step`` (rewritten atomically, only when
 something goes) and TensorBoard hides the old events from ``start_step + 1`` on (``purge_step``).
-Readers then see one row per step and metric.
+Readers then see one row per step and metric. The JSONL is strict JSON: a non-finite value is
+written as ``null`` there (TensorBoard gets the value itself).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -98,7 +100,11 @@ class Tracker:
         if self.writer is not None:
             for k, v in clean.items():
                 self.writer.add_scalar(k, v, step)
-        self.jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        # strict JSON: a non-finite value (e.g. an entropy threshold of +inf) is written as null
+        row = {k: (v if math.isfinite(v) else None) for k, v in clean.items()}
+        self.jsonl.write(
+            json.dumps({"step": step, "time": time.time(), **row}, allow_nan=False) + "\n"
+        )
 
     def close(self) -> None:
         if self.writer is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from marlhf.config import LoggingConfig
 from marlhf.tracking import Tracker, read_metrics, truncate_metrics
 
@@ -57,3 +59,16 @@ def test_truncate_drops_a_torn_last_line_and_leaves_a_clean_file_alone(tmp_path)
     assert truncate_metrics(path, 2) == 0 and path.stat().st_ino == inode  # not rewritten
     assert truncate_metrics(path, 0) == 2 and path.read_text() == ""  # a fresh start
     assert truncate_metrics(tmp_path / "absent.jsonl", 0) == 0
+
+
+def test_non_finite_values_are_null_in_strict_json(tmp_path):
+    from marlhf.config import LoggingConfig
+    from marlhf.tracking import Tracker
+
+    t = Tracker(LoggingConfig(output_dir=str(tmp_path), enable_tensorboard=False))
+    t.log({"macro/entropy_threshold": float("inf"), "loss": float("nan"), "ok": 1.5}, 1)
+    t.close()
+    line = (tmp_path / "metrics.jsonl").read_text().strip()
+    assert "Infinity" not in line and "NaN" not in line
+    row = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert row["macro/entropy_threshold"] is None and row["loss"] is None and row["ok"] == 1.5
