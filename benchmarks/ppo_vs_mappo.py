@@ -331,7 +331,7 @@ def _pm(x: tuple[float, float], digits: int = 3) -> str:
 def markdown_table(rows: Sequence[ArmSummary], baseline: str = BASELINE) -> str:
     """The results table (markdown)."""
     lines = [
-        "| arm | seeds | steps | final gold | Δ gold vs PPO | final RM score | final KL | "
+        "| arm | seeds | steps | final gold | Δ gold vs PPO | final PPO reward | final KL | "
         "mean macro len | s / step | reaches PPO's final gold at step | speed-up | seeds reaching |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -423,7 +423,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("gold", "gold score (true quality)"), ("score", "reward-model score")]
+    panels = [("gold", "gold score (true quality)"), ("score", "PPO reward (RM score; the gold score with --reward_source gold)")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (key, title) in zip(axes, panels, strict=True):
         for arm, seeds in runs.items():

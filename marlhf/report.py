@@ -127,7 +127,7 @@ def write_report(
         "",
         "## Training runs",
         "",
-        "| run | steps | final RM score | final gold | final KL | macro actions / response | mean macro length | s / step |",
+        "| run | steps | final PPO reward | final gold | final KL | macro actions / response | mean macro length | s / step |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, d in run_dirs.items():
