@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Stage 1 (SFT) on the embedded default: the tiny Gemma-architecture model and the bundled synthetic
-# TL;DR data, on CPU in about a minute. Usage: run_tiny.sh [OUTPUT_DIR] [extra flags...]
+# Stage 1 (SFT) on the embedded default: the tiny Gemma-architecture model, shipped pretrained
+# (tiny-base, see marlhf/tiny.py), and the bundled synthetic TL;DR data, on CPU in under a minute. Usage: run_tiny.sh [OUTPUT_DIR] [extra flags...]
 set -euo pipefail
 OUTPUT=${1:-./output/tiny/sft}
 shift || true
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 mkdir -p "$OUTPUT"
 python -m marlhf.stages.sft \
-   --model_name_or_path tiny \
+   --model_name_or_path tiny-base \
    --data_path synthetic-tldr \
    --data_split 2,4,4 \
    --data_output_path "$OUTPUT/../data_cache" \
@@ -15,9 +15,9 @@ python -m marlhf.stages.sft \
    --per_device_train_batch_size 16 \
    --per_device_eval_batch_size 32 \
    --gradient_accumulation_steps 1 \
-   --learning_rate 2e-3 \
+   --learning_rate 5e-4 \
    --weight_decay 0.0 \
-   --num_train_epochs 3 \
+   --num_train_epochs 2 \
    --lr_scheduler_type cosine \
    --warmup_ratio 0.05 \
    --seed 1234 \
