@@ -2,7 +2,6 @@
 format, the execution reward from the sandbox, and where the trainer puts it."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env as _env
 
 from marlhf.tracking import read_metrics
 
@@ -143,20 +143,6 @@ def tiny(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("apps")
     return base, build_tiny(base / "actor"), _write_apps(base / "apps")
-
-
-def _env(home: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        MARLHF_HOME=str(home),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 # --------------------------------------------------------------------------------------------------

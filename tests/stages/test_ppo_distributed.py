@@ -31,7 +31,6 @@ with ``--generation_backend hf`` the prompts' left-padding width, which follows 
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env as _env
 
 from marlhf.tracking import read_metrics
 
@@ -55,20 +55,6 @@ FLAGS = (
     "--ppo_epochs", "2", "--actor_learning_rate", "1e-4", "--critic_learning_rate", "1e-4",
     "--max_steps", "2", "--seed", "1234", "--disable_progress_bar",
 )  # fmt: skip
-
-
-def _env(home: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        MARLHF_HOME=str(home),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def _free_port() -> int:

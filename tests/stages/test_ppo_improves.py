@@ -15,32 +15,18 @@ Measured 2026-11-23 on 2 CPU cores (128 prompts, 2 min 8 s for the test): SFT go
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env as _env
 
 from marlhf.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def _env(home: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        MARLHF_HOME=str(home),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def _run(args: list[str], home: Path) -> None:
