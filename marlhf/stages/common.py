@@ -1,4 +1,8 @@
-"""What every stage does around its own loop: process group, seeding, logging, progress, resume."""
+"""What every stage does around its own loop: process group, seeding, logging, progress, resume.
+
+The supervised stages (SFT, reward model) share their whole loop, :func:`supervised_loop`: they
+differ only in what one optimizer step, an evaluation and a saved model are.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,28 @@ import logging
 import os
 import random
 import sys
+import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from marlhf.distributed import init_distributed, is_main, world_size
+from marlhf.batching import epoch_permutation, step_micro_batches, steps_per_epoch
+from marlhf.checkpoint import (
+    find_resume,
+    load_train_state,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+    write_json,
+)
+from marlhf.cli import config_to_dict
+from marlhf.config import LoggingConfig, OptimConfig
+from marlhf.distributed import init_distributed, is_main, rank, world_size
+from marlhf.tracking import Tracker
 
 
 def setup_logging() -> None:
@@ -69,3 +88,167 @@ def ensure_output_dir(path: str) -> Path:
     if is_main():
         out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def to_device(batch: dict, device) -> dict:
+    """A collated batch with its tensors moved to ``device``."""
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def write_run_config(out: Path, cfg, ds_json: dict) -> dict:
+    """Write the resolved ``cfg`` (``run_config.json``) and ``ds_json`` (``ds_config.json``) into
+    ``out`` on rank 0; return the run config, which is saved next to every checkpoint too."""
+    run_config = config_to_dict(cfg)
+    if is_main():
+        write_json(out / "run_config.json", run_config)
+        write_json(out / "ds_config.json", ds_json)
+    return run_config
+
+
+# --------------------------------------------------------------------------------------------------
+# the supervised stages' loop (SFT, reward model)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How a supervised stage walks its training rows: each optimizer step takes ``accumulation``
+    micro-batches of ``micro`` rows on each of ``world`` ranks; an epoch is ``steps_per_epoch`` such
+    global batches (the rest of the rows is dropped); the run is ``total`` optimizer steps."""
+
+    micro: int
+    accumulation: int
+    world: int
+    steps_per_epoch: int
+    total: int
+
+    @property
+    def global_batch(self) -> int:
+        """Rows per optimizer step, over all ranks."""
+        return self.micro * self.accumulation * self.world
+
+
+def plan_steps(n: int, optim: OptimConfig, split: str, unit: str) -> StepPlan:
+    """The plan for ``n`` training rows (``unit``: what a row is, for the error) of the ``split``:
+    ``--num_train_epochs`` epochs, capped at ``--max_steps`` when given.
+
+    >>> from marlhf.config import OptimConfig
+    >>> optim = OptimConfig(per_device_train_batch_size=2, num_train_epochs=3)
+    >>> plan = plan_steps(10, optim, "SFT split", "examples")
+    >>> plan.steps_per_epoch, plan.total, plan.global_batch
+    (5, 15, 2)
+    """
+    micro, acc, ws = (
+        optim.per_device_train_batch_size,
+        optim.gradient_accumulation_steps,
+        world_size(),
+    )
+    spe = steps_per_epoch(n, micro, acc, ws)
+    if spe == 0:
+        raise ValueError(
+            f"{split} has {n} {unit}, fewer than one global batch "
+            f"({micro} x {acc} x {ws}); lower the batch size or add data"
+        )
+    total = spe * optim.num_train_epochs
+    if optim.max_steps:
+        total = min(total, optim.max_steps)
+    return StepPlan(micro, acc, ws, spe, total)
+
+
+# progress-bar fields shown when the stage reports them: label -> (metric, format)
+_BAR_FIELDS = {"loss": ("train/loss", ".4f"), "acc": ("train/accuracy", ".3f")}
+
+
+def supervised_loop(
+    engine,
+    plan: StepPlan,
+    log_cfg: LoggingConfig,
+    *,
+    n_train: int,
+    seed: int,
+    desc: str,
+    logger: logging.Logger,
+    train_step: Callable[[list[list[int]], int], dict[str, float]],
+    evaluate: Callable[[], dict[str, float]],
+    save_model: Callable[[int, Path, bool], None],
+) -> int:
+    """Train a supervised stage (SFT, reward model) from its latest checkpoint to ``plan.total``
+    optimizer steps; return the last step. The stage gives the algorithm:
+
+    - ``train_step(micro_batches, step)``: one optimizer step on this rank's micro-batches (lists of
+      training-row indices) after ``step`` steps; returns the step's metrics over all ranks
+      (``train/loss`` at least);
+    - ``evaluate()``: the eval metrics (every rank calls it);
+    - ``save_model(step, path, final)``: the model as a directory later stages load (every rank
+      calls it); ``final`` for the last save, into ``output_dir`` itself.
+
+    The loop does the rest, the same for every supervised stage:
+
+    1. resume: engine, optimizer and scheduler, step and RNG from ``output_dir/train_state``
+       (``--resume``); the data position is the step itself (``marlhf.batching``);
+    2. step ``s`` of epoch ``e`` trains on global batch ``s`` of the permutation seeded
+       ``seed + e``;
+    3. every ``--log_interval`` steps and at the last, the step's metrics plus ``lr`` (the rate the
+       step used), ``train/step_time_s`` and ``train/epoch`` (fractional);
+    4. an evaluation every ``--eval_interval`` steps (0: at each epoch's end) and at the last step;
+    5. every ``--save_steps`` steps a model in ``checkpoints/step-N`` and a resumable state (the
+       newest ``--keep_checkpoints`` kept); at the end the final model and state.
+    """
+    out = Path(log_cfg.output_dir)
+    state_root = out / "train_state"
+    global_step = 0
+    found = find_resume(state_root, log_cfg.resume)
+    if found is not None:
+        client = load_train_state({"model": engine}, *found)
+        global_step = client["global_step"]
+        set_rng_state(client["rng"])
+        logger.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
+
+    tracker = Tracker(log_cfg, start_step=global_step)  # drops rows logged after the checkpoint
+    bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
+    engine.train()
+
+    def checkpoint(step: int, path: Path, final: bool) -> None:
+        save_model(step, path, final)
+        client = {"global_step": step, "rng": rng_state()}
+        save_train_state({"model": engine}, state_root, step, client, log_cfg.keep_checkpoints)
+
+    spe, total = plan.steps_per_epoch, plan.total
+    while global_step < total:
+        epoch, step_in_epoch = divmod(global_step, spe)
+        perm = epoch_permutation(n_train, seed, epoch)
+        lr = engine.get_lr()[0]  # the rate this step is taken with (read before engine.step())
+        t0 = time.perf_counter()
+        micro_batches = step_micro_batches(
+            perm, step_in_epoch, plan.micro, plan.accumulation, plan.world, rank()
+        )
+        metrics = train_step(micro_batches, global_step)
+        global_step += 1
+        bar.update(1)
+        shown = {k: f"{metrics[m]:{fmt}}" for k, (m, fmt) in _BAR_FIELDS.items() if m in metrics}
+        bar.set_postfix(**shown, epoch=epoch)
+        if global_step % log_cfg.log_interval == 0 or global_step == total:
+            metrics = {
+                **metrics,
+                "train/step_time_s": time.perf_counter() - t0,
+                "lr": lr,
+                "train/epoch": epoch + (step_in_epoch + 1) / spe,
+            }
+            tracker.log(metrics, global_step)
+        end_of_epoch = global_step % spe == 0
+        if (
+            (log_cfg.eval_interval and global_step % log_cfg.eval_interval == 0)
+            or (not log_cfg.eval_interval and end_of_epoch)
+            or global_step == total
+        ):
+            metrics = evaluate()
+            tracker.log(metrics, global_step)
+            if is_main():
+                logger.info(
+                    "step %d: %s", global_step, {k: round(v, 4) for k, v in metrics.items()}
+                )
+        if log_cfg.save_steps and global_step % log_cfg.save_steps == 0 and global_step < total:
+            checkpoint(global_step, out / "checkpoints" / f"step-{global_step}", final=False)
+    bar.close()
+    checkpoint(global_step, out, final=True)  # the final model is the run directory itself
+    tracker.close()
+    return global_step

@@ -32,30 +32,16 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from marlhf.batching import (
-    epoch_permutation,
-    padded_eval_shard,
-    step_micro_batches,
-    steps_per_epoch,
-)
+from marlhf.batching import padded_eval_shard
 from marlhf.bradley_terry import bt_loss, split_pair
-from marlhf.checkpoint import (
-    find_resume,
-    gather_state_dict,
-    load_train_state,
-    rng_state,
-    save_train_state,
-    set_rng_state,
-    write_json,
-)
-from marlhf.cli import config_to_dict, parse_config
+from marlhf.checkpoint import gather_state_dict, write_json
+from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.distributed import all_reduce_sum, barrier, is_main, rank, world_size
@@ -63,8 +49,14 @@ from marlhf.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.macro import MacroConfig, TerminationInputs, build_termination
 from marlhf.models import TORCH_DTYPES, apply_lora, resolve_model_path
 from marlhf.reward_model import RM_TYPES
-from marlhf.stages.common import ensure_output_dir, progress, start
-from marlhf.tracking import Tracker
+from marlhf.stages.common import (
+    ensure_output_dir,
+    plan_steps,
+    start,
+    supervised_loop,
+    to_device,
+    write_run_config,
+)
 
 log = logging.getLogger("marlhf.reward")
 
@@ -319,10 +311,6 @@ class Scorer:
         return s, end_scores(values, batch["attention_mask"]).detach(), seg_mask
 
 
-def _to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 def _shard(n: int, batch: int, max_batches: int = 0) -> list[tuple[list[int], bool]]:
     """This rank's evaluation batches as ``(indices, real)``, as many on every rank (ZeRO-3's
     collective parameter gathers stay in step; see ``padded_eval_shard``)."""
@@ -351,7 +339,7 @@ def evaluate(
         cfg.optim.seed
     )  # the `randomized` rule: the same cuts every eval
     for idx, real in _shard(len(dataset), cfg.optim.per_device_eval_batch_size, max_batches):
-        batch = _to_device(collate([dataset[i] for i in idx]), engine.device)
+        batch = to_device(collate([dataset[i] for i in idx]), engine.device)
         scores, ends, _ = scorer.scores(engine, batch, gen)
         if not real:
             continue
@@ -413,7 +401,7 @@ def fit_normalizer(engine, dataset, collate, scorer: Scorer):
     rewards, positions = [], []
     gen = torch.Generator().manual_seed(cfg.optim.seed)
     for idx, real in _shard(n, cfg.optim.per_device_eval_batch_size):
-        batch = _to_device(collate([dataset[i] for i in idx]), engine.device)
+        batch = to_device(collate([dataset[i] for i in idx]), engine.device)
         values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         responses = pair_responses(
             batch["input_ids"],
@@ -582,21 +570,8 @@ def train(cfg: RewardStageConfig) -> Path:
     _check_margins(train_ds, cfg)
     collate = PairCollator(tokenizer.pad_token_id)
 
-    micro, acc, ws = (
-        cfg.optim.per_device_train_batch_size,
-        cfg.optim.gradient_accumulation_steps,
-        world_size(),
-    )
-    spe = steps_per_epoch(len(train_ds), micro, acc, ws)
-    if spe == 0:
-        raise ValueError(
-            f"reward-model split has {len(train_ds)} pairs, fewer than one global batch "
-            f"({micro} x {acc} x {ws}); lower the batch size or add data"
-        )
-    total = spe * cfg.optim.num_train_epochs
-    if cfg.optim.max_steps:
-        total = min(total, cfg.optim.max_steps)
-    pairs_per_step = micro * acc * ws
+    plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
+    pairs_per_step = plan.global_batch
 
     scorer = _build_scorer(cfg, tokenizer)
     model = build_reward_model(cfg)
@@ -605,71 +580,36 @@ def train(cfg: RewardStageConfig) -> Path:
         model_cfg=cfg.model,
         ds=cfg.ds,
         optim=cfg.optim,
-        total_steps=total,
-        micro_batch_size=micro,
+        total_steps=plan.total,
+        micro_batch_size=plan.micro,
     )
-    run_config = config_to_dict(cfg)
+    run_config = write_run_config(out, cfg, ds_json)
     if is_main():
-        write_json(out / "run_config.json", run_config)
-        write_json(out / "ds_config.json", ds_json)
         log.info(
             "RM (%s): %d train / %d eval pairs, %d steps/epoch, %d steps",
             cfg.reward.rm_type,
             len(train_ds),
             len(eval_ds),
-            spe,
-            total,
+            plan.steps_per_epoch,
+            plan.total,
         )
-
-    state_root = out / "train_state"
-    global_step = 0
-    found = find_resume(state_root, cfg.log.resume)
-    if found is not None:
-        client = load_train_state({"model": engine}, *found)
-        global_step = client["global_step"]
-        set_rng_state(client["rng"])
-        log.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
-
-    tracker = Tracker(cfg.log, start_step=global_step)  # drops rows logged after the checkpoint
-    bar = progress(total, global_step, "rm", cfg.log.disable_progress_bar)
-    engine.train()
     termination = cfg.macro if scorer.segment else None
-    last_eval: tuple[dict, Any] | None = None
+    last_eval: tuple[dict, Any] | None = None  # (metrics, end-score stats) of the latest evaluation
 
-    def checkpoint(step: int, hf_dir: Path, score_stats=None, normalizer=None, extra=None) -> None:
-        save_reward_checkpoint(
-            engine.module,
-            tokenizer,
-            hf_dir,
-            zero_stage=cfg.ds.zero_stage,
-            rm_type=cfg.reward.rm_type,
-            run_config=run_config,
-            ds_config=ds_json,
-            score_stats=score_stats,
-            normalizer=normalizer,
-            termination=termination,
-            extra={"global_step": step, **(extra or {})},
-        )
-        client = {"global_step": step, "rng": rng_state()}
-        save_train_state({"model": engine}, state_root, step, client, cfg.log.keep_checkpoints)
-
-    while global_step < total:
-        epoch, step_in_epoch = divmod(global_step, spe)
-        perm = epoch_permutation(len(train_ds), cfg.optim.seed, epoch)
-        lr = engine.get_lr()[0]  # the rate this step is taken with (read before engine.step())
-        t0 = time.perf_counter()
+    def train_step(micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
+        """One optimizer step: the Bradley–Terry loss, mean over the global batch's pairs."""
         # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
-        gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + global_step)
+        gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + step)
         sums = torch.zeros(5, dtype=torch.float64)  # loss, wins, margin, segments, segment tokens
-        for idx in step_micro_batches(perm, step_in_epoch, micro, acc, ws, rank()):
-            batch = _to_device(collate([train_ds[i] for i in idx]), engine.device)
+        for idx in micro_batch_indices:
+            batch = to_device(collate([train_ds[i] for i in idx]), engine.device)
             scores, _, seg_mask = scorer.scores(engine, batch, gen)
             chosen, rejected = split_pair(scores)
             n = chosen.shape[0]
             loss = bt_loss(chosen, rejected, scorer.margin(batch), cfg.reward.center_rewards_coef)
             # bt_loss is a mean over this micro-batch's n pairs; rescale to a share of the global
-            # batch's mean (× ws: DeepSpeed averages gradients over ranks).
-            engine.backward(loss * (n * ws / pairs_per_step), scale_wrt_gas=False)
+            # batch's mean (× world: DeepSpeed averages gradients over ranks).
+            engine.backward(loss * (n * plan.world / pairs_per_step), scale_wrt_gas=False)
             engine.step()
             with torch.no_grad():
                 c, r = chosen.detach().double(), rejected.detach().double()
@@ -685,70 +625,70 @@ def train(cfg: RewardStageConfig) -> Path:
                     ],
                     dtype=torch.float64,
                 )
-        global_step += 1
         sums = all_reduce_sum(sums)
-        loss = float(sums[0] / pairs_per_step)
-        accuracy = float(sums[1] / pairs_per_step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.4f}", acc=f"{accuracy:.3f}", epoch=epoch)
-        if global_step % cfg.log.log_interval == 0 or global_step == total:
-            metrics = {
-                "train/loss": loss,
-                "train/accuracy": accuracy,
-                "train/margin_mean": float(sums[2] / pairs_per_step),
-                "train/step_time_s": time.perf_counter() - t0,
-                "lr": lr,
-                "train/epoch": epoch + (step_in_epoch + 1) / spe,
-            }
-            if scorer.segment:
-                metrics["macro/segments_mean"] = float(sums[3] / (2 * pairs_per_step))
-                metrics["macro/mean_len"] = float(sums[4] / sums[3].clamp(min=1))
-            tracker.log(metrics, global_step)
-        end_of_epoch = global_step % spe == 0
-        if (
-            (cfg.log.eval_interval and global_step % cfg.log.eval_interval == 0)
-            or (not cfg.log.eval_interval and end_of_epoch)
-            or global_step == total
-        ):
-            last_eval = evaluate(engine, eval_ds, collate, scorer, cfg.log.eval_iters)
-            tracker.log(last_eval[0], global_step)
-            if is_main():
-                log.info(
-                    "step %d: %s", global_step, {k: round(v, 4) for k, v in last_eval[0].items()}
-                )
-        if cfg.log.save_steps and global_step % cfg.log.save_steps == 0 and global_step < total:
-            checkpoint(
-                global_step,
-                out / "checkpoints" / f"step-{global_step}",
-                score_stats=last_eval[1] if last_eval else None,
-            )
-    bar.close()
+        metrics = {
+            "train/loss": float(sums[0] / pairs_per_step),
+            "train/accuracy": float(sums[1] / pairs_per_step),
+            "train/margin_mean": float(sums[2] / pairs_per_step),
+        }
+        if scorer.segment:
+            metrics["macro/segments_mean"] = float(sums[3] / (2 * pairs_per_step))
+            metrics["macro/mean_len"] = float(sums[4] / sums[3].clamp(min=1))
+        return metrics
 
-    # Final artefacts: end-score statistics over the WHOLE eval split (for PPO's reward
-    # normalisation) and, for a segment RM, the location-aware normaliser.
-    if last_eval is None or cfg.log.eval_iters:
-        last_eval = evaluate(engine, eval_ds, collate, scorer, 0)
-    metrics, score_stats = last_eval
-    normalizer = None
-    if scorer.segment:
-        norm_ds = train_ds if cfg.reward.normalizer_split == "train" else eval_ds
-        normalizer = fit_normalizer(engine, norm_ds, collate, scorer)
-        if is_main():
-            log.info("location normaliser: %s", normalizer)
-    checkpoint(
-        global_step,
-        out,
-        score_stats=score_stats,
-        normalizer=normalizer,
-        extra={"eval_accuracy": metrics["eval/accuracy"]},
-    )  # the final model is the run directory itself
-    tracker.close()
+    def run_eval() -> dict[str, float]:
+        nonlocal last_eval
+        last_eval = evaluate(engine, eval_ds, collate, scorer, cfg.log.eval_iters)
+        return last_eval[0]
+
+    def save_model(step: int, path: Path, final: bool) -> None:
+        """One reward-model directory. An intermediate one holds the end-score statistics of the
+        latest evaluation; the final one those over the WHOLE eval split (for PPO's reward
+        normalisation) and, for a segment RM, the location-aware normaliser."""
+        nonlocal last_eval
+        normalizer, extra = None, {"global_step": step}
+        if final:
+            if last_eval is None or cfg.log.eval_iters:
+                last_eval = evaluate(engine, eval_ds, collate, scorer, 0)
+            extra["eval_accuracy"] = last_eval[0]["eval/accuracy"]
+            if scorer.segment:
+                norm_ds = train_ds if cfg.reward.normalizer_split == "train" else eval_ds
+                normalizer = fit_normalizer(engine, norm_ds, collate, scorer)
+                if is_main():
+                    log.info("location normaliser: %s", normalizer)
+        save_reward_checkpoint(
+            engine.module,
+            tokenizer,
+            path,
+            zero_stage=cfg.ds.zero_stage,
+            rm_type=cfg.reward.rm_type,
+            run_config=run_config,
+            ds_config=ds_json,
+            score_stats=last_eval[1] if last_eval else None,
+            normalizer=normalizer,
+            termination=termination,
+            extra=extra,
+        )
+
+    supervised_loop(
+        engine,
+        plan,
+        cfg.log,
+        n_train=len(train_ds),
+        seed=cfg.optim.seed,
+        desc="rm",
+        logger=log,
+        train_step=train_step,
+        evaluate=run_eval,
+        save_model=save_model,
+    )
     if is_main():
+        assert last_eval is not None  # the final save evaluated
         log.info(
             "reward model saved to %s (score mean %.4f, std %.4f)",
             out,
-            score_stats.mean,
-            score_stats.std,
+            last_eval[1].mean,
+            last_eval[1].std,
         )
     return out
 
