@@ -43,6 +43,7 @@ __all__ = [
     "TerminationOutput",
     "TerminationRule",
     "build_termination",
+    "derive_row_seeds",
     "register_rule",
 ]
 
@@ -59,7 +60,16 @@ class TerminationInputs:
         ref_logprobs: (B, A) float | None — log p_ref(a_t | s_t) of each sampled token (``ppl``).
         ref_entropy: (B, A) float | None — entropy of p_ref( . | s_t), the distribution token t was
             sampled from (``entropy``).
-        generator: torch.Generator | None — randomness for ``randomized`` (None: torch's default).
+        generator: torch.Generator | None — randomness for ``randomized`` without ``row_seeds``: the
+            rows' seeds are drawn from it (None: torch's default generator).
+        row_seeds: (B,) long | None — ``randomized``: row b's lengths are drawn from a generator
+            seeded with ``row_seeds[b]``, so they depend on nothing else in the batch (not its other
+            rows, its width or its split over ranks); the trainer derives them with `derive_row_seeds`.
+        all_gather: ``(x, pad_value) -> x of every data-parallel rank, concatenated on dim 0`` (widths
+            right-padded with ``pad_value``; `marlhf.distributed.all_gather_padded`) | None — a rule
+            that chooses a batch-level value (``entropy`` with ``--target_macro_len``: tau) chooses it
+            over all ranks' rows, so every rank segments as one process with the whole batch would.
+            None: this batch is the whole batch. A collective: every rank calls the rule.
     """
 
     response_ids: torch.Tensor
@@ -68,6 +78,8 @@ class TerminationInputs:
     ref_logprobs: torch.Tensor | None = None
     ref_entropy: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    row_seeds: torch.Tensor | None = None
+    all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
 
 
 @dataclass
@@ -152,6 +164,35 @@ def _ends_from_lengths(lengths: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return (macro_end[:, :A] | _last_valid(mask)) & mask
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function (Steele et al. 2014): a 64-bit integer hash."""
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def derive_row_seeds(seed: int, step: int, rows: torch.Tensor, stream: int = 0) -> torch.Tensor:
+    """(B,) long seeds in [0, 2^32) for `TerminationInputs.row_seeds`: a hash of (``seed``, ``step``,
+    ``stream``, each row's index ``rows: (B,) long`` in the global batch), so a row's ``randomized``
+    draw is the same whatever the batch is split into, and a resumed run redraws it from the step
+    alone. ``stream`` separates independent draws for the same rows. (torch's CPU generator keeps 32
+    bits of its seed.)
+
+    >>> seeds = derive_row_seeds(1234, 0, torch.tensor([0, 5]))  # rows 0 and 5 of step 0
+    >>> int(seeds[1]) == int(derive_row_seeds(1234, 0, torch.tensor([5])))  # row 5 alone
+    True
+    """
+    base = _splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64))
+    base = _splitmix64(base ^ (stream & _MASK64))
+    return torch.tensor(
+        [_splitmix64(base ^ (r & _MASK64)) >> 32 for r in rows.tolist()], dtype=torch.long
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # rules
 
@@ -177,15 +218,21 @@ class FixedRule:
 
 @register_rule("randomized")
 class RandomizedRule:
-    """Randomized n-gram lengths, each row its own draw from `inputs.generator`.
+    """Randomized n-gram lengths, each row its own draw from its own generator ``g_b`` seeded with
+    ``inputs.row_seeds[b]`` (without row seeds, they are ``torch.randint(2**32, (B,),
+    generator=inputs.generator)``). A row's macro actions depend only on its seed and its length.
 
     ``--randomized_mode original`` (the released code): the list ``ngram_choices * repeat_times`` (K
-    lengths) is shuffled per row — the permutation is
-    ``torch.rand(B, K, generator=g).argsort(dim=1)`` — and consumed as consecutive macro-action lengths;
-    once exhausted, the rest of the response is ONE macro action.
+    lengths) is shuffled per row — the permutation is ``torch.rand(K, generator=g_b).argsort()`` — and
+    consumed as consecutive macro-action lengths; once exhausted, the rest of the response is ONE macro
+    action.
 
     ``--randomized_mode resample``: lengths are drawn uniformly from ``ngram_choices`` until the end of
-    the response — ``torch.randint(len(ngram_choices), (B, A), generator=g)`` indexes the choices.
+    the response — ``torch.randint(len(ngram_choices), (n_b,), generator=g_b)`` indexes the choices,
+    ``n_b`` the row's number of tokens (enough, as every length is >= 1).
+
+    One small draw per row (a Python loop over B): the price of a draw that does not depend on which
+    rows share the batch — the data-parallel split of the global batch included.
     """
 
     needs: frozenset[str] = frozenset()
@@ -198,16 +245,21 @@ class RandomizedRule:
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
         mask = inputs.action_mask
         B, A = mask.shape
-        g = inputs.generator
-        device = g.device if g is not None else torch.device("cpu")
-        choices = self.choices.to(device)
-        if self.mode == "original":
-            pool = choices.repeat(self.repeat_times)  # (K,) choices * repeat_times, as a list
-            perm = torch.rand(B, pool.numel(), generator=g, device=device).argsort(dim=1)
-            lengths = pool[perm]
-        else:
-            draws = torch.randint(len(choices), (B, max(A, 1)), generator=g, device=device)
-            lengths = choices[draws]  # A draws always cover A tokens (lengths >= 1)
+        seeds = inputs.row_seeds
+        if seeds is None:
+            g = inputs.generator
+            device = g.device if g is not None else torch.device("cpu")
+            seeds = torch.randint(2**32, (B,), generator=g, device=device)
+        pool = self.choices.repeat(self.repeat_times)  # (K,) choices * repeat_times, as a list
+        width = pool.numel() if self.mode == "original" else max(A, 1)
+        # (B, K) lengths; in resample mode the 1s after a row's n_b draws lie past its end
+        lengths = torch.ones(B, width, dtype=torch.long)
+        for b, (seed, n) in enumerate(zip(seeds.tolist(), mask.sum(1).tolist(), strict=True)):
+            g_b = torch.Generator().manual_seed(seed)
+            if self.mode == "original":
+                lengths[b] = pool[torch.rand(pool.numel(), generator=g_b).argsort()]
+            else:
+                lengths[b, :n] = self.choices[torch.randint(len(self.choices), (n,), generator=g_b)]
         return TerminationOutput(macro_end=_ends_from_lengths(lengths.to(mask.device), mask))
 
 
@@ -263,8 +315,10 @@ class EntropyRule:
     With ``--target_macro_len L*`` tau is chosen per batch: with N valid tokens, R non-empty rows and F
     boundaries forced by ``--eos_own_macro``, the K = round(N / L*) - R - F highest candidate entropies
     (tokens j >= 1, excluding a forced EOS) become boundaries — tau is the (K+1)-th highest — so the
-    pooled mean length N / #macros is about L* (exact without ties). The tau used is reported as
-    ``macro/entropy_threshold`` (inf when no boundary is wanted, -inf when every candidate is one).
+    pooled mean length N / #macros is about L* (exact without ties). With ``inputs.all_gather`` the
+    batch is every data-parallel rank's rows: all ranks choose the tau of one process with the whole
+    batch. The tau used is reported as ``macro/entropy_threshold`` (inf when no boundary is wanted,
+    -inf when every candidate is one).
     """
 
     needs: frozenset[str] = frozenset({"ref_entropy"})
@@ -275,17 +329,23 @@ class EntropyRule:
         self.eos_own_macro = cfg.eos_own_macro
 
     def threshold_for(self, inputs: TerminationInputs) -> float:
-        """tau used for this batch (the fixed threshold, or the one meeting --target_macro_len)."""
+        """tau used for this batch (the fixed threshold, or the one meeting --target_macro_len), over
+        all ranks' rows when ``inputs.all_gather`` is given."""
         if self.target is None:
             return self.threshold
-        mask = inputs.action_mask
-        entropy = inputs.ref_entropy
+        mask, ends, entropy = inputs.action_mask, inputs.ends_with_eos, inputs.ref_entropy
         assert entropy is not None
+        if inputs.all_gather is not None:
+            # tau depends only on the multiset of (row length, EOS, candidate entropies), not on the
+            # rows' order: the rank-major gathered rows give the tau of one process
+            mask = inputs.all_gather(mask, False)
+            ends = inputs.all_gather(ends.bool(), False)
+            entropy = inputs.all_gather(entropy.detach(), 0.0)
         n_valid = mask.sum(1)
         candidate = mask & (_positions(mask) >= 1)
         forced = torch.zeros_like(n_valid, dtype=torch.bool)
         if self.eos_own_macro:
-            forced = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
+            forced = ends.bool().to(mask.device) & (n_valid >= 2)
             candidate = candidate & ~(_last_valid(mask) & forced[:, None])
         wanted = round(float(n_valid.sum()) / self.target)
         k = wanted - int((n_valid > 0).sum()) - int(forced.sum())
@@ -342,6 +402,8 @@ class _CheckedRule:
             raise ValueError(f"ends_with_eos {tuple(inputs.ends_with_eos.shape)} must be ({B},)")
         if A > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
             raise ValueError("action_mask must be right-padded (true on a prefix of each row)")
+        if inputs.row_seeds is not None and tuple(inputs.row_seeds.shape) != (B,):
+            raise ValueError(f"row_seeds {tuple(inputs.row_seeds.shape)} must be ({B},)")
         for name in sorted(self.needs):
             value = getattr(inputs, name, None)
             if value is None:

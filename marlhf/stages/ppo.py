@@ -65,6 +65,7 @@ from marlhf.losses import (
 )
 from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
 from marlhf.macro.estimate import macro_advantages, macro_stats
+from marlhf.macro.termination import derive_row_seeds
 from marlhf.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
 from marlhf.ppo.config import ActorCriticConfig, GenerationConfig, PPOConfig
 from marlhf.ppo.rollout import (
@@ -405,15 +406,19 @@ def make_experience(
     rule,
     cfg: PPOStageConfig,
     kl_coef: float,
-    generator: torch.Generator | None = None,
+    row_seeds: torch.Tensor | None = None,
     dense: torch.Tensor | None = None,
     gather=None,
+    all_gather=None,
 ) -> Experience:
     """Macro actions → rewards → GAE over macro actions. ``scores``: (B,) final sequence rewards.
 
     Steps 3–5 are per row. ``gather`` (``Experience -> Experience``; the trainer passes
     ``gather_experience`` under data parallelism) is applied before the batch-level steps, advantage
-    whitening and the logged statistics, so those are over the global batch, as in one process."""
+    whitening and the logged statistics, so those are over the global batch, as in one process.
+    ``row_seeds`` ((B,) long, `marlhf.macro.termination.derive_row_seeds`) and ``all_gather``
+    (`marlhf.distributed.all_gather_padded`) go to the termination rule, so its segments do not depend
+    on the split either (``randomized``: per-row draws; ``entropy``: tau over all ranks' rows)."""
     ppo, mcfg = cfg.ppo, cfg.macro
     mask = ro.action_mask
     # 3. macro actions
@@ -424,7 +429,8 @@ def make_experience(
             ends_with_eos=ro.ends_with_eos,
             ref_logprobs=scored["ref_logprobs"],
             ref_entropy=scored.get("ref_entropy"),
-            generator=generator,
+            row_seeds=row_seeds,
+            all_gather=all_gather,
         )
     )
     segments = build_segments(term.macro_end, mask)
@@ -483,7 +489,7 @@ def make_experience(
             "policy/entropy": float(masked_mean(exp.entropy, mask)),
         }
     )
-    exp.stats.update(term.stats)  # what the rule chose for this rank's rows (entropy: tau)
+    exp.stats.update(term.stats)  # what the rule chose for the global batch (entropy: tau)
     return exp
 
 
@@ -492,6 +498,18 @@ def _macro_ends(segment_ids: torch.Tensor) -> torch.Tensor:
     another macro action (or is padding)."""
     following = torch.nn.functional.pad(segment_ids[:, 1:], (0, 1), value=-1)
     return (segment_ids >= 0) & (following != segment_ids)
+
+
+def global_rows(n_rows: int, block: int, rank: int, world: int) -> torch.Tensor:
+    """(n_rows,) long index in the global batch of each of ``rank``'s rows: they are generation
+    batches of ``block`` rows, and rank ``r``'s batch ``j`` is global batch ``j·world + r``
+    (`marlhf.batching.step_micro_batches`); ``gather_experience`` puts the rows in this order.
+
+    >>> global_rows(4, 2, rank=1, world=2).tolist()
+    [2, 3, 6, 7]
+    """
+    local = torch.arange(n_rows)
+    return (local // block * world + rank) * block + local % block
 
 
 def gather_experience(exp: Experience, pad_id: int, block: int) -> Experience:
@@ -843,7 +861,6 @@ def train(cfg: PPOStageConfig) -> Path:
 
     state_root = out / "train_state"
     global_step = 0
-    gen = torch.Generator().manual_seed(ppo.seed + rank())  # this rank's rows (termination rules)
     # the minibatch shuffle: one stream shared by all ranks (minibatches are drawn from the global batch)
     shuffle = torch.Generator().manual_seed(ppo.seed)
     found = find_resume(state_root, cfg.log.resume)
@@ -851,7 +868,6 @@ def train(cfg: PPOStageConfig) -> Path:
         client = load_train_state({"actor": models.actor, "critic": models.critic}, *found)
         global_step = client["global_step"]
         kl_ctl.load_state_dict(client["kl_ctl"])
-        gen.set_state(client["generator"])
         if "shuffle" in client:
             shuffle.set_state(client["shuffle"])
         set_rng_state(client["rng"])
@@ -923,7 +939,6 @@ def train(cfg: PPOStageConfig) -> Path:
         client = {
             "global_step": step,
             "kl_ctl": kl_ctl.state_dict(),
-            "generator": gen.get_state(),
             "shuffle": shuffle.get_state(),
             "rng": rng_state(),
         }
@@ -977,9 +992,13 @@ def train(cfg: PPOStageConfig) -> Path:
         if rewarder is not None:
             times["time/code_reward"] = time.perf_counter() - t0
         raw_rm = scored.get("scores")
+        # `randomized` draws each row from (seed, step, its global row): split-independent, and a
+        # resumed run redraws the same segments without a saved generator state
+        rows = global_rows(len(ro.prompt_ids), gen_bs, rank(), ws)
         dense = None
         if ppo.dense_reward:
-            dense = _dense_rewards(models, ro, scored, cfg, tokenizer)
+            dense_seeds = derive_row_seeds(ppo.seed, global_step, rows, stream=1)
+            dense = _dense_rewards(models, ro, scored, cfg, tokenizer, dense_seeds)
         t0 = time.perf_counter()
         exp = make_experience(
             ro,
@@ -988,9 +1007,10 @@ def train(cfg: PPOStageConfig) -> Path:
             rule,
             cfg,
             kl_ctl.value,
-            gen,
+            derive_row_seeds(ppo.seed, global_step, rows),
             dense,
             gather=lambda e: gather_experience(e, tokenizer.pad_token_id, gen_bs),
+            all_gather=all_gather_padded,
         )
         times["time/macro"] = time.perf_counter() - t0
         # 6. update
@@ -1102,7 +1122,12 @@ def _concat(rollouts: list[Rollout], scoreds: list[dict], pad_id: int) -> tuple[
 
 
 def _dense_rewards(
-    models: Models, ro: Rollout, scored: dict, cfg: PPOStageConfig, tokenizer
+    models: Models,
+    ro: Rollout,
+    scored: dict,
+    cfg: PPOStageConfig,
+    tokenizer,
+    seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Segment-PPO dense rewards: the segment RM's value at each of its segments' last tokens,
     location-normalised, spread over the segment's tokens."""
@@ -1124,6 +1149,8 @@ def _dense_rewards(
             ro.ends_with_eos,
             scored["ref_logprobs"],
             scored.get("ref_entropy"),
+            row_seeds=seeds,
+            all_gather=all_gather_padded,
         )
     )
     seg_rewards, seg_mask = segment_readout(scored["rm_values"], ro.response_start, term.macro_end)

@@ -14,6 +14,7 @@ from marlhf.macro.termination import (
     TerminationInputs,
     TerminationOutput,
     build_termination,
+    derive_row_seeds,
     register_rule,
 )
 
@@ -98,6 +99,10 @@ def test_fixed_one_is_every_token_and_long_n_is_one_macro():
 # ------------------------------------------------------------------ randomized
 
 
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 def randomized_ref(inputs, b, lengths, eos_own_macro):
     L = row_len(inputs, b)
     ends, pos = set(), 0
@@ -117,10 +122,11 @@ def test_randomized_original_matches_loop(seed, repeat_times):
     inputs = random_inputs(seed, with_generator=True)
     cfg = MacroConfig(termination_condition="randomized", repeat_times=repeat_times)
     out = build_termination(cfg)(inputs)
-    # Reproduce the documented draw: one permutation of choices * repeat_times per row.
+    # Reproduce the documented draw: row seeds from the generator, then one permutation of
+    # choices * repeat_times per row from the row's own generator.
     pool = list(cfg.ngram_choices) * repeat_times
-    g = torch.Generator().manual_seed(seed + 1000)
-    perm = torch.rand(inputs.action_mask.shape[0], len(pool), generator=g).argsort(dim=1)
+    seeds = torch.randint(2**32, (inputs.action_mask.shape[0],), generator=_gen(seed + 1000))
+    perm = [torch.rand(len(pool), generator=_gen(int(s))).argsort() for s in seeds]
     check(out, inputs, lambda b: randomized_ref(inputs, b, [pool[i] for i in perm[b]], True))
 
 
@@ -131,8 +137,10 @@ def test_randomized_resample_matches_loop(seed):
         termination_condition="randomized", randomized_mode="resample", ngram_choices=(2, 3, 7)
     )
     out = build_termination(cfg)(inputs)
-    g = torch.Generator().manual_seed(seed + 1000)
-    draws = torch.randint(3, inputs.action_mask.shape, generator=g)
+    seeds = torch.randint(2**32, (inputs.action_mask.shape[0],), generator=_gen(seed + 1000))
+    draws = [
+        torch.randint(3, (row_len(inputs, b),), generator=_gen(int(s))) for b, s in enumerate(seeds)
+    ]
     check(out, inputs, lambda b: randomized_ref(inputs, b, [(2, 3, 7)[i] for i in draws[b]], True))
 
 
@@ -169,6 +177,79 @@ def test_randomized_reproducible_from_seeded_generator():
     c = rule(inputs).macro_end
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
+
+
+def _rows(inputs: TerminationInputs, idx: list[int], width: int) -> TerminationInputs:
+    """Rows `idx` of a batch as their own batch, cut or right-padded to `width` columns."""
+
+    def cut(x, pad):
+        x = x[idx]
+        if x.dim() == 1:
+            return x
+        x = x[:, :width]
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=pad)
+
+    return TerminationInputs(
+        response_ids=cut(inputs.response_ids, 0),
+        action_mask=cut(inputs.action_mask, False),
+        ends_with_eos=cut(inputs.ends_with_eos, False),
+        ref_logprobs=cut(inputs.ref_logprobs, float("nan")),
+        ref_entropy=cut(inputs.ref_entropy, float("nan")),
+        row_seeds=None if inputs.row_seeds is None else inputs.row_seeds[idx],
+    )
+
+
+@pytest.mark.parametrize("mode", ["original", "resample"])
+def test_randomized_row_depends_only_on_its_seed(mode):
+    """Split-independence: a row's macro actions are the same in any batch (other rows, order,
+    width), given its seed, so data-parallel ranks segment like one process."""
+    inputs = random_inputs(4, with_generator=True)
+    B, A = inputs.action_mask.shape
+    inputs.row_seeds = derive_row_seeds(1234, 3, torch.arange(B))
+    rule = build_termination(
+        MacroConfig(termination_condition="randomized", randomized_mode=mode, repeat_times=2)
+    )
+    whole = rule(inputs).macro_end
+    inputs.generator = torch.Generator().manual_seed(99)  # unused with row seeds
+    assert torch.equal(rule(inputs).macro_end, whole)
+    for idx in ([5, 0, 8], [7, 6, 4, 3, 2, 1]):
+        for width in (int(inputs.action_mask[idx].sum(1).max().clamp(min=1)), A + 7):
+            part = rule(_rows(inputs, idx, width)).macro_end
+            assert torch.equal(part[:, :A], whole[idx, :width]), (idx, width)
+            assert not part[:, A:].any()
+    # another step's seeds give other segments
+    inputs.row_seeds = derive_row_seeds(1234, 4, torch.arange(B))
+    assert not torch.equal(rule(inputs).macro_end, whole)
+
+
+def test_derive_row_seeds():
+    # SplitMix64 against its published reference outputs (seed 0, and seed 1234567's first five)
+    golden = 0x9E3779B97F4A7C15
+    assert termination_module._splitmix64(0) == 0xE220A8397B1DCDAF
+    assert [termination_module._splitmix64((1234567 + i * golden) % 2**64) for i in range(5)] == [
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+        4593380528125082431,
+        16408922859458223821,
+    ]
+    rows = torch.tensor([0, 3, 17, 2**40])
+    seeds = derive_row_seeds(1234, 5, rows)
+    assert seeds.dtype == torch.long and seeds.shape == (4,)
+    assert bool(((seeds >= 0) & (seeds < 2**32)).all())
+    # a row's seed depends on its own index only, not on the other rows
+    for i in range(4):
+        assert int(derive_row_seeds(1234, 5, rows[i : i + 1])) == int(seeds[i])
+    # and on seed, step and stream: 4 x 3 x 2 x 50 rows, all different
+    grid = torch.cat(
+        [
+            derive_row_seeds(seed, step, torch.arange(50), stream)
+            for seed in (0, 1, 1234, -1)
+            for step in (0, 1, 2)
+            for stream in (0, 1)
+        ]
+    )
+    assert len(set(grid.tolist())) == grid.numel()
 
 
 # ------------------------------------------------------------------ ppl
@@ -295,6 +376,56 @@ def test_entropy_target_macro_len_hits_target(target, eos_own_macro):
     check(out, inputs, lambda b: entropy_ref(inputs, b, tau, eos_own_macro))
 
 
+def _fake_all_gather(parts: list[TerminationInputs], r: int):
+    """Rank r's `all_gather` over the simulated ranks' batches `parts`: the same field of every part,
+    in rank order, widths right-padded (what `marlhf.distributed.all_gather_padded` returns)."""
+
+    def gather(x, pad):
+        name = (
+            "ends_with_eos"
+            if x.dim() == 1
+            else ("action_mask" if x.dtype == torch.bool else "ref_entropy")
+        )
+        assert torch.equal(x.nan_to_num(0.0), getattr(parts[r], name).nan_to_num(0.0)), name
+        fields = [getattr(p, name) for p in parts]
+        if x.dim() == 1:
+            return torch.cat(fields)
+        width = max(f.shape[1] for f in fields)
+        return torch.cat(
+            [torch.nn.functional.pad(f, (0, width - f.shape[1]), value=pad) for f in fields]
+        )
+
+    return gather
+
+
+@pytest.mark.parametrize("target", [1.5, 3.0, 6.0])
+@pytest.mark.parametrize("eos_own_macro", [True, False])
+def test_entropy_target_tau_is_global_over_ranks(target, eos_own_macro):
+    """Three simulated ranks, each its own width: with `all_gather` every rank chooses the tau of
+    the concatenated batch and segments its rows as the whole batch's rule does."""
+    inputs = random_inputs(5, B=12, A=30)
+    cfg = MacroConfig(
+        termination_condition="entropy", target_macro_len=target, eos_own_macro=eos_own_macro
+    )
+    rule, chooser = build_termination(cfg), RULES["entropy"](cfg, None)
+    whole = rule(inputs)
+    tau = chooser.threshold_for(inputs)
+    splits = ([3, 0, 7, 11], [1, 2, 9, 10], [4, 5, 6, 8])
+    parts = [
+        _rows(inputs, idx, int(inputs.action_mask[idx].sum(1).max().clamp(min=1))) for idx in splits
+    ]
+    local_taus = {chooser.threshold_for(p) for p in parts}
+    assert local_taus != {tau}  # per-rank choices would differ: the test can tell
+    for r, (idx, part) in enumerate(zip(splits, parts, strict=True)):
+        part.all_gather = _fake_all_gather(parts, r)
+        assert chooser.threshold_for(part) == tau
+        out = rule(part)
+        assert out.stats == {"macro/entropy_threshold": tau}
+        width = part.action_mask.shape[1]
+        assert torch.equal(out.macro_end, whole.macro_end[idx, :width])
+        assert not whole.macro_end[idx, width:].any()
+
+
 # ------------------------------------------------------------------ registry and config
 
 
@@ -332,6 +463,8 @@ def test_wrapper_validates_inputs():
         rule(dataclasses.replace(inputs, action_mask=holes))
     with pytest.raises(ValueError, match="ends_with_eos"):
         rule(dataclasses.replace(inputs, ends_with_eos=inputs.ends_with_eos[:-1]))
+    with pytest.raises(ValueError, match="row_seeds"):
+        rule(dataclasses.replace(inputs, row_seeds=torch.zeros(3, dtype=torch.long)))
 
 
 @pytest.mark.parametrize(

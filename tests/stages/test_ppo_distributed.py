@@ -4,12 +4,14 @@ take the same update as one process with 2G.
 The two ranks generate in two batches of G/2 (``--generation_batches 2``), so the global order of
 the gathered rows (rank r's batch j is global batch 2j + r) is checked too.
 
-Both runs train MA-PPO (``fixed``, n=3, advantage whitening, entropy bonus, pretraining mix, two PPO
-epochs) for two steps on the same 8 prompts per step, with greedy decoding (``--top_k 1``, the static
-decoder, whose prompts are all left-padded to ``--max_prompt_seq_len``, so the rollouts do not depend
-on the batch split). The one-process run is the reference: the same prompts, responses and
-experience, the same rows in every minibatch, actor and critic weights that agree far below the
-update's size, and the same logged metrics.
+Both runs train MA-PPO (advantage whitening, entropy bonus, pretraining mix, two PPO epochs) for two
+steps on the same 8 prompts per step, with greedy decoding (``--top_k 1``, the static decoder, whose
+prompts are all left-padded to ``--max_prompt_seq_len``, so the rollouts do not depend on the batch
+split), once per termination rule whose segments could depend on the split: ``fixed`` (n=3),
+``entropy`` with ``--target_macro_len`` (tau is chosen over all ranks' rows) and ``randomized`` (each
+row's lengths are drawn from a seed of (seed, step, global row)). The one-process run is the
+reference: the same prompts, responses, segments and experience, the same rows in every minibatch,
+actor and critic weights that agree far below the update's size, and the same logged metrics.
 
 For this to hold the trainer is batch-global (``marlhf.stages.ppo``): every rank gathers the whole
 experience (``gather_experience``) before whitening and statistics, all ranks draw minibatches from
@@ -25,12 +27,13 @@ Measured on CPU by this test: experience within 2e-6 (whitened advantages; log-p
 within 1.7e-3 of the largest weight step (Adam's first steps divide by |g|, so parameters whose
 gradient is near zero amplify rounding), metrics within 3e-6 relative. Not covered, and not
 split-independent: temperature sampling (every rank draws from its own RNG stream; per-prompt
-seeded sampling would be needed), the ``randomized`` rule (its draws use a per-rank generator), and
-with ``--generation_backend hf`` the prompts' left-padding width, which follows the local batch.
+seeded sampling would be needed), and with ``--generation_backend hf`` the prompts' left-padding
+width, which follows the local batch.
 """
 
 from __future__ import annotations
 
+import math
 import socket
 import subprocess
 import sys
@@ -47,8 +50,16 @@ RECORD = Path(__file__).with_name("ppo_record.py")
 pytestmark = pytest.mark.slow
 
 G = 4  # prompts per rank per step in the two-process run
+RULES = {
+    "fixed": ("--termination_condition", "fixed", "--ngram", "3"),
+    # responses are 3 to 7 tokens and end with EOS, its own macro action: a target of 3 would leave
+    # no boundary to choose (tau = inf); 1.5 leaves 4 (step 1) and 12 (step 2) to choose
+    "entropy": ("--termination_condition", "entropy", "--target_macro_len", "1.5"),
+    "randomized": (
+        "--termination_condition", "randomized", "--ngram_choices", "1,2,3", "--repeat_times", "2",
+    ),
+}  # fmt: skip
 FLAGS = (
-    "--termination_condition", "fixed", "--ngram", "3",
     "--generation_backend", "static", "--top_k", "1",
     "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
     "--whiten_advantages", "--entropy_coef", "0.01", "--unsup_coef", "0.1",
@@ -96,8 +107,8 @@ def _sft_briefly(actor: Path, cache: Path, steps: int = 60) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The one-process reference and the two-process run (each a subprocess of the real stage)."""
+def models(tmp_path_factory) -> Path:
+    """The briefly trained actor (``base/actor``) and a reward model on it (``base/rm``)."""
     from transformers import AutoTokenizer
 
     from marlhf.reward_model import RewardModel, save_reward_model
@@ -113,11 +124,20 @@ def runs(tmp_path_factory):
         base / "rm",
         score_stats={"mean": 0.0, "std": 1.0},
     )
+    return base
+
+
+@pytest.fixture(scope="module", params=list(RULES))
+def runs(models, request):
+    """The one-process reference and the two-process run (each a subprocess of the real stage) with
+    one termination rule; returns (models' dir, one, two, rule)."""
+    base, rule = models, request.param
     common = (
-        "--actor_model_name_or_path", str(actor), "--critic_model_name_or_path", str(base / "rm"),
-        "--data_output_path", str(base / "cache"), *FLAGS,
+        "--actor_model_name_or_path", str(base / "actor"),
+        "--critic_model_name_or_path", str(base / "rm"),
+        "--data_output_path", str(base / "cache"), *RULES[rule], *FLAGS,
     )  # fmt: skip
-    one, two = base / "one", base / "two"
+    one, two = base / rule / "one", base / rule / "two"
     launch = {
         one: [sys.executable, str(RECORD)],
         two: [
@@ -145,7 +165,7 @@ def runs(tmp_path_factory):
             timeout=900,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return base, one, two
+    return base, one, two, rule
 
 
 def _record(out: Path, step: int, rank: int) -> dict:
@@ -158,7 +178,7 @@ def _trim(x: torch.Tensor, width: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("step", [1, 2])
 def test_same_prompts_responses_and_experience(runs, step):
-    _, one, two = runs
+    _, one, two, rule = runs
     ref, r0, r1 = _record(one, step, 0), _record(two, step, 0), _record(two, step, 1)
     assert len(ref["prompt_ids"]) == 2 * G
     # rank r generated global batches r and 2 + r (of G/2 prompts); each then holds all, in order
@@ -180,13 +200,21 @@ def test_same_prompts_responses_and_experience(runs, step):
         torch.testing.assert_close(got["scores"], ref["scores"], rtol=0, atol=2e-5)
     for k, v in ref["stats"].items():
         assert r0["stats"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), (step, k)
-    # the responses stop at different lengths: the data can tell per-rank from global means
-    assert len(set(ref["action_mask"].sum(1).tolist())) > 1
+    # the responses stop at different lengths: the data can tell per-rank from global means (checked
+    # with `fixed`; with the other rules' updates all 8 responses of step 2 may have one length)
+    if rule == "fixed":
+        assert len(set(ref["action_mask"].sum(1).tolist())) > 1
+    # the rule cut the rows in more than one way (macro lengths per row), and entropy chose a tau
+    mask, ids = ref["action_mask"], ref["segment_ids"]
+    patterns = {tuple(torch.bincount(ids[b, mask[b]]).tolist()) for b in range(len(ids))}
+    assert len(patterns) > 1, patterns
+    if rule == "entropy":
+        assert math.isfinite(ref["stats"]["macro/entropy_threshold"])
 
 
 @pytest.mark.parametrize("step", [1, 2])
 def test_minibatches_are_the_same_rows(runs, step):
-    _, one, two = runs
+    _, one, two, rule = runs
     ref, r0, r1 = _record(one, step, 0), _record(two, step, 0), _record(two, step, 1)
     mask = ref["action_mask"]
     assert len(ref["minibatch_rows"]) == len(r0["minibatch_rows"]) == len(r1["minibatch_rows"]) == 4
@@ -196,8 +224,8 @@ def test_minibatches_are_the_same_rows(runs, step):
     ):
         assert len(p0) == len(p1) == G // 2 and sorted(p0 + p1) == sorted(rows)
         uneven |= int(mask[p0].sum()) != int(mask[p1].sum())
-    # some minibatch splits unequal token counts between the ranks
-    assert uneven
+    # some minibatch splits unequal token counts between the ranks (see above: `fixed`)
+    assert uneven or rule != "fixed"
 
 
 def _weights(out: Path) -> tuple[dict, dict]:
@@ -215,7 +243,7 @@ def test_actor_and_critic_weights_agree(runs):
 
     from marlhf.reward_model import load_reward_model
 
-    base, one, two = runs
+    base, one, two, _ = runs
     init_actor = AutoModelForCausalLM.from_pretrained(base / "actor", dtype=torch.float32)
     init_critic, _ = load_reward_model(base / "rm", dtype=torch.float32)
     inits = (init_actor.state_dict(), init_critic.state_dict())
@@ -228,7 +256,7 @@ def test_actor_and_critic_weights_agree(runs):
 
 
 def test_logged_metrics_agree(runs):
-    _, one, two = runs
+    _, one, two, _ = runs
     ref, got = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [r["step"] for r in ref] == [r["step"] for r in got] == [1, 2]
     for a, b in zip(ref, got, strict=True):

@@ -164,7 +164,9 @@ def test_every_termination_rule_trains(models, tmp_path, rule):
 def test_resume_continues_with_identical_metrics(models, tmp_path):
     base, actor, rm = models
     full = tmp_path / "full"
-    rows = _ppo(base, actor, rm, full, "--save_steps", "2", "--ngram", "2", steps=4)
+    # `randomized`: its draws after the resume must be the ones of the uninterrupted run
+    rule = ("--termination_condition", "randomized", "--ngram_choices", "1,2,3")
+    rows = _ppo(base, actor, rm, full, "--save_steps", "2", *rule, steps=4)
     assert (full / "checkpoints" / "step-2" / "actor" / "config.json").exists()
     # simulate a kill right after the step-2 checkpoint
     cut = tmp_path / "cut"
@@ -172,7 +174,7 @@ def test_resume_continues_with_identical_metrics(models, tmp_path):
     (cut / "train_state" / "latest.json").write_text(json.dumps({"tag": "step-2", "step": 2}))
     kept = [json.dumps(r) for r in rows if r["step"] <= 2]
     (cut / "metrics.jsonl").write_text("\n".join(kept) + "\n")
-    resumed = _ppo(base, actor, rm, cut, "--save_steps", "2", "--ngram", "2", steps=4)
+    resumed = _ppo(base, actor, rm, cut, "--save_steps", "2", *rule, steps=4)
     a = {r["step"]: r for r in rows}
     b = {r["step"]: r for r in resumed}
     assert sorted(b) == [1, 2, 3, 4]
@@ -183,6 +185,8 @@ def test_resume_continues_with_identical_metrics(models, tmp_path):
             "loss/policy",
             "loss/value",
             "response/length",
+            "macro/count",
+            "macro/mean_len",
         ):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-5, abs=1e-6), (step, key)
 
