@@ -825,7 +825,11 @@ def train(cfg: PPOStageConfig) -> Path:
         )
     models = build_models(cfg, total_updates)
     rule = build_termination(cfg.macro, tokenizer)
-    need_entropy = "ref_entropy" in rule.needs
+    # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
+    seg_rule, seg_norm = _segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)
+    need_entropy = "ref_entropy" in rule.needs or (
+        seg_rule is not None and "ref_entropy" in seg_rule.needs
+    )
     eos_ids = eos_token_ids(tokenizer, cfg.data)
     kl_ctl = (
         AdaptiveKLController(ppo.kl_ctl, ppo.target_kl, ppo.kl_horizon)
@@ -998,7 +1002,7 @@ def train(cfg: PPOStageConfig) -> Path:
         dense = None
         if ppo.dense_reward:
             dense_seeds = derive_row_seeds(ppo.seed, global_step, rows, stream=1)
-            dense = _dense_rewards(models, ro, scored, cfg, tokenizer, dense_seeds)
+            dense = _dense_rewards(seg_rule, seg_norm, ro, scored, cfg, dense_seeds)
         t0 = time.perf_counter()
         exp = make_experience(
             ro,
@@ -1121,27 +1125,35 @@ def _concat(rollouts: list[Rollout], scoreds: list[dict], pad_id: int) -> tuple[
     return ro, scored
 
 
-def _dense_rewards(
-    models: Models,
-    ro: Rollout,
-    scored: dict,
-    cfg: PPOStageConfig,
-    tokenizer,
-    seeds: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Segment-PPO dense rewards: the segment RM's value at each of its segments' last tokens,
-    location-normalised, spread over the segment's tokens."""
-    from marlhf.reward_norm import segment_positions, segment_readout
-
+def _segment_rule(models: Models, tokenizer):
+    """The termination rule the segment reward model was trained with (its reward_config.json)
+    and its location-aware normaliser (or None)."""
     info = models.reward_info or {}
-    if info.get("rm_type") != "segment" or "rm_values" not in scored:
+    if info.get("rm_type") != "segment":
         raise ValueError(
             "--dense_reward needs a segment reward model (stage 2 with --rm_type segment)"
         )
     seg_cfg = MacroConfig(
         **{k: (tuple(v) if isinstance(v, list) else v) for k, v in info["termination"].items()}
     )
-    seg_rule = build_termination(seg_cfg, tokenizer)
+    return build_termination(seg_cfg, tokenizer), info.get("normalizer")
+
+
+def _dense_rewards(
+    seg_rule,
+    normalizer,
+    ro: Rollout,
+    scored: dict,
+    cfg: PPOStageConfig,
+    seeds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Segment-PPO dense rewards: the segment RM's value at each of its segments' last tokens,
+    location-normalised (``normalizer``), spread over the segment's tokens. ``seg_rule`` and
+    ``normalizer``: from :func:`_segment_rule`."""
+    from marlhf.reward_norm import segment_positions, segment_readout
+
+    if "rm_values" not in scored:
+        raise ValueError("--dense_reward needs the segment reward model's per-token values")
     term = seg_rule(
         TerminationInputs(
             ro.response_ids,
@@ -1154,7 +1166,6 @@ def _dense_rewards(
         )
     )
     seg_rewards, seg_mask = segment_readout(scored["rm_values"], ro.response_start, term.macro_end)
-    normalizer = info.get("normalizer")
     if normalizer is not None:
         seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
     seg_ids = build_segments(term.macro_end, ro.action_mask).ids

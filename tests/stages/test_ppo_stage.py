@@ -1,6 +1,7 @@
 """MA-PPO end to end on CPU through real DeepSpeed: every termination rule, checkpoints, resume."""
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -225,3 +226,43 @@ def test_lora_ema_and_pretraining_mix(models, tmp_path):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / d)
         assert not any("lora" in k for k in model.state_dict())
     load_reward_model(tmp_path / "run" / "critic")
+
+
+def test_dense_segment_rewards_with_the_segment_rms_own_rule(models, tmp_path):
+    """Segment-PPO: --dense_reward reads a segment RM's values at the segments of the rule it was
+    trained with (entropy here) while the policy's macro actions are fixed n-grams; the reference
+    entropies are computed for the segment rule although the main rule does not need them."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from marlhf.reward_model import RewardModel, save_reward_model
+
+    base, actor, _ = models
+    torch.manual_seed(1)
+    rm = RewardModel.from_pretrained(
+        actor, init_std=0.02
+    )  # a non-zero head: rewards vary per token
+    seg_rm = tmp_path / "seg_rm"
+    save_reward_model(
+        rm,
+        AutoTokenizer.from_pretrained(actor),
+        seg_rm,
+        rm_type="segment",
+        score_stats={"mean": 0.0, "std": 1.0},
+        normalizer={"a": 0.0, "b": 0.0, "c": 0.0, "d": 1.0},  # mean 0, std 1
+        termination={"termination_condition": "entropy", "entropy_threshold": 1.0},
+    )
+    rows = _ppo(
+        base,
+        actor,
+        seg_rm,
+        tmp_path / "run",
+        "--dense_reward",
+        "--termination_condition",
+        "fixed",
+        "--ngram",
+        "3",
+    )
+    assert len(rows) == 2
+    for r in rows:
+        assert all(math.isfinite(r[k]) for k in ("loss/policy", "loss/value", "objective/reward"))
