@@ -423,7 +423,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("gold", "gold score (true quality)"), ("score", "PPO reward (RM score; the gold score with --reward_source gold)")]
+    panels = [("gold", "gold score (true quality)"), ("score", "PPO reward (RM score, or gold)")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (key, title) in zip(axes, panels, strict=True):
         for arm, seeds in runs.items():
