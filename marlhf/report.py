@@ -73,6 +73,34 @@ def plot_curves(run_dirs: dict[str, Path], path: Path) -> Path | None:
     return path
 
 
+def _rm_accuracy(path: Path) -> float | None:
+    """``eval_accuracy`` of a reward-model directory's reward_config.json (None if absent)."""
+    try:
+        value = json.loads(path.read_text()).get("eval_accuracy")
+    except (OSError, ValueError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _label_ceiling() -> float:
+    """Fraction of the bundled held-out comparisons whose label agrees with the gold order: the
+    best accuracy a reward model can reach against these labels."""
+    from marlhf.data.synthetic import gold_score, prompt_of
+    from marlhf.tiny import bundled_corpus_path
+
+    hits = []
+    with open(bundled_corpus_path()) as f:
+        for line in f:
+            row = json.loads(line) if line.strip() else None
+            if row is None or row["split"] == "train":
+                continue
+            p = prompt_of(row)
+            g0, g1 = (gold_score(p, s["text"]) for s in row["summaries"])
+            if g0 != g1:
+                hits.append((g0 > g1) == (row["choice"] == 0))
+    return statistics.fmean(hits) if hits else float("nan")
+
+
 def write_report(
     out: Path,
     results: dict[str, Path],
@@ -81,6 +109,7 @@ def write_report(
     reward_source: str = "rm",
 ) -> Path:
     rows = {name: _rows(p) for name, p in results.items() if p.exists()}
+    rm_accuracy = _rm_accuracy(out / "rm" / "reward_config.json")
     lines = ["# ma-rlhf embedded pipeline: comparison report", ""]
     lines += [
         "Tiny Gemma-architecture model on the bundled synthetic TL;DR task (CPU). *RM score*: the trained",
@@ -92,6 +121,15 @@ def write_report(
             if reward_source == "rm"
             else "the gold score itself (`--reward_source gold`, an oracle), so RM scores are only "
             "diagnostics."
+        ),
+        *(
+            [
+                f"The reward model's held-out pairwise accuracy: {rm_accuracy:.3f} (the noisy labels "
+                f"themselves agree with the gold order on {_label_ceiling():.3f} of the held-out "
+                "pairs): a weak proxy, so a higher RM score need not mean a higher gold score."
+            ]
+            if rm_accuracy is not None
+            else []
         ),
         "",
         "| policy | n | RM score (mean ± sd) | gold (mean ± sd) | response tokens | EOS rate |",

@@ -36,7 +36,13 @@ def test_demo_pipeline_end_to_end(tmp_path):
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = (out / "report.md").read_text()
-    for name in ("| sft |", "| ppo |", "| mappo |", "win rate of MA-PPO"):
+    for name in (
+        "| sft |",
+        "| ppo |",
+        "| mappo |",
+        "win rate of MA-PPO",
+        "held-out pairwise accuracy",
+    ):
         assert name in report, report
     assert (out / "training_curves.png").stat().st_size > 1000
     # a second run resumes: every stage is skipped
