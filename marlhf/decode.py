@@ -18,6 +18,12 @@ exponential race (``argmax_v p_v / E_v`` with ``E_v ~ Exp(1)`` i.i.d. picks ``v`
 ``p_v``), with the noise drawn from the caller's ``torch.Generator`` outside the compiled step, so a
 seeded run is reproducible whether or not the step is compiled. ``top_k=1`` is greedy (argmax, no noise).
 
+With ``row_seeds`` instead of a generator the noise is counter-based (`counter_noise`): ``E`` for row
+``b``, decode step ``t`` and token ``v`` is a hash of ``(seed_b, t, v)``, computed on the device inside
+the step. A row then draws the same response whatever other rows share its batch, in any order and
+behind any prompt padding (up to the float rounding of the model's own logits), so rollouts split over
+data-parallel ranks are those of one process.
+
 Works for models whose attention layers are all full attention and that take a 4-D additive mask
 (Llama, Gemma, Mistral without sliding window, Qwen2, …).
 
@@ -92,6 +98,88 @@ def _exp_noise(shape, device, generator: torch.Generator | None) -> torch.Tensor
     # Exp(1) by inversion of a uniform, so CPU and CUDA generators behave alike. 1 − U ∈ (0, 1].
     u = torch.rand(shape, device=device, generator=generator)
     return (-torch.log1p(-u)).clamp_min(1e-30)
+
+
+# Counter-based noise: SplitMix64 (Steele, Lea & Flood 2014) on int64 tensors. torch's int64 + and *
+# wrap modulo 2^64 (two's complement) on CPU and CUDA — tests/test_decode.py checks this bit for bit
+# against Python integers — but its >> is arithmetic, so the shifts mask off the copied sign bits.
+_GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)  # SplitMix64's increment (2^64 / golden ratio), as an int64
+_MUL1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MUL2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _mix64_(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's output function, in place on an int64 tensor (a bijection of the 64 bits)."""
+    z ^= (z >> 30).bitwise_and_((1 << 34) - 1)  # z ^ (z >>> 30), a logical shift
+    z *= _MUL1
+    z ^= (z >> 27).bitwise_and_((1 << 37) - 1)
+    z *= _MUL2
+    z ^= (z >> 31).bitwise_and_((1 << 33) - 1)
+    return z
+
+
+def counter_bits(
+    row_seeds: torch.Tensor, t: torch.Tensor | int, tokens: torch.Tensor
+) -> torch.Tensor:
+    """Random int64 bits of (row, decode step, token), a pure function of (seed_b, t, v).
+
+    row_seeds: (B,) int64 (all 64 bits are used); t: the decode step, an int or a () long tensor;
+    tokens: (V,) long (the same tokens for every row, e.g. ``arange(V)``) or (B, K) long (each row's
+    own). Returns (B, V) or (B, K) int64. Row b's step-t key is ``k = splitmix64(splitmix64(seed_b)
+    ^ t)`` with ``splitmix64(x) = mix64(x + γ)``, and token v's bits are output v of the SplitMix64
+    stream started at k: ``mix64(k + (v + 1)·γ)`` (mod 2^64) — one elementwise pass (fused when
+    compiled), and any token can be evaluated alone.
+    """
+    key = _mix64_((_mix64_(row_seeds + _GAMMA) ^ t) + _GAMMA)  # (B,) k
+    key += _GAMMA  # output v is mix64(k + γ + v·γ)
+    return _mix64_(key[:, None] + tokens * _GAMMA)
+
+
+def counter_noise(
+    row_seeds: torch.Tensor, t: torch.Tensor | int, tokens: torch.Tensor
+) -> torch.Tensor:
+    """Exp(1) noise of (row b, decode step t, token v), float32, shaped like `counter_bits`.
+
+    The top 63 bits as an integer k give U = k / 2^63 in float32, which keeps 24 significant bits at
+    every scale, so small E = −log(1 − U) (the values that pick unlikely tokens) are resolved finely;
+    a 24-bit grid ``k / 2^24`` would give E = 0 to one token in 2^24, which then wins whatever its
+    probability. U is clamped to [1e-30, 1 − 2^-24]: E ∈ [1e-30, 16.6]; P(E > 16.6) = 6e-8.
+
+    >>> a = counter_noise(torch.tensor([7, 8]), 3, torch.arange(5))
+    >>> torch.equal(a[1], counter_noise(torch.tensor([8]), 3, torch.arange(5))[0])  # row 8 alone
+    True
+    >>> torch.equal(a[:, [4, 1]], counter_noise(torch.tensor([7, 8]), 3, torch.tensor([[4, 1]] * 2)))
+    True
+    """
+    k = (counter_bits(row_seeds, t, tokens) >> 1).bitwise_and_((1 << 63) - 1)
+    neg_u = k.float().mul_(-(2.0**-63)).clamp_(-(1.0 - 2.0**-24), -1e-30)  # −U
+    return neg_u.log1p_().neg_()
+
+
+def draw_counter(
+    logits: torch.Tensor,
+    row_seeds: torch.Tensor,
+    t: torch.Tensor | int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> torch.Tensor:
+    """`draw` with `counter_noise`: (B, V) float logits → (B,) long, the same token as
+    ``draw(logits, counter_noise(row_seeds, t, arange(V)), ...)``. With ``0 < top_k < V`` the noise
+    is made for the top-k candidates only, (B, k) instead of (B, V) (tokens tied with the k-th are
+    dropped here, kept by `filter_logits`)."""
+    V = logits.shape[-1]
+    if top_k == 1:
+        return torch.argmax(logits, dim=-1)
+    x = logits.float() / temperature
+    if 0 < top_k < V:
+        x, tokens = torch.topk(x, top_k, dim=-1)  # (B, k), best first
+        probs = torch.softmax(filter_logits(x, 0, top_p), dim=-1)
+        pick = torch.argmax(probs / counter_noise(row_seeds, t, tokens), dim=-1, keepdim=True)
+        return tokens.gather(1, pick)[:, 0]
+    probs = torch.softmax(filter_logits(x, 0, top_p), dim=-1)
+    noise = counter_noise(row_seeds, t, torch.arange(V, device=logits.device))
+    return torch.argmax(probs / noise, dim=-1)
 
 
 def _check_model(config) -> None:
@@ -169,9 +257,12 @@ class _Decoder:
         temperature: float,
         top_k: int,
         top_p: float,
+        row_seeds: torch.Tensor | None = None,
+        t: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One decode step. tokens, positions: (B, 1) long; cur: () long, the cache slot written now;
-        noise: (B, V) or None. Returns the next tokens (B,) long."""
+        noise: (B, V) or None, or else ``row_seeds`` (B,) long and ``t`` () long, the decode step, for
+        `draw_counter` (its noise is made here, inside the compiled graph). Returns (B,) long."""
         allowed = self.kv_valid & (self.key_pos <= cur)  # (B, L)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, L)
@@ -182,7 +273,10 @@ class _Decoder:
             past_key_values=self.cache,
             use_cache=True,
         )
-        return draw(out.logits[:, -1, :], noise, temperature, top_k, top_p)
+        logits = out.logits[:, -1, :]
+        if row_seeds is not None:
+            return draw_counter(logits, row_seeds, t, temperature, top_k, top_p)
+        return draw(logits, noise, temperature, top_k, top_p)
 
 
 def release_decoders() -> None:
@@ -203,6 +297,7 @@ def sample(
     eos_ids: list[int],
     pad_id: int,
     generator: torch.Generator | None = None,
+    row_seeds: torch.Tensor | None = None,
     compile: bool = False,
     stop_check_every: int = 8,
     prompt_bucket: int = 64,
@@ -210,8 +305,10 @@ def sample(
     """Sample responses to left-padded prompts with a static KV cache.
 
     input_ids, attention_mask: (B, P), left-padded (every row's last column is a real token).
-    ``top_k=1`` decodes greedily; ``top_k=0``/``top_p=1`` switch those filters off. ``generator``
-    must live on the model's device. ``compile=True`` wraps the decode step in
+    ``top_k=1`` decodes greedily; ``top_k=0``/``top_p=1`` switch those filters off. The noise comes
+    from ``generator`` (on the model's device; ``None``: the global RNG), or, with ``row_seeds: (B,)
+    int64``, from `counter_noise`: row b's draws are then a function of ``row_seeds[b]``, its prompt and
+    the model only, not of the other rows, their order or the padding. ``compile=True`` wraps the decode step in
     ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on CUDA; elsewhere it is ignored.
     ``stop_check_every``: steps between checks that every row has finished (each check syncs the host).
     ``prompt_bucket``: prompts are left-padded further to a multiple of it, so batches whose prompt
@@ -231,6 +328,12 @@ def sample(
     _check_model(model.config)
     device = input_ids.device
     B, P = input_ids.shape
+    if row_seeds is not None:
+        if generator is not None:
+            raise ValueError("sample takes a generator or row_seeds, not both")
+        if tuple(row_seeds.shape) != (B,):
+            raise ValueError(f"row_seeds must have shape ({B},), got {tuple(row_seeds.shape)}")
+        row_seeds = row_seeds.to(device=device, dtype=torch.long)
     if prompt_bucket > 1 and P % prompt_bucket:
         extra = prompt_bucket - P % prompt_bucket
         input_ids = torch.nn.functional.pad(input_ids, (extra, 0), value=pad_id)
@@ -244,17 +347,23 @@ def sample(
     step = dec.step_fn
 
     def noise_like(logits_shape):
-        return None if top_k == 1 else _exp_noise(logits_shape, device, generator)
+        if top_k == 1 or row_seeds is not None:  # greedy, or the noise is made in `step`
+            return None
+        return _exp_noise(logits_shape, device, generator)
 
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     try:
         logits = dec.prefill(model, input_ids, attention_mask).float()  # (B, V)
-        tok = draw(logits, noise_like(logits.shape), temperature, top_k, top_p)  # (B,)
+        if row_seeds is not None:
+            tok = draw_counter(logits, row_seeds, 0, temperature, top_k, top_p)  # (B,)
+        else:
+            tok = draw(logits, noise_like(logits.shape), temperature, top_k, top_p)
         out[:, 0] = tok
         done = torch.isin(tok, eos)  # (B,)
         positions = attention_mask.long().sum(1, keepdim=True)  # (B, 1) position of the new token
         cur = torch.tensor(P, device=device)
+        t = torch.tensor(1, device=device)  # the decode step, the counter of `counter_noise`
         for s in range(1, max_new_tokens):
             if s % stop_check_every == 0 and bool(done.all()):
                 break
@@ -267,6 +376,8 @@ def sample(
                 temperature,
                 top_k,
                 top_p,
+                row_seeds,
+                t,
             )
             # clone: a CUDA-graph output buffer is overwritten by the next replay
             tok = torch.where(done, pad_id, nxt.clone())
@@ -274,6 +385,7 @@ def sample(
             done = done | torch.isin(tok, eos)
             positions = positions + 1
             cur = cur + 1
+            t = t + 1
     finally:
         if was_training:
             model.train()

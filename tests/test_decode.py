@@ -171,8 +171,9 @@ def test_filter_logits_matches_reference(top_k, top_p):
         assert kept[b].tolist() == _reference_filter(logits[b].tolist(), top_k, top_p)
 
 
+@pytest.mark.parametrize("noise", ["generator", "row_seeds"])
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (6, 1.0), (0, 0.7), (10, 0.85)])
-def test_step1_distribution_chi_square(top_k, top_p):
+def test_step1_distribution_chi_square(top_k, top_p, noise):
     V, T, N = 24, 0.7, 6000
     model = _model("llama", vocab=V)
     ids, mask = _prompts(B=2, P=6, vocab=V)
@@ -193,8 +194,12 @@ def test_step1_distribution_chi_square(top_k, top_p):
         top_p=top_p,
         eos_ids=[],
         pad_id=PAD,
-        generator=torch.Generator().manual_seed(11),
         prompt_bucket=1,
+        **(
+            {"generator": torch.Generator().manual_seed(11)}
+            if noise == "generator"
+            else {"row_seeds": torch.arange(N) * 7919 + 11}
+        ),
     )
     counts = torch.bincount(out[:, 0], minlength=V).tolist()
     assert all(c == 0 for c, k in zip(counts, keep, strict=True) if not k)
@@ -226,6 +231,15 @@ def test_rejects_bad_arguments():
         sample(model, ids, mask, max_new_tokens=2, top_p=0.0, eos_ids=[], pad_id=PAD)
     with pytest.raises(ValueError, match="max_new_tokens"):
         sample(model, ids, mask, max_new_tokens=0, eos_ids=[], pad_id=PAD)
+    with pytest.raises(ValueError, match="not both"):
+        sample(
+            model, ids, mask, max_new_tokens=2, eos_ids=[], pad_id=PAD,
+            generator=torch.Generator(), row_seeds=torch.arange(len(ids)),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="row_seeds must have shape"):
+        sample(
+            model, ids, mask, max_new_tokens=2, eos_ids=[], pad_id=PAD, row_seeds=torch.arange(2)
+        )
 
 
 def test_bench_decode_smoke():
@@ -292,3 +306,195 @@ def test_decoder_cache_does_not_keep_model_alive():
     del model
     gc.collect()
     assert ref() is None
+
+
+# --------------------------------------------------------------------------------------------------
+# counter-based noise (row_seeds)
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64_outputs(state: int, n: int) -> list[int]:
+    """The first n outputs of SplitMix64 started at ``state``, in Python integers (Steele et al.)."""
+    out = []
+    for _ in range(n):
+        state = (state + 0x9E3779B97F4A7C15) & _M64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def _reference_bits(seed: int, t: int, V: int) -> list[int]:
+    """counter_bits' definition: key = splitmix64(splitmix64(seed) ^ t), then V outputs from key."""
+    key = _splitmix64_outputs(_splitmix64_outputs(seed & _M64, 1)[0] ^ t, 1)[0]
+    return _splitmix64_outputs(key, V)
+
+
+def test_reference_splitmix64_matches_published_values():
+    # Rosetta Code "Pseudo-random numbers/Splitmix64", seed 1234567
+    assert _splitmix64_outputs(1234567, 5) == [
+        6457827717110365317,
+        3203168211198807973,
+        9817491932198370423,
+        4593380528125082431,
+        16408922859458223821,
+    ]
+
+
+def test_counter_bits_match_python_integers():
+    """int64 tensor arithmetic (wrapping * and +, masked >>) gives SplitMix64's exact bits."""
+    seeds = [0, 1, 1234, 2**32 - 1, 2**62 + 12345, -1, -(2**63), 2**63 - 1]
+    for t in (0, 1, 7, 10_000):
+        got = decode.counter_bits(torch.tensor(seeds), torch.tensor(t), torch.arange(37))
+        for b, seed in enumerate(seeds):
+            assert [x & _M64 for x in got[b].tolist()] == _reference_bits(seed, t, 37), (seed, t)
+
+
+def test_counter_noise_is_exact_inversion_of_the_bits():
+    """E = −log(1 − U), U = (bits >> 1) / 2^63 rounded to float32, from Python integers in float64.
+    float32 U keeps its relative precision at every scale, so small E (which decide whether unlikely
+    tokens win) are exact to float32 rounding; large E inherit U's spacing 2^-24 near 1."""
+    seeds, t, V = torch.tensor([3, 99]), 5, 4096
+    got = decode.counter_noise(seeds, t, torch.arange(V)).double()
+    for b, seed in enumerate(seeds.tolist()):
+        u = torch.tensor(
+            [(x >> 1) / 2.0**63 for x in _reference_bits(seed, t, V)], dtype=torch.float64
+        )
+        exact = -torch.log1p(-u.clamp(1e-30, 1 - 2.0**-24))
+        u32 = u.float().double().clamp(1e-30, 1 - 2.0**-24)
+        torch.testing.assert_close(got[b], -torch.log1p(-u32), rtol=1e-6, atol=0)
+        small = exact < 1
+        torch.testing.assert_close(got[b][small], exact[small], rtol=3e-7, atol=0)
+    assert float(got.min()) < 1e-3  # small values occur and were compared at relative precision
+
+
+def test_counter_noise_is_exponential():
+    """Kolmogorov–Smirnov against the Exp(1) CDF over 2^18 draws across rows, steps and tokens."""
+    B, V = 64, 1024
+    vocab = torch.arange(V)
+    draws = torch.cat(
+        [decode.counter_noise(torch.arange(B) * 1_000_003, t, vocab).flatten() for t in range(4)]
+    ).double()
+    x, _ = torch.sort(draws)
+    n = len(x)
+    cdf = 1 - torch.exp(-x)
+    d = max(
+        float((torch.arange(1, n + 1) / n - cdf).max()), float((cdf - torch.arange(n) / n).max())
+    )
+    assert d < 1.95 / math.sqrt(n) * 1.5, d  # ~ p < 1e-4 (K-S critical value 1.95/sqrt n at 1e-3)
+    assert abs(float(draws.mean()) - 1) < 6 / math.sqrt(n)  # sd of the mean of Exp(1): 1/sqrt n
+    # distinct (row, step) pairs are not copies of each other
+    a = decode.counter_noise(torch.tensor([5, 6]), 0, vocab)
+    assert not torch.equal(a[0], a[1])
+    assert not torch.equal(a[0], decode.counter_noise(torch.tensor([5]), 1, vocab)[0])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_counter_noise_draws_follow_softmax(temperature):
+    """Tokens drawn with counter noise over many steps of one row and over many rows of one step
+    have the frequencies of softmax(logits / T), computed in plain Python."""
+    logits = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 0.2]
+    V, N = len(logits), 20_000
+    w = [math.exp(x / temperature) for x in logits]
+    probs = [x / sum(w) for x in w]
+    lg = torch.tensor(logits).expand(N, -1)
+    vocab = torch.arange(V)
+    along_steps = decode.counter_noise(torch.full((N,), 42), torch.arange(N), vocab)  # t = 0 … N−1
+    across_rows = decode.counter_noise(torch.arange(N) * 2654435761, 3, vocab)
+    for noise in (along_steps, across_rows):
+        tok = decode.draw(lg, noise, temperature, 0, 1.0)
+        counts = torch.bincount(tok, minlength=V).tolist()
+        cells = [(c, N * p) for c, p in zip(counts, probs, strict=True)]
+        assert all(e >= 5 for _, e in cells)
+        chi2 = sum((o - e) ** 2 / e for o, e in cells)
+        df = V - 1
+        assert chi2 < df + 6 * math.sqrt(2 * df), (chi2, counts)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 1.0), (0, 0.6), (8, 0.8), (1, 1.0)])
+def test_draw_counter_equals_draw_with_the_full_noise(top_k, top_p):
+    """The top-k path (noise for k candidates only) picks the token the full (B, V) noise picks."""
+    B, V = 256, 40
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(0)) * 2
+    seeds, t = torch.arange(B) * 31 + 5, torch.tensor(9)
+    full = decode.draw(logits, decode.counter_noise(seeds, t, torch.arange(V)), 0.9, top_k, top_p)
+    got = decode.draw_counter(logits, seeds, t, 0.9, top_k, top_p)
+    assert torch.equal(got, full)
+    assert len(set(got.tolist())) > (1 if top_k == 1 else 5)  # the draws vary with the row
+
+
+def _padded(rows: torch.Tensor, width: int) -> list[list[int]]:
+    return torch.nn.functional.pad(rows, (0, width - rows.shape[1]), value=PAD).tolist()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (10, 0.9)])
+def test_row_seeded_samples_do_not_depend_on_the_batch(top_k, top_p):
+    """Each row's response is a function of its prompt and seed: alone, reordered, among other rows,
+    behind wider or narrower padding, it is the same."""
+    model = _model("llama")
+    ids, mask = _prompts(B=4)
+    seeds = torch.tensor([11, 22, 33, 2**40 + 5])
+    N = 10
+    kw = dict(
+        max_new_tokens=N, temperature=1.0, top_k=top_k, top_p=top_p, eos_ids=[EOS], pad_id=PAD
+    )
+    full = _padded(sample(model, ids, mask, row_seeds=seeds, **kw), N)
+    # reversed order, and no bucket padding
+    rev = sample(model, ids.flip(0), mask.flip(0), row_seeds=seeds.flip(0), prompt_bucket=1, **kw)
+    assert _padded(rev, N)[::-1] == full
+    # each row alone, its prompt unpadded
+    for b in range(4):
+        row = ids[b, mask[b].bool()][None]
+        alone = sample(model, row, torch.ones_like(row), row_seeds=seeds[b : b + 1], **kw)
+        assert _padded(alone, N)[0] == full[b], b
+    # among 4 other prompts (other seeds), interleaved, with a longer padded width
+    other, other_mask = _prompts(B=4, P=13, seed=5)
+    mixed_ids = torch.cat([torch.nn.functional.pad(ids, (4, 0), value=PAD), other])[
+        [4, 0, 5, 1, 6, 2, 7, 3]
+    ]
+    mixed_mask = torch.cat([torch.nn.functional.pad(mask, (4, 0)), other_mask])[
+        [4, 0, 5, 1, 6, 2, 7, 3]
+    ]
+    mixed_seeds = torch.cat([seeds, torch.tensor([1, 2, 3, 4])])[[4, 0, 5, 1, 6, 2, 7, 3]]
+    mixed = _padded(sample(model, mixed_ids, mixed_mask, row_seeds=mixed_seeds, **kw), N)
+    assert mixed[1::2] == full
+    # not trivially true: the rows were sampled (not greedy) and the seed matters
+    greedy = _padded(
+        sample(model, ids, mask, max_new_tokens=N, top_k=1, eos_ids=[EOS], pad_id=PAD), N
+    )
+    assert greedy != full
+    same_prompt = sample(
+        model, ids[:1].expand(4, -1), mask[:1].expand(4, -1), row_seeds=seeds, **kw
+    )
+    assert len({tuple(r) for r in _padded(same_prompt, N)}) > 1
+    assert _padded(same_prompt, N)[0] == full[0]
+
+
+def test_greedy_ignores_row_seeds():
+    model = _model("gemma")
+    ids, mask = _prompts()
+    kw = dict(max_new_tokens=8, top_k=1, eos_ids=[], pad_id=PAD)
+    assert torch.equal(
+        sample(model, ids, mask, row_seeds=torch.tensor([1, 2, 3, 4]), **kw),
+        sample(model, ids, mask, **kw),
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled step runs on CUDA only")
+@pytest.mark.parametrize("top_k", [0, 10])
+def test_compiled_step_draws_the_eager_tokens_with_row_seeds(top_k):
+    """Under torch.compile the counter noise is fused into the step's graph: same bits, same tokens."""
+    model = _model("llama").cuda()
+    ids, mask = _prompts()
+    kw = dict(max_new_tokens=8, temperature=1.0, top_k=top_k, eos_ids=[EOS], pad_id=PAD)
+    seeds = torch.tensor([5, 6, 7, 2**50], device="cuda")
+    eager = sample(model, ids.cuda(), mask.cuda(), row_seeds=seeds, **kw)
+    compiled = sample(model, ids.cuda(), mask.cuda(), row_seeds=seeds, compile=True, **kw)
+    assert torch.equal(eager, compiled)
+    bits = decode.counter_bits(
+        seeds, torch.tensor(3, device="cuda"), torch.arange(37, device="cuda")
+    )
+    for b, seed in enumerate(seeds.tolist()):
+        assert [x & _M64 for x in bits[b].tolist()] == _reference_bits(seed, 3, 37)

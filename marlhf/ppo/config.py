@@ -114,8 +114,10 @@ class GenerationConfig:
     generation_backend: str = field(
         default="hf",
         metadata={
-            "help": "Rollout decoder: `hf` (model.generate) or `static` (marlhf.decode: static KV cache, "
-            "on-device sampling).",
+            "help": "Rollout decoder: `hf` (model.generate; each rank samples from its own RNG "
+            "stream, so samples depend on how the batch is split over ranks) or `static` "
+            "(marlhf.decode: static KV cache, on-device sampling, each row's noise seeded from "
+            "(--seed, step, its row in the global batch): the same samples on any number of ranks).",
             "choices": ("hf", "static"),
         },
     )

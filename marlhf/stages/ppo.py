@@ -297,8 +297,19 @@ def _zero3_gather(engine, enabled: bool):
 
 @torch.no_grad()
 def generate(
-    models: Models, batch: dict, cfg: PPOStageConfig, tokenizer, eos_ids: list[int]
+    models: Models,
+    batch: dict,
+    cfg: PPOStageConfig,
+    tokenizer,
+    eos_ids: list[int],
+    row_seeds: torch.Tensor | None = None,
 ) -> Rollout:
+    """Sample one response per prompt of ``batch`` with the actor.
+
+    ``row_seeds`` ((B,) long, static backend only): the static decoder's counter-based noise, so each
+    row's response depends on its seed and prompt, not on the rows beside it; ``None`` draws from the
+    global RNG. The ``hf`` backend (``model.generate``) always draws from the global RNG, one stream
+    per rank, and left-pads to the local batch: its samples depend on how the batch is split."""
     g = cfg.generation
     actor = models.actor
     device = actor.device
@@ -320,7 +331,7 @@ def generate(
                 top_p=g.top_p,
                 eos_ids=eos_ids,
                 pad_id=tokenizer.pad_token_id,
-                generator=None,  # the global RNG: seeded and restored on resume like generate's
+                row_seeds=row_seeds,  # None: the global RNG, seeded and restored on resume
                 compile=g.compile_generation,
                 prompt_bucket=g.max_prompt_seq_len,
             )
@@ -961,10 +972,19 @@ def train(cfg: PPOStageConfig) -> Path:
         # 1.-2. rollouts and scoring, `generation_batches` calls
         t = time.perf_counter()
         rollouts, scoreds, metas = [], [], []
-        for idx in step_micro_batches(perm, step_in_epoch, gen_bs, gen_batches, ws, rank()):
+        # the static decoder samples each row from (seed, step, its global row; stream 2, apart from
+        # the termination's 0 and the dense rewards' 1): the rollouts do not depend on the split over
+        # ranks, and a resumed run redraws them without a saved generator state
+        gen_rows = global_rows(rollout_size, gen_bs, rank(), ws)
+        micro = step_micro_batches(perm, step_in_epoch, gen_bs, gen_batches, ws, rank())
+        for j, idx in enumerate(micro):
             batch = collate([prompts[i] for i in idx])
+            sample_seeds = None
+            if g.generation_backend == "static":
+                rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
+                sample_seeds = derive_row_seeds(ppo.seed, global_step, rows_j, stream=2)
             t0 = time.perf_counter()
-            ro = generate(models, batch, cfg, tokenizer, eos_ids)
+            ro = generate(models, batch, cfg, tokenizer, eos_ids, row_seeds=sample_seeds)
             times["time/generate"] = times.get("time/generate", 0.0) + time.perf_counter() - t0
             t0 = time.perf_counter()
             scoreds.append(score(models, ro, cfg, need_entropy))
@@ -974,11 +994,7 @@ def train(cfg: PPOStageConfig) -> Path:
                 json.loads(m) if isinstance(m, str) else (m or {})
                 for m in batch.get("meta", [{}] * len(idx))
             )
-        prompt_texts = [
-            t
-            for idx in step_micro_batches(perm, step_in_epoch, gen_bs, gen_batches, ws, rank())
-            for t in (prompts[i]["prompt"] for i in idx)
-        ]
+        prompt_texts = [t for idx in micro for t in (prompts[i]["prompt"] for i in idx)]
         ro, scored = _concat(rollouts, scoreds, tokenizer.pad_token_id)
         # 4. sequence-level reward: RM score (normalised if asked) and/or execution reward
         t0 = time.perf_counter()

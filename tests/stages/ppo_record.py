@@ -21,8 +21,8 @@ _parts: list[list[int]] = []
 _steps = [0]
 
 
-def generate(models, batch, cfg, tokenizer, eos_ids):
-    ro = _generate(models, batch, cfg, tokenizer, eos_ids)
+def generate(models, batch, cfg, tokenizer, eos_ids, **kwargs):
+    ro = _generate(models, batch, cfg, tokenizer, eos_ids, **kwargs)
     _generated.append(
         {
             "prompt_ids": list(ro.prompt_ids),
@@ -45,6 +45,9 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
     record = {k: getattr(exp, k).detach().cpu() for k in (*fields, "returns", "segment_ids")}
     record.update(
         prompt_ids=list(exp.rollout.prompt_ids),
+        sequences=exp.rollout.sequences.cpu(),
+        attention_mask=exp.rollout.attention_mask.cpu(),
+        response_start=exp.rollout.response_start.cpu(),
         response_ids=exp.rollout.response_ids.cpu(),
         action_mask=exp.rollout.action_mask.cpu(),
         generated=list(_generated),

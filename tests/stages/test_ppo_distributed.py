@@ -5,13 +5,16 @@ The two ranks generate in two batches of G/2 (``--generation_batches 2``), so th
 the gathered rows (rank r's batch j is global batch 2j + r) is checked too.
 
 Both runs train MA-PPO (advantage whitening, entropy bonus, pretraining mix, two PPO epochs) for two
-steps on the same 8 prompts per step, with greedy decoding (``--top_k 1``, the static decoder, whose
-prompts are all left-padded to ``--max_prompt_seq_len``, so the rollouts do not depend on the batch
-split), once per termination rule whose segments could depend on the split: ``fixed`` (n=3),
-``entropy`` with ``--target_macro_len`` (tau is chosen over all ranks' rows) and ``randomized`` (each
-row's lengths are drawn from a seed of (seed, step, global row)). The one-process run is the
-reference: the same prompts, responses, segments and experience, the same rows in every minibatch,
-actor and critic weights that agree far below the update's size, and the same logged metrics.
+steps on the same 8 prompts per step with the static decoder (whose prompts are all left-padded to
+``--max_prompt_seq_len``), with greedy decoding (``--top_k 1``) once per termination rule whose
+segments could depend on the split: ``fixed`` (n=3), ``entropy`` with ``--target_macro_len`` (tau is
+chosen over all ranks' rows) and ``randomized`` (each row's lengths are drawn from a seed of (seed,
+step, global row)); and once (``sampled``, ``fixed``) with temperature-1 sampling from the whole
+vocabulary, where each row's noise is counter-based, seeded from (seed, step, global row), so the
+rollouts do not depend on the split either (the test checks that they are not the greedy ones).
+The one-process run is the reference: the same prompts, responses, segments and experience, the
+same rows in every minibatch, actor and critic weights that agree far below the update's size, and
+the same logged metrics.
 
 For this to hold the trainer is batch-global (``marlhf.stages.ppo``): every rank gathers the whole
 experience (``gather_experience``) before whitening and statistics, all ranks draw minibatches from
@@ -26,9 +29,8 @@ longest row) and DeepSpeed all-reduces gradients.
 Measured on CPU by this test: experience within 2e-6 (whitened advantages; log-probs 1e-6), weights
 within 1.7e-3 of the largest weight step (Adam's first steps divide by |g|, so parameters whose
 gradient is near zero amplify rounding), metrics within 3e-6 relative. Not covered, and not
-split-independent: temperature sampling (every rank draws from its own RNG stream; per-prompt
-seeded sampling would be needed), and with ``--generation_backend hf`` the prompts' left-padding
-width, which follows the local batch.
+split-independent: ``--generation_backend hf``, whose sampling draws from each rank's own RNG stream
+and whose prompts' left-padding width follows the local batch.
 """
 
 from __future__ import annotations
@@ -50,17 +52,22 @@ RECORD = Path(__file__).with_name("ppo_record.py")
 pytestmark = pytest.mark.slow
 
 G = 4  # prompts per rank per step in the two-process run
-RULES = {
-    "fixed": ("--termination_condition", "fixed", "--ngram", "3"),
+GREEDY = ("--top_k", "1")
+CASES = {
+    "fixed": ("--termination_condition", "fixed", "--ngram", "3", *GREEDY),
     # responses are 3 to 7 tokens and end with EOS, its own macro action: a target of 3 would leave
     # no boundary to choose (tau = inf); 1.5 leaves 4 (step 1) and 12 (step 2) to choose
-    "entropy": ("--termination_condition", "entropy", "--target_macro_len", "1.5"),
+    "entropy": ("--termination_condition", "entropy", "--target_macro_len", "1.5", *GREEDY),
     "randomized": (
         "--termination_condition", "randomized", "--ngram_choices", "1,2,3", "--repeat_times", "2",
+        *GREEDY,
+    ),
+    "sampled": (
+        "--termination_condition", "fixed", "--ngram", "3", "--temperature", "1.0", "--top_k", "0",
     ),
 }  # fmt: skip
 FLAGS = (
-    "--generation_backend", "static", "--top_k", "1",
+    "--generation_backend", "static",
     "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
     "--whiten_advantages", "--entropy_coef", "0.01", "--unsup_coef", "0.1",
     "--ppo_epochs", "2", "--actor_learning_rate", "1e-4", "--critic_learning_rate", "1e-4",
@@ -127,17 +134,17 @@ def models(tmp_path_factory) -> Path:
     return base
 
 
-@pytest.fixture(scope="module", params=list(RULES))
+@pytest.fixture(scope="module", params=list(CASES))
 def runs(models, request):
     """The one-process reference and the two-process run (each a subprocess of the real stage) with
-    one termination rule; returns (models' dir, one, two, rule)."""
-    base, rule = models, request.param
+    one case (termination rule, decoding); returns (models' dir, one, two, case)."""
+    base, case = models, request.param
     common = (
         "--actor_model_name_or_path", str(base / "actor"),
         "--critic_model_name_or_path", str(base / "rm"),
-        "--data_output_path", str(base / "cache"), *RULES[rule], *FLAGS,
+        "--data_output_path", str(base / "cache"), *CASES[case], *FLAGS,
     )  # fmt: skip
-    one, two = base / rule / "one", base / rule / "two"
+    one, two = base / case / "one", base / case / "two"
     launch = {
         one: [sys.executable, str(RECORD)],
         two: [
@@ -165,7 +172,7 @@ def runs(models, request):
             timeout=900,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return base, one, two, rule
+    return base, one, two, case
 
 
 def _record(out: Path, step: int, rank: int) -> dict:
@@ -176,9 +183,27 @@ def _trim(x: torch.Tensor, width: int) -> torch.Tensor:
     return x[:, :width]
 
 
+def _greedy_fraction(actor: Path, rec: dict) -> float:
+    """The fraction of the recorded response tokens that are the argmax of ``actor`` (teacher forced
+    on the recorded sequences): 1.0 for greedy rollouts of that actor."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(actor, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(
+            input_ids=rec["sequences"], attention_mask=rec["attention_mask"].long()
+        ).logits
+    A = rec["response_ids"].shape[1]
+    # response token i of row b is predicted at position start_b + i − 1
+    at = (rec["response_start"][:, None] + torch.arange(A) - 1).clamp_max(logits.shape[1] - 1)
+    best = logits.argmax(-1).gather(1, at)  # (B, A)
+    mask = rec["action_mask"]
+    return float((best == rec["response_ids"])[mask].float().mean())
+
+
 @pytest.mark.parametrize("step", [1, 2])
 def test_same_prompts_responses_and_experience(runs, step):
-    _, one, two, rule = runs
+    base, one, two, case = runs
     ref, r0, r1 = _record(one, step, 0), _record(two, step, 0), _record(two, step, 1)
     assert len(ref["prompt_ids"]) == 2 * G
     # rank r generated global batches r and 2 + r (of G/2 prompts); each then holds all, in order
@@ -202,19 +227,23 @@ def test_same_prompts_responses_and_experience(runs, step):
         assert r0["stats"][k] == pytest.approx(v, rel=1e-5, abs=1e-6), (step, k)
     # the responses stop at different lengths: the data can tell per-rank from global means (checked
     # with `fixed`; with the other rules' updates all 8 responses of step 2 may have one length)
-    if rule == "fixed":
+    if case == "fixed":
         assert len(set(ref["action_mask"].sum(1).tolist())) > 1
+    # greedy rollouts are the initial actor's argmax tokens (the check can tell); sampled ones are not
+    if step == 1 and case in ("fixed", "sampled"):
+        greedy = _greedy_fraction(base / "actor", ref)
+        assert greedy > 0.95 if case == "fixed" else greedy < 0.9, greedy
     # the rule cut the rows in more than one way (macro lengths per row), and entropy chose a tau
     mask, ids = ref["action_mask"], ref["segment_ids"]
     patterns = {tuple(torch.bincount(ids[b, mask[b]]).tolist()) for b in range(len(ids))}
     assert len(patterns) > 1, patterns
-    if rule == "entropy":
+    if case == "entropy":
         assert math.isfinite(ref["stats"]["macro/entropy_threshold"])
 
 
 @pytest.mark.parametrize("step", [1, 2])
 def test_minibatches_are_the_same_rows(runs, step):
-    _, one, two, rule = runs
+    _, one, two, case = runs
     ref, r0, r1 = _record(one, step, 0), _record(two, step, 0), _record(two, step, 1)
     mask = ref["action_mask"]
     assert len(ref["minibatch_rows"]) == len(r0["minibatch_rows"]) == len(r1["minibatch_rows"]) == 4
@@ -225,7 +254,7 @@ def test_minibatches_are_the_same_rows(runs, step):
         assert len(p0) == len(p1) == G // 2 and sorted(p0 + p1) == sorted(rows)
         uneven |= int(mask[p0].sum()) != int(mask[p1].sum())
     # some minibatch splits unequal token counts between the ranks (see above: `fixed`)
-    assert uneven or rule != "fixed"
+    assert uneven or case != "fixed"
 
 
 def _weights(out: Path) -> tuple[dict, dict]:
