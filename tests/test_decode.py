@@ -498,3 +498,17 @@ def test_compiled_step_draws_the_eager_tokens_with_row_seeds(top_k):
     )
     for b, seed in enumerate(seeds.tolist()):
         assert [x & _M64 for x in bits[b].tolist()] == _reference_bits(seed, 3, 37)
+
+
+def test_generator_noise_is_not_on_a_float32_grid():
+    """Small Exp(1) draws must not sit on the 2^-24 grid of a float32 uniform: there, E = 0 (or
+    2^-24) makes a token win whatever its probability (once per ~2^24 / V steps)."""
+    from marlhf.decode import _exp_noise
+
+    e = _exp_noise((1 << 22,), "cpu", torch.Generator().manual_seed(0)).double()
+    small = e[e < 1e-4]  # ~420 values; E ≈ U there
+    assert small.numel() > 100
+    assert bool((small > 0).all())
+    k = small * 2.0**24
+    distance = (k - k.round()).abs()  # ~0 on the float32 grid, ~U(0, 0.5) off it
+    assert distance.mean().item() > 0.15
