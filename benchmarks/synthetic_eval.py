@@ -82,31 +82,21 @@ def eval_policy(model_dir: str, n: int, temperatures: list[float]) -> dict:
 def eval_rm(rm_dir: str, policy: str, n: int) -> dict:
     from transformers import AutoTokenizer
 
-    from marlhf.reward_model import end_scores, load_reward_model
+    from marlhf.reward_model import load_reward_model
 
     tok = AutoTokenizer.from_pretrained(rm_dir)
-    tok.padding_side = "right"
     rm, _ = load_reward_model(rm_dir)
     rm.eval()
 
-    from marlhf.data.tokenize import bos_prefix
+    from marlhf.inference import TextScorer
 
-    bos = bos_prefix(tok)
-    eot = tok(tok.eos_token, add_special_tokens=False)["input_ids"]
+    # the encoding of inference and the RM stage: bos + prompt + response + eos, tokenised apart
+    scorer = TextScorer(rm, tok, tok(tok.eos_token, add_special_tokens=False)["input_ids"], 512)
 
     def score(prompts: list[str], responses: list[str]) -> list[float]:
-        """End scores of bos + prompt + response + eos, encoded as the RM stage encodes pairs."""
         out: list[float] = []
         for i in range(0, len(prompts), 32):
-            p_ids = tok(prompts[i : i + 32], add_special_tokens=False)["input_ids"]
-            r_ids = tok(responses[i : i + 32], add_special_tokens=False)["input_ids"]
-            seqs = [bos + p + r + eot for p, r in zip(p_ids, r_ids, strict=True)]
-            width = max(map(len, seqs))
-            ids = torch.tensor([q + [tok.pad_token_id] * (width - len(q)) for q in seqs])
-            mask = torch.tensor([[1] * len(q) + [0] * (width - len(q)) for q in seqs])
-            with torch.no_grad():
-                values = rm(ids, mask)
-            out += end_scores(values, mask).tolist()
+            out += scorer(prompts[i : i + 32], responses[i : i + 32])[0].tolist()
         return out
 
     rows = held_out()

@@ -240,7 +240,6 @@ def pretrain_base(
         out.mkdir(parents=True, exist_ok=True)
         for name in (*BASE_FILES, "tokenizer_config.json"):
             shutil.copy2(work / "run" / name, out / name)
-        evals = []
         with open(work / "run" / "metrics.jsonl") as f:
             evals = [r for r in map(json.loads, f) if "eval/ppl" in r]
         record = {
