@@ -9,7 +9,8 @@ token plus the reward model's score on the last one:
 The original MA-RLHF (DeepSpeed-Chat) put the score at index `A - 1` of every row, which with
 right-padded rows of different lengths lands on padding and is lost; here it goes on each row's own last
 valid token. Macro-action aggregation (averaging within a macro action) happens later, in the macro
-module, on these per-token rewards.
+module, on these per-token rewards. `token_rewards` and `sequence_rewards` are the two parts, for the
+advantage estimators that take the score apart from the per-token terms (`marlhf.rl.estimators`).
 
 Shapes: B batch, A response tokens, M macro actions (segments); `action_mask: (B, A) bool`, true on the
 valid tokens (a prefix of each row); `segment_ids: (B, A) long`, the segment of each token, -1 on padding.
@@ -79,6 +80,80 @@ def _last_valid_index(action_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return last.clamp(min=0), last >= 0
 
 
+def token_rewards(
+    kl: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    kl_coef: float,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The per-token part of the rewards, `-kl_coef * kl_t (+ dense_t)` on valid tokens, 0 on padding.
+
+    Args:
+        kl: `(B, A)` float per-token KL estimates (`kl_penalty`).
+        action_mask: `(B, A)` bool, valid response tokens.
+        kl_coef: beta, the KL penalty coefficient (a controller's `.value`).
+        dense: optional `(B, A)` float per-token rewards (e.g. `spread_segment_rewards`).
+
+    Returns:
+        `(B, A)` float rewards of dtype `promote(kl.dtype, float32)`.
+    """
+    B, A = action_mask.shape
+    if kl.shape != (B, A):
+        raise ValueError(f"kl must be (B, A) = {(B, A)} like action_mask, got {tuple(kl.shape)}")
+    mask = action_mask.bool()
+    dtype = torch.promote_types(kl.dtype, torch.float32)
+    rewards = -kl_coef * kl.to(dtype)
+    if dense is not None:
+        if dense.shape != (B, A):
+            raise ValueError(f"dense must be (B, A) = {(B, A)}, got {tuple(dense.shape)}")
+        rewards = rewards + dense.to(dtype)
+    return torch.where(mask, rewards, torch.zeros((), dtype=dtype, device=rewards.device))
+
+
+def sequence_rewards(
+    scores: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    reward_clip: float | None = 2.5,
+    ends_with_eos: torch.Tensor | None = None,
+    no_eos_penalty: float = 0.0,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Each response's sequence-level reward: `clip(score, ±reward_clip) + no_eos_penalty * [row did
+    not end with EOS]`, 0 for a row with no valid token. The penalty is added after clipping so that it
+    still separates truncated rows when the score is clipped.
+
+    Args:
+        scores: `(B,)` float scores (reward model, possibly normalised).
+        action_mask: `(B, A)` bool, valid response tokens.
+        reward_clip: None disables clipping (original: 2.5).
+        ends_with_eos: `(B,)` bool, true where the response ended with EOS. None = all did.
+        no_eos_penalty: added to the score of rows with `ends_with_eos` false.
+        dtype: result dtype (default `promote(scores.dtype, float32)`).
+
+    Returns:
+        `(B,)` float.
+    """
+    B = action_mask.shape[0]
+    if scores.shape != (B,):
+        raise ValueError(f"scores must be (B,) = ({B},), got {tuple(scores.shape)}")
+    if reward_clip is not None and reward_clip <= 0:
+        raise ValueError(f"--reward_clip must be > 0 or None, got {reward_clip}")
+    dtype = dtype or torch.promote_types(scores.dtype, torch.float32)
+    score = scores.to(dtype)
+    if reward_clip is not None:
+        score = score.clamp(-reward_clip, reward_clip)
+    if ends_with_eos is not None:
+        if ends_with_eos.shape != (B,):
+            raise ValueError(
+                f"ends_with_eos must be (B,) = ({B},), got {tuple(ends_with_eos.shape)}"
+            )
+        score = score + no_eos_penalty * (~ends_with_eos.bool()).to(dtype)
+    has_any = action_mask.bool().any(1)
+    return torch.where(has_any, score, torch.zeros((), dtype=dtype, device=score.device))
+
+
 def compose_rewards(
     kl: torch.Tensor,
     scores: torch.Tensor,
@@ -90,55 +165,30 @@ def compose_rewards(
     no_eos_penalty: float = 0.0,
     dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token rewards for PPO.
+    """Per-token rewards for PPO: `token_rewards` with `sequence_rewards` added on each row's last
+    valid token.
 
     `r_t = -kl_coef * kl_t (+ dense_t)` on every valid token, and on the last valid token of each row
-    additionally `clip(score, ±reward_clip) + no_eos_penalty * [row did not end with EOS]`. The penalty
-    is added after clipping so that it still separates truncated rows when the score is clipped; pass a
+    additionally `clip(score, ±reward_clip) + no_eos_penalty * [row did not end with EOS]`. Pass a
     negative `no_eos_penalty` to penalise (Segment-PPO uses -0.05). Padding gets 0; a row with no valid
-    token gets no score at all.
-
-    Args:
-        kl: `(B, A)` float per-token KL estimates (`kl_penalty`).
-        scores: `(B,)` float sequence-level scores (reward model, possibly normalised).
-        action_mask: `(B, A)` bool, valid response tokens.
-        kl_coef: beta, the KL penalty coefficient (a controller's `.value`).
-        reward_clip: clip scores to `[-reward_clip, reward_clip]`; None disables (original: 2.5).
-        ends_with_eos: `(B,)` bool, true where the response ended with EOS (not truncated). None = all did.
-        no_eos_penalty: added to the score of rows with `ends_with_eos` false.
-        dense: optional `(B, A)` float per-token rewards (e.g. `spread_segment_rewards`), added on valid
-            tokens.
+    token gets no score at all. Arguments as in `token_rewards` and `sequence_rewards`.
 
     Returns:
         `(B, A)` float32 rewards, 0 on padding.
     """
     B, A = action_mask.shape
-    if kl.shape != (B, A):
-        raise ValueError(f"kl must be (B, A) = {(B, A)} like action_mask, got {tuple(kl.shape)}")
     if scores.shape != (B,):
         raise ValueError(f"scores must be (B,) = ({B},), got {tuple(scores.shape)}")
-    if reward_clip is not None and reward_clip <= 0:
-        raise ValueError(f"--reward_clip must be > 0 or None, got {reward_clip}")
-    mask = action_mask.bool()
-    dtype = torch.promote_types(kl.dtype, torch.float32)
-    rewards = -kl_coef * kl.to(dtype)
-    if dense is not None:
-        if dense.shape != (B, A):
-            raise ValueError(f"dense must be (B, A) = {(B, A)}, got {tuple(dense.shape)}")
-        rewards = rewards + dense.to(dtype)
-    rewards = torch.where(mask, rewards, torch.zeros((), dtype=dtype, device=rewards.device))
-
-    score = scores.to(dtype)
-    if reward_clip is not None:
-        score = score.clamp(-reward_clip, reward_clip)
-    if ends_with_eos is not None:
-        if ends_with_eos.shape != (B,):
-            raise ValueError(
-                f"ends_with_eos must be (B,) = ({B},), got {tuple(ends_with_eos.shape)}"
-            )
-        score = score + no_eos_penalty * (~ends_with_eos.bool()).to(dtype)
-    last, has_any = _last_valid_index(mask)
-    score = torch.where(has_any, score, torch.zeros((), dtype=dtype, device=score.device))
+    rewards = token_rewards(kl, action_mask, kl_coef=kl_coef, dense=dense)
+    score = sequence_rewards(
+        scores,
+        action_mask,
+        reward_clip=reward_clip,
+        ends_with_eos=ends_with_eos,
+        no_eos_penalty=no_eos_penalty,
+        dtype=rewards.dtype,
+    )
+    last, _ = _last_valid_index(action_mask.bool())
     return rewards.scatter_add(1, last.unsqueeze(1), score.unsqueeze(1))
 
 

@@ -211,7 +211,7 @@ def test_policy_loss_validation():
     with pytest.raises(ValueError, match="segment_ids"):
         policy_loss(z, z, z, m, cliprange=0.2, ratio_level="macro")
     with pytest.raises(ValueError, match="ratio_level"):
-        policy_loss(z, z, z, m, cliprange=0.2, ratio_level="sequence")
+        policy_loss(z, z, z, m, cliprange=0.2, ratio_level="episode")
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(z, z, torch.zeros(1, 3), m, cliprange=0.2)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 TERMINATION_CONDITIONS = ("fixed", "randomized", "parsing", "ppl", "entropy")
 RANDOMIZED_MODES = ("original", "resample")
 PARSER_BACKENDS = ("benepar", "spacy", "python")
-VALUE_FUNCTIONS = ("equal", "position", "unit")
+VALUE_FUNCTIONS = ("equal", "position", "unit", "start")
 MACRO_REWARD_AGGS = ("sum", "weighted")
 
 
@@ -112,7 +112,9 @@ class MacroConfig:
         default="equal",
         metadata={
             "help": "Weights sigma of token values in a macro value: equal (1/|w|), position "
-            "(1/(j+1), normalised) or unit (last token).",
+            "(1/(j+1), normalised), unit (last token) or start (V of the state where the macro "
+            "action begins: a baseline independent of the macro action, so the policy gradient "
+            "stays unbiased).",
             "choices": VALUE_FUNCTIONS,
         },
     )
@@ -120,7 +122,8 @@ class MacroConfig:
         default="sum",
         metadata={
             "help": "Macro reward: sum of token rewards (KL strength independent of n) or weighted "
-            "with the value weights (the original; divides the KL penalty by about n).",
+            "with the value weights (the original; divides the KL penalty by about n; the final "
+            "score stays whole when the trainer passes it apart from the KL rewards).",
             "choices": MACRO_REWARD_AGGS,
         },
     )
@@ -131,6 +134,11 @@ class MacroConfig:
             value = getattr(self, f.name)
             if choices is not None and value not in choices:
                 raise ValueError(f"--{f.name} must be one of {choices}, got {value!r}")
+        if self.value_function == "start" and self.macro_reward_agg == "weighted":
+            raise ValueError(
+                "--value_function start with --macro_reward_agg weighted would keep only the "
+                "first token's KL reward of each macro action; use --macro_reward_agg sum"
+            )
         if self.ngram < 1:
             raise ValueError(f"--ngram must be >= 1, got {self.ngram}")
         if len(self.ngram_choices) == 0 or any(int(n) < 1 for n in self.ngram_choices):

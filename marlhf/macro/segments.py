@@ -72,6 +72,8 @@ def build_segments(macro_end: torch.Tensor, action_mask: torch.Tensor) -> MacroS
             valid token of each non-empty row and false on padding.
         action_mask: (B, A) bool — response tokens, true on a prefix of each row.
 
+    A zero-width batch (A = 0) gives empty segments: count 0 and one invalid macro column.
+
     Raises:
         ValueError: if shapes differ, `action_mask` is not a prefix mask, `macro_end` is set on padding,
             or the last valid token of a row is not a macro end.
@@ -92,7 +94,8 @@ def build_segments(macro_end: torch.Tensor, action_mask: torch.Tensor) -> MacroS
         raise ValueError(f"macro_end is true on padding in rows {rows[:10]}")
     n_valid = action_mask.sum(1)  # (B,)
     last = (n_valid - 1).clamp(min=0)
-    last_is_end = macro_end.gather(1, last[:, None]).squeeze(1)
+    # A zero-width batch (A = 0) has no last token to check: every row is empty.
+    last_is_end = macro_end.gather(1, last[:, None]).squeeze(1) if A > 0 else n_valid == 0
     bad = (n_valid > 0) & ~last_is_end
     if bool(bad.any()):
         rows = torch.nonzero(bad).flatten().tolist()
@@ -127,6 +130,10 @@ def macro_weights(
     - ``position``: proportional to 1/(j+1), j the token's position inside its macro action,
       normalised to sum to 1 per macro action.
     - ``unit``: 1 on the last token of each macro action, 0 elsewhere.
+    - ``start``: 1 on the first token of each macro action, 0 elsewhere. The value at token j's
+      position is V(s_j), the state *before* token j, so this is V at the state where the macro action
+      begins: a baseline that does not depend on the macro action it judges (the others read states
+      after some of its own tokens, which biases the policy gradient; issue #12 §2).
 
     Weights are 0 on padding and sum to 1 over each macro action.
 
@@ -136,6 +143,8 @@ def macro_weights(
     [[0.0, 1.0, 0.0, 0.0, 1.0]]
     >>> [round(w, 4) for w in macro_weights(seg, "position")[0].tolist()]
     [0.6667, 0.3333, 0.5455, 0.2727, 0.1818]
+    >>> macro_weights(seg, "start").tolist()
+    [[1.0, 0.0, 1.0, 0.0, 0.0]]
     """
     valid = segments.ids >= 0
     safe_ids = segments.ids.clamp(min=0)
@@ -152,9 +161,13 @@ def macro_weights(
         w = raw / norm.gather(1, safe_ids).clamp(min=torch.finfo(raw.dtype).tiny)
     elif value_function == "unit":
         w = segments.macro_end.to(lengths.dtype)
+    elif value_function == "start":
+        positions = torch.arange(segments.ids.shape[1], device=segments.ids.device)
+        w = (positions[None, :] == segments.start.gather(1, safe_ids)).to(lengths.dtype)
     else:
         raise ValueError(
-            f"--value_function must be one of ('equal', 'position', 'unit'), got {value_function!r}"
+            "--value_function must be one of ('equal', 'position', 'unit', 'start'), got "
+            f"{value_function!r}"
         )
     return torch.where(valid, w, torch.zeros_like(w))
 

@@ -1,0 +1,1 @@
+"""The RL stage: rollout, experience, advantage estimators and the update."""
