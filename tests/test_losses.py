@@ -1,6 +1,7 @@
 """Tests for marlhf.losses against per-token / per-macro loops and hand-worked clipping cases."""
 
 import doctest
+import math
 import statistics
 
 import pytest
@@ -8,6 +9,8 @@ import torch
 
 import marlhf.losses as losses_mod
 from marlhf.losses import (
+    LOSS_AGG_MODES,
+    agg_loss,
     entropy_bonus,
     explained_variance,
     masked_mean,
@@ -314,6 +317,197 @@ def test_shares_of_a_split_minibatch_sum_to_its_losses_and_gradients(level):
     mean0, _, _ = losses(torch.tensor([0, 1]))
     mean1, _, _ = losses(torch.tensor([2, 3]))
     assert abs(float((mean0[1] + mean1[1]).detach() / 2 - whole[1].detach())) > 1e-3
+
+
+# ---------------------------------------------------------------- sequence ratio level (GSPO)
+
+
+def _reference_gspo_loss(logp, old, adv, mask, eps):
+    """GSPO's objective as written (Zheng et al. 2025), a loop over sequences:
+    s_i = exp(mean_t log(pi / pi_old)), loss = mean_i max(-A_i s_i, -A_i clip(s_i, 1 - eps, 1 + eps))."""
+    terms, clipped, ratios = [], [], []
+    for b in range(mask.shape[0]):
+        ts = [t for t in range(mask.shape[1]) if mask[b, t]]
+        if not ts:
+            continue
+        s = torch.exp(sum(logp[b, t] - old[b, t] for t in ts) / len(ts))
+        a = adv[b, ts[0]]
+        un, cl = -a * s, -a * torch.clamp(s, 1 - eps, 1 + eps)
+        terms.append(torch.maximum(un, cl))
+        clipped.append(float(cl > un))
+        ratios.append(float(s.detach()))
+    return torch.stack(terms).mean(), clipped, ratios
+
+
+def test_sequence_level_matches_the_gspo_formula_including_gradient():
+    logp, old, _, mask, g = _batch(4, lengths=(9, 4, 1, 6))
+    logp = old + 0.2 * torch.randn(old.shape, generator=g)  # some sequences clip, some do not
+    seq_adv = torch.randn(mask.shape[0], generator=g)
+    adv = torch.where(mask, seq_adv[:, None], 0.0)  # one advantage per sequence
+    eps = 0.05
+    x = logp.clone().requires_grad_(True)
+    loss, stats = policy_loss(
+        x,
+        old,
+        adv,
+        mask,
+        cliprange=eps,
+        ratio_level="sequence",
+        loss_agg_mode="seq-mean-token-mean",
+    )
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    ref, clipped, ratios = _reference_gspo_loss(y, old, adv, mask, eps)
+    ref.backward()
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(x.grad, y.grad)
+    assert 0 < sum(clipped) < len(clipped)  # both branches exercised
+    # the stats are over the terms (tokens): each sequence's clip decision and ratio, token-weighted
+    n = mask.sum(1).tolist()
+    assert stats["policy/clipfrac"].item() == pytest.approx(
+        sum(c * k for c, k in zip(clipped, n, strict=True)) / sum(n)
+    )
+    assert stats["policy/ratio_mean"].item() == pytest.approx(
+        sum(r * k for r, k in zip(ratios, n, strict=True)) / sum(n), rel=1e-6
+    )
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_one_token_responses_all_ratio_levels_agree_exactly(mode):
+    logp, old, adv, mask, _ = _batch(5, lengths=(1, 1, 0, 1))
+    ids = torch.where(mask, 0, -1)
+    out = []
+    for level in ("token", "macro", "sequence"):
+        x = logp.clone().requires_grad_(True)
+        loss, stats = policy_loss(
+            x, old, adv, mask, cliprange=0.2, ratio_level=level, segment_ids=ids,
+            loss_agg_mode=mode, norm_length=9,
+        )  # fmt: skip
+        loss.backward()
+        out.append((loss, x.grad, stats))
+    for loss, grad, stats in out[1:]:
+        assert torch.equal(loss, out[0][0]) and torch.equal(grad, out[0][1])
+        for k in stats:
+            assert torch.equal(stats[k], out[0][2][k]), k
+
+
+def test_policy_terms_sequence_level_is_every_token():
+    _, _, _, mask, _ = _batch(0)
+    assert torch.equal(policy_terms(mask, "sequence"), mask)
+
+
+# ---------------------------------------------------------------- loss aggregation modes
+
+
+def _reference_agg(terms, weight, mode, norm_length):
+    """The modes as plain loops over sequences (verl's names; Dr. GRPO's constant normaliser)."""
+    rows = [
+        [float(terms[b, t]) for t in range(terms.shape[1]) if weight[b, t]]
+        for b in range(terms.shape[0])
+    ]
+    rows = [r for r in rows if r]
+    if mode == "token-mean":
+        return statistics.fmean([x for r in rows for x in r])
+    if mode == "seq-mean-token-sum":
+        return statistics.fmean([sum(r) for r in rows])
+    if mode == "seq-mean-token-mean":
+        return statistics.fmean([statistics.fmean(r) for r in rows])
+    return statistics.fmean([sum(r) / norm_length for r in rows])
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("level", ["token", "macro", "sequence"])
+def test_policy_and_value_loss_agg_modes_match_loop(mode, level):
+    logp, old, adv, mask, g = _batch(6, B=5, lengths=(9, 4, 0, 1, 6))
+    ids = _random_segments(mask, g)
+    loss, _ = policy_loss(
+        logp, old, adv, mask, cliprange=0.2, ratio_level=level, segment_ids=ids,
+        loss_agg_mode=mode, norm_length=12,
+    )  # fmt: skip
+    # the per-term values at the chosen level, from the token-mean loss's own definition
+    if level == "token":
+        terms = torch.maximum(-adv * (logp - old).exp(), -adv * (logp - old).exp().clamp(0.8, 1.2))
+        weight = mask
+    else:
+        weight = policy_terms(mask, level, ids)
+        terms = torch.zeros(mask.shape)
+        for b in range(mask.shape[0]):
+            for t in range(mask.shape[1]):
+                if not weight[b, t]:
+                    continue
+                if level == "macro":
+                    ts = [u for u in range(mask.shape[1]) if ids[b, u] == ids[b, t]]
+                else:
+                    ts = [u for u in range(mask.shape[1]) if mask[b, u]]
+                lr = sum(float(logp[b, u] - old[b, u]) for u in ts)
+                r = math.exp(lr / (len(ts) if level == "sequence" else 1))
+                a = float(adv[b, t] if level == "sequence" else adv[b, ts[0]])
+                terms[b, t] = max(-a * r, -a * min(max(r, 0.8), 1.2))
+    assert loss.item() == pytest.approx(_reference_agg(terms, weight, mode, 12), rel=1e-5)
+
+    values, ret = torch.randn(2, *mask.shape, generator=g)
+    vl, _ = value_loss(
+        values, values * 0.9, ret, mask, cliprange_value=0.05, loss_agg_mode=mode, norm_length=12
+    )
+    err = torch.maximum(
+        (values - ret).square(),
+        (values * 0.9 + (values * 0.1).clamp(-0.05, 0.05) - ret).square(),
+    )
+    assert vl.item() == pytest.approx(0.5 * _reference_agg(err, mask, mode, 12), rel=1e-5)
+
+
+def test_token_mean_default_is_todays_formula_bit_for_bit():
+    logp, old, adv, mask, _ = _batch(9)
+    ratio = (torch.where(mask, logp - old, 0.0)).exp()
+    terms = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    want = torch.where(mask, terms, 0.0).sum() / mask.sum()
+    assert torch.equal(policy_loss(logp, old, adv, mask, cliprange=0.2)[0], want)
+    assert torch.equal(agg_loss(terms, mask), want)
+
+
+def test_agg_validation():
+    x, w = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="--loss_agg_mode must be one of"):
+        agg_loss(x, w, "seq-sum")
+    with pytest.raises(ValueError, match="--max_answer_seq_len"):
+        agg_loss(x, w, "seq-mean-token-sum-norm")
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("level", ["token", "macro", "sequence"])
+def test_every_agg_mode_split_over_ranks_sums_to_the_whole(mode, level):
+    """The minibatch's loss (policy and value) equals the sum of its parts' losses, each computed
+    with the global normalisers (terms, sequences, the constant length)."""
+    logp, old, adv, mask, g = _batch(10, B=6, A=9, lengths=(9, 4, 0, 1, 6, 3))
+    ids = _random_segments(mask, g)
+    values, ret = torch.randn(2, 6, 9, generator=g)
+    terms = policy_terms(mask, level, ids)
+    norms = {"num_terms": terms.sum(), "num_seqs": terms.any(1).sum(), "norm_length": 9}
+    vnorms = {"num_tokens": mask.sum(), "num_seqs": mask.any(1).sum(), "norm_length": 9}
+
+    def losses(rows, use_global):
+        x = logp[rows].clone().requires_grad_(True)
+        v = values[rows].clone().requires_grad_(True)
+        pn = norms if use_global else {"norm_length": 9}
+        vn = vnorms if use_global else {"norm_length": 9}
+        pg, _ = policy_loss(
+            x, old[rows], adv[rows], mask[rows], cliprange=0.2, ratio_level=level,
+            segment_ids=ids[rows], loss_agg_mode=mode, **pn,
+        )  # fmt: skip
+        vl, _ = value_loss(
+            v, values[rows] * 0.9, ret[rows], mask[rows], cliprange_value=0.2,
+            loss_agg_mode=mode, **vn,
+        )  # fmt: skip
+        (pg + vl).backward()
+        return pg.detach(), vl.detach(), x.grad, v.grad
+
+    whole = losses(torch.arange(6), use_global=False)
+    part0 = losses(torch.tensor([0, 1, 2]), use_global=True)  # 13 tokens, 2 non-empty rows
+    part1 = losses(torch.tensor([3, 4, 5]), use_global=True)  # 10 tokens, 3 rows
+    for i in (0, 1):
+        torch.testing.assert_close(part0[i] + part1[i], whole[i])
+    for i in (2, 3):
+        torch.testing.assert_close(torch.cat([part0[i], part1[i]]), whole[i])
 
 
 def test_docstring_examples():

@@ -15,7 +15,9 @@ from marlhf.rewards import (
     compose_rewards,
     kl_penalty,
     normalize_scores,
+    sequence_rewards,
     spread_segment_rewards,
+    token_rewards,
 )
 
 # ---------------------------------------------------------------- KL estimators
@@ -134,6 +136,33 @@ def test_compose_rewards_matches_loop_random():
         assert torch.all(out[~mask] == 0)
     # Empty row 0 gets nothing, not even the score.
     assert torch.all(out[0] == 0)
+
+
+def test_token_and_sequence_rewards_are_compose_rewards_parts():
+    """The two parts (for estimators that take the score apart) by a loop, and compose_rewards
+    equals the per-token part with the sequence part added on the last valid token, bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    B, A = 6, 7
+    lengths = torch.tensor([0, 1, 3, 7, 5, 2])
+    mask = torch.arange(A).unsqueeze(0) < lengths.unsqueeze(1)
+    kl, dense = torch.randn(2, B, A, generator=g)
+    scores = 3 * torch.randn(B, generator=g)
+    eos = torch.tensor([True, False, True, False, True, False])
+    kw = dict(reward_clip=1.0, ends_with_eos=eos, no_eos_penalty=-0.05)
+    tok = token_rewards(kl, mask, kl_coef=0.1, dense=dense)
+    seq = sequence_rewards(scores, mask, **kw)
+    for b in range(B):
+        n = int(lengths[b])
+        want = [-0.1 * float(kl[b, t]) + float(dense[b, t]) for t in range(n)] + [0.0] * (A - n)
+        assert tok[b].tolist() == pytest.approx(want, abs=1e-6)
+        s = min(max(float(scores[b]), -1.0), 1.0) + (0.0 if eos[b] else -0.05)
+        assert seq[b].item() == pytest.approx(s if n > 0 else 0.0, abs=1e-6)
+    combined = tok.clone()
+    for b in range(B):
+        if lengths[b] > 0:
+            combined[b, lengths[b] - 1] += seq[b]
+    out = compose_rewards(kl, scores, mask, kl_coef=0.1, dense=dense, **kw)
+    assert torch.equal(out, combined)
 
 
 def test_compose_rewards_score_never_on_padding():

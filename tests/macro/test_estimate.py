@@ -1,6 +1,7 @@
 """marlhf.macro.estimate against hand-worked examples and a per-row loop reference."""
 
 import doctest
+import itertools
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ def loop_weights(n: int, value_function: str) -> list[float]:
         return [1.0 / n] * n
     if value_function == "unit":
         return [0.0] * (n - 1) + [1.0]
+    if value_function == "start":
+        return [1.0] + [0.0] * (n - 1)
     raw = [1.0 / (j + 1) for j in range(n)]
     return [w / sum(raw) for w in raw]
 
@@ -68,7 +71,7 @@ def random_batch(seed, B=8, A=24):
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("value_function", ["equal", "position", "unit"])
+@pytest.mark.parametrize("value_function", ["equal", "position", "unit", "start"])
 @pytest.mark.parametrize("reward_agg", ["sum", "weighted"])
 def test_macro_advantages_match_loop(seed, value_function, reward_agg):
     rewards, values, mask, macro_end, n_valid = random_batch(seed)
@@ -97,7 +100,7 @@ def textbook_token_gae(rewards, values, n_valid, gamma, lam):
     return adv, [adv[t] + values[t] if t < n_valid else 0.0 for t in range(len(rewards))]
 
 
-@pytest.mark.parametrize("value_function", ["equal", "position", "unit"])
+@pytest.mark.parametrize("value_function", ["equal", "position", "unit", "start"])
 @pytest.mark.parametrize("reward_agg", ["sum", "weighted"])
 def test_fixed_n1_is_exactly_token_ppo(value_function, reward_agg):
     rewards, values, mask, _, n_valid = random_batch(11)
@@ -170,6 +173,122 @@ def test_worked_example_two_macro_actions():
     a1 = 2.5 / 3
     a0 = -0.3 + 3.2 / 3 - 5.4 / 11 + 0.5 * a1
     torch.testing.assert_close(adv, torch.tensor([[a0, a0, a0, a1, a1]], dtype=torch.float64))
+
+
+def test_weighted_agg_keeps_a_truncated_rows_score_whole():
+    """#13 item 34. Row 0 is truncated: its last macro action {2, 3, 4} is an ordinary chunk, and
+    `weighted` used to average the score into it (R1 = (-1.2 + 1.5) / 3 = 0.1). Given apart, the
+    score enters whole: R1 = -1.2 / 3 + 1.5 = 1.1. Row 1 ends with EOS, its own macro action {3}:
+    the score was whole there already, and stays so."""
+    kl_rewards = torch.tensor(
+        [[-0.1, -0.2, -0.3, -0.6, -0.3], [-0.2, -0.4, -0.6, -0.5, 0.0]], dtype=torch.float64
+    )
+    scores = torch.tensor([1.5, 2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]).bool()
+    seg = build_segments(torch.tensor([[0, 1, 0, 0, 1], [0, 0, 1, 1, 0]]).bool(), mask)
+    values = torch.zeros(2, 5, dtype=torch.float64)
+    kw = dict(value_function="equal", reward_agg="weighted", gamma=1.0, lam=1.0)
+    adv, _ = macro_advantages(kl_rewards, values, mask, seg, scores=scores, **kw)
+    # row 0: R0 = -0.3 / 2 = -0.15, R1 = 1.1 -> A1 = 1.1, A0 = 0.95
+    # row 1: R0 = -1.2 / 3 = -0.4, R1 = -0.5 + 2.0 = 1.5 -> A1 = 1.5, A0 = 1.1
+    want = torch.tensor(
+        [[0.95, 0.95, 1.1, 1.1, 1.1], [1.1, 1.1, 1.1, 1.5, 0.0]], dtype=torch.float64
+    )
+    torch.testing.assert_close(adv, want)
+    # with the score already in the rewards (today's callers) nothing changes: row 1 agrees
+    combined = kl_rewards.clone()
+    combined[0, 4] += 1.5
+    combined[1, 3] += 2.0
+    old_adv, _ = macro_advantages(combined, values, mask, seg, **kw)
+    torch.testing.assert_close(old_adv[1], want[1])
+    assert old_adv[0, 4].item() == pytest.approx(0.1)  # the averaged score, documented above
+
+
+@pytest.mark.parametrize("value_function", ["equal", "position", "unit", "start"])
+def test_scores_apart_with_sum_is_bit_identical(value_function):
+    rewards, values, mask, macro_end, n_valid = random_batch(5)
+    seg = build_segments(macro_end, mask)
+    scores = torch.randn(
+        mask.shape[0], generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
+    combined = torch.where(mask, rewards, 0.0)
+    for b in range(mask.shape[0]):
+        if n_valid[b] > 0:
+            combined[b, n_valid[b] - 1] += scores[b]
+    kw = dict(value_function=value_function, reward_agg="sum", gamma=0.97, lam=0.9)
+    want = macro_advantages(combined, values, mask, seg, **kw)
+    got = macro_advantages(rewards, values, mask, seg, scores=scores, **kw)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_zero_width_batch():
+    empty = torch.zeros(2, 0, dtype=torch.bool)
+    seg = build_segments(empty, empty)
+    for agg in ("sum", "weighted"):
+        adv, ret = macro_advantages(
+            torch.zeros(2, 0), torch.zeros(2, 0), empty, seg, reward_agg=agg, scores=torch.ones(2)
+        )
+        assert adv.shape == ret.shape == (2, 0)
+
+
+# ---------------------------------------------------------------- value_function start is unbiased
+
+
+def enumerated_policy_gradients(macro_end_row, value_functions, V=3, L=3, seed=0):
+    """A tabular softmax policy over V tokens and L steps (logits depend on the whole prefix), a
+    reward on the tokens (r_t = c[t, a_t] plus a score on the whole sequence) and an arbitrary,
+    wrong critic V(s). Returns the true gradient of E[sum_t r_t] and, per value function, the exact
+    expected policy gradient E[sum_t A_t grad log pi(a_t | s_t)] of macro GAE with lambda = gamma = 1,
+    both by autograd over all V^L sequences weighted by their probability."""
+    g = torch.Generator().manual_seed(seed)
+    n_states = sum(V**t for t in range(L))
+    theta = torch.randn(n_states, V, generator=g, dtype=torch.float64, requires_grad=True)
+    critic = 3.0 * torch.randn(n_states, generator=g, dtype=torch.float64)
+    token_reward = torch.randn(L, V, generator=g, dtype=torch.float64)
+    final = torch.randn(V**L, generator=g, dtype=torch.float64)
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # (V^L, L)
+    S = seqs.shape[0]
+    state = torch.zeros(S, L, dtype=torch.long)  # index of the prefix seqs[:, :t]
+    code = torch.zeros(S, dtype=torch.long)
+    for t in range(L):
+        state[:, t] = sum(V**j for j in range(t)) + code
+        code = code * V + seqs[:, t]
+    logp = torch.log_softmax(theta[state], -1).gather(2, seqs[..., None]).squeeze(2)  # (S, L)
+    p = logp.sum(1).exp()
+    rewards = token_reward[torch.arange(L), seqs]  # (S, L)
+    rewards[:, -1] += final[code]
+    (true_grad,) = torch.autograd.grad((p * rewards.sum(1)).sum(), theta, retain_graph=True)
+    mask = torch.ones(S, L, dtype=torch.bool)
+    seg = build_segments(torch.tensor(macro_end_row).bool().expand(S, L), mask)
+    values = critic[state]  # the value at token t's position is V(s_t), the state before it
+    grads = {}
+    for vf in value_functions:
+        adv, _ = macro_advantages(rewards, values, mask, seg, value_function=vf, gamma=1.0, lam=1.0)
+        surrogate = (p.detach() * (adv.detach() * logp).sum(1)).sum()
+        (grads[vf],) = torch.autograd.grad(surrogate, theta, retain_graph=True)
+    return true_grad, grads
+
+
+@pytest.mark.parametrize("macro_end_row", [[0, 1, 1], [1, 0, 1], [0, 0, 1]])
+def test_start_value_gives_the_true_policy_gradient_and_the_others_do_not(macro_end_row):
+    """Issue #12 §2: with `start` the macro action's baseline is V at the state where it begins, which
+    does not depend on its own tokens, so the expected policy gradient is the true gradient whatever
+    the critic; `equal`, `position` and `unit` read states inside the macro action and are biased."""
+    true_grad, grads = enumerated_policy_gradients(
+        macro_end_row, ("start", "equal", "position", "unit")
+    )
+    assert float(true_grad.abs().max()) > 0.05  # a gradient worth comparing
+    torch.testing.assert_close(grads["start"], true_grad, rtol=0, atol=1e-6)
+    for vf in ("equal", "position", "unit"):
+        assert float((grads[vf] - true_grad).abs().max()) > 1e-2, vf
+
+
+def test_one_token_macro_actions_are_unbiased_with_every_weighting():
+    true_grad, grads = enumerated_policy_gradients(
+        [1, 1, 1], ("start", "equal", "position", "unit")
+    )
+    for vf, grad in grads.items():
+        torch.testing.assert_close(grad, true_grad, rtol=0, atol=1e-6, msg=vf)
 
 
 def test_rejects_mismatched_mask_and_bad_agg():

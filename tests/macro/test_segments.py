@@ -80,6 +80,21 @@ def test_all_empty_batch_has_one_invalid_macro_column():
     assert to_macro(torch.ones(2, 3), seg).tolist() == [[0.0], [0.0]]
 
 
+@pytest.mark.parametrize("B", [0, 3])
+def test_zero_width_batch_gives_empty_segments(B):
+    """#13 item 33: A = 0 (every response empty) used to raise RuntimeError in the last-token check."""
+    empty = torch.zeros(B, 0, dtype=torch.bool)
+    seg = build_segments(empty, empty)
+    assert seg.ids.shape == (B, 0) and seg.count.tolist() == [0] * B
+    assert seg.mask.shape == (B, 1) and not seg.mask.any()
+    assert seg.macro_end.shape == (B, 0)
+    x = torch.zeros(B, 0)
+    assert to_macro(x, seg).tolist() == [[0.0]] * B
+    assert to_tokens(to_macro(x, seg), seg).shape == (B, 0)
+    for name in ("equal", "position", "unit", "start"):
+        assert macro_weights(seg, name).shape == (B, 0)
+
+
 def test_weights_by_hand():
     # One row, 6 tokens: macro actions {0,1,2} and {3,4}; token 5 is padding.
     macro_end = torch.tensor([[0, 0, 1, 0, 1, 0]]).bool()
@@ -92,10 +107,13 @@ def test_weights_by_hand():
     expected_position = [6 / 11, 3 / 11, 2 / 11, 2 / 3, 1 / 3, 0.0]
     # unit: the last token of each macro action.
     expected_unit = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    # start: the first token of each macro action (V at the state where it begins).
+    expected_start = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     for name, expected in [
         ("equal", expected_equal),
         ("position", expected_position),
         ("unit", expected_unit),
+        ("start", expected_start),
     ]:
         torch.testing.assert_close(macro_weights(seg, name), torch.tensor([expected]))
     with pytest.raises(ValueError, match="value_function"):
@@ -103,7 +121,7 @@ def test_weights_by_hand():
 
 
 @pytest.mark.parametrize("seed", range(3))
-@pytest.mark.parametrize("value_function", ["equal", "position", "unit"])
+@pytest.mark.parametrize("value_function", ["equal", "position", "unit", "start"])
 def test_weights_sum_to_one_and_to_macro_matches_loop(seed, value_function):
     macro_end, mask = random_layout(seed)
     seg = build_segments(macro_end, mask)

@@ -487,6 +487,7 @@ def test_wrapper_validates_inputs():
         ({"target_macro_len": 0.5}, "--target_macro_len"),
         ({"value_function": "mean"}, "--value_function"),
         ({"macro_reward_agg": "mean"}, "--macro_reward_agg"),
+        ({"value_function": "start", "macro_reward_agg": "weighted"}, "--macro_reward_agg sum"),
     ],
 )
 def test_config_validation_names_the_flag(kwargs, flag):
@@ -503,6 +504,7 @@ def test_config_defaults_and_metadata():
     assert all(m.get("help") for m in meta.values())
     assert "--parser_cutoff" in meta["parsing_cutoff"]["aliases"]
     MacroConfig(entropy_threshold=math.inf, target_macro_len=3.0)  # valid
+    MacroConfig(value_function="start")  # valid
 
 
 def test_doctests():
