@@ -21,13 +21,25 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
 4. **Output.** ``${proj_path}/results/${dataset}/temperature=${T}/${model_name}.jsonl``, one JSON
    object per prompt: ``prompt_id, prompt, response, reward, response_tokens, ends_with_eos`` (+
    ``gold`` on the synthetic task; + ``chosen_*``/``rejected_*`` with ``--ref-scores``; APPS rows add
-   ``responses``, ``rewards``, ``n_correct``). ``model_name`` joins the last three path components
-   of ``--model`` (``run1-checkpoints-step-100``), so checkpoints of one run do not overwrite each
-   other. The settings go to ``<output>.meta.json`` and a summary to ``<output>.summary.json``.
+   ``responses``, ``rewards``, ``n_correct``). The settings go to ``<output>.meta.json`` and a
+   summary to ``<output>.summary.json``. Naming rule (:func:`output_path`):
+
+   - ``${model_name}``: the path of ``--model`` relative to ``--proj-path`` when the model lies
+     inside it (``runs/llama/sft`` -> ``runs-llama-sft``, ``runs/llama/mappo_n5/actor`` ->
+     ``runs-llama-mappo_n5-actor``), otherwise its last three path components
+     (``/ckpt/run1/checkpoints/step-100`` -> ``run1-checkpoints-step-100``; a hub id
+     ``google/gemma-2b`` -> ``google-gemma-2b``): components joined with ``-``, other characters
+     than ``A-Za-z0-9._=+-`` replaced by ``_``. With ``--ref-scores``: ``ref-scores-`` + the reward
+     model's name by the same rule.
+   - ``${dataset}``: the dataset's short name (:mod:`marlhf.datasets`: ``hh`` -> ``hh-rlhf``,
+     ``openai/summarize_from_feedback`` -> ``summarize``); a local file: its name without the
+     extension (``data/webgpt.jsonl`` -> ``webgpt``); a local directory or another spec: its last
+     component.
 
 Resuming: rows are appended, flushed and fsynced after every batch; a re-run skips prompt ids
 already in the file (a half-written last line from a killed run is cut off first). A re-run whose
-settings differ from the sidecar's is refused unless ``--overwrite``.
+settings differ from the sidecar's is refused unless ``--overwrite`` — unless the output has no row
+yet (a run that failed before writing any): then the new settings replace the old ones.
 
 ``--ref-scores`` scores the dataset's own chosen/rejected responses instead of generating
 (``response``/``reward`` are then the chosen ones). APPS (``--dataset apps``) samples
@@ -38,8 +50,12 @@ settings differ from the sidecar's is refused unless ``--overwrite``.
 'run1-checkpoints-step-100'
 >>> model_name("google/gemma-2b"), model_name("tiny")
 ('google-gemma-2b', 'tiny')
->>> dataset_spec("summarize"), dataset_spec("data/my.jsonl")
-('openai/summarize_from_feedback', 'data/my.jsonl')
+>>> model_name("/p/runs/llama/mappo_n5/actor", proj_path="/p")
+'runs-llama-mappo_n5-actor'
+>>> dataset_spec("summarize"), dataset_spec("hh"), dataset_spec("data/my.jsonl")
+('openai/summarize_from_feedback', 'Dahoas/full-hh-rlhf', 'data/my.jsonl')
+>>> dataset_dir_name("hh"), dataset_dir_name("data/webgpt.jsonl"), dataset_dir_name("plain:d/x.json")
+('hh-rlhf', 'webgpt', 'x')
 """
 
 from __future__ import annotations
@@ -59,18 +75,13 @@ from typing import Any
 import torch
 
 from marlhf.code_reward import CodeRewardConfig
+from marlhf.datasets import DATASETS, canonical, names_help
 from marlhf.macro.config import MacroConfig
 
 log = logging.getLogger(__name__)
 
-# The original script's --dataset names; anything else is passed to the data adapters as a spec.
-DATASETS = {
-    "summarize": "openai/summarize_from_feedback",
-    "hh-rlhf": "Dahoas/full-hh-rlhf",
-    "webgpt": "openai/webgpt_comparisons",
-    "apps": "codeparrot/apps",
-    "synthetic": "synthetic-tldr",
-}
+# --dataset: the short names shared by every tool (marlhf.datasets, the original script's names and
+# their aliases); anything else is passed to the data adapters as a spec.
 DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
 GOLD_CHOICES = ("auto", "on", "off")
 # Settings that do not change what a row means: a re-run may change them freely.
@@ -106,8 +117,7 @@ class InferenceConfig:
     dataset: str = field(
         default="synthetic",
         metadata={
-            "help": "summarize | hh-rlhf | webgpt | apps | synthetic, or a data spec "
-            "(registered name or local file/directory)."
+            "help": f"{names_help()}, or a data spec (registered name or local file/directory)."
         },
     )
     model: str = field(
@@ -257,15 +267,44 @@ class InferenceArgs:
 
 # --- names and paths -----------------------------------------------------------------------------
 def dataset_spec(name: str) -> str:
-    """The original script's short dataset name -> a data-adapter spec (others unchanged)."""
-    return DATASETS.get(name, name)
+    """A short dataset name or alias -> its data-adapter spec (others unchanged)."""
+    short = canonical(name)
+    return DATASETS[short] if short is not None else name
 
 
-def model_name(path: str, depth: int = 3) -> str:
-    """A file-name-safe name for a model: its last ``depth`` path components joined with ``-``."""
-    parts = [p for p in re.split(r"[\\/]+", os.path.normpath(path)) if p not in ("", ".", "..")]
-    name = "-".join(parts[-depth:]) or "model"
+_DATA_EXTENSIONS = frozenset({".jsonl", ".json", ".parquet", ".csv", ".tsv", ".arrow", ".txt"})
+
+
+def _safe_name(parts: Sequence[str]) -> str:
+    name = "-".join(parts) or "model"
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", name)
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in re.split(r"[\\/]+", os.path.normpath(path)) if p not in ("", ".", "..")]
+
+
+def model_name(path: str, proj_path: str | None = None) -> str:
+    """A file-name-safe name for a model (module doc, naming rule): its path relative to
+    ``proj_path`` when it lies inside it, else its last three path components, joined with ``-``."""
+    if proj_path is not None:
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(proj_path))
+        if rel != "." and not rel.startswith(".."):
+            return _safe_name(_parts(rel))
+    return _safe_name(_parts(path)[-3:])
+
+
+def dataset_dir_name(dataset: str) -> str:
+    """The results directory of a dataset (module doc, naming rule)."""
+    short = canonical(dataset)
+    if short is not None:
+        return short
+    spec = dataset.split(":", 1)[1] if ":" in dataset and not os.path.exists(dataset) else dataset
+    last = (_parts(spec) or ["data"])[-1]
+    root, ext = os.path.splitext(last)
+    if root and ext.lower() in _DATA_EXTENSIONS:
+        last = root
+    return _safe_name([last])
 
 
 def output_path(cfg: InferenceConfig) -> str:
@@ -273,13 +312,13 @@ def output_path(cfg: InferenceConfig) -> str:
     if cfg.output:
         return cfg.output
     if cfg.ref_scores:
-        name = "ref-scores-" + model_name(cfg.reward_model or "rm")
+        name = "ref-scores-" + model_name(cfg.reward_model or "rm", cfg.proj_path)
     else:
-        name = model_name(cfg.model)
+        name = model_name(cfg.model, cfg.proj_path)
     return os.path.join(
         cfg.proj_path,
         "results",
-        model_name(cfg.dataset, depth=1),
+        dataset_dir_name(cfg.dataset),
         f"temperature={cfg.temperature}",
         f"{name}.jsonl",
     )
@@ -348,7 +387,9 @@ def read_rows(path: str) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path} line {lineno}: not valid JSON ({e.msg})") from None
+                raise ValueError(
+                    f"{path} line {lineno}: not valid JSON at column {e.colno} ({e.msg})"
+                ) from None
             if not isinstance(row, dict) or "prompt_id" not in row:
                 raise ValueError(f'{path} line {lineno}: field "prompt_id" missing')
             rows.append(row)
@@ -370,8 +411,9 @@ def run_settings(cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfi
 def prepare_output(path: str, settings: dict, overwrite: bool) -> set[str]:
     """Check/write ``<path>.meta.json`` and return the prompt ids already written.
 
-    Raises ValueError when the sidecar's settings differ from ``settings`` (unless ``overwrite``,
-    which deletes the output and its sidecars first).
+    Raises ValueError when the sidecar's settings differ from ``settings`` and rows were written
+    under them (unless ``overwrite``, which deletes the output and its sidecars first); with no row
+    written yet (an earlier run failed before its first batch) the new settings replace the old.
     """
     meta_path = sidecar(path, "meta")
     if overwrite:
@@ -382,7 +424,9 @@ def prepare_output(path: str, settings: dict, overwrite: bool) -> set[str]:
         with open(meta_path, encoding="utf-8") as f:
             old = json.load(f).get("settings", {})
         diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
-        if diff:
+        if diff and not _has_rows(path):
+            log.info("%s: no rows written under the old settings; replacing them", meta_path)
+        elif diff:
             detail = ", ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diff[:6])
             raise ValueError(
                 f"{path} was written with other settings ({detail}); refusing to mix results. "
@@ -399,6 +443,14 @@ def prepare_output(path: str, settings: dict, overwrite: bool) -> set[str]:
         f.write("\n")
     repair_tail(path)
     return {r["prompt_id"] for r in read_rows(path)}
+
+
+def _has_rows(path: str) -> bool:
+    """Whether ``path`` holds at least one complete row (a half-written line is not one)."""
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as f:
+        return any(line.strip() and line.endswith("\n") for line in f)
 
 
 def append_rows(path: str, rows: list[dict]) -> None:
