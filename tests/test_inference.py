@@ -468,3 +468,13 @@ def test_failed_run_without_rows_does_not_block_the_corrected_rerun(assets, tmp_
     # once rows exist, other settings are refused as before
     with pytest.raises(ValueError, match="refusing to mix results"):
         run_inference(_args(assets, tmp_path, output=out, temperature=1.0))
+
+
+def test_corrupt_result_line_names_line_and_column(tmp_path):
+    """#13.27 for result files read by inference: the JSON error keeps its column."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"prompt_id": "a"}\n{"prompt_id": "b", "response": "x\ty"}\n')
+    with pytest.raises(
+        ValueError, match=r"r\.jsonl line 2: not valid JSON at column 34 \(Invalid control"
+    ):
+        read_rows(str(path))
