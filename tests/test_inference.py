@@ -1,4 +1,4 @@
-"""Tests of marlhf/inference.py: end to end on CPU with a tiny causal LM and a tiny reward model built
+"""Tests of marlhf/inference/: end to end on CPU with a tiny causal LM and a tiny reward model built
 in-process, against independent references (a direct unpadded RM forward, hand-worked summaries,
 the synthetic gold scorer)."""
 
@@ -103,7 +103,17 @@ def _direct_end_score(rm, ids: list[int]) -> float:
 
 
 def test_doctests():
+    import importlib
+    import pkgutil
+
     assert doctest.testmod(inference, raise_on_error=False).failed == 0
+    attempted = 0
+    for info in pkgutil.iter_modules(inference.__path__):  # the package's modules have doctests too
+        mod = importlib.import_module(f"marlhf.inference.{info.name}")
+        res = doctest.testmod(mod, raise_on_error=False)
+        assert res.failed == 0, info.name
+        attempted += res.attempted
+    assert attempted >= 6  # select_prompts, left_pad
 
 
 def test_end_to_end_schema_path_and_summary(assets, tmp_path):
