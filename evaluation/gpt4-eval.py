@@ -3,7 +3,9 @@
     python evaluation/gpt4-eval.py --model_name_a A.jsonl --model_name_b B.jsonl \
         --dataset summarize --output a-vs-b.jsonl
 
-The key comes from OPENAI_API_KEY (``--sk`` also accepted). See ``marlhf/judge/run.py``.
+``--dataset``: summarize (alias tldr), hh-rlhf (alias hh), webgpt, synthetic. The key comes from
+OPENAI_API_KEY (``--sk`` also accepted). Exit status: 0 done, 2 bad input, 1 when no pair got a
+verdict (every request failed, or no reply parsed). See ``marlhf/judge/run.py``.
 """
 
 import sys

@@ -5,7 +5,7 @@ coherence, overall usefulness) and overall.
         --output a-vs-b.jsonl
 
 Always uses the ``webgpt`` template (the original README passed ``--dataset summarize`` here; it is
-accepted and ignored). See ``marlhf/judge/run.py``.
+accepted, ignored, and a note says so). Exit status as ``gpt4-eval.py``. See ``marlhf/judge/run.py``.
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Tests of marlhf/inference.py: end to end on CPU with a tiny causal LM and a tiny reward model built
+"""Tests of marlhf/inference/: end to end on CPU with a tiny causal LM and a tiny reward model built
 in-process, against independent references (a direct unpadded RM forward, hand-worked summaries,
 the synthetic gold scorer)."""
 
@@ -103,7 +103,17 @@ def _direct_end_score(rm, ids: list[int]) -> float:
 
 
 def test_doctests():
+    import importlib
+    import pkgutil
+
     assert doctest.testmod(inference, raise_on_error=False).failed == 0
+    attempted = 0
+    for info in pkgutil.iter_modules(inference.__path__):  # the package's modules have doctests too
+        mod = importlib.import_module(f"marlhf.inference.{info.name}")
+        res = doctest.testmod(mod, raise_on_error=False)
+        assert res.failed == 0, info.name
+        attempted += res.attempted
+    assert attempted >= 6  # select_prompts, left_pad
 
 
 def test_end_to_end_schema_path_and_summary(assets, tmp_path):
@@ -417,3 +427,64 @@ def test_cli_flags_of_the_original():
     )
     with pytest.raises(ValueError, match="--temperature"):
         InferenceConfig(temperature=0)
+
+
+def test_output_naming_rule(tmp_path, monkeypatch):
+    """#13.30: one naming rule. Models under --proj-path are named by their whole path relative to it
+    (old: the last three components, so `runs/llama/sft` kept `runs` and `runs/llama/mappo_n5/actor`
+    lost it); a local data file names the results directory by its stem, not `webgpt.jsonl/`."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "data" / "webgpt.jsonl").write_text("")
+    names = {}
+    for model in ("runs/llama/sft", "runs/llama/mappo_n5/actor"):
+        cfg = InferenceConfig(proj_path=str(proj), dataset="hh", model=str(proj / model))
+        names[model] = os.path.relpath(output_path(cfg), proj)
+    assert names == {
+        "runs/llama/sft": "results/hh-rlhf/temperature=0.8/runs-llama-sft.jsonl",
+        "runs/llama/mappo_n5/actor": "results/hh-rlhf/temperature=0.8/runs-llama-mappo_n5-actor.jsonl",
+    }
+    # relative paths resolve against the working directory, as the program opens them
+    monkeypatch.chdir(proj)
+    cfg = InferenceConfig(
+        proj_path=".", dataset="data/webgpt.jsonl", model="runs/llama/mappo_n5/actor"
+    )
+    assert output_path(cfg) == os.path.join(
+        ".", "results", "webgpt", "temperature=0.8", "runs-llama-mappo_n5-actor.jsonl"
+    )
+    # the same dataset under any of its names gives the same directory
+    dirs = {
+        output_path(InferenceConfig(proj_path="/p", dataset=d, model="m")).split("/")[3]
+        for d in ("summarize", "tldr", "openai/summarize_from_feedback")
+    }
+    assert dirs == {"summarize"}
+    rm = InferenceConfig(
+        proj_path=str(proj), reward_model=str(proj / "out" / "rm"), ref_scores=True
+    )
+    assert os.path.basename(output_path(rm)) == "ref-scores-out-rm.jsonl"
+
+
+def test_failed_run_without_rows_does_not_block_the_corrected_rerun(assets, tmp_path):
+    """#13.31: a run that failed before writing any row (here: a reward-model path that does not
+    exist) left settings that refused the corrected re-run ("refusing to mix results")."""
+    out = str(tmp_path / "out.jsonl")
+    with pytest.raises(FileNotFoundError, match="not a reward-model directory"):
+        run_inference(_args(assets, tmp_path, output=out, reward_model=str(tmp_path / "no-rm")))
+    assert os.path.exists(out + ".meta.json") and read_rows(out) == []
+    summary = run_inference(_args(assets, tmp_path, output=out, max_batches=1))
+    assert summary["n"] == 2
+    meta = json.loads(open(out + ".meta.json").read())["settings"]
+    assert meta["reward_model_path"] == os.path.abspath(assets["rm"])
+    # once rows exist, other settings are refused as before
+    with pytest.raises(ValueError, match="refusing to mix results"):
+        run_inference(_args(assets, tmp_path, output=out, temperature=1.0))
+
+
+def test_corrupt_result_line_names_line_and_column(tmp_path):
+    """#13.27 for result files read by inference: the JSON error keeps its column."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"prompt_id": "a"}\n{"prompt_id": "b", "response": "x\ty"}\n')
+    with pytest.raises(
+        ValueError, match=r"r\.jsonl line 2: not valid JSON at column 34 \(Invalid control"
+    ):
+        read_rows(str(path))

@@ -8,7 +8,9 @@ so a parser change never needs new requests. Failed requests are not stored, so 
 On disk the cache is one append-only JSONL file ``<cache_dir>/replies.jsonl``, one
 ``{"key", "reply", "usage", ...}`` object per line, written and flushed as each reply arrives. A line
 torn by an interruption is ignored on load; appends from several processes are safe because each record
-is one ``write`` of one line to a file opened with ``O_APPEND``. The first record for a key wins.
+is one ``write`` of one line to a file opened with ``O_APPEND``. The first record for a key wins, except
+that a record written with ``replace=True`` (a reply asked again with ``--retry_unparseable``) takes
+the place of the ones before it.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
@@ -67,7 +69,8 @@ class JudgeCache:
                 except (json.JSONDecodeError, KeyError, TypeError):
                     self.torn_lines += 1  # an interrupted write: the request is simply redone
                     continue
-                self._entries.setdefault(key, rec)
+                if rec.get("replaces") or key not in self._entries:
+                    self._entries[key] = rec
 
     def __contains__(self, key: str) -> bool:
         return key in self._entries
@@ -79,12 +82,13 @@ class JudgeCache:
         """The stored record for ``key`` or None."""
         return self._entries.get(key)
 
-    def put(self, key: str, record: dict[str, Any]) -> None:
-        """Store ``record`` under ``key`` (no-op if the key is already present) and flush to disk."""
+    def put(self, key: str, record: dict[str, Any], *, replace: bool = False) -> None:
+        """Store ``record`` under ``key`` and flush to disk: a no-op if the key is already present,
+        unless ``replace`` (then the new record supersedes the old one, now and on every load)."""
         with self._lock:
-            if key in self._entries:
+            if key in self._entries and not replace:
                 return
-            rec = {"key": key, **record}
+            rec = {"key": key, **record, **({"replaces": True} if replace else {})}
             line = json.dumps(rec, ensure_ascii=False) + "\n"
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

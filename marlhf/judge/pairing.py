@@ -1,9 +1,12 @@
 """Load two inference result files and align them prompt by prompt.
 
 A result file is JSONL, one ``{"prompt_id", "prompt", "response", "reward", ...}`` object per line.
-Pairs are matched by ``prompt_id`` when every row of both files has one, else by prompt text. Every
-prompt must occur exactly once in each file; otherwise :class:`PairingError` names both files and the
-offending prompts, because judging a partial overlap would silently compare different prompt sets.
+Pairs are matched by ``prompt_id`` when every row of both files has one, else by prompt text. Within a
+file, either every row has a ``prompt_id`` or none has: one row without it is an error naming the file
+and line (matching everything by text instead would hide it). When one file has ids and the other has
+none, rows are matched by text and ``on_note`` is told. Every prompt must occur exactly once in each
+file; otherwise :class:`PairingError` names both files and the offending prompts, because judging a
+partial overlap would silently compare different prompt sets.
 
 >>> import json, tempfile, os
 >>> d = tempfile.mkdtemp()
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +33,8 @@ class PairingError(ValueError):
 
 @dataclass
 class Pair:
-    """One prompt with model a's and model b's responses; ``extra`` keeps a's other keys."""
+    """One prompt with model a's and model b's responses; ``extra`` keeps a's other keys;
+    ``line_a``/``line_b`` are the rows' line numbers in their files."""
 
     key: str
     prompt: str
@@ -37,6 +42,8 @@ class Pair:
     response_b: str
     prompt_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    line_a: int | None = None
+    line_b: int | None = None
 
 
 def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -53,7 +60,9 @@ def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise PairingError(f"{path} line {lineno}: invalid JSON ({err.msg})") from None
+                raise PairingError(
+                    f"{path} line {lineno}: invalid JSON at column {err.colno} ({err.msg})"
+                ) from None
             if not isinstance(row, dict):
                 raise PairingError(f"{path} line {lineno}: expected a JSON object")
             for key in ("prompt", "response"):
@@ -86,14 +95,45 @@ def _index(rows: list[dict[str, Any]], by: str, path: Any) -> dict[str, dict[str
     return index
 
 
+def _has_ids(rows: list[dict[str, Any]], path: Any) -> bool:
+    """Whether the rows of one file carry ``prompt_id``: all or none (else PairingError)."""
+    with_id = [r for r in rows if "prompt_id" in r]
+    if with_id and len(with_id) < len(rows):
+        lacking = next(r for r in rows if "prompt_id" not in r)
+        raise PairingError(
+            f'{path} line {lacking["_line"]}: field "prompt_id" missing, while line '
+            f"{with_id[0]['_line']} has one; give every row a prompt_id, or none (rows are then "
+            "matched by prompt text)"
+        )
+    return bool(with_id)
+
+
+def match_field(
+    rows_a: list[dict[str, Any]],
+    rows_b: list[dict[str, Any]],
+    path_a: Any = "a",
+    path_b: Any = "b",
+    on_note: Callable[[str], None] | None = None,
+) -> str:
+    """``"prompt_id"`` if both files have ids, else ``"prompt"`` (see module doc)."""
+    ids_a, ids_b = _has_ids(rows_a, path_a), _has_ids(rows_b, path_b)
+    if ids_a and ids_b:
+        return "prompt_id"
+    if (ids_a or ids_b) and on_note is not None:
+        has, lacks = (path_a, path_b) if ids_a else (path_b, path_a)
+        on_note(f"note: {lacks} has no prompt_id ({has} has): pairs matched by prompt text")
+    return "prompt"
+
+
 def align_rows(
     rows_a: list[dict[str, Any]],
     rows_b: list[dict[str, Any]],
     path_a: Any = "a",
     path_b: Any = "b",
+    on_note: Callable[[str], None] | None = None,
 ) -> list[Pair]:
     """Align already-loaded rows (order of ``rows_a``); see module doc."""
-    by = "prompt_id" if all("prompt_id" in r for r in rows_a + rows_b) else "prompt"
+    by = match_field(rows_a, rows_b, path_a, path_b, on_note)
     ia, ib = _index(rows_a, by, path_a), _index(rows_b, by, path_b)
     only_a = [k for k in ia if k not in ib]
     only_b = [k for k in ib if k not in ia]
@@ -124,11 +164,17 @@ def align_rows(
                 response_b=rb["response"],
                 prompt_id=str(ra["prompt_id"]) if "prompt_id" in ra else None,
                 extra=extra,
+                line_a=ra["_line"],
+                line_b=rb["_line"],
             )
         )
     return pairs
 
 
-def align_results(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str]) -> list[Pair]:
+def align_results(
+    path_a: str | os.PathLike[str],
+    path_b: str | os.PathLike[str],
+    on_note: Callable[[str], None] | None = None,
+) -> list[Pair]:
     """Load and align two result files (pairs in file a's order)."""
-    return align_rows(load_results(path_a), load_results(path_b), path_a, path_b)
+    return align_rows(load_results(path_a), load_results(path_b), path_a, path_b, on_note)

@@ -4,11 +4,13 @@ The choice depends **only on the set of prompts and the seed** — not on respon
 order — so the result files of two models over the same prompts give the same subset, and judging can
 pair them. Prompts are deduplicated (first row per prompt kept) and sorted before any random draw.
 
-- ``summarize``: stratified by subreddit (``subreddit`` key, else ``Subreddit: r/NAME`` in the prompt,
+``--dataset`` takes the dataset names every tool shares (:mod:`marlhf.datasets`, aliases included):
+
+- ``summarize`` (``tldr``): stratified by subreddit (``subreddit`` key, else ``Subreddit: r/NAME`` in the prompt,
   case-insensitive). Subreddits are visited in a seeded random order, round-robin, one prompt per
   subreddit per round for up to ``per_group`` (5) rounds, until ``num`` prompts are chosen; if fewer,
   the rest is topped up at random from the unchosen prompts.
-- anything else: ``num`` prompts uniformly at random.
+- the others (``hh-rlhf``, ``webgpt``, ``apps``, ``synthetic``): ``num`` prompts uniformly at random.
 
 >>> rows = [{"prompt": f"SUBREDDIT: r/{s}\\npost {i}", "response": "x"}
 ...         for s in ("cats", "dogs") for i in range(8)]
@@ -25,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from marlhf.datasets import DATASETS, canonical, names_help
+
 _SUBREDDIT = re.compile(r"subreddit:\s*r/([A-Za-z0-9_]+)", re.I)
 
 
@@ -40,7 +44,10 @@ class SampleConfig:
     )
     dataset: str = field(
         default="summarize",
-        metadata={"help": "summarize (stratified by subreddit) or any other name (uniform)."},
+        metadata={
+            "help": f"One of {names_help()}: summarize is stratified by subreddit, the others "
+            "drawn uniformly."
+        },
     )
     num: int = field(default=50, metadata={"help": "Number of prompts to keep."})
     seed: int = field(default=42, metadata={"help": "Seed of the draw."})
@@ -57,6 +64,8 @@ class SampleConfig:
             raise ValueError(f"--num must be >= 1, got {self.num}")
         if self.per_group < 1:
             raise ValueError(f"--per_group must be >= 1, got {self.per_group}")
+        if canonical(self.dataset) not in DATASETS:
+            raise ValueError(f"--dataset must be one of: {names_help()}; got {self.dataset!r}")
 
 
 @dataclass
@@ -82,7 +91,7 @@ def sample_prompts(
     """Chosen prompts in selection order, from ``{prompt: subreddit or None}`` (module doc)."""
     rng = random.Random(seed)
     prompts = sorted(prompts_with_group)
-    if dataset != "summarize":
+    if canonical(dataset) != "summarize":
         rng.shuffle(prompts)
         return prompts[:num]
     groups: dict[str, list[str]] = {}
@@ -169,6 +178,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         g = subreddit_of(r) or "-"
         groups[g] = groups.get(g, 0) + 1
     print(f"wrote {len(picked)} of {n_unique} prompts to {save}", file=sys.stderr)
-    if cfg.dataset == "summarize":
+    if canonical(cfg.dataset) == "summarize":
         print(f"per subreddit: {dict(sorted(groups.items()))}", file=sys.stderr)
     return 0

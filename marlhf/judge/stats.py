@@ -114,7 +114,12 @@ def format_summary(s: dict, name_a: str = "a", name_b: str = "b") -> str:
     ci = s.get("ci95")
     lines = [
         f"{name_a} vs {name_b}: n={s['n']} wins={s['wins']} ties={s['ties']} "
-        f"losses={s['losses']} invalid={s['invalid']}",
+        f"losses={s['losses']} invalid={s['invalid']}"
+        + (
+            f" (unparseable {s['unparseable']}, failed {s['failed']})"
+            if "unparseable" in s and "failed" in s
+            else ""
+        ),
         "win rate of a (ties = 1/2): "
         + ("n/a" if wr is None else f"{wr:.3f}")
         + ("" if not ci else f"  95% CI [{ci[0]:.3f}, {ci[1]:.3f}]"),

@@ -765,7 +765,12 @@ class PythonBackend:
     """
 
     def parse(self, text: str) -> list[Node]:
-        lines = text.splitlines(keepends=True)
+        # Python ends a line at "\n", "\r\n" or a lone "\r" (and nowhere else, unlike
+        # str.splitlines). A lone "\r" becomes "\n": same length, so every offset still indexes `text`,
+        # and `ast`, `tokenize` and the line arithmetic below all see the lines Python sees.
+        text = re.sub(r"\r(?!\n)", "\n", text)
+        lines = text.split("\n")
+        lines = [ln + "\n" for ln in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
         cut = len(lines)
         module = None
         while cut > 0:

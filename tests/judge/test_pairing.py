@@ -88,3 +88,36 @@ def test_same_id_different_prompt_is_an_error(tmp_path):
     b = write(tmp_path / "b.jsonl", [{"prompt_id": "1", "prompt": "q", "response": "r"}])
     with pytest.raises(PairingError, match="different prompt text"):
         align_results(a, b)
+
+
+def test_one_row_without_prompt_id_is_an_error(tmp_path):
+    """#13.26: one row lacking prompt_id used to switch both files to matching by prompt text,
+    silently; now it is an error naming the file and the line."""
+    rows = [{"prompt_id": f"id{i}", "prompt": f"p{i}", "response": "r"} for i in range(4)]
+    a = write(tmp_path / "a.jsonl", rows)
+    rows_b = [dict(r) for r in rows]
+    del rows_b[2]["prompt_id"]
+    b = write(tmp_path / "b.jsonl", rows_b)
+    with pytest.raises(
+        PairingError, match=r'b\.jsonl line 3: field "prompt_id" missing, while line 1'
+    ):
+        align_results(a, b)
+    # a file without any prompt_id is matched by text, and the caller is told
+    c = write(tmp_path / "c.jsonl", [{"prompt": f"p{i}", "response": "c"} for i in range(4)])
+    notes = []
+    pairs = align_results(a, c, on_note=notes.append)
+    assert [p.response_b for p in pairs] == ["c"] * 4
+    assert len(notes) == 1 and "c.jsonl has no prompt_id" in notes[0] and "prompt text" in notes[0]
+
+
+def test_invalid_json_names_the_column(tmp_path):
+    """#13.27: a JSON error names line and column (old: the message lost the column)."""
+    bad = tmp_path / "bad.jsonl"
+    ok = json.dumps({"prompt": "p", "response": "r"})
+    bad.write_text(ok + "\n" + '{"prompt": "p", "response": "tab\there"}\n')  # raw control char
+    with pytest.raises(PairingError) as err:
+        load_results(bad)
+    col = '{"prompt": "p", "response": "tab'.__len__() + 1  # 1-based column of the tab
+    assert f"bad.jsonl line 2: invalid JSON at column {col} (Invalid control character" in str(
+        err.value
+    )

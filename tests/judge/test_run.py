@@ -249,5 +249,172 @@ def test_config_validation_names_flag(tmp_path):
     with pytest.raises(ValueError, match="--concurrency"):
         JudgeConfig(model_name_a="a", model_name_b="b", output="o", concurrency=0)
     with pytest.raises(ValueError, match="--dataset"):
-        JudgeConfig(model_name_a="a", model_name_b="b", output="o", dataset="tldr")
+        JudgeConfig(model_name_a="a", model_name_b="b", output="o", dataset="reddit")
     assert "sk-" not in repr(JudgeConfig(model_name_a="a", model_name_b="b", output="o", sk="sk-x"))
+
+
+# --- #13 items 22-29 ------------------------------------------------------------------------------
+
+
+def test_unparseable_counted_apart_and_asked_again_with_flag(tmp_path, monkeypatch):
+    """#13.22: an unparseable reply is counted as `unparseable` (not `failed`); it stays cached (a parser
+    fix needs no new request), and --retry_unparseable asks again and replaces it in the cache."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    fixed = {"on": False}
+
+    def judge2(messages, n):
+        if fixed["on"] and "GARBAGE" in shown(messages, "A") + shown(messages, "B"):
+            return "Reason: now in format.\nVerdict: [[TIE]]"
+        return judge(messages, n)
+
+    log = io.StringIO()
+    with FakeOpenAI(judge2) as srv:
+        s = run_judge(config(tmp_path, srv), log=log, progress=False)
+        assert (s["invalid"], s["unparseable"], s["failed"], s["replies_unparseable"]) == (
+            1,
+            1,
+            0,
+            2,
+        )
+        assert (
+            "unparseable 1, failed 0" in log.getvalue() and "--retry_unparseable" in log.getvalue()
+        )
+        fixed["on"] = True
+        s2 = run_judge(config(tmp_path, srv), log=io.StringIO(), progress=False)
+        assert len(srv.requests) == 12 and s2["unparseable"] == 1  # no flag: cached, not re-sent
+        s3 = run_judge(
+            config(tmp_path, srv, retry_unparseable=True), log=io.StringIO(), progress=False
+        )
+        assert len(srv.requests) == 14  # exactly the two unparseable orders asked again
+        assert (s3["invalid"], s3["unparseable"], s3["ties"]) == (0, 0, 3)
+        s4 = run_judge(config(tmp_path, srv), log=io.StringIO(), progress=False)
+        assert len(srv.requests) == 14 and s4["ties"] == 3  # the new replies replaced the old ones
+
+
+@pytest.mark.parametrize("failure", ["401", "connection refused"])
+def test_every_request_failed_exits_nonzero(tmp_path, monkeypatch, capsys, failure):
+    """#13.23: when nothing could be judged the CLI exits 1 with a message (old code: exit 0 with
+    "win rate n/a"); the outputs are still written."""
+    import socket
+
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    pa, pb = write_results(tmp_path)
+    out = tmp_path / "o.jsonl"
+    argv = ["--model_name_a", str(pa), "--model_name_b", str(pb), "--output", str(out)]
+    argv += ["--max_retries", "1", "--retry_base_delay", "0.001"]
+    if failure == "401":
+        with FakeOpenAI(lambda m, n: ("status", 401, "invalid key {auth}")) as srv:
+            rc = main([*argv, "--base_url", srv.base_url])
+    else:
+        with socket.socket() as sock:  # a port nobody listens on
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        rc = main([*argv, "--base_url", f"http://127.0.0.1:{port}/v1"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "every judge request failed" in err
+    assert ("HTTP 401" if failure == "401" else "connection error") in err
+    assert SECRET not in err
+    saved = json.loads((tmp_path / "o.jsonl.summary.json").read_text())
+    assert saved["failed"] == saved["n"] == 6 and saved["win_rate"] is None
+
+
+def test_empty_responses_warned_and_counted(tmp_path, monkeypatch):
+    """#13.24: empty or whitespace-only responses are judged as given but warned about, with the
+    file and line, and counted in the summary."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    pairs = [("WIN a", ""), ("   \n ", "plain"), ("WIN c", "plain c")]
+    pa, pb = write_results(tmp_path, pairs)
+    log = io.StringIO()
+    with FakeOpenAI(judge) as srv:
+        cfg = JudgeConfig(
+            model_name_a=str(pa),
+            model_name_b=str(pb),
+            output=str(tmp_path / "o.jsonl"),
+            base_url=srv.base_url,
+            bootstrap=50,
+        )
+        s = run_judge(cfg, log=log, progress=False)
+        assert len(srv.requests) == 6  # still judged
+    assert s["empty_responses"] == {"a": 1, "b": 1}
+    text = log.getvalue()
+    # b is written in reverse order: its empty response (pair 0) is on line 3
+    assert f"warning: {pa}: 1 empty or whitespace-only response(s) (line 2)" in text
+    assert f"warning: {pb}: 1 empty or whitespace-only response(s) (line 3)" in text
+
+
+@pytest.mark.parametrize("which", ["a", "b", "summary-of-b"])
+def test_output_naming_an_input_is_refused(tmp_path, monkeypatch, capsys, which):
+    """#13.25: --output equal to an input (or whose summary file is one) is refused before anything
+    is written; the input is unchanged (old code overwrote it)."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    pa, pb = write_results(tmp_path)
+    if which == "summary-of-b":
+        target = tmp_path / "b"
+        pb = pb.rename(tmp_path / "b.summary.json")
+    else:
+        target = (
+            pa if which == "a" else tmp_path / "sub" / ".." / pb.name
+        )  # same file, other spelling
+    before = {p: p.read_bytes() for p in (pa, pb)}
+    with FakeOpenAI(judge) as srv:
+        rc = main(
+            ["--model_name_a", str(pa), "--model_name_b", str(pb), "--output", str(target)]
+            + ["--base_url", srv.base_url]
+        )
+        assert len(srv.requests) == 0
+    err = capsys.readouterr().err
+    assert rc == 2 and "would overwrite the input file" in err and "--output" in err
+    assert {p: p.read_bytes() for p in (pa, pb)} == before
+
+
+def test_rerun_keeps_the_spend_of_cached_replies(tmp_path, monkeypatch):
+    """#13.28: a re-run served from the cache reports this run's cost (0) and what the replies it used
+    cost when they were bought (old code: usage and cost 0, the spend lost from the summary)."""
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    with FakeOpenAI(judge) as srv:
+        s1 = run_judge(config(tmp_path, srv), log=io.StringIO(), progress=False)
+        s2 = run_judge(config(tmp_path, srv), log=io.StringIO(), progress=False)
+    paid = (
+        12 * 100 * 5.0 + 12 * 10 * 15.0
+    ) / 1e6  # 12 replies x (100, 10) tokens, gpt-4o-2024-05-13
+    assert s1["cost_usd"] == pytest.approx(paid) and s1["cost_usd_cached"] == 0
+    assert s1["cost_usd_total"] == pytest.approx(paid)
+    assert s2["cost_usd"] == 0 and s2["usage"]["prompt_tokens"] == 0
+    assert (s2["usage"]["cached_prompt_tokens"], s2["usage"]["cached_completion_tokens"]) == (
+        1200,
+        120,
+    )
+    assert s2["cost_usd_cached"] == pytest.approx(paid) and s2["cost_usd_total"] == pytest.approx(
+        paid
+    )
+    saved = json.loads((tmp_path / "out" / "a-vs-b.jsonl.summary.json").read_text())
+    assert saved["cost_usd_total"] == pytest.approx(paid)
+
+
+def test_dataset_names_and_aliases(tmp_path, monkeypatch):
+    """#13.29: the judge takes the shared dataset names and aliases (`hh` as inference does)."""
+    from marlhf.judge.run import template_for
+
+    assert template_for("hh") == template_for("hh-rlhf") == "hh-rlhf"
+    assert template_for("tldr") == template_for("synthetic") == "summarize"
+    assert template_for("openai/webgpt_comparisons") == "webgpt"
+    with pytest.raises(ValueError, match="no template for code"):
+        JudgeConfig(model_name_a="a", model_name_b="b", output="o", dataset="apps")
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    with FakeOpenAI(judge) as srv:
+        s = run_judge(config(tmp_path, srv, dataset="hh"), log=io.StringIO(), progress=False)
+        assert "[Reply A]" in srv.requests[0]["body"]["messages"][-1]["content"]
+    assert s["template"] == "hh-rlhf-v1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "noted"),
+    [([], False), (["--dataset", "webgpt"], False), (["--dataset", "summarize"], True)],
+)
+def test_webgpt_script_notes_only_a_dataset_it_was_given(tmp_path, capsys, extra, noted):
+    """#13.29: gpt4-webgpt-eval.py notes an ignored --dataset only when one was passed."""
+    pa, pb = write_results(tmp_path)
+    argv = ["--model_name_a", str(pa), "--model_name_b", str(pb), "--output", str(tmp_path / "o")]
+    assert main([*argv, "--dry-run", *extra], force_template="webgpt") == 0
+    assert ("ignored" in capsys.readouterr().err) == noted

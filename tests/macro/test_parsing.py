@@ -7,6 +7,7 @@ decoding of each predicted token range.
 
 from __future__ import annotations
 
+import ast
 import doctest
 import logging
 import re
@@ -438,6 +439,35 @@ def test_python_backend_truncated_snippet():
     parts = {(n.label, src[n.start : n.end]) for n in _walk(tree)}
     assert {("header", "try:"), ("header", "except E:"), ("header", "finally:"),
             ("clause", "finally:\n    c()\n    d()"), ("block", "c()\n    d()")} <= parts  # fmt: skip
+
+
+@pytest.mark.parametrize("eol", ["\r", "\r\n", "\n\r"])
+def test_python_backend_line_endings_like_python(eol):
+    """Lone CR and CRLF end lines as in Python's own tokenizer (old code: wrong nodes, or an
+    IndexError that made the row fall back to fixed n-grams). Reference: the same program with LF
+    endings; the node texts (whitespace-normalised) and the macro actions must be the same."""
+
+    def texts(code: str) -> set[str]:  # labels left out: equal spans keep either label
+        return {
+            " ".join(code[n.start : n.end].split()) for n in _walk_all(PythonBackend().parse(code))
+        }
+
+    # parses whole (the old code's IndexError case), and with an unparsable tail
+    for lf in (
+        "def f(x):\n    return x + 1\ny = f(2)\n",
+        "def f(x):\n    return x + 1\n\nif f(2) > 1:\n    print('ok')\nz = [1,\n",
+    ):
+        src = lf.replace("\n", eol)
+        assert texts(src) == texts(lf)
+        acts = [" ".join(a.split()) for a in _code_actions(src, 7)]
+        assert acts == [" ".join(a.split()) for a in _code_actions(lf, 7)]
+    assert ast.parse("def f(x):\r    return x\r") is not None  # Python itself accepts lone CRs
+    assert {"if f(2) > 1:", "print('ok')", "z = [1,"} <= texts(src)  # AST nodes and the tail line
+
+
+def _walk_all(trees):
+    for t in trees:
+        yield from _walk(t)
 
 
 def _walk(node: Node):

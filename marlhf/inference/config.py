@@ -1,0 +1,175 @@
+"""Flags of the inference program: :class:`InferenceConfig` and the parts :class:`InferenceArgs` composes
+(the CLI is generated from them by :mod:`marlhf.cli`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from marlhf.code_reward import CodeRewardConfig
+from marlhf.datasets import names_help
+from marlhf.macro.config import MacroConfig
+
+DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
+GOLD_CHOICES = ("auto", "on", "off")
+
+
+@dataclass
+class InferenceConfig:
+    """Inference: generate for validation prompts and score with the reward model."""
+
+    proj_path: str = field(
+        default=".",
+        metadata={
+            "help": "Project directory; results go to <proj_path>/results/...",
+            "aliases": ("--proj-path",),
+        },
+    )
+    dataset: str = field(
+        default="synthetic",
+        metadata={
+            "help": f"{names_help()}, or a data spec (registered name or local file/directory)."
+        },
+    )
+    model: str = field(
+        default="tiny",
+        metadata={"help": "Policy: an SFT/PPO checkpoint directory, a hub id, or `tiny`."},
+    )
+    reward_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reward-model directory (stage 2). Optional for APPS.",
+            "aliases": ("--reward-model",),
+        },
+    )
+    temperature: float = field(default=0.8, metadata={"help": "Sampling temperature."})
+    top_k: int = field(
+        default=50, metadata={"help": "Top-k sampling (0: off).", "aliases": ("--top-k",)}
+    )
+    top_p: float = field(
+        default=1.0, metadata={"help": "Nucleus sampling.", "aliases": ("--top-p",)}
+    )
+    max_new_tokens: int = field(
+        default=512, metadata={"help": "Maximum response tokens.", "aliases": ("--max-new-tokens",)}
+    )
+    max_prompt_len: int = field(
+        default=512,
+        metadata={
+            "help": "Prompt tokens (bos included); longer prompts lose tokens from the left.",
+            "aliases": ("--max-prompt-len",),
+        },
+    )
+    end_of_conversation_token: str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra stop token, also appended to --ref-scores responses "
+            "(default: the tokenizer's eos)."
+        },
+    )
+    gpu: int = field(
+        default=0, metadata={"help": "CUDA device index (CPU when no GPU is available)."}
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "Weights' precision (auto: bf16 on a GPU that has it, else fp32).",
+            "choices": DTYPE_CHOICES,
+        },
+    )
+    batch_size: int = field(
+        default=16, metadata={"help": "Prompts per generation call.", "aliases": ("--batch-size",)}
+    )
+    num_samples: int = field(
+        default=2000,
+        metadata={"help": "Validation prompts to use (0: all).", "aliases": ("--num-samples",)},
+    )
+    seed: int = field(default=1234, metadata={"help": "Prompt selection and sampling seed."})
+    split: str = field(
+        default="eval", metadata={"help": "Dataset split.", "choices": ("eval", "train")}
+    )
+    skip_bad_rows: bool = field(default=False, metadata={"help": "Skip malformed dataset rows."})
+    ref_scores: bool = field(
+        default=False,
+        metadata={
+            "help": "Score the dataset's chosen/rejected responses instead of generating.",
+            "aliases": ("--ref-scores",),
+        },
+    )
+    output: str | None = field(
+        default=None,
+        metadata={
+            "help": "Output .jsonl (default <proj_path>/results/<dataset>/"
+            "temperature=<T>/<model_name>.jsonl)."
+        },
+    )
+    overwrite: bool = field(
+        default=False, metadata={"help": "Start the output afresh instead of resuming it."}
+    )
+    gold_score: str = field(
+        default="auto",
+        metadata={
+            "help": "Add the synthetic task's gold score (auto: when --dataset is synthetic).",
+            "choices": GOLD_CHOICES,
+        },
+    )
+    save_token_ids: bool = field(
+        default=False, metadata={"help": "Also write response_ids (exact token ids) per row."}
+    )
+    render_macro: int = field(
+        default=0,
+        metadata={
+            "help": "Write an HTML view of the macro actions (--termination_condition ...) "
+            "of the first N responses of this run.",
+            "aliases": ("--render-macro",),
+        },
+    )
+    n_samples_per_prompt: int = field(
+        default=1,
+        metadata={
+            "help": "APPS: programs sampled per problem.",
+            "aliases": ("--n-samples-per-prompt",),
+        },
+    )
+    pass_k: tuple[int, ...] = field(
+        default=(1, 5), metadata={"help": "APPS: k values of pass@k.", "aliases": ("--pass-k",)}
+    )
+    max_batches: int = field(
+        default=0, metadata={"help": "Stop after N batches (0: all); re-run to continue."}
+    )
+    disable_progress_bar: bool = field(default=False, metadata={"help": "No tqdm bar."})
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"--top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        for name in ("max_new_tokens", "max_prompt_len", "batch_size", "n_samples_per_prompt"):
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
+        for name in ("num_samples", "render_macro", "max_batches", "gpu"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
+                )
+        if not self.pass_k or any(k < 1 for k in self.pass_k):
+            raise ValueError(f"--pass-k must be a list of integers >= 1, got {self.pass_k}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"--dtype must be one of {DTYPE_CHOICES}, got {self.dtype!r}")
+        if self.gold_score not in GOLD_CHOICES:
+            raise ValueError(f"--gold_score must be one of {GOLD_CHOICES}, got {self.gold_score!r}")
+        if self.split not in ("eval", "train"):
+            raise ValueError(f"--split must be eval or train, got {self.split!r}")
+        if self.ref_scores and not self.reward_model:
+            raise ValueError("--ref-scores needs --reward-model")
+
+
+@dataclass
+class InferenceArgs:
+    """All flags of the inference program (the CLI is generated from these parts)."""
+
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    macro: MacroConfig = field(default_factory=MacroConfig)
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)

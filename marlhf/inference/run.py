@@ -1,0 +1,199 @@
+"""The inference program: select prompts, resume the output, load the models, run the batches, write
+the summary (the steps are described in the package doc)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from marlhf.inference.config import InferenceArgs, InferenceConfig
+from marlhf.inference.macro_view import write_macro_view
+from marlhf.inference.models import Models, device_for, eot_ids, load_models, same_vocab
+from marlhf.inference.naming import dataset_spec, output_path, sidecar
+from marlhf.inference.prompts import select_prompts
+from marlhf.inference.results import (
+    append_rows,
+    prepare_output,
+    read_rows,
+    run_settings,
+    summarize,
+)
+from marlhf.inference.rows import generate_rows, ref_rows
+from marlhf.inference.scoring import TextScorer
+
+log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
+
+
+def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]) -> bool:
+    """``--gold_score``, with ``auto`` on for the synthetic task."""
+    if cfg.gold_score != "auto":
+        return cfg.gold_score == "on"
+    return dataset_spec(cfg.dataset) == "synthetic-tldr" or all(
+        e.prompt_id.startswith("synthetic-tldr/") for e in examples
+    )
+
+
+def _progress(total: int, disable: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="inference", unit="prompt", disable=disable, file=sys.stderr)
+
+
+def _select(cfg: InferenceConfig) -> tuple[list[Any], bool, int]:
+    """The selected prompts, whether they are code problems (APPS) and the bad rows skipped."""
+    from marlhf.data.adapters import load_examples
+
+    spec = dataset_spec(cfg.dataset)
+    examples, n_bad = load_examples(spec, cfg.split, skip_bad_rows=cfg.skip_bad_rows)
+    if not examples:
+        raise ValueError(f"--dataset {cfg.dataset}: no {cfg.split} examples")
+    selected = select_prompts(examples, cfg.num_samples, cfg.seed)
+    is_code = all("tests" in e.meta for e in selected)
+    if not cfg.reward_model and not is_code:
+        raise ValueError("--reward-model is required (only APPS can be scored without one)")
+    if cfg.ref_scores:
+        selected = [e for e in selected if e.chosen is not None and e.rejected is not None]
+        if not selected:
+            raise ValueError(f"--ref-scores: {cfg.dataset} has no chosen/rejected pairs")
+    return selected, is_code, n_bad
+
+
+@dataclass
+class _Tools:
+    """What scores a batch besides the policy: the macro-action rule of the HTML view, the code
+    rewarder (APPS), the text scorer and whether policy and RM share token ids."""
+
+    rule: Any = None
+    rewarder: Any = None
+    scorer: TextScorer | None = None
+    shared_ids: bool = False
+
+
+def _tools(args: InferenceArgs, models: Models, is_code: bool) -> _Tools:
+    cfg = args.inference
+    tools = _Tools()
+    if cfg.render_macro and not cfg.ref_scores:
+        from marlhf.macro import build_termination
+
+        tools.rule = build_termination(args.macro, models.tokenizer)
+    if is_code and not cfg.ref_scores:
+        from marlhf.code_reward import CodeRewarder
+
+        tools.rewarder = CodeRewarder.from_config(args.code)
+    if models.reward_model is not None:
+        budget = cfg.max_prompt_len + cfg.max_new_tokens
+        tools.scorer = TextScorer(
+            models.reward_model, models.rm_tokenizer, eot_ids(models.rm_tokenizer, cfg), budget
+        )
+        tools.shared_ids = models.tokenizer is not None and same_vocab(
+            models.tokenizer, models.rm_tokenizer
+        )
+        if models.tokenizer is not None and not tools.shared_ids:
+            log.warning(
+                "the reward model's vocabulary differs from the policy's: re-tokenising text"
+            )
+    return tools
+
+
+def _run_batches(
+    todo: list[Any], cfg: InferenceConfig, models: Models, tools: _Tools, gold: bool, path: str
+) -> tuple[list[dict], int]:
+    """Run and append the batches (``--max_batches`` of them at most); returns the macro-view items
+    and the number of prompts cut from the left. Closes the code rewarder."""
+    n_cut = 0
+    html_items: list[dict] = []
+    bar = _progress(len(todo), cfg.disable_progress_bar)
+    try:
+        for i, start in enumerate(range(0, len(todo), cfg.batch_size)):
+            if cfg.max_batches and i >= cfg.max_batches:
+                break
+            batch = todo[start : start + cfg.batch_size]
+            if cfg.ref_scores:
+                rows = ref_rows(batch, tools.scorer, gold)
+            else:
+                rows, items, cut = generate_rows(
+                    batch,
+                    cfg,
+                    models,
+                    tools.scorer,
+                    tools.shared_ids,
+                    tools.rewarder,
+                    gold,
+                    tools.rule,
+                    want_items=len(html_items) < cfg.render_macro,
+                )
+                n_cut += cut
+                html_items += items
+            append_rows(path, rows)
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        if tools.rewarder is not None:
+            tools.rewarder.close()
+    return html_items, n_cut
+
+
+def run_inference(args: InferenceArgs) -> dict:
+    """Run the program; returns the summary (also written to ``<output>.summary.json``)."""
+    cfg = args.inference
+    path = output_path(cfg)
+    selected, is_code, n_bad = _select(cfg)
+    gold = _want_gold(cfg, selected)
+
+    settings = run_settings(cfg, args.macro, args.code)
+    done = prepare_output(path, settings, cfg.overwrite)
+    todo = [e for e in selected if e.prompt_id not in done]
+    log.info(
+        "%s: %d prompts selected, %d already done, %d to run",
+        path,
+        len(selected),
+        len(done),
+        len(todo),
+    )
+
+    models = load_models(cfg, device_for(cfg.gpu), need_policy=not cfg.ref_scores)
+    tools = _tools(args, models, is_code)
+    html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)
+    if n_cut:
+        log.warning(
+            "%d prompts longer than --max-prompt-len %d were cut from the left",
+            n_cut,
+            cfg.max_prompt_len,
+        )
+    if html_items:
+        write_macro_view(path, html_items[: cfg.render_macro], args.macro)
+
+    rows = read_rows(path)
+    summary = summarize(rows, cfg.pass_k if is_code else ())
+    summary.update(
+        {
+            "output": path,
+            "selected": len(selected),
+            "complete": len(rows) >= len(selected),
+            "bad_rows_skipped": n_bad,
+        }
+    )
+    with open(sidecar(path, "summary"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Parse flags (see ``--help``), run, print the summary."""
+    import marlhf.inference
+    from marlhf.cli import parse_config
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    description = marlhf.inference.__doc__.strip().splitlines()[0]
+    args = parse_config(InferenceArgs, argv, description=description)
+    try:
+        summary = run_inference(args)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return summary
