@@ -251,9 +251,14 @@ def _plain_file(tmp_path, n, name="rows.jsonl"):
 
 def _empty_error(build, cache):
     """The DataError of ``build`` (raised twice: nothing was cached in between)."""
+
+    def entries():
+        return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+    before = entries()
     with pytest.raises(DataError) as first:
         build()
-    assert not cache.exists() or not any(cache.iterdir()), "an empty set was cached"
+    assert entries() == before, "an empty set was cached"
     with pytest.raises(DataError) as second:
         build()
     assert str(second.value) == str(first.value)
@@ -286,7 +291,7 @@ def test_empty_sets_of_tiny_files(tok, tmp_path):
     five = _plain_file(tmp_path, 5, "five.jsonl")
     cfg = DataConfig(data_path=(str(five),), data_output_path=str(cache))
     assert len(T.build_sft_dataset(cfg, tok, "train", 1)) == 1  # round(5 * 0.2) = 1
-    msg = _empty_error(lambda: T.build_sft_dataset(cfg, tok, "eval", 1), cache / "eval")
+    msg = _empty_error(lambda: T.build_sft_dataset(cfg, tok, "eval", 1), cache)
     assert "no eval SFT examples" in msg and "5 rows read; 0 in the eval split (95/5 carve)" in msg
     assert "needs at least 11 rows" in msg
     empty = tmp_path / "empty.jsonl"
