@@ -11,9 +11,10 @@ one row into an ``Example`` with the original MA-RLHF / DeepSpeed-Chat prompt te
 ``synthetic-tldr``            the bundled file, same schema; rows' ``split`` field: train / valid*.
 ``Dahoas/full-hh-rlhf``,      columns prompt/response/chosen/rejected; prompt already
 ``Dahoas/rm-static``          ``"\\n\\nHuman: ...\\n\\nAssistant:"``; train / test.
-``openai/webgpt_comparisons`` ``" Human: {question.full_text} Assistant:"``; higher score chosen, a tie
-                              chooses answer_0 (or is skipped with ``--webgpt_skip_ties``); citation
-                              marks ``[1]``, ``[2, 3]`` removed; train only -> deterministic 95/5 carve.
+``openai/webgpt_comparisons`` ``" Human: {question.full_text} Assistant:"``, answers ``" {answer}"`` (a
+                              space after ``Assistant:``, as in DeepSpeed-Chat); higher score chosen,
+                              a tie chooses answer_0 (or is skipped with ``--webgpt_skip_ties``);
+                              citation marks ``[1]``, ``[2, 3]`` removed; train only -> 95/5 carve.
 ``codeparrot/apps``           APPS-paper prompt (question, starter code, call-based or stdin format);
                               chosen = first solution (None when there is none); ``meta`` holds the
                               ``input_output`` tests and ``fn_name``; no rejected; train / test.
@@ -27,11 +28,15 @@ file whose rows carry a ``split`` field (the TL;DR schema) is divided by it; any
 is all train, carved 95/5 like WebGPT.
 
 Bad rows raise ``DataError`` naming the file, the row (1-based line for jsonl) and the field; with
-``skip_bad_rows`` they are skipped, counted and the count is logged.
+``skip_bad_rows`` they are skipped, counted and the count is logged. Local JSON files are parsed here,
+not through ``datasets`` (whose type inference rewrites a column of mixed types, e.g. decodes
+``"choice": "1"`` to ``1`` when another row has an integer), so every row is read as written. They
+must be UTF-8 (a leading byte-order mark is ignored); a line with other bytes is a bad row.
 """
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -45,16 +50,23 @@ from typing import Any
 import numpy as np
 
 from marlhf.code_reward import parse_json
+from marlhf.data.report import SourceCounts
 from marlhf.data.schema import DataError, Example
 
 log = logging.getLogger(__name__)
 
-# Bump when a template below changes (it is part of the tokenised-data cache key).
-TEMPLATES_VERSION = 1
+# Bump when a template below or what a row becomes changes (it is part of the tokenised-data cache
+# key). 2: WebGPT answers start with a space; TL;DR "choice" must be an integer; identical pairs dropped.
+TEMPLATES_VERSION = 2
 BUNDLED_SYNTHETIC = Path(__file__).resolve().parent / "bundled" / "synthetic_tldr.jsonl"
 EVAL_CARVE_SEED = 1234  # fixed: the 95/5 carve must not move with the training seed
 EVAL_CARVE_FRACTION = 0.05
 _CITATION = re.compile(r"\s*\[\d+(?:\s*,\s*\d+)*\]")
+# Bytes that are not UTF-8, as decoded with errors="surrogateescape" (U+DC80..U+DCFF), and any
+# surrogate (a JSON escape such as "\udcff" gives one): no tokenizer can encode those.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SPLIT_NAMES = {
     "train": ("train",),
     "eval": ("validation", "valid", "eval", "dev", "test"),
@@ -154,8 +166,13 @@ def _tldr(name: str) -> Callable[[dict, str, dict], Example | None]:
                 raise DataError(f'{where}: field "summaries[{i}].text" is empty or not a string')
             texts.append(t)
         choice = _get(row, "choice", where)
-        if isinstance(choice, bool) or choice not in (0, 1):
-            raise DataError(f'{where}: field "choice" must be 0 or 1, got {choice!r}')
+        # One rule whatever the reader: the JSON integer 0 or 1, as in OpenAI's files ("1", 1.0 and
+        # true are refused rather than guessed at).
+        if type(choice) is not int or choice not in (0, 1):
+            raise DataError(
+                f'{where}: field "choice" must be 0 or 1 (a JSON integer), got {choice!r} '
+                f"({type(choice).__name__}); write it as a number"
+            )
         pid = info.get("id")
         return Example(
             prompt=prompt,
@@ -201,6 +218,9 @@ def _webgpt(row: dict, where: str, options: dict) -> Example | None:
     chosen, rejected = _strip_citations(chosen), _strip_citations(rejected)
     if not chosen or not rejected:
         raise DataError(f"{where}: an answer is empty once citation marks are removed")
+    # The prompt ends with "Assistant:"; the answer starts with a space (DeepSpeed-Chat's convention,
+    # the same as HH's responses): the model would otherwise learn "Assistant:Paris".
+    chosen, rejected = " " + chosen, " " + rejected
     prompt = f" Human: {question} Assistant:"
     qid = row["question"].get("id") if isinstance(row["question"], dict) else None
     return Example(
@@ -391,25 +411,66 @@ class RawRows:
     bad: list[str]  # errors already found while reading (unparseable jsonl lines)
 
 
+def _not_utf8(text: str) -> str | None:
+    """Why ``text`` (decoded with errors="surrogateescape") is not UTF-8, or None when it is."""
+    m = _UNDECODABLE.search(text)
+    if m is None:
+        return None
+    return (
+        f"not valid UTF-8 (byte 0x{ord(m.group()) - 0xDC00:02x} at character {m.start() + 1}); "
+        "re-save the file as UTF-8"
+    )
+
+
+def _may_hold_surrogates(text: str) -> bool:
+    """Whether JSON ``text`` can decode to a surrogate (cheap test before checking every row)."""
+    return bool(_SURROGATE.search(text) or _SURROGATE_ESCAPE.search(text))
+
+
+def _check_row(row: Any, may_hold_surrogates: bool = True) -> str | None:
+    """Why a parsed JSON value is not a usable row (not an object, text that is not Unicode)."""
+    if not isinstance(row, dict):
+        return f"row must be a JSON object, got {type(row).__name__}"
+    if not may_hold_surrogates:
+        return None
+    m = _SURROGATE.search(json.dumps(row, ensure_ascii=False))
+    if m is not None:
+        return (
+            f"holds {ascii(m.group())}, which is not valid Unicode (a byte that is not UTF-8, or a "
+            "lone surrogate escape); re-save the file as UTF-8"
+        )
+    return None
+
+
+def _parse_row(text: str) -> tuple[dict | None, str | None]:
+    """One JSON object from ``text`` -> (row, None), or (None, why it is not one)."""
+    why = _not_utf8(text)
+    if why is not None:
+        return None, why
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg})"
+    why = _check_row(row, _may_hold_surrogates(text))
+    return (None, why) if why else (row, None)
+
+
 def _read_jsonl(path: Path, skip_bad_rows: bool) -> RawRows:
-    """Validate every line ourselves (``datasets``' own error does not name the line), then load."""
+    """Parse and check every line here, so that an error names the line.
+
+    "utf-8-sig" drops a leading byte-order mark; "surrogateescape" keeps bytes that are not UTF-8
+    (as U+DC80..U+DCFF) so that their line, not the whole file, is the bad one.
+    """
     parsed: list[dict] = []
     line_of: list[int] = []
     bad: list[str] = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                msg = f"{path} line {lineno}: not valid JSON ({e.msg})"
-                if not skip_bad_rows:
-                    raise DataError(msg) from None
-                bad.append(msg)
-                continue
-            if not isinstance(row, dict):
-                msg = f"{path} line {lineno}: row must be a JSON object, got {type(row).__name__}"
+            row, why = _parse_row(line)
+            if row is None:
+                msg = f"{path} line {lineno}: {why}"
                 if not skip_bad_rows:
                     raise DataError(msg)
                 bad.append(msg)
@@ -417,34 +478,54 @@ def _read_jsonl(path: Path, skip_bad_rows: bool) -> RawRows:
             parsed.append(row)
             line_of.append(lineno)
     columns = frozenset(k for row in parsed for k in row)
-    rows: Iterable[dict] = parsed
-    if not bad and parsed:
-        # The file is clean JSON: read it through `datasets` like any other source. A column whose
-        # type changes between rows makes Arrow fail; then keep our parse so the row check below
-        # can name the exact line.
-        try:
-            import datasets
+    return RawRows(parsed, lambda i: f"{path} line {line_of[i]}", columns, bad)
 
-            rows = datasets.load_dataset("json", data_files=str(path), split="train")
-            columns = frozenset(rows.column_names)
-        except Exception as e:  # noqa: BLE001 - any Arrow/generation error: fall back, same rows
-            log.debug("datasets could not load %s (%s); using the validated lines", path, e)
-            rows = parsed
-    return RawRows(rows, lambda i: f"{path} line {line_of[i]}", columns, bad)
+
+def _read_json(path: Path, skip_bad_rows: bool) -> RawRows:
+    """A ``.json`` file: a JSON array of row objects, or JSON lines (then read as ``.jsonl``)."""
+    raw = path.read_bytes()
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    text = raw.decode("utf-8", errors="surrogateescape")
+    if not text.lstrip().startswith("["):
+        return _read_jsonl(path, skip_bad_rows)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path} line {e.lineno} column {e.colno}: not valid JSON ({e.msg})"
+        ) from None
+    parsed: list[dict] = []
+    row_of: list[int] = []
+    bad: list[str] = []
+    check_text = _may_hold_surrogates(text)
+    for i, row in enumerate(data):
+        why = _check_row(row, check_text)
+        if why is not None:
+            msg = f"{path} row {i + 1}: {why}"
+            if not skip_bad_rows:
+                raise DataError(msg)
+            bad.append(msg)
+            continue
+        parsed.append(row)
+        row_of.append(i + 1)
+    columns = frozenset(k for row in parsed for k in row)
+    return RawRows(parsed, lambda i: f"{path} row {row_of[i]}", columns, bad)
 
 
 def _read_local(path: Path, skip_bad_rows: bool) -> RawRows:
     if path.suffix == ".jsonl":
         return _read_jsonl(path, skip_bad_rows)
-    if path.suffix not in (".json", ".parquet"):
+    if path.suffix == ".json":
+        return _read_json(path, skip_bad_rows)
+    if path.suffix != ".parquet":
         raise DataError(f"{path}: unsupported file type (expected .json, .jsonl or .parquet)")
     import datasets
 
-    kind = path.suffix[1:]
     try:
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+        ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
     except Exception as e:  # noqa: BLE001
-        raise DataError(f"{path}: cannot be read as {kind}: {e}") from e
+        raise DataError(f"{path}: cannot be read as parquet: {e}") from e
     return RawRows(ds, lambda i: f"{path} row {i + 1}", frozenset(ds.column_names), [])
 
 
@@ -460,8 +541,20 @@ def _split_files(directory: Path, split: str) -> list[Path]:
 def carve(n: int, split: str) -> np.ndarray:
     """Deterministic 95/5 train/eval carve of ``n`` rows for datasets with only a train split."""
     perm = np.random.RandomState(EVAL_CARVE_SEED).permutation(n)
-    n_eval = int(round(n * EVAL_CARVE_FRACTION))
+    n_eval = _n_eval(n)
     return np.sort(perm[:n_eval] if split == "eval" else perm[n_eval:])
+
+
+def _n_eval(n: int) -> int:
+    return int(round(n * EVAL_CARVE_FRACTION))
+
+
+def carve_min_rows() -> int:
+    """The fewest rows whose 95/5 carve gives the eval split one row (11: round() halves to even)."""
+    n = 1
+    while _n_eval(n) == 0:
+        n += 1
+    return n
 
 
 def parse_spec(spec: str) -> tuple[Adapter | None, str | None]:
@@ -484,19 +577,25 @@ def _convert_rows(
     options: dict,
     max_samples: int,
     split_filter: Callable[[dict], bool] | None = None,
+    counts: SourceCounts | None = None,
 ) -> tuple[list[Example], int]:
-    adapter = adapter or detect_adapter(raw.columns, source)
-    opts = dict(options, columns=raw.columns)
+    """The examples of ``raw``'s rows in the split (``keep`` / ``split_filter``); ``counts`` (when
+    given) adds the rows of the split, the bad and by-design skips and the examples."""
+    counts = counts if counts is not None else SourceCounts(source)
     n_bad = len(raw.bad)
     for msg in raw.bad:
         log.debug("skipped: %s", msg)
-    wanted = None if keep is None else set(keep.tolist())
     out: list[Example] = []
+    if adapter is None and len(raw.rows) > 0:  # no rows: no schema to tell, nothing to convert
+        adapter = detect_adapter(raw.columns, source)
+    opts = dict(options, columns=raw.columns)
+    wanted = None if keep is None else set(keep.tolist())
     for i, row in enumerate(raw.rows):
         if wanted is not None and i not in wanted:
             continue
         if split_filter is not None and not split_filter(row):
             continue
+        counts.in_split += 1
         try:
             ex = adapter.to_example(row, raw.label(i), opts)
         except DataError as e:
@@ -505,10 +604,15 @@ def _convert_rows(
             n_bad += 1
             log.debug("skipped: %s", e)
             continue
-        if ex is not None:
-            out.append(ex)
-            if max_samples and len(out) >= max_samples:
-                break
+        if ex is None:
+            counts.by_design += 1
+            continue
+        out.append(ex)
+        if max_samples and len(out) >= max_samples:
+            counts.capped = True
+            break
+    counts.bad += n_bad
+    counts.examples += len(out)
     if n_bad:
         log.warning("%s: skipped %d bad rows", source, n_bad)
     return out, n_bad
@@ -532,30 +636,31 @@ def load_examples(
     skip_bad_rows: bool = False,
     max_samples: int = 0,
     webgpt_skip_ties: bool = False,
+    counts: SourceCounts | None = None,
 ) -> tuple[list[Example], int]:
     """All ``Example``s of one ``data_path`` entry's ``split`` ("train" or "eval"), in file order,
-    and the number of bad rows skipped (always 0 unless ``skip_bad_rows``)."""
+    and the number of bad rows skipped (always 0 unless ``skip_bad_rows``). ``counts``, when given,
+    receives the files read and how many rows each step kept (see ``marlhf.data.report``)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    options = {"webgpt_skip_ties": webgpt_skip_ties}
+    counts = counts if counts is not None else SourceCounts(spec)
+    opts = {"webgpt_skip_ties": webgpt_skip_ties}
     adapter, local = parse_spec(spec)
     if local is None and adapter is not None and adapter.name == "synthetic-tldr":
         local = str(BUNDLED_SYNTHETIC)
     if local is None:
-        return _load_hub(adapter, split, skip_bad_rows, max_samples, options)
+        return _load_hub(adapter, split, skip_bad_rows, max_samples, opts, counts)
     path = Path(local)
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
+    files, carve_split = [path], None
     if path.is_dir():
         if not _split_files(path, "train"):
             raise DataError(f"{path}: no train files (names starting with 'train')")
-        if not _split_files(path, "eval"):
-            # Only train files: carve a deterministic 95/5 train/eval split from them (like WebGPT).
-            files = _split_files(path, "train")
-            return _load_files(adapter, files, split, True, skip_bad_rows, max_samples, options)
-        files = _split_files(path, split)
-        return _load_files(adapter, files, split, False, skip_bad_rows, max_samples, options)
-    return _load_files(adapter, [path], split, None, skip_bad_rows, max_samples, options)
+        # Only train files: carve a deterministic 95/5 train/eval split from them (like WebGPT).
+        carve_split = not _split_files(path, "eval")
+        files = _split_files(path, "train" if carve_split else split)
+    return _load_files(adapter, files, split, carve_split, skip_bad_rows, max_samples, opts, counts)
 
 
 def _load_files(
@@ -566,12 +671,15 @@ def _load_files(
     skip_bad_rows: bool,
     max_samples: int,
     options: dict,
+    counts: SourceCounts,
 ) -> tuple[list[Example], int]:
     """``carve_split``: True carve 95/5, False take all rows, None decide from the rows (single file)."""
     examples: list[Example] = []
     n_bad = 0
     for f in files:
         raw = _read_local(f, skip_bad_rows)
+        counts.files.append(str(f))
+        counts.rows_read += len(raw.rows) + len(raw.bad)
         split_filter = None
         keep = None
         mode = carve_split
@@ -586,9 +694,10 @@ def _load_files(
             rows = list(raw.rows)
             raw = RawRows(rows, raw.label, raw.columns, raw.bad)
             keep = carve(len(rows), split)
+            counts.carve_min_rows = carve_min_rows()
         cap = max_samples - len(examples) if max_samples else 0
         exs, bad = _convert_rows(
-            adapter, raw, str(f), keep, skip_bad_rows, options, cap, split_filter
+            adapter, raw, str(f), keep, skip_bad_rows, options, cap, split_filter, counts
         )
         examples += exs
         n_bad += bad
@@ -598,7 +707,12 @@ def _load_files(
 
 
 def _load_hub(
-    adapter: Adapter, split: str, skip_bad_rows: bool, max_samples: int, options: dict
+    adapter: Adapter,
+    split: str,
+    skip_bad_rows: bool,
+    max_samples: int,
+    options: dict,
+    counts: SourceCounts,
 ) -> tuple[list[Example], int]:
     import datasets
 
@@ -617,9 +731,16 @@ def _load_hub(
             f"{adapter.hub_id}: cannot load from the hub ({type(e).__name__}: {e}); "
             "download it elsewhere and pass the local files instead"
         ) from e
-    keep = carve(len(ds), split) if hub_split is None else None
+    counts.files.append(source)
+    counts.rows_read += len(ds)
+    keep = None
+    if hub_split is None:
+        keep = carve(len(ds), split)
+        counts.carve_min_rows = carve_min_rows()
     raw = RawRows(ds, lambda i: f"{source} row {i + 1}", frozenset(ds.column_names), [])
-    return _convert_rows(adapter, raw, source, keep, skip_bad_rows, options, max_samples)
+    return _convert_rows(
+        adapter, raw, source, keep, skip_bad_rows, options, max_samples, None, counts
+    )
 
 
 def iter_examples(

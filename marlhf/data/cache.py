@@ -6,6 +6,10 @@ SHA-256 over its canonical JSON. The local-rank-0 process of each node builds th
 it atomically (``save_to_disk`` into a temporary directory, then a rename); the other ranks wait at
 ``torch.distributed.barrier()`` (when distributed is initialised) and load it. An existing key loads,
 a changed key builds a new entry.
+
+An empty dataset is never saved (the builders raise first, with counts; ``datasets`` cannot even load
+an empty set saved without features), and an entry that does not load (an empty set an older version
+saved, a partial copy) is rebuilt with a warning instead of failing on every run.
 """
 
 from __future__ import annotations
@@ -38,6 +42,13 @@ def _dist():
     return None
 
 
+def _loads(path: Path) -> bool:
+    try:
+        return len(datasets.load_from_disk(str(path))) > 0
+    except Exception:  # noqa: BLE001 - whatever a damaged entry raises, rebuilding is the cure
+        return False
+
+
 def cached(
     cache_dir: str | os.PathLike, key: dict, build: Callable[[], datasets.Dataset]
 ) -> datasets.Dataset:
@@ -46,9 +57,16 @@ def cached(
     dist = _dist()
     # Without torch.distributed every process builds for itself (no one to wait for).
     builder = dist is None or int(os.environ.get("LOCAL_RANK", dist.get_rank())) == 0
+    if builder and path.exists() and not _loads(path):
+        log.warning("data cache entry %s does not load or is empty: rebuilding it", path)
+        shutil.rmtree(path)
     if builder and not path.exists():
         log.info("data cache miss: building %s", path)
         ds = build()
+        if len(ds) == 0:
+            raise ValueError(
+                f"refusing to cache an empty dataset as {path} (the builder should raise)"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:

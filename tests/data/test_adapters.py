@@ -99,9 +99,10 @@ def test_webgpt_choice_ties_citations_and_carve(tmp_path):
     assert sorted(carve(40, "eval").tolist() + carve(40, "train").tolist()) == list(range(40))
     by_id = {e.prompt_id: e for e in train + evals}
     assert by_id["webgpt/q0"].prompt == " Human: What is the capital of France? Assistant:"
-    assert by_id["webgpt/q0"].chosen == "It is Lyon."  # higher score, citations removed
-    assert by_id["webgpt/q0"].rejected == "Paris is the capital."
-    assert by_id["webgpt/q1"].chosen == "Paris is the capital."  # tie -> answer_0
+    # higher score, citations removed, a space after "Assistant:" (as DeepSpeed-Chat)
+    assert by_id["webgpt/q0"].chosen == " It is Lyon."
+    assert by_id["webgpt/q0"].rejected == " Paris is the capital."
+    assert by_id["webgpt/q1"].chosen == " Paris is the capital."  # tie -> answer_0
     skipped, _ = load_examples(f"webgpt:{f}", "train", webgpt_skip_ties=True)
     skipped_e, _ = load_examples(f"webgpt:{f}", "eval", webgpt_skip_ties=True)
     assert "webgpt/q1" not in {e.prompt_id for e in skipped + skipped_e}
@@ -282,3 +283,74 @@ def test_directory_with_only_train_files_is_carved(tmp_path):
 def test_missing_local_file(tmp_path):
     with pytest.raises(DataError, match="no such file"):
         load_examples(f"plain:{tmp_path / 'nope.jsonl'}", "train")
+
+
+# --- encodings (issue 13, item 6) ----------------------------------------------------------------
+def test_bytes_that_are_not_utf8_name_the_line_and_skip(tmp_path):
+    lines = [json.dumps(r).encode() for r in plain_rows()]
+    lines[2] = lines[2].replace(b"C2", b"C\xe92")  # "Cé2" in Latin-1: not UTF-8
+    f = tmp_path / "train.jsonl"
+    f.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(DataError, match=r"train\.jsonl line 3: not valid UTF-8 \(byte 0xe9"):
+        load_examples(f"plain:{f}", "train")
+    tr, bad_tr = load_examples(f"plain:{f}", "train", skip_bad_rows=True)
+    ev, _ = load_examples(f"plain:{f}", "eval", skip_bad_rows=True)
+    assert bad_tr == 1 and sorted(e.prompt for e in tr + ev) == ["P0", "P1", "P3", "P4"]
+    # the same in a .json array (its rows are numbered from 1)
+    g = tmp_path / "pairs.json"
+    g.write_bytes(json.dumps(plain_rows()).encode().replace(b"C2", b"C\xe92"))
+    with pytest.raises(DataError, match=r"pairs\.json row 3: holds '\\udce9', which is not valid"):
+        load_examples(f"plain:{g}", "train")
+    tr, bad = load_examples(f"plain:{g}", "train", skip_bad_rows=True)
+    assert bad == 1 and len(tr) == 4
+    # a lone surrogate escape decodes to text no tokenizer can encode: a bad row too; a pair is fine
+    h = tmp_path / "esc.jsonl"
+    h.write_text('{"prompt": "P\\ud83d\\ude00", "chosen": "c", "rejected": "r"}\n' * 30)
+    assert load_examples(f"plain:{h}", "train")[0][0].prompt == "P\U0001f600"
+    h.write_text(h.read_text() + '{"prompt": "P\\udcff", "chosen": "c", "rejected": "r"}\n')
+    with pytest.raises(DataError, match=r"esc\.jsonl line 31: holds '\\udcff', which is not valid"):
+        load_examples(f"plain:{h}", "train")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_utf8_byte_order_mark_is_accepted(tmp_path, suffix):
+    rows = plain_rows()
+    body = "".join(json.dumps(r) + "\n" for r in rows) if suffix == ".jsonl" else json.dumps(rows)
+    f = tmp_path / f"train{suffix}"
+    f.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    for skip in (False, True):
+        tr, bad = load_examples(f"plain:{f}", "train", skip_bad_rows=skip)
+        ev, _ = load_examples(f"plain:{f}", "eval", skip_bad_rows=skip)
+        assert bad == 0 and sorted(e.prompt for e in tr + ev) == [f"P{i}" for i in range(5)]
+
+
+# --- TL;DR "choice": one rule whatever else the file holds (issue 13, item 8) ----------------------
+@pytest.mark.parametrize("choice", ["1", 1.0, True])
+def test_tldr_choice_must_be_an_integer_in_clean_and_broken_files(tmp_path, choice):
+    rows = [tldr_row(i) for i in range(4)]
+    rows[2]["choice"] = choice
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    clean, broken = tmp_path / "clean.jsonl", tmp_path / "broken.jsonl"
+    clean.write_text(text)
+    broken.write_text(text + "{not json\n")
+    with pytest.raises(DataError, match=r'clean\.jsonl line 3: field "choice" must be 0 or 1'):
+        load_examples(str(clean), "train")
+    with pytest.raises(DataError, match=r"broken\.jsonl line 5: not valid JSON"):  # read first
+        load_examples(str(broken), "train")
+    # with --skip_bad_rows the row is skipped in both files (plus the broken line)
+    assert load_examples(str(clean), "train", skip_bad_rows=True)[1] == 1
+    assert load_examples(str(broken), "train", skip_bad_rows=True)[1] == 2
+    exs, _ = load_examples(str(broken), "train", skip_bad_rows=True)
+    assert [e.prompt_id for e in exs] == ["tldr/t3_0", "tldr/t3_1", "tldr/t3_3"]
+
+
+def test_webgpt_answer_follows_assistant_with_a_space(tmp_path):
+    f = write_jsonl(tmp_path / "w.jsonl", [webgpt_row(i, 1.0, 0.0) for i in range(20)])
+    (ex, *_), _ = load_examples(f"webgpt:{f}", "train")
+    assert (
+        ex.prompt + ex.chosen
+        == " Human: What is the capital of France? Assistant: Paris is the capital."
+    )
+    assert (
+        ex.prompt + ex.rejected == " Human: What is the capital of France? Assistant: It is Lyon."
+    )

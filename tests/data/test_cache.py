@@ -1,4 +1,7 @@
+import logging
+
 import datasets
+import pytest
 
 from marlhf.data.cache import cached, key_hash
 
@@ -28,3 +31,26 @@ def test_hit_and_miss(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [key_hash({"k": 1}), key_hash({"k": 2})]
     )
+
+
+def test_empty_set_is_never_cached(tmp_path):
+    # An empty set with features loads back (so the old cache returned it); without features it
+    # cannot even be loaded. Either way nothing is saved and the error says so.
+    feats = datasets.Features({"x": datasets.Value("int32")})
+    for empty in (
+        datasets.Dataset.from_dict({"x": []}, features=feats),
+        datasets.Dataset.from_dict({}),
+    ):
+        with pytest.raises(ValueError, match="refusing to cache an empty dataset"):
+            cached(tmp_path, {"k": 1}, lambda e=empty: e)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_entry_that_does_not_load_is_rebuilt(tmp_path, caplog):
+    # What an earlier version cached for an empty phase: a featureless empty set that
+    # `load_from_disk` fails on (IndexError) on every run.
+    datasets.Dataset.from_dict({"input_ids": []}).save_to_disk(str(tmp_path / key_hash({"k": 1})))
+    with caplog.at_level(logging.WARNING):
+        ds = cached(tmp_path, {"k": 1}, lambda: datasets.Dataset.from_dict({"x": [1, 2]}))
+    assert ds["x"][:] == [1, 2] and "does not load or is empty: rebuilding" in caplog.text
+    assert cached(tmp_path, {"k": 1}, lambda: 1 / 0)["x"][:] == [1, 2]  # the rebuilt entry is kept

@@ -1,6 +1,7 @@
 """Tokenised datasets against hand-built id sequences."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 import marlhf.data.tokenize as T
 from marlhf.data.collate import PairCollator, PromptCollator, SFTCollator
 from marlhf.data.config import DataConfig
+from marlhf.data.schema import DataError
 
 ROWS = [
     {
@@ -69,12 +71,11 @@ def test_sft_labels_hand_built(tok, data_file, tmp_path):
 
 
 def test_sft_prompt_loss_no_bos_and_custom_eot(tok_nobos, data_file, tmp_path):
-    cfg = cfg_for(
-        data_file, tmp_path, sft_include_prompt_loss=True, end_of_conversation_token="TL;DR"
-    )
+    # a custom end-of-conversation token must be one token of the tokenizer (";" is one here)
+    cfg = cfg_for(data_file, tmp_path, sft_include_prompt_loss=True, end_of_conversation_token=";")
     ds = T.build_sft_dataset(cfg, tok_nobos, "train", seed=0)
-    eot = ids(tok_nobos, "TL;DR")
-    assert len(eot) > 1
+    eot = ids(tok_nobos, ";")
+    assert len(eot) == 1 and eot != [tok_nobos.eos_token_id]
     for r in ds:
         assert r["labels"] == r["input_ids"]
         assert r["input_ids"][-len(eot) :] == eot and r["input_ids"][0] != tok_nobos.bos_token_id
@@ -147,7 +148,8 @@ def test_prompt_dataset_drop_and_truncate(tok, data_file, tmp_path):
     dt, d0 = T.build_prompt_dataset(
         cfg, tok, "train", 0, max_prompt_len=limit, overlong="truncate_left"
     )
-    assert d0 == 0 and len(dt) == 2
+    # truncate_left keeps every prompt and still reports the over-long one (it was cut)
+    assert d0 == 1 and len(dt) == 2
     for r in dt:
         p = ids(tok, r["prompt"])
         assert r["input_ids"] == [tok.bos_token_id] + p[max(0, len(p) - (limit - 1)) :]
@@ -234,3 +236,162 @@ def test_cache_key_holds_the_split_seed(tok, tmp_path):
     assert T.cache_key(cfg, tok, "train", 6, 1) != key
     moved = DataConfig(data_output_path=str(tmp_path), data_seed=6)
     assert T.cache_key(moved, tok, "train", 5, 1) != key
+
+
+# --- empty sets: a clear error with counts, nothing cached (issue 13, item 3) ----------------------
+def _plain_file(tmp_path, n, name="rows.jsonl"):
+    f = tmp_path / name
+    rows = [
+        {"prompt": f"POST\nQuestion {i}.\nTL;DR: ", "chosen": f"a{i}", "rejected": f"b{i}"}
+        for i in range(n)
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+def _empty_error(build, cache):
+    """The DataError of ``build`` (raised twice: nothing was cached in between)."""
+
+    def entries():
+        return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+    before = entries()
+    with pytest.raises(DataError) as first:
+        build()
+    assert entries() == before, "an empty set was cached"
+    with pytest.raises(DataError) as second:
+        build()
+    assert str(second.value) == str(first.value)
+    return str(first.value)
+
+
+def test_empty_phase_of_the_split(tok, tmp_path):
+    cache = tmp_path / "cache"
+    cfg = DataConfig(data_output_path=str(cache), data_split="0,5,5", max_samples=40)
+    msg = _empty_error(lambda: T.build_sft_dataset(cfg, tok, "train", 1), cache)
+    assert msg.startswith("no train SFT examples for phase 1 (SFT)")
+    assert (
+        "--data_path synthetic-tldr: 2200 rows read from" in msg and "synthetic_tldr.jsonl" in msg
+    )
+    assert "40 examples (--max_samples); 0 in phase 1 (--data_split 0,5,5)" in msg
+    assert "phase 1 (SFT) has weight 0 in --data_split 0,5,5" in msg
+    rm = DataConfig(data_output_path=str(cache), data_split="5,0,5", max_samples=40)
+    msg = _empty_error(lambda: T.build_pair_dataset(rm, tok, "train", 1), cache)
+    assert "no train preference pairs for phase 2 (reward-model)" in msg
+    assert "phase 2 (reward-model) has weight 0 in --data_split 5,0,5" in msg
+
+
+def test_empty_sets_of_tiny_files(tok, tmp_path):
+    cache = tmp_path / "cache"
+    one = _plain_file(tmp_path, 1, "one.jsonl")
+    cfg = DataConfig(data_path=(str(one),), data_output_path=str(cache))
+    msg = _empty_error(lambda: T.build_sft_dataset(cfg, tok, "train", 1), cache)
+    assert f"--data_path {one}: 1 rows read; 1 in the train split (95/5 carve); 1 examples" in msg
+    assert "phase 1's share of 1 examples under --data_split 2,4,4 rounds to 0" in msg
+    five = _plain_file(tmp_path, 5, "five.jsonl")
+    cfg = DataConfig(data_path=(str(five),), data_output_path=str(cache))
+    assert len(T.build_sft_dataset(cfg, tok, "train", 1)) == 1  # round(5 * 0.2) = 1
+    msg = _empty_error(lambda: T.build_sft_dataset(cfg, tok, "eval", 1), cache)
+    assert "no eval SFT examples" in msg and "5 rows read; 0 in the eval split (95/5 carve)" in msg
+    assert "needs at least 11 rows" in msg
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    cfg = DataConfig(data_path=(str(empty),), data_output_path=str(cache / "e"))
+    assert "the data has no rows" in _empty_error(
+        lambda: T.build_sft_dataset(cfg, tok, "train", 1), cache / "e"
+    )
+
+
+def test_every_prompt_over_long(tok, tmp_path):
+    cache = tmp_path / "cache"
+    cfg = DataConfig(
+        data_path=(str(_plain_file(tmp_path, 5)),), data_output_path=str(cache), data_split="0,0,1"
+    )
+    msg = _empty_error(lambda: T.build_prompt_dataset(cfg, tok, "train", 1, 4), cache)
+    assert "no train PPO prompts for phase 3 (PPO)" in msg and "5 in phase 3" in msg
+    assert "dropped while building: 5 prompts longer than --max_prompt_seq_len 4" in msg
+    assert "raise --max_prompt_seq_len, or pass --overlong_prompts truncate" in msg
+    ds, n = T.build_prompt_dataset(cfg, tok, "train", 1, 4, overlong="truncate_left")
+    assert len(ds) == 5 and n == 5  # item 4: truncated prompts are counted too
+
+
+# --- prompts cut to --max_seq_len are counted and logged (issue 13, item 5) -----------------------
+def test_prompt_cut_to_max_seq_len_is_counted_and_warned(tok, data_file, tmp_path, caplog):
+    full = [len(ids(tok, r["prompt"])) for r in ROWS]
+    for _ in range(2):  # the build, then a cache hit: both warn
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="marlhf.data.tokenize"):
+            ds = T.build_sft_dataset(cfg_for(data_file, tmp_path, max_seq_len=12), tok, "train", 0)
+        kept = [sum(lab == -100 for lab in r["labels"]) - 1 for r in ds]  # prompt tokens, no bos
+        assert max(kept) < min(full)  # both prompts lost their start
+        assert (
+            "train SFT examples (phase 1): 2 of 2 prompts cut from the left to fit "
+            "--max_seq_len 12" in caplog.text
+        )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="marlhf.data.tokenize"):
+        T.build_pair_dataset(
+            cfg_for(data_file, tmp_path, data_split="0,1,0", max_seq_len=12), tok, "train", 0
+        )
+        T.build_sft_dataset(cfg_for(data_file, tmp_path, max_seq_len=512), tok, "train", 0)
+    assert "train preference pairs (phase 2): 2 of 2 prompts cut from the left" in caplog.text
+    assert "SFT examples" not in caplog.text  # everything fits in 512 tokens: no warning
+
+
+# --- a pair with no preference is dropped and counted (issue 13, item 7) -------------------------
+def test_identical_pairs_are_dropped_and_counted(tok, tmp_path, caplog):
+    rows = [dict(r) for r in ROWS] + [
+        {"prompt": "POST\nSame.\nTL;DR: ", "chosen": "my dog", "rejected": "my dog"},
+        # the same first five words: identical once cut to the budget below
+        {
+            "prompt": "Q: ",
+            "chosen": "my dog ate my lunch today",
+            "rejected": "my dog ate my lunch again",
+        },
+    ]
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="marlhf.data.tokenize"):
+        ds = T.build_pair_dataset(cfg_for(f, tmp_path, data_split="0,1,0"), tok, "train", 0)
+    assert len(ds) == 3 and all(r["chosen_input_ids"] != r["rejected_input_ids"] for r in ds)
+    assert (
+        "train preference pairs (phase 2): 1 dropped: pairs with chosen == rejected" in caplog.text
+    )
+    # budget: bos + the whole (short) prompt + the shared start; fit() keeps a prompt of at most
+    # half the budget whole, so the responses keep exactly their shared start
+    p = len(ids(tok, rows[3]["prompt"]))
+    shared = len(ids(tok, "my dog ate my lunch"))
+    assert ids(tok, rows[3]["chosen"])[:shared] == ids(tok, rows[3]["rejected"])[:shared]
+    assert shared >= p
+    budget = 1 + p + shared
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="marlhf.data.tokenize"):
+        cut = T.build_pair_dataset(
+            cfg_for(f, tmp_path, data_split="0,1,0", max_seq_len=budget), tok, "train", 0
+        )
+    assert f"pairs identical once cut to --max_seq_len {budget}" in caplog.text
+    assert all(r["chosen_input_ids"] != r["rejected_input_ids"] for r in cut)
+    one = tmp_path / "same.jsonl"
+    one.write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(DataError, match=r"dropped while building: 1 pairs with chosen == rejected"):
+        T.build_pair_dataset(cfg_for(one, tmp_path, data_split="0,1,0"), tok, "train", 0)
+
+
+# --- --end_of_conversation_token must be one token (issue 13, item 9) -----------------------------
+def test_end_of_conversation_token_must_be_one_token(tok_nobos, data_file, tmp_path):
+    cfg = cfg_for(data_file, tmp_path, end_of_conversation_token="<|endoftext|>")
+    pieces = tok_nobos.convert_ids_to_tokens(ids(tok_nobos, "<|endoftext|>"))
+    assert len(pieces) > 1
+    for build in (
+        lambda: T.build_sft_dataset(cfg, tok_nobos, "train", 0),
+        lambda: T.build_prompt_dataset(cfg, tok_nobos, "train", 0, 64),  # before PPO's eos ids
+    ):
+        with pytest.raises(ValueError) as err:
+            build()
+        msg = str(err.value)
+        assert msg.startswith("--end_of_conversation_token '<|endoftext|>' is not one token of")
+        assert f"it encodes to {len(pieces)} tokens {pieces}" in msg and "'<eos>'" in msg
+    assert not (tmp_path / "cache").exists()
+    tok_nobos.name_or_path = "my/model"
+    with pytest.raises(ValueError, match="the tokenizer of 'my/model'"):
+        T.eot_ids(cfg, tok_nobos)
