@@ -623,9 +623,9 @@ def _eot_ids(tokenizer: Any, cfg: InferenceConfig) -> list[int]:
 
 
 def _same_vocab(a: Any, b: Any) -> bool:
-    from marlhf.data.tokenize import tokenizer_fingerprint
+    from marlhf.preflight import same_tokenizer
 
-    return tokenizer_fingerprint(a)["vocab_sha256"] == tokenizer_fingerprint(b)["vocab_sha256"]
+    return same_tokenizer(a, b)
 
 
 @dataclass
