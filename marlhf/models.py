@@ -47,7 +47,9 @@ def _load_error(what: str, name: str, err: OSError) -> OSError:
     """One error naming the model for a failed ``from_pretrained`` (raised ``from None``: the hub
     client's chain of retries adds pages, not information, and every rank prints it)."""
     text = " ".join(str(err).split())
-    return OSError(f"cannot load the {what} of {name!r}: {type(err).__name__}: {text}")
+    local = os.path.exists(name) or name in ("tiny", "tiny-base")
+    where = "" if local else f" ({os.path.abspath(name)} does not exist locally)"
+    return OSError(f"cannot load the {what} of {name!r}{where}: {type(err).__name__}: {text}")
 
 
 def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):

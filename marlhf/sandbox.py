@@ -19,7 +19,7 @@ use well-kept tools where the machine has them, and the built-in code otherwise:
 
 Each run reports the layers that were in place (``ExecResult.layers``, written by the child on a
 pipe it closes before the program starts); the first run of a process logs them, e.g.
-``sandbox layers: die-with-parent:bwrap, process, rlimits, namespaces:bwrap,
+``sandbox layers: die-with-parent, process, rlimits, namespaces:bwrap,
 seccomp:libseccomp-allowlist, audit``, and :func:`sandbox_layers` returns them.
 
 1. **Process** (parent): a fresh interpreter per run, started in a new session
@@ -156,7 +156,7 @@ _cfg = json.loads(sys.argv[1])
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
 # Die with the trainer (SIGKILL when the parent exits), and exit now if it is already gone.
-_libc.prctl(1, 9, None, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+_pdeathsig = _libc.prctl(1, 9, None, 0, 0) == 0  # PR_SET_PDEATHSIG, SIGKILL
 if _cfg["parent_pid"] is not None and os.getppid() != _cfg["parent_pid"]:
     os._exit(137)
 
@@ -181,7 +181,7 @@ def _load_bindings(spec):
 def _setup(cfg, libc):
     W = os.path.realpath(cfg["workdir"])
     skip = set(cfg["skip"])
-    layers = ["process", "rlimits"]
+    layers = (["die-with-parent"] if _pdeathsig or cfg["bwrap"] else []) + ["process", "rlimits"]
     sc = None if "seccomp" in skip else _load_bindings(cfg["seccomp_bindings"])
     lim = [
         (resource.RLIMIT_AS, cfg["as_bytes"]),
@@ -407,7 +407,7 @@ _layers = _setup(_cfg, _libc)
 # Report the layers in place on a pipe the program never sees (closed before it runs).
 os.write(_cfg["status_fd"], json.dumps(_layers).encode())
 os.close(_cfg["status_fd"])
-del _setup, _namespaces, _seccomp, _seccomp_allowlist, _audit, _load_bindings, _libc, _layers
+del _setup, _namespaces, _seccomp, _seccomp_allowlist, _audit, _load_bindings, _libc, _layers, _pdeathsig
 sys.argv = ["solution.py"]
 _g = {"__name__": "__main__", "__builtins__": builtins, "__file__": "solution.py"}
 try:
@@ -907,7 +907,7 @@ def run_python(
         stdout = out.decode("utf-8", "replace")
         stderr = err.decode("utf-8", "replace")
         status: Status = reason or _classify(returncode, stderr)  # type: ignore[assignment]
-        layers = _read_layers(status_r, bwrap is not None)
+        layers = _read_layers(status_r)
         if layers and not _skip_layers:
             _note_layers(layers)
         return ExecResult(status, stdout, stderr, returncode, time.monotonic() - t0, layers)
@@ -925,7 +925,7 @@ def run_python(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _read_layers(fd: int, in_bwrap: bool) -> tuple[str, ...]:
+def _read_layers(fd: int) -> tuple[str, ...]:
     """The layers the child reported on its status pipe (it writes them before the program runs)."""
     os.set_blocking(fd, False)
     data = b""
@@ -938,8 +938,4 @@ def _read_layers(fd: int, in_bwrap: bool) -> tuple[str, ...]:
         layers = json.loads(data.decode()) if data else []
     except ValueError:
         return ()
-    if in_bwrap:
-        layers.insert(0, "die-with-parent:bwrap")
-    else:
-        layers.insert(0, "die-with-parent:pdeathsig")
     return tuple(str(x) for x in layers)
