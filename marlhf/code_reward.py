@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time
@@ -45,7 +46,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from marlhf.sandbox import run_python
+from marlhf.sandbox import clean_stale_workdirs, run_python, sandbox_layers
+
+log = logging.getLogger(__name__)
 
 # PPOCoder / CodeRL reward values (Le et al. 2022, CodeRL §3.1; Shojaee et al. 2023, PPOCoder eq. 3).
 COMPILE_ERROR_PENALTY = -1.0
@@ -393,6 +396,10 @@ class CodeRewarder:
         self.max_tests = max_tests
         self.stop_on_first_failure = stop_on_first_failure
         self.scheme = scheme
+        # at start: remove the work dirs of trainers that died, and say which layers hold
+        clean_stale_workdirs()
+        self.layers = sandbox_layers()
+        log.info("code reward: programs run in the sandbox with %s", ", ".join(self.layers))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="code-reward")
 
     @classmethod

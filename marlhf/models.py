@@ -4,6 +4,7 @@ gradient checkpointing and LoRA (through peft)."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from typing import Any
 
@@ -16,9 +17,16 @@ log = logging.getLogger(__name__)
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def resolve_model_path(name_or_path: str) -> str:
+def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> str:
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
-    shipped pretrained tiny model; anything else unchanged."""
+    shipped pretrained tiny model; anything else unchanged, once it is known to be loadable.
+
+    Raises:
+        FileNotFoundError (one line naming the model and what to do) for a local path that does not
+        exist, a directory that is no model (no ``config.json``; a tokenizer directory is enough
+        with ``tokenizer_only``), or a hub id missing from the local cache while
+        ``HF_HUB_OFFLINE`` is set (see :func:`marlhf.preflight.model_source_problem`).
+    """
     if name_or_path == "tiny-base":
         from marlhf.tiny import ensure_tiny_base
 
@@ -27,7 +35,21 @@ def resolve_model_path(name_or_path: str) -> str:
         from marlhf.tiny import ensure_tiny
 
         return ensure_tiny()
+    from marlhf.preflight import model_source_problem
+
+    problem = model_source_problem(name_or_path, probe_network=False, tokenizer_only=tokenizer_only)
+    if problem:
+        raise FileNotFoundError(problem)
     return name_or_path
+
+
+def _load_error(what: str, name: str, err: OSError) -> OSError:
+    """One error naming the model for a failed ``from_pretrained`` (raised ``from None``: the hub
+    client's chain of retries adds pages, not information, and every rank prints it)."""
+    text = " ".join(str(err).split())
+    local = os.path.exists(name) or name in ("tiny", "tiny-base")
+    where = "" if local else f" ({os.path.abspath(name)} does not exist locally)"
+    return OSError(f"cannot load the {what} of {name!r}{where}: {type(err).__name__}: {text}")
 
 
 def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
@@ -38,8 +60,12 @@ def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     """
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(cfg.tokenizer_name_or_path or cfg.model_name_or_path)
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    name = cfg.tokenizer_name_or_path or cfg.model_name_or_path
+    path = resolve_model_path(name, tokenizer_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except OSError as e:
+        raise _load_error("tokenizer", name, e) from None
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ValueError(f"tokenizer of {path} has neither a pad nor an eos token")
@@ -92,8 +118,18 @@ def load_causal_lm(
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = resolve_model_path(path or cfg.model_name_or_path)
-    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    name = path or cfg.model_name_or_path
+    path = resolve_model_path(name)
+    if os.path.isdir(path):
+        from marlhf.preflight import reward_dir_problem
+
+        problem = reward_dir_problem(path, want_reward=False)
+        if problem:
+            raise ValueError(problem)
+    try:
+        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except OSError as e:
+        raise _load_error("model config", name, e) from None
     if cfg.dropout is not None:
         set_dropout_config(hf_config, cfg.dropout)
     keep = None
@@ -101,12 +137,15 @@ def load_causal_lm(
         from transformers.integrations import HfDeepSpeedConfig
 
         keep = HfDeepSpeedConfig(ds_zero3_config)  # noqa: F841 (must outlive from_pretrained)
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        config=hf_config,
-        dtype=TORCH_DTYPES[dtype or cfg.dtype],
-        trust_remote_code=cfg.trust_remote_code,
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path,
+            config=hf_config,
+            dtype=TORCH_DTYPES[dtype or cfg.dtype],
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except OSError as e:
+        raise _load_error("weights", name, e) from None
     del keep
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)

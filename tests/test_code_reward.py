@@ -292,6 +292,33 @@ def test_rewarder_extracts_code_and_checks_lengths():
             rw.score([ADD_OK, ADD_OK], [ADD_SUITE])
 
 
+def test_rewarder_start_removes_dead_trainers_dirs_and_logs_the_layers(caplog):
+    """A trainer killed while a program ran leaves its work dir: the next CodeRewarder removes it
+    (its owner is dead) and states which sandbox layers hold."""
+    import os
+    import subprocess
+    import tempfile
+
+    import marlhf.sandbox as sb
+
+    dead = subprocess.Popen(["sleep", "30"])
+    start = sb._process_start_time(dead.pid)
+    dead.kill()
+    dead.wait()
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    stale = tempfile.mkdtemp(prefix=f"marlhf-sandbox-{ns}-{dead.pid}-{start}-")
+    with open(os.path.join(stale, "solution.py"), "w") as f:
+        f.write("import time\ntime.sleep(100)\n")
+    with caplog.at_level("INFO", logger="marlhf.code_reward"), CodeRewarder(1, timeout_s=T) as rw:
+        pass
+    assert not os.path.exists(stale)
+    assert rw.layers and "audit" in rw.layers
+    assert any(
+        "sandbox with" in r.getMessage() and ", ".join(rw.layers) in r.getMessage()
+        for r in caplog.records
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs, flag",
     [

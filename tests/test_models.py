@@ -101,3 +101,87 @@ def test_tiny_tokenizer_round_trips_code(tmp_path):
     width = max(map(len, ids)) + 1
     batch = [row + [tok.eos_token_id] + [tok.pad_token_id] * (width - len(row) - 1) for row in ids]
     assert tok.batch_decode(batch, skip_special_tokens=True) == programs
+
+
+# --- a model that is not there, or not what the flag expects --------------------------------------
+def _reward_model_dir(tmp_path):
+    from marlhf.reward_model import RewardModel, save_reward_model
+
+    actor = build_tiny(tmp_path / "sft", CORPUS)
+    tok = load_tokenizer(ModelConfig(model_name_or_path=str(actor)))
+    save_reward_model(RewardModel.from_pretrained(actor), tok, tmp_path / "rm")
+    return actor, tmp_path / "rm"
+
+
+def test_reward_model_dir_is_refused_as_a_causal_lm(tmp_path):
+    """A reward-model directory loaded as the actor / reference / SFT base would get a random LM
+    head: refused, naming the path and the flags to use instead."""
+    import pytest
+
+    actor, rm = _reward_model_dir(tmp_path)
+    with pytest.raises(ValueError) as e:
+        load_causal_lm(ModelConfig(model_name_or_path=str(rm)))
+    msg = str(e.value)
+    assert str(rm) in msg and "reward-model directory" in msg and "reward_config.json" in msg
+    assert "--critic_model_name_or_path" in msg and "--actor_model_name_or_path" in msg
+    # the SFT directory it was trained from still loads
+    assert load_causal_lm(ModelConfig(model_name_or_path=str(actor))) is not None
+
+
+def test_missing_local_model_does_not_exist(tmp_path, monkeypatch):
+    import pytest
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    for load in (load_tokenizer, load_causal_lm):
+        for name in ("out/sft", "./sft", str(tmp_path / "nowhere" / "sft")):
+            with pytest.raises(FileNotFoundError) as e:
+                load(ModelConfig(model_name_or_path=name))
+            msg = str(e.value)
+            assert "does not exist" in msg and name.lstrip("./") in msg and "\n" not in msg
+
+
+def test_hub_model_missing_from_the_cache_offline_names_model_and_variable(tmp_path, monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    for load in (load_tokenizer, load_causal_lm):
+        with pytest.raises(FileNotFoundError) as e:
+            load(ModelConfig(model_name_or_path="google/gemma-2b"))
+        msg = str(e.value)
+        assert "google/gemma-2b" in msg and "not in the local cache" in msg
+        assert "HF_HUB_OFFLINE=1" in msg and str(tmp_path / "hf" / "hub") in msg
+        assert "\n" not in msg
+
+
+def test_hub_model_in_the_cache_loads_offline(tmp_path, monkeypatch):
+    """The cache lookup agrees with transformers: a model in the hub cache layout loads offline."""
+    import shutil
+
+    src = build_tiny(tmp_path / "tiny", CORPUS)
+    repo = tmp_path / "hf" / "hub" / "models--someone--tiny"
+    shutil.copytree(src, repo / "snapshots" / "0123abcd")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    import huggingface_hub.constants as hc
+
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    cfg = ModelConfig(model_name_or_path="someone/tiny")
+    assert load_tokenizer(cfg).eos_token_id is not None
+    assert type(load_causal_lm(cfg)).__name__ == "GemmaForCausalLM"
+
+
+def test_directory_without_config_is_no_model(tmp_path):
+    import pytest
+
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "latest.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_causal_lm(ModelConfig(model_name_or_path=str(tmp_path / "half")))

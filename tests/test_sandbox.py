@@ -7,8 +7,10 @@ import doctest
 import glob
 import os
 import platform
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +28,20 @@ KERNEL_LAYERS = (
     and os.geteuid() == 0
     and platform.machine() in ("x86_64", "aarch64", "arm64")
 )
+
+
+TOOLS = sandbox_mod.tools()
+HAVE_BWRAP = TOOLS.bwrap is not None
+HAVE_LIBSECCOMP = TOOLS.seccomp is not None
+
+
+@pytest.fixture(autouse=True, params=["tools", "builtin"])
+def sandbox_path(request, monkeypatch):
+    """Every test runs on both paths: with bubblewrap and libseccomp where this machine has them
+    ("tools"; the same as "builtin" where it has neither), and with the built-in layers only."""
+    if request.param == "builtin":
+        monkeypatch.setattr(sandbox_mod, "tools", lambda: sandbox_mod.Tools(None, None))
+    return request.param
 
 
 def _sandbox_processes() -> list[int]:
@@ -315,3 +331,194 @@ def test_each_layer_alone_is_not_load_bearing(layer, tmp_path):
         assert _sandbox_processes() == []
     finally:
         srv.close()
+
+
+# --- the trainer dies (SIGKILL) while a program runs ---------------------------------------------
+_TRAINER = r"""
+import sys
+import marlhf.sandbox as sb
+if sys.argv[1] == "builtin":
+    sb.tools = lambda: sb.Tools(None, None)
+prog = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "open('ready', 'w').close()\n"
+    "time.sleep(120)\n"
+)
+sb.run_python(prog, timeout_s=120.0)
+"""
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, ppid) of a process, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[1])
+
+
+def _alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X")
+
+
+def _descendants(root: int) -> list[int]:
+    parent = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None:
+            parent[int(entry)] = st[1]
+    out = []
+    for pid in parent:
+        p = pid
+        while p in parent and p not in (0, 1):
+            p = parent[p]
+            if p == root:
+                out.append(pid)
+                break
+    return out
+
+
+def _workdir_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    import re
+
+    m = re.search(r"(/[^\x00\"]*?marlhf-sandbox-[^\x00\"/]+)", cmd)
+    return m.group(1) if m else None
+
+
+def test_program_dies_with_a_killed_trainer_and_its_dir_is_cleaned_at_next_start(sandbox_path):
+    """A program that ignores SIGTERM and sleeps must not outlive a trainer killed with SIGKILL,
+    and the work dir the trainer could not remove goes at the next start."""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(marlhf.__file__)))
+    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER, sandbox_path], env=env)
+    sandboxed: list[int] = []
+    workdir = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and workdir is None:
+            for pid in _descendants(trainer.pid):
+                w = _workdir_of(pid)
+                if w and os.path.exists(os.path.join(w, "ready")):
+                    workdir = w
+            time.sleep(0.05)
+        assert workdir is not None, "the sandboxed program never started"
+        sandboxed = [p for p in _descendants(trainer.pid) if _workdir_of(p) == workdir]
+        assert sandboxed
+        trainer.kill()
+        trainer.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_alive(p) for p in sandboxed):
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in sandboxed), "the sandboxed program outlived the trainer"
+        assert os.path.isdir(workdir)  # nobody was left to remove it
+        # the next trainer's first sandboxed run removes it
+        nxt = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import marlhf.sandbox as sb; print(sb.run_python('pass').status)",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert nxt.stdout.strip() == "ok", nxt.stderr
+        assert not os.path.exists(workdir)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        for pid in sandboxed:  # on failure: leave no orphan behind
+            if _alive(pid) and _workdir_of(pid) == workdir:
+                os.kill(pid, signal.SIGKILL)
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_stale_cleanup_keeps_dirs_of_live_owners_and_foreign_names(tmp_path):
+    me = os.getpid()
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    start = sandbox_mod._process_start_time(me)
+    live = tmp_path / f"marlhf-sandbox-{ns}-{me}-{start}-abcd"
+    dead = tmp_path / f"marlhf-sandbox-{ns}-{me}-{start + 1}-efgh"  # same pid, another start: dead
+    other_ns = tmp_path / f"marlhf-sandbox-{ns + 1}-{me}-{start + 1}-ijkl"
+    old_style = tmp_path / "marlhf-sandbox-mnop"
+    for d in (live, dead, other_ns, old_style):
+        d.mkdir()
+        (d / "solution.py").write_text("pass")
+    removed = sandbox_mod.clean_stale_workdirs(str(tmp_path))
+    assert removed == [str(dead)]
+    assert live.exists() and other_ns.exists() and old_style.exists() and not dead.exists()
+
+
+def test_work_dir_is_named_after_its_owner():
+    r = run_python("import os; print(os.getcwd())", timeout_s=T)
+    name = os.path.basename(r.stdout.strip())
+    ns, pid, start = name[len("marlhf-sandbox-") :].split("-")[:3]
+    assert int(pid) == os.getpid()
+    assert int(start) == sandbox_mod._process_start_time(os.getpid())
+    assert int(ns) == os.stat("/proc/self/ns/pid").st_ino
+
+
+# --- which layers are in place --------------------------------------------------------------------
+def test_layers_are_reported(sandbox_path):
+    r = run_python("print(1)", timeout_s=T)
+    assert r.status == "ok"
+    assert {"process", "rlimits", "audit"} <= set(r.layers)
+    assert any(x.startswith("die-with-parent") for x in r.layers)
+    if KERNEL_LAYERS:
+        assert any(x.startswith("seccomp:") for x in r.layers)
+        assert any(x.startswith("namespaces:") for x in r.layers)
+    if sandbox_path == "builtin":
+        assert "seccomp:libseccomp-allowlist" not in r.layers
+        assert "namespaces:bwrap" not in r.layers
+    else:
+        assert ("namespaces:bwrap" in r.layers) == HAVE_BWRAP
+        if KERNEL_LAYERS:
+            assert ("seccomp:libseccomp-allowlist" in r.layers) == HAVE_LIBSECCOMP
+
+
+def test_layers_are_logged_once(caplog, sandbox_path, monkeypatch):
+    monkeypatch.setattr(sandbox_mod, "_layers_logged", set())
+    with caplog.at_level("INFO", logger="marlhf.sandbox"):
+        layers = sandbox_mod.sandbox_layers()
+        run_python("pass", timeout_s=T)
+    lines = [r.getMessage() for r in caplog.records if "sandbox layers" in r.getMessage()]
+    assert lines == ["sandbox layers: " + ", ".join(layers)]
+
+
+@pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap (bwrap) is not installed or does not run")
+def test_bwrap_pid_namespace_hides_other_processes(sandbox_path):
+    if sandbox_path == "builtin":
+        pytest.skip("bubblewrap path only")
+    # the program is pid 2 of its own pid namespace (bwrap is pid 1), and kill(-1) reaches nothing
+    r = run_python("import os\nprint(os.getpid())", timeout_s=T, _skip_layers=("audit",))
+    assert (r.status, r.stdout) == ("ok", "2\n")
+
+
+@pytest.mark.skipif(
+    not (HAVE_LIBSECCOMP and KERNEL_LAYERS), reason="libseccomp's Python bindings are absent"
+)
+def test_allowlist_refuses_a_syscall_the_denylist_lets_through(sandbox_path):
+    """getpriority(2) is harmless and on neither list of refusals: the allow-list filter refuses it
+    (EPERM) because it is not on its list, the built-in deny-list filter lets it through."""
+    src = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "r = libc.getpriority(0, 0)\n"
+        "print(r, ctypes.get_errno())\n"
+    )
+    r = run_python(src, timeout_s=T, _skip_layers=("audit",))
+    assert r.status == "ok", r.stderr
+    if sandbox_path == "builtin":
+        assert r.stdout.split()[0] != "-1"
+    else:
+        assert r.stdout.split() == ["-1", "1"]  # EPERM

@@ -47,22 +47,22 @@ def _expand(token: str) -> str:
 
 
 def script_flags(path: Path) -> tuple[str, list[str]]:
-    """(stage, argv) of the ``python -m`` / ``deepspeed --module`` command in a script, following
-    ``exec bash "$(dirname "$0")/other.sh" "$@" FLAGS`` wrappers."""
-    text = path.read_text().replace("\\\n", " ")
-    for line in text.splitlines():
+    """(stage, argv) of a script: its ``ARGS=( ... )`` array, passed to ``python -m
+    marlhf.preflight STAGE`` and to the ``python -m`` / ``deepspeed --module`` command of stage
+    STAGE; ``exec bash "$(dirname "$0")/other.sh" "$@" FLAGS`` wrappers are followed."""
+    text = path.read_text()
+    for line in text.replace("\\\n", " ").splitlines():
         m = re.match(r'\s*exec bash "\$\(dirname "\$0"\)/([\w.]+)" "\$@"(.*)', line)
         if m:
             stage, argv = script_flags(path.parent / m.group(1))
             return stage, argv + shlex.split(m.group(2))
-        if "marlhf.stages." in line:
-            tokens = shlex.split(_arith(line.split("|")[0]))
-            i = next(i for i, t in enumerate(tokens) if t.startswith("marlhf.stages."))
-            stage = tokens[i][len("marlhf.stages.") :]
-            rest = tokens[i + 1 :]
-            rest = rest[: rest.index("$@")] if "$@" in rest else rest
-            return stage, [_expand(t) for t in rest]
-    raise AssertionError(f"{path}: no marlhf.stages command")
+    m = re.search(r"^ARGS=\($(.*?)^\)$", text, re.MULTILINE | re.DOTALL)
+    assert m, f"{path}: no ARGS=( ... ) array"
+    tokens = shlex.split(_arith(m.group(1)))
+    assert tokens[-1] == "$@", f"{path}: the array must end with the caller's flags"
+    stages = set(re.findall(r"marlhf\.stages\.(\w+) \"\$\{ARGS\[@\]\}\"", text))
+    assert len(stages) == 1, f"{path}: one marlhf.stages command with the ARGS array"
+    return stages.pop(), [_expand(t) for t in tokens[:-1]]
 
 
 def test_scripts_found():
@@ -130,3 +130,104 @@ def test_codegemma_apps_recipe_reaches_the_apps_adapter(monkeypatch):
     assert ex.prompt_id == "apps/3" and ex.meta["tests"] and ex.chosen == "print(1)"
     load_examples(spec, "eval")
     assert calls[-1][2]["data_files"] == "hf://datasets/codeparrot/apps/test.jsonl"
+
+
+# --- running the scripts: preflight before launching, and a log that is appended to ---------------
+STEP1 = ROOT / "training/step1_supervised_finetuning/training_scripts"
+STEP3 = ROOT / "training/step3_rlhf_finetuning/training_scripts"
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_every_script_preflights_before_launching_and_appends_its_log(path):
+    text = path.read_text()
+    if "exec bash" in text:
+        return  # a wrapper: the script it runs is checked
+    stage, _ = script_flags(path)
+    pre = text.index(f'python -m marlhf.preflight {stage} "${{ARGS[@]}}"')
+    launch = text.index(f'marlhf.stages.{stage} "${{ARGS[@]}}"')
+    assert pre < launch
+    assert 'tee "' not in text and text.count('tee -a "$LOG"') == 2
+
+
+def _fake_bin(tmp_path: Path) -> tuple[dict, Path]:
+    """PATH with a `deepspeed` that only records it was started, and `python` = this interpreter;
+    the hub cache is empty and offline."""
+    import os
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "launched"
+    (bin_dir / "deepspeed").write_text(f'#!/bin/sh\necho launched "$@" > {marker}\n')
+    (bin_dir / "deepspeed").chmod(0o755)
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("HF_HUB_CACHE", None)
+    return env, marker
+
+
+def _run(script: Path, args: list[str], env: dict, cwd: Path):
+    import subprocess
+    import time
+
+    t0 = time.monotonic()
+    r = subprocess.run(
+        ["bash", str(script), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    return r, time.monotonic() - t0
+
+
+def test_gemma_sft_offline_fails_once_naming_the_model_without_launching(tmp_path):
+    """Offline with no cached google/gemma-2b: one line naming it and HF_HUB_OFFLINE, from one
+    process, before deepspeed starts any rank (it used to be 33-50 s and 805 lines from 8 ranks)."""
+    env, marker = _fake_bin(tmp_path)
+    r, wall = _run(STEP1 / "run_gemma.sh", [str(tmp_path / "out" / "sft")], env, tmp_path)
+    assert r.returncode != 0 and not marker.exists()
+    out = r.stdout + r.stderr
+    named = [x for x in out.splitlines() if "google/gemma-2b" in x]
+    assert named and "HF_HUB_OFFLINE=1" in named[0] and "not in the local cache" in named[0]
+    assert "Traceback" not in out and len(out.splitlines()) <= 3
+    assert wall < 60
+    log = (tmp_path / "out" / "sft" / "training.log").read_text()
+    assert "google/gemma-2b" in log
+
+
+def test_ppo_with_missing_sft_and_rm_dirs_says_does_not_exist(tmp_path):
+    env, marker = _fake_bin(tmp_path)
+    args = ["out/ppo", "out/sft", "out/rm"]
+    r, _ = _run(STEP3 / "run_gemma.sh", args, env, tmp_path)
+    assert r.returncode != 0 and not marker.exists()
+    out = r.stdout + r.stderr
+    assert f"--actor_model_name_or_path out/sft: {tmp_path / 'out' / 'sft'} does not exist" in out
+    assert f"--critic_model_name_or_path out/rm: the directory {tmp_path / 'out' / 'rm'}" in out
+    assert "connect" not in out.lower()
+
+
+def test_rerun_appends_to_the_log_with_a_header_per_run(tmp_path):
+    """A second run of a script keeps the first run's log and marks where each run starts."""
+    env, _ = _fake_bin(tmp_path)
+    stage = tmp_path / "bin" / "python"
+    stage.unlink()  # `python -m marlhf.stages.sft` only prints; the preflight is the real one
+    import sys
+
+    stage.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$2" = marlhf.preflight ]; then exec {sys.executable} "$@"; fi\n'
+        'echo "stage ran: $*"\n'
+    )
+    stage.chmod(0o755)
+    out = tmp_path / "run" / "sft"
+    for extra in ("--seed", "1"), ("--seed", "2"):
+        r, _ = _run(STEP1 / "run_tiny.sh", [str(out), *extra], env, tmp_path)
+        assert r.returncode == 0, r.stderr
+    log = (out / "training.log").read_text().splitlines()
+    headers = [x for x in log if x.startswith("=== ")]
+    assert len(headers) == 2
+    assert all("run_tiny.sh" in h and str(out) in h for h in headers)
+    assert headers[0].endswith("--seed 1 ") and headers[1].endswith("--seed 2 ")
+    ran = [x for x in log if x.startswith("stage ran:")]
+    assert len(ran) == 2 and ran[0].endswith("--seed 1") and ran[1].endswith("--seed 2")
+    assert log.index(headers[0]) < log.index(ran[0]) < log.index(headers[1]) < log.index(ran[1])
+    assert sum("models and data in place" in x for x in log) == 2

@@ -39,9 +39,9 @@ def eot_ids(tokenizer: Any, cfg: InferenceConfig) -> list[int]:
 
 def same_vocab(a: Any, b: Any) -> bool:
     """Whether two tokenizers have the same vocabulary (so token ids can be shared)."""
-    from marlhf.data.tokenize import tokenizer_fingerprint
+    from marlhf.preflight import same_tokenizer
 
-    return tokenizer_fingerprint(a)["vocab_sha256"] == tokenizer_fingerprint(b)["vocab_sha256"]
+    return same_tokenizer(a, b)
 
 
 @dataclass

@@ -176,6 +176,11 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     from marlhf.reward_model import RewardModel, load_reward_model
 
     mc, ppo = cfg.models, cfg.ppo
+    # one tokenizer for actor, reference, critic and reward model, checked before loading weights
+    from marlhf.preflight import check_same_tokenizer, ppo_model_roles
+
+    roles = ppo_model_roles(mc, ppo.reward_source)
+    check_same_tokenizer(roles, trust_remote_code=mc.trust_remote_code)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[
         mc.effective_dtype
     ]

@@ -4,29 +4,36 @@
 # Usage: run_gemma.sh OUTPUT_DIR [extra flags...]   (multi-node: add --hostfile via DS_LAUNCH_ARGS)
 # Global batch = per-device 8 x 8 GPUs x accumulation 8 = 512.
 set -euo pipefail
+CMD=$(printf '%q ' "$0" "$@")  # for the log's header line
 OUTPUT=${1:?usage: run_gemma.sh OUTPUT_DIR [flags...]}
 shift
 NUM_GPUS=${NUM_GPUS:-8}
 mkdir -p "$OUTPUT"
-deepspeed --num_gpus "$NUM_GPUS" ${DS_LAUNCH_ARGS:-} --module marlhf.stages.sft \
-   --model_name_or_path google/gemma-2b \
-   --data_path openai/summarize_from_feedback \
-   --data_split 2,4,4 \
-   --data_output_path "$OUTPUT/../data_cache" \
-   --max_seq_len 512 \
-   --per_device_train_batch_size 8 \
-   --per_device_eval_batch_size 8 \
-   --gradient_accumulation_steps $((512 / (8 * NUM_GPUS))) \
-   --learning_rate 5e-5 \
-   --weight_decay 0.0 \
-   --num_train_epochs 3 \
-   --lr_scheduler_type cosine \
-   --warmup_ratio 0.1 \
-   --seed 1234 \
-   --gradient_checkpointing \
-   --zero_stage 3 \
-   --dtype bf16 \
-   --enable_tensorboard \
-   --save_steps 200 \
-   --output_dir "$OUTPUT" \
-   "$@" 2>&1 | tee "$OUTPUT/training.log"
+ARGS=(
+   --model_name_or_path google/gemma-2b
+   --data_path openai/summarize_from_feedback
+   --data_split 2,4,4
+   --data_output_path "$OUTPUT/../data_cache"
+   --max_seq_len 512
+   --per_device_train_batch_size 8
+   --per_device_eval_batch_size 8
+   --gradient_accumulation_steps $((512 / (8 * NUM_GPUS)))
+   --learning_rate 5e-5
+   --weight_decay 0.0
+   --num_train_epochs 3
+   --lr_scheduler_type cosine
+   --warmup_ratio 0.1
+   --seed 1234
+   --gradient_checkpointing
+   --zero_stage 3
+   --dtype bf16
+   --enable_tensorboard
+   --save_steps 200
+   --output_dir "$OUTPUT"
+   "$@"
+)
+LOG="$OUTPUT/training.log"  # appended to, with one header line per run
+echo "=== $(date '+%Y-%m-%d %H:%M:%S %z') $CMD" >> "$LOG"
+# models and data are checked once here, before any rank starts
+python -m marlhf.preflight sft "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+deepspeed --num_gpus "$NUM_GPUS" ${DS_LAUNCH_ARGS:-} --module marlhf.stages.sft "${ARGS[@]}" 2>&1 | tee -a "$LOG"

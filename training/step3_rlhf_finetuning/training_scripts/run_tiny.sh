@@ -3,22 +3,29 @@
 # from stages 1 and 2 on the bundled synthetic TL;DR prompts.
 # Usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [extra flags...]   (--ngram 1: vanilla PPO)
 set -euo pipefail
+CMD=$(printf '%q ' "$0" "$@")  # for the log's header line
 OUTPUT=${1:?usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [flags...]}
 ACTOR=${2:?SFT model directory}
 CRITIC=${3:?reward model directory}
 shift 3
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 mkdir -p "$OUTPUT"
-python -m marlhf.stages.ppo \
-   --actor_model_name_or_path "$ACTOR" \
-   --critic_model_name_or_path "$CRITIC" \
-   --data_path synthetic-tldr \
-   --data_output_path "$OUTPUT/../data_cache" \
-   --max_prompt_seq_len 160 --max_answer_seq_len 40 \
-   --per_device_generation_batch_size 16 --per_device_training_batch_size 8 \
-   --actor_learning_rate 2e-4 --critic_learning_rate 5e-4 --lr_scheduler_type constant \
-   --kl_ctl 0.05 --temperature 1.0 --top_k 0 \
-   --termination_condition fixed --ngram 5 --value_function equal \
-   --max_steps 30 \
-   --output_dir "$OUTPUT" \
-   "$@" 2>&1 | tee "$OUTPUT/training.log"
+ARGS=(
+   --actor_model_name_or_path "$ACTOR"
+   --critic_model_name_or_path "$CRITIC"
+   --data_path synthetic-tldr
+   --data_output_path "$OUTPUT/../data_cache"
+   --max_prompt_seq_len 160 --max_answer_seq_len 40
+   --per_device_generation_batch_size 16 --per_device_training_batch_size 8
+   --actor_learning_rate 2e-4 --critic_learning_rate 5e-4 --lr_scheduler_type constant
+   --kl_ctl 0.05 --temperature 1.0 --top_k 0
+   --termination_condition fixed --ngram 5 --value_function equal
+   --max_steps 30
+   --output_dir "$OUTPUT"
+   "$@"
+)
+LOG="$OUTPUT/training.log"  # appended to, with one header line per run
+echo "=== $(date '+%Y-%m-%d %H:%M:%S %z') $CMD" >> "$LOG"
+# models and data are checked once here, before any rank starts
+python -m marlhf.preflight ppo "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+python -m marlhf.stages.ppo "${ARGS[@]}" 2>&1 | tee -a "$LOG"
