@@ -541,13 +541,15 @@ def _bwrap_argv(
     argv += ["--dev", "/dev", "--remount-ro", "/dev", "--tmpfs", "/proc", "--remount-ro", "/proc"]
     keep = [workdir] if workdir else []
     keep += _stdlib_roots()
-    for h in hide:
-        h = os.path.realpath(h)
-        if h == "/" or not os.path.isdir(h) or any(k == h or k.startswith(h + "/") for k in keep):
+    for h in sorted({os.path.realpath(h) for h in hide}):
+        if h == "/" or not os.path.isdir(h) or any(h == k or h.startswith(k + "/") for k in keep):
             continue
         argv += ["--tmpfs", h]
-        if bindings and bindings.startswith(h + "/"):
-            argv += ["--ro-bind", bindings, bindings]  # the seccomp bindings stay importable
+        # what must stay visible inside a hidden directory (a virtualenv inside the project: its
+        # lib/pythonX.Y; the seccomp bindings) is bound back read-only over the empty tmpfs
+        for k in [*keep, *([bindings] if bindings else [])]:
+            if k.startswith(h + "/") and os.path.exists(k):
+                argv += ["--ro-bind", k, k]
         argv += ["--remount-ro", h]
     if workdir:
         argv += ["--bind", workdir, workdir, "--chdir", workdir]
@@ -820,7 +822,9 @@ def _command(
         "seccomp_allow": SECCOMP_ALLOW,
         "seccomp_ioctls": SECCOMP_IOCTLS,
     }
-    cmd = [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(cfg)]
+    # under bwrap the interpreter's real file: a virtualenv's bin/python may lie in the hidden project
+    exe = os.path.realpath(sys.executable) if bwrap else sys.executable
+    cmd = [exe, "-I", "-S", "-B", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(cfg)]
     if bwrap:
         # /proc is covered by bwrap itself
         cmd = [*_bwrap_argv(bwrap, workdir, hide[1:], bindings and bindings["path"]), "--", *cmd]

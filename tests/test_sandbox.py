@@ -522,3 +522,17 @@ def test_allowlist_refuses_a_syscall_the_denylist_lets_through(sandbox_path):
         assert r.stdout.split()[0] != "-1"
     else:
         assert r.stdout.split() == ["-1", "1"]  # EPERM
+
+
+def test_bwrap_hides_a_project_that_holds_the_virtualenv(tmp_path, monkeypatch):
+    # `make` puts .venv inside the repository: the project must still be hidden (covered by an
+    # empty tmpfs), with only the interpreter's library bound back read-only over it
+    proj = tmp_path / "proj"
+    lib = proj / ".venv" / "lib" / "python3.11"
+    lib.mkdir(parents=True)
+    (proj / "pyproject.toml").write_text("secret")
+    monkeypatch.setattr(sandbox_mod, "_stdlib_roots", lambda: [str(lib)])
+    argv = sandbox_mod._bwrap_argv("bwrap", str(tmp_path / "work"), [str(proj)], None)
+    i = argv.index("--tmpfs", argv.index("/proc") + 1)
+    assert argv[i + 1] == str(proj)
+    assert argv[i + 2 : i + 5] == ["--ro-bind", str(lib), str(lib)]
