@@ -5,9 +5,12 @@ Layout of a run's ``output_dir``::
     output_dir/                    final model as a standard HF directory (+ run_config.json, ds_config.json)
     output_dir/checkpoints/step-N/ HF directory of the model after optimizer step N (every --save_steps)
     output_dir/train_state/        DeepSpeed checkpoints (model, optimizer, scheduler) + our client
-                                   state (step, epoch, data position, RNG, metrics) for --resume
+                                   state (step, epoch, data position, RNG, metrics) for --resume,
+                                   each tag with the SHA-256 of its files (``checksums.json``)
 
-The resolved run config and the DeepSpeed JSON are written next to every HF checkpoint.
+The resolved run config and the DeepSpeed JSON are written next to every HF checkpoint. A resume
+verifies the checksums and falls back to the newest complete checkpoint when the latest one is
+damaged or unfinished (:func:`find_resume`); a full disk raises an error naming the path.
 """
 
 from __future__ import annotations

@@ -360,6 +360,7 @@ def test_full_disk_while_saving_a_reward_model_names_the_directory(tmp_path, mon
     """safetensors reports ENOSPC inside its own error type; PPO's critic and the RM stage save
     through save_reward_model_state."""
     import safetensors.torch
+    import transformers.modeling_utils  # noqa: F401  (binds the real save_file before the patch)
     from safetensors import SafetensorError
     from transformers import GPT2Config
 
@@ -377,3 +378,25 @@ def test_full_disk_while_saving_a_reward_model_names_the_directory(tmp_path, mon
         save_reward_model_state(state, cfg, None, tmp_path / "critic")
     assert e.value.errno == errno.ENOSPC
     assert "no space left on device" in str(e.value) and str(tmp_path / "critic") in str(e.value)
+
+
+def test_full_disk_while_saving_a_causal_lm_names_the_directory(tmp_path, monkeypatch):
+    """The SFT model and PPO's actor: transformers' save_pretrained through safetensors."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from marlhf.checkpoint import save_hf_causal_lm
+
+    def full(*a, **kw):
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16))
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    target = tmp_path / "run" / "checkpoints" / "step-3"
+    with pytest.raises(OSError) as e:
+        save_hf_causal_lm(model, None, target, zero_stage=0, run_config={}, ds_config={})
+    assert e.value.errno == errno.ENOSPC
+    assert "no space left on device" in str(e.value) and str(target) in str(e.value)
