@@ -296,7 +296,6 @@ def save_reward_model_state(
         extra: further JSON-serialisable keys for ``reward_config.json`` (must not reuse a reserved
             key).
     """
-    from safetensors.torch import save_file
     from transformers import MODEL_MAPPING
 
     if rm_type not in RM_TYPES:
@@ -334,7 +333,6 @@ def save_reward_model_state(
             f"backbone tensors: {len(backbone_sd)}"
         )
 
-    os.makedirs(path, exist_ok=True)
     config = copy.deepcopy(config)
     base_cls = MODEL_MAPPING[type(config)] if type(config) in MODEL_MAPPING else None
     if base_cls is not None:
@@ -342,12 +340,6 @@ def save_reward_model_state(
     float_dtypes = [t.dtype for t in backbone_sd.values() if t.is_floating_point()]
     if float_dtypes:
         config.dtype = float_dtypes[0]
-    config.save_pretrained(str(path))
-    save_file(backbone_sd, os.path.join(path, BACKBONE_WEIGHTS_FILE), metadata={"format": "pt"})
-    save_file(head_sd, os.path.join(path, VALUE_HEAD_FILE), metadata={"format": "pt"})
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(path))
-
     info = {
         "format_version": REWARD_CONFIG_VERSION,
         "rm_type": rm_type,
@@ -358,9 +350,32 @@ def save_reward_model_state(
         "termination": _as_dict(termination, "termination"),
         **extra,
     }
-    with open(os.path.join(path, REWARD_CONFIG_FILE), "w") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
+    _write_reward_dir(path, config, backbone_sd, head_sd, tokenizer, info)
+
+
+def _write_reward_dir(
+    path, config, backbone_sd: dict, head_sd: dict, tokenizer, info: dict
+) -> None:
+    """Write the files of a reward-model directory; ``reward_config.json`` last and atomically (a
+    temporary renamed over it). A full disk raises ``OSError(ENOSPC)`` naming the directory."""
+    from safetensors.torch import save_file
+
+    from marlhf.checkpoint_files import naming_write_errors
+
+    with naming_write_errors(
+        path, "reward-model checkpoint", "A resume starts from the last complete training state."
+    ):
+        os.makedirs(path, exist_ok=True)
+        config.save_pretrained(str(path))
+        save_file(backbone_sd, os.path.join(path, BACKBONE_WEIGHTS_FILE), metadata={"format": "pt"})
+        save_file(head_sd, os.path.join(path, VALUE_HEAD_FILE), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(path))
+        target = os.path.join(path, REWARD_CONFIG_FILE)
+        with open(target + ".tmp", "w") as f:
+            json.dump(info, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(target + ".tmp", target)
 
 
 def load_reward_model(

@@ -158,6 +158,26 @@ def plan_steps(n: int, optim: OptimConfig, split: str, unit: str) -> StepPlan:
 _BAR_FIELDS = {"loss": ("train/loss", ".4f"), "acc": ("train/accuracy", ".3f")}
 
 
+def _resume(
+    engine,
+    state_root: Path,
+    resume: str,
+    logger: logging.Logger,
+    load_stage_state: Callable[[dict], None] | None,
+) -> int:
+    """Restore the engine, RNG and the stage's state from the checkpoint to resume from (if any);
+    return its step (0 without one)."""
+    found = find_resume(state_root, resume, engines=["model"])
+    if found is None:
+        return 0
+    client = load_train_state({"model": engine}, *found)
+    set_rng_state(client["rng"])
+    if load_stage_state is not None and "stage" in client:  # checkpoints of older runs lack it
+        load_stage_state(client["stage"])
+    logger.info("resumed from %s at step %d", found[0], client["global_step"])
+    return client["global_step"]
+
+
 def supervised_loop(
     engine,
     plan: StepPlan,
@@ -170,6 +190,8 @@ def supervised_loop(
     train_step: Callable[[list[list[int]], int], dict[str, float]],
     evaluate: Callable[[], dict[str, float]],
     save_model: Callable[[int, Path, bool], None],
+    stage_state: Callable[[], dict] | None = None,
+    load_stage_state: Callable[[dict], None] | None = None,
 ) -> int:
     """Train a supervised stage (SFT, reward model) from its latest checkpoint to ``plan.total``
     optimizer steps; return the last step. The stage gives the algorithm:
@@ -179,12 +201,16 @@ def supervised_loop(
       (``train/loss`` at least);
     - ``evaluate()``: the eval metrics (every rank calls it);
     - ``save_model(step, path, final)``: the model as a directory later stages load (every rank
-      calls it); ``final`` for the last save, into ``output_dir`` itself.
+      calls it); ``final`` for the last save, into ``output_dir`` itself;
+    - ``stage_state()`` / ``load_stage_state(state)`` (optional): what the stage itself must carry
+      over a resume (the reward model: its latest evaluation), saved with the training state.
 
     The loop does the rest, the same for every supervised stage:
 
-    1. resume: engine, optimizer and scheduler, step and RNG from ``output_dir/train_state``
-       (``--resume``); the data position is the step itself (``marlhf.batching``);
+    1. resume: engine, optimizer and scheduler, step, RNG and the stage's state from
+       ``output_dir/train_state`` (``--resume``; a damaged or unfinished checkpoint is skipped for
+       the newest complete one, see ``marlhf.checkpoint.find_resume``); the data position is the
+       step itself (``marlhf.batching``);
     2. step ``s`` of epoch ``e`` trains on global batch ``s`` of the permutation seeded
        ``seed + e``;
     3. every ``--log_interval`` steps and at the last, the step's metrics plus ``lr`` (the rate the
@@ -195,14 +221,7 @@ def supervised_loop(
     """
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
-    global_step = 0
-    found = find_resume(state_root, log_cfg.resume)
-    if found is not None:
-        client = load_train_state({"model": engine}, *found)
-        global_step = client["global_step"]
-        set_rng_state(client["rng"])
-        logger.info("resumed from %s/%s at step %d", found[0], found[1], global_step)
-
+    global_step = _resume(engine, state_root, log_cfg.resume, logger, load_stage_state)
     tracker = Tracker(log_cfg, start_step=global_step)  # drops rows logged after the checkpoint
     bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
     engine.train()
@@ -210,6 +229,8 @@ def supervised_loop(
     def checkpoint(step: int, path: Path, final: bool) -> None:
         save_model(step, path, final)
         client = {"global_step": step, "rng": rng_state()}
+        if stage_state is not None:
+            client["stage"] = stage_state()
         save_train_state({"model": engine}, state_root, step, client, log_cfg.keep_checkpoints)
 
     spe, total = plan.steps_per_epoch, plan.total

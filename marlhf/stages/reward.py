@@ -30,6 +30,7 @@ Shapes: ``B`` pairs, ``T`` full sequence, ``A`` response tokens, ``M`` segments.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from marlhf.macro import MacroConfig, TerminationInputs, build_termination
 from marlhf.models import TORCH_DTYPES, apply_lora, resolve_model_path
 from marlhf.reward_model import RM_TYPES
 from marlhf.stages.common import (
+    StepPlan,
     ensure_output_dir,
     plan_steps,
     start,
@@ -553,7 +555,27 @@ def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
     return scorer
 
 
-def train(cfg: RewardStageConfig) -> Path:
+@dataclass
+class _RMRun:
+    """What one reward-model run's steps, evaluations and saves share (built by :func:`_setup`).
+    ``last_eval`` is ``(metrics, end-score statistics)`` of the latest evaluation; it travels with
+    the training state, so a resumed run saves the statistics the uninterrupted one would."""
+
+    cfg: RewardStageConfig
+    tokenizer: Any
+    train_ds: Any
+    eval_ds: Any
+    collate: Any
+    plan: StepPlan
+    scorer: Scorer
+    engine: Any
+    ds_json: dict
+    run_config: dict
+    last_eval: tuple[dict, Any] | None = None
+
+
+def _setup(cfg: RewardStageConfig) -> _RMRun:
+    """Process group, data, step plan, scorer, engine and run config of a reward-model run."""
     from marlhf.data.collate import PairCollator
     from marlhf.data.tokenize import build_pair_dataset
     from marlhf.models import load_tokenizer
@@ -568,15 +590,10 @@ def train(cfg: RewardStageConfig) -> Path:
             f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
         )
     _check_margins(train_ds, cfg)
-    collate = PairCollator(tokenizer.pad_token_id)
-
     plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
-    pairs_per_step = plan.global_batch
-
     scorer = _build_scorer(cfg, tokenizer)
-    model = build_reward_model(cfg)
     engine, ds_json = build_train_engine(
-        model,
+        build_reward_model(cfg),
         model_cfg=cfg.model,
         ds=cfg.ds,
         optim=cfg.optim,
@@ -593,102 +610,134 @@ def train(cfg: RewardStageConfig) -> Path:
             plan.steps_per_epoch,
             plan.total,
         )
-    termination = cfg.macro if scorer.segment else None
-    last_eval: tuple[dict, Any] | None = None  # (metrics, end-score stats) of the latest evaluation
+    collate = PairCollator(tokenizer.pad_token_id)
+    return _RMRun(
+        cfg, tokenizer, train_ds, eval_ds, collate, plan, scorer, engine, ds_json, run_config
+    )
 
-    def train_step(micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
-        """One optimizer step: the Bradley–Terry loss, mean over the global batch's pairs."""
-        # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
-        gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + step)
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, wins, margin, segments, segment tokens
-        for idx in micro_batch_indices:
-            batch = to_device(collate([train_ds[i] for i in idx]), engine.device)
-            scores, _, seg_mask = scorer.scores(engine, batch, gen)
-            chosen, rejected = split_pair(scores)
-            n = chosen.shape[0]
-            loss = bt_loss(chosen, rejected, scorer.margin(batch), cfg.reward.center_rewards_coef)
-            # bt_loss is a mean over this micro-batch's n pairs; rescale to a share of the global
-            # batch's mean (× world: DeepSpeed averages gradients over ranks).
-            engine.backward(loss * (n * plan.world / pairs_per_step), scale_wrt_gas=False)
-            engine.step()
-            with torch.no_grad():
-                c, r = chosen.detach().double(), rejected.detach().double()
-                n_seg = float(seg_mask.sum()) if seg_mask is not None else 0.0
-                n_tok = float(pair_tokens(batch)) if seg_mask is not None else 0.0
-                sums += torch.tensor(
-                    [
-                        float(loss.detach()) * n,
-                        float(((c > r).double() + 0.5 * (c == r).double()).sum()),
-                        float((c - r).sum()),
-                        n_seg,
-                        n_tok,
-                    ],
-                    dtype=torch.float64,
-                )
-        sums = all_reduce_sum(sums)
-        metrics = {
-            "train/loss": float(sums[0] / pairs_per_step),
-            "train/accuracy": float(sums[1] / pairs_per_step),
-            "train/margin_mean": float(sums[2] / pairs_per_step),
-        }
+
+def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
+    """One optimizer step: the Bradley–Terry loss, mean over the global batch's pairs."""
+    cfg, engine, scorer, plan = run.cfg, run.engine, run.scorer, run.plan
+    pairs_per_step = plan.global_batch
+    # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
+    gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + step)
+    sums = torch.zeros(5, dtype=torch.float64)  # loss, wins, margin, segments, segment tokens
+    for idx in micro_batch_indices:
+        batch = to_device(run.collate([run.train_ds[i] for i in idx]), engine.device)
+        scores, _, seg_mask = scorer.scores(engine, batch, gen)
+        chosen, rejected = split_pair(scores)
+        n = chosen.shape[0]
+        loss = bt_loss(chosen, rejected, scorer.margin(batch), cfg.reward.center_rewards_coef)
+        # bt_loss is a mean over this micro-batch's n pairs; rescale to a share of the global
+        # batch's mean (× world: DeepSpeed averages gradients over ranks).
+        engine.backward(loss * (n * plan.world / pairs_per_step), scale_wrt_gas=False)
+        engine.step()
+        with torch.no_grad():
+            c, r = chosen.detach().double(), rejected.detach().double()
+            n_seg = float(seg_mask.sum()) if seg_mask is not None else 0.0
+            n_tok = float(pair_tokens(batch)) if seg_mask is not None else 0.0
+            sums += torch.tensor(
+                [
+                    float(loss.detach()) * n,
+                    float(((c > r).double() + 0.5 * (c == r).double()).sum()),
+                    float((c - r).sum()),
+                    n_seg,
+                    n_tok,
+                ],
+                dtype=torch.float64,
+            )
+    sums = all_reduce_sum(sums)
+    metrics = {
+        "train/loss": float(sums[0] / pairs_per_step),
+        "train/accuracy": float(sums[1] / pairs_per_step),
+        "train/margin_mean": float(sums[2] / pairs_per_step),
+    }
+    if scorer.segment:
+        metrics["macro/segments_mean"] = float(sums[3] / (2 * pairs_per_step))
+        metrics["macro/mean_len"] = float(sums[4] / sums[3].clamp(min=1))
+    return metrics
+
+
+def _run_eval(run: _RMRun) -> dict[str, float]:
+    """An evaluation (``--eval_iters`` batches); remembered as ``run.last_eval``."""
+    run.last_eval = evaluate(
+        run.engine, run.eval_ds, run.collate, run.scorer, run.cfg.log.eval_iters
+    )
+    return run.last_eval[0]
+
+
+def _save_model(run: _RMRun, step: int, path: Path, final: bool) -> None:
+    """One reward-model directory. An intermediate one holds the end-score statistics of the latest
+    evaluation; the final one those over the WHOLE eval split (for PPO's reward normalisation) and,
+    for a segment RM, the location-aware normaliser."""
+    cfg, scorer = run.cfg, run.scorer
+    normalizer, extra = None, {"global_step": step}
+    if final:
+        if run.last_eval is None or cfg.log.eval_iters:
+            run.last_eval = evaluate(run.engine, run.eval_ds, run.collate, scorer, 0)
+        extra["eval_accuracy"] = run.last_eval[0]["eval/accuracy"]
         if scorer.segment:
-            metrics["macro/segments_mean"] = float(sums[3] / (2 * pairs_per_step))
-            metrics["macro/mean_len"] = float(sums[4] / sums[3].clamp(min=1))
-        return metrics
+            norm_ds = run.train_ds if cfg.reward.normalizer_split == "train" else run.eval_ds
+            normalizer = fit_normalizer(run.engine, norm_ds, run.collate, scorer)
+            if is_main():
+                log.info("location normaliser: %s", normalizer)
+    save_reward_checkpoint(
+        run.engine.module,
+        run.tokenizer,
+        path,
+        zero_stage=cfg.ds.zero_stage,
+        rm_type=cfg.reward.rm_type,
+        run_config=run.run_config,
+        ds_config=run.ds_json,
+        score_stats=run.last_eval[1] if run.last_eval else None,
+        normalizer=normalizer,
+        termination=cfg.macro if scorer.segment else None,
+        extra=extra,
+    )
 
-    def run_eval() -> dict[str, float]:
-        nonlocal last_eval
-        last_eval = evaluate(engine, eval_ds, collate, scorer, cfg.log.eval_iters)
-        return last_eval[0]
 
-    def save_model(step: int, path: Path, final: bool) -> None:
-        """One reward-model directory. An intermediate one holds the end-score statistics of the
-        latest evaluation; the final one those over the WHOLE eval split (for PPO's reward
-        normalisation) and, for a segment RM, the location-aware normaliser."""
-        nonlocal last_eval
-        normalizer, extra = None, {"global_step": step}
-        if final:
-            if last_eval is None or cfg.log.eval_iters:
-                last_eval = evaluate(engine, eval_ds, collate, scorer, 0)
-            extra["eval_accuracy"] = last_eval[0]["eval/accuracy"]
-            if scorer.segment:
-                norm_ds = train_ds if cfg.reward.normalizer_split == "train" else eval_ds
-                normalizer = fit_normalizer(engine, norm_ds, collate, scorer)
-                if is_main():
-                    log.info("location normaliser: %s", normalizer)
-        save_reward_checkpoint(
-            engine.module,
-            tokenizer,
-            path,
-            zero_stage=cfg.ds.zero_stage,
-            rm_type=cfg.reward.rm_type,
-            run_config=run_config,
-            ds_config=ds_json,
-            score_stats=last_eval[1] if last_eval else None,
-            normalizer=normalizer,
-            termination=termination,
-            extra=extra,
-        )
+def _stage_state(run: _RMRun) -> dict:
+    """The latest evaluation, as plain data for the training state."""
+    if run.last_eval is None:
+        return {"last_eval": None}
+    metrics, stats = run.last_eval
+    return {"last_eval": {"metrics": dict(metrics), "score_stats": [stats.mean, stats.std]}}
 
+
+def _load_stage_state(run: _RMRun, state: dict) -> None:
+    from marlhf.reward_norm import ScoreStats
+
+    saved = state.get("last_eval")
+    if saved is not None:
+        mean, std = saved["score_stats"]
+        run.last_eval = (dict(saved["metrics"]), ScoreStats(mean=mean, std=std))
+
+
+def train(cfg: RewardStageConfig) -> Path:
+    run = _setup(cfg)
     supervised_loop(
-        engine,
-        plan,
+        run.engine,
+        run.plan,
         cfg.log,
-        n_train=len(train_ds),
+        n_train=len(run.train_ds),
         seed=cfg.optim.seed,
         desc="rm",
         logger=log,
-        train_step=train_step,
-        evaluate=run_eval,
-        save_model=save_model,
+        train_step=functools.partial(_train_step, run),
+        evaluate=functools.partial(_run_eval, run),
+        save_model=functools.partial(_save_model, run),
+        stage_state=functools.partial(_stage_state, run),
+        load_stage_state=functools.partial(_load_stage_state, run),
     )
+    out = Path(cfg.log.output_dir)
     if is_main():
-        assert last_eval is not None  # the final save evaluated
+        assert run.last_eval is not None  # the final save evaluated
         log.info(
             "reward model saved to %s (score mean %.4f, std %.4f)",
             out,
-            last_eval[1].mean,
-            last_eval[1].std,
+            run.last_eval[1].mean,
+            run.last_eval[1].std,
         )
     return out
 

@@ -186,3 +186,49 @@ def test_resume_never_starts_over(tmp_path):
     again = Run(tmp_path / "run", plan, 10, resume="never")
     again()
     assert [s for s, _, _ in again.steps] == [0, 1, 2]
+
+
+def test_stage_state_travels_with_the_checkpoint(tmp_path):
+    """What a stage hands over (the reward model: its latest evaluation) is saved with each
+    training state and handed back on resume: the state of the checkpoint's own step."""
+
+    class StatefulRun(Run):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.last_eval: int | None = None
+            self.loaded: list[dict] = []
+
+        def evaluate(self) -> dict[str, float]:
+            self.last_eval = self.engine.steps
+            return super().evaluate()
+
+        def __call__(self) -> int:
+            return supervised_loop(
+                self.engine,
+                self.plan,
+                self.log_cfg,
+                n_train=self.n_train,
+                seed=SEED,
+                desc="test",
+                logger=logging.getLogger("test"),
+                train_step=self.train_step,
+                evaluate=self.evaluate,
+                save_model=self.save_model,
+                stage_state=lambda: {"last_eval": self.last_eval},
+                load_stage_state=self.loaded.append,
+            )
+
+    plan = StepPlan(1, 1, 1, 10, 10)
+    full = StatefulRun(
+        tmp_path / "full", plan, 10, save_steps=2, eval_interval=3, keep_checkpoints=5
+    )
+    full()
+    assert full.loaded == []
+    shutil.copytree(tmp_path / "full", tmp_path / "resumed")
+    latest = tmp_path / "resumed" / "train_state" / "latest.json"
+    latest.write_text(json.dumps({**json.loads(latest.read_text()), "tag": "step-8", "step": 8}))
+    resumed = StatefulRun(
+        tmp_path / "resumed", plan, 10, save_steps=2, eval_interval=3, keep_checkpoints=5
+    )
+    resumed()
+    assert resumed.loaded == [{"last_eval": 6}]  # evaluated at steps 3 and 6 before step 8

@@ -499,3 +499,33 @@ def test_segment_rm_saves_normalizer_and_termination(workdir):
     seg = [r for r in rows if "macro/mean_len" in r]
     # 3-grams with the EOS alone: the mean segment length lies between 1 and 3
     assert seg and all(1.0 < r["macro/mean_len"] <= 3.0 for r in seg)
+
+
+@pytest.mark.slow
+def test_resumed_run_saves_the_score_stats_of_the_uninterrupted_one(workdir):
+    """An intermediate checkpoint holds the end-score statistics of the latest evaluation. Evaluate
+    at step 5, save every 2 steps, resume from step 6: the step-8 checkpoint must hold the step-5
+    statistics, as in the run never stopped (a resumed run used to save `score_stats: null`)."""
+    args = [
+        "--model_name_or_path", "tiny", "--max_steps", "10", "--eval_interval", "5",
+        "--save_steps", "2", "--keep_checkpoints", "5", "--eval_iters", "2",
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "16",
+        "--learning_rate", "1e-3",
+    ]  # fmt: skip
+    full = workdir / "rm_stats_full"
+    _run("marlhf.stages.reward", [*args, "--output_dir", str(full)], workdir / "cache")
+    resumed = workdir / "rm_stats_resumed"
+    shutil.copytree(full, resumed)
+    latest = resumed / "train_state" / "latest.json"
+    latest.write_text(json.dumps({**json.loads(latest.read_text()), "tag": "step-6", "step": 6}))
+    shutil.rmtree(resumed / "checkpoints" / "step-8")
+    _run("marlhf.stages.reward", [*args, "--output_dir", str(resumed)], workdir / "cache")
+
+    def stats(run: Path, step: int):
+        return json.loads(
+            (run / "checkpoints" / f"step-{step}" / "reward_config.json").read_text()
+        )["score_stats"]
+
+    assert stats(full, 4) is None  # before the first evaluation: nothing to hold
+    assert stats(full, 6) is not None and stats(full, 8) == stats(full, 6)
+    assert stats(resumed, 8) == stats(full, 8)
