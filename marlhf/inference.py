@@ -13,8 +13,8 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
 2. **Generation.** ``bos + prompt`` (cut from the left to ``--max-prompt-len``, as PPO does with
    ``truncate_left``) is left-padded and sampled with ``--temperature/--top-k/--top-p`` for at most
    ``--max-new-tokens``. The response is valid up to and including its first EOS
-   (:func:`marlhf.ppo.rollout.response_mask`).
-3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.ppo.rollout.pack_flush_left`)
+   (:func:`marlhf.rl.rollout.response_mask`).
+3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.rl.rollout.pack_flush_left`)
    and the RM's value at the last valid token is the reward, exactly as PPO scores a rollout
    (EOS included; a response cut at the length limit is scored at its last token). An RM with a
    different vocabulary re-tokenises the text instead (``bos + prompt + response + eos``).
@@ -490,7 +490,7 @@ def end_rewards(
     reward_model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """RM value at the last valid token: sequences, attention_mask (B, T) -> (B,) float32."""
-    from marlhf.ppo.rollout import end_index
+    from marlhf.rl.rollout import end_index
 
     values = reward_model(sequences, attention_mask.long())  # (B, T)
     idx = end_index(attention_mask).to(values.device)
@@ -511,7 +511,7 @@ def score_rollout(
     prompt_ids, prompt_mask: (B, P) left-padded; response_ids, action_mask: (B, A) right-padded.
     Returns (B,) float32.
     """
-    from marlhf.ppo.rollout import pack_flush_left
+    from marlhf.rl.rollout import pack_flush_left
 
     seq, mask, _ = pack_flush_left(prompt_ids, prompt_mask, response_ids, action_mask, pad_id)
     device = next(reward_model.parameters()).device
@@ -693,7 +693,7 @@ def generate(
     prompt_ids, prompt_mask: (B, P) left-padded. Returns (response_ids (B, A) long right-padded
     with ``pad_id`` after the first EOS, action_mask (B, A) bool, ends_with_eos (B,) bool), on CPU.
     """
-    from marlhf.ppo.rollout import response_mask
+    from marlhf.rl.rollout import response_mask
 
     device = next(model.parameters()).device
     out = model.generate(
@@ -733,7 +733,7 @@ def _macro_items(
     (``ppl``, ``entropy``) get them from the policy itself."""
     from marlhf.macro import TerminationInputs
     from marlhf.macro.render import token_pieces
-    from marlhf.ppo.rollout import pack_flush_left, response_logprobs_and_entropy
+    from marlhf.rl.rollout import pack_flush_left, response_logprobs_and_entropy
 
     inputs = TerminationInputs(
         response_ids=response,

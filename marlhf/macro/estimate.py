@@ -6,7 +6,7 @@ For macro action w_k with token weights sigma_{k,t} (``--value_function``):
     R_k = sum_{t in w_k} r_t                 (``--macro_reward_agg sum``, the default)
         = sum_{t in w_k} sigma_{k,t} r_t     (``weighted``, the original: with equal weights the
                                               per-token KL penalty is divided by about n)
-    A_k, G_k = GAE over k with V_{K} = 0      (marlhf.gae.gae)
+    A_k, G_k = GAE over k with V_{K} = 0      (marlhf.rl.gae.gae)
 
 and every token of w_k gets A_k and G_k. With one-token macro actions this is token-level GAE exactly.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from marlhf.gae import gae
+from marlhf.rl.gae import gae
 from marlhf.macro.segments import MacroSegments, macro_weights, to_macro, to_tokens
 
 __all__ = ["macro_advantages", "macro_stats"]

@@ -54,7 +54,7 @@ from marlhf.distributed import (
     world_size,
 )
 from marlhf.engine import build_eval_engine, build_train_engine, ds_config
-from marlhf.losses import (
+from marlhf.rl.losses import (
     entropy_bonus,
     explained_variance,
     masked_mean,
@@ -67,8 +67,8 @@ from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_t
 from marlhf.macro.estimate import macro_advantages, macro_stats
 from marlhf.macro.termination import derive_row_seeds
 from marlhf.models import apply_lora, load_causal_lm, load_tokenizer, resolve_model_path
-from marlhf.ppo.config import ActorCriticConfig, GenerationConfig, PPOConfig
-from marlhf.ppo.rollout import (
+from marlhf.rl.config import ActorCriticConfig, GenerationConfig, PPOConfig
+from marlhf.rl.rollout import (
     Rollout,
     end_index,
     gather_response,
@@ -76,7 +76,7 @@ from marlhf.ppo.rollout import (
     response_logprobs_and_entropy,
     response_mask,
 )
-from marlhf.rewards import (
+from marlhf.rl.rewards import (
     AdaptiveKLController,
     FixedKLController,
     compose_rewards,

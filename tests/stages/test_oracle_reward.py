@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from marlhf.data.synthetic import gold_score
-from marlhf.ppo.config import PPOConfig
-from marlhf.ppo.rollout import Rollout
+from marlhf.rl.config import PPOConfig
+from marlhf.rl.rollout import Rollout
 from marlhf.stages.ppo import sequence_scores
 from marlhf.tiny import BASE_DIR
 

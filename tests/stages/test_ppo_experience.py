@@ -4,10 +4,10 @@ import math
 
 import torch
 
-from marlhf.losses import policy_loss
+from marlhf.rl.losses import policy_loss
 from marlhf.macro import MacroConfig, build_termination
-from marlhf.ppo.config import PPOConfig
-from marlhf.ppo.rollout import Rollout
+from marlhf.rl.config import PPOConfig
+from marlhf.rl.rollout import Rollout
 from marlhf.stages.ppo import PPOStageConfig, make_experience
 
 
