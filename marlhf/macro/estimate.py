@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from marlhf.rl.gae import gae
 from marlhf.macro.segments import MacroSegments, macro_weights, to_macro, to_tokens
+from marlhf.rl.gae import gae
 
 __all__ = ["macro_advantages", "macro_stats"]
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import DTYPES, SCHEDULERS
+from marlhf.code_reward import CodeRewardConfig
+from marlhf.config import DTYPES, SCHEDULERS, LoggingConfig
+from marlhf.data.config import DataConfig
+from marlhf.macro.config import MacroConfig
 
 
 @dataclass
@@ -263,3 +266,16 @@ class PPOConfig:
             raise ValueError("--ema_decay must be in (0, 1)")
         if self.lr_scheduler_type not in SCHEDULERS:
             raise ValueError(f"--lr_scheduler_type must be one of {SCHEDULERS}")
+
+
+@dataclass
+class PPOStageConfig:
+    """Stage 3: MA-PPO (PPO over macro actions)."""
+
+    models: ActorCriticConfig = field(default_factory=ActorCriticConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    macro: MacroConfig = field(default_factory=MacroConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    log: LoggingConfig = field(default_factory=LoggingConfig)

@@ -1,4 +1,4 @@
-"""Rollout: generate responses, pack them for scoring, and read per-response-token quantities.
+"""1. Rollout: generate responses, pack them for scoring, and read per-response-token quantities.
 
 Layout. Generation takes left-padded prompts ``(B, P)`` and returns responses ``(B, A)``, right-padded
 after each row's first EOS. For scoring, every sequence is packed *flush left* — prompt tokens, then
@@ -11,9 +11,16 @@ at the same position.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from marlhf.data.config import DataConfig
+    from marlhf.rl.config import GenerationConfig, PPOStageConfig
+    from marlhf.rl.models import Models
 
 
 @dataclass
@@ -127,3 +134,136 @@ def response_logprobs_and_entropy(
     logp = token_logprobs(sel, labels)
     ent = entropy_from_logits(sel) if with_entropy else None
     return logp, ent
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. generate: sample responses with the actor
+
+
+def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
+    """Generation stops at the tokenizer's EOS and at a single-token end-of-conversation token."""
+    ids = [tokenizer.eos_token_id]
+    if data.end_of_conversation_token:
+        eot = tokenizer(data.end_of_conversation_token, add_special_tokens=False)["input_ids"]
+        if len(eot) == 1 and eot[0] not in ids:
+            ids.append(eot[0])
+    return ids
+
+
+def _zero3_gather(engine, enabled: bool):
+    if not enabled or engine.zero_optimization_stage() != 3:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+
+
+def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id, row_seeds):
+    """Response tokens (B, A') from the actor's module, A' <= --max_answer_seq_len."""
+    if g.generation_backend == "static":
+        from marlhf.decode import sample
+
+        return sample(
+            actor.module,
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=g.max_answer_seq_len,
+            temperature=g.temperature,
+            top_k=g.top_k,
+            top_p=g.top_p,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            row_seeds=row_seeds,  # None: the global RNG, seeded and restored on resume
+            compile=g.compile_generation,
+            prompt_bucket=g.max_prompt_seq_len,
+        )
+    from marlhf.distributed import world_size
+
+    zero3 = actor.zero_optimization_stage() == 3
+    out = actor.module.generate(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        do_sample=True,
+        temperature=g.temperature,
+        top_k=g.top_k if g.top_k > 0 else None,
+        top_p=g.top_p,
+        max_new_tokens=g.max_answer_seq_len,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        synced_gpus=zero3 and not g.enable_zero3_generation_gather and world_size() > 1,
+        use_cache=True,
+    )
+    return out[:, prompt_ids.shape[1] :]
+
+
+@torch.no_grad()
+def generate(
+    models: Models,
+    batch: dict,
+    cfg: PPOStageConfig,
+    tokenizer,
+    eos_ids: list[int],
+    row_seeds: torch.Tensor | None = None,
+) -> Rollout:
+    """Sample one response per prompt of ``batch`` with the actor.
+
+    ``row_seeds`` ((B,) long, static backend only): the static decoder's counter-based noise, so each
+    row's response depends on its seed and prompt, not on the rows beside it; ``None`` draws from the
+    global RNG. The ``hf`` backend (``model.generate``) always draws from the global RNG, one stream
+    per rank, and left-pads to the local batch: its samples depend on how the batch is split."""
+    g = cfg.generation
+    actor = models.actor
+    device = actor.device
+    prompt_ids = batch["input_ids"].to(device)
+    prompt_mask = batch["attention_mask"].to(device)
+    actor.eval()
+    with _zero3_gather(actor, g.enable_zero3_generation_gather):
+        response_ids = _sample(
+            actor, prompt_ids, prompt_mask, g, eos_ids, tokenizer.pad_token_id, row_seeds
+        )
+    actor.train()
+    if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
+        response_ids = torch.full((prompt_ids.shape[0], 1), tokenizer.pad_token_id, device=device)
+    action_mask, ends = response_mask(response_ids, eos_ids)
+    response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
+    seq, att, start = pack_flush_left(
+        prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
+    )
+    return Rollout(seq, att, start, response_ids, action_mask, ends, list(batch["prompt_id"]))
+
+
+def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    """(B, W, ...) -> (B, width, ...) padded with ``value`` on the right of dim 1 (width >= W)."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
+    """Concatenate rollouts of different widths (right-padding sequences and responses)."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    T = max(r.sequences.shape[1] for r in rollouts)
+    A = max(r.response_ids.shape[1] for r in rollouts)
+    return Rollout(
+        torch.cat([pad_right(r.sequences, T, pad_id) for r in rollouts]),
+        torch.cat([pad_right(r.attention_mask, T, False) for r in rollouts]),
+        torch.cat([r.response_start for r in rollouts]),
+        torch.cat([pad_right(r.response_ids, A, pad_id) for r in rollouts]),
+        torch.cat([pad_right(r.action_mask, A, False) for r in rollouts]),
+        torch.cat([r.ends_with_eos for r in rollouts]),
+        sum((r.prompt_ids for r in rollouts), []),
+    )
+
+
+def slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
+    """Rows ``idx`` of ``ro``, cut to their longest sequence and response (at least one action)."""
+    a = int(ro.action_mask[idx].sum(1).max().clamp(min=1))
+    t = int(ro.attention_mask[idx].sum(1).max())
+    return Rollout(
+        ro.sequences[idx, :t],
+        ro.attention_mask[idx, :t],
+        ro.response_start[idx],
+        ro.response_ids[idx, :a],
+        ro.action_mask[idx, :a],
+        ro.ends_with_eos[idx],
+        [ro.prompt_ids[i] for i in idx.tolist()],
+    )

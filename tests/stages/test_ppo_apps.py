@@ -304,8 +304,9 @@ def test_known_programs_get_documented_rewards_on_last_token(tiny, tmp_path, sch
     from marlhf.data.tokenize import build_prompt_dataset
     from marlhf.macro import MacroConfig, build_termination
     from marlhf.models import load_tokenizer
-    from marlhf.rl.config import PPOConfig
-    from marlhf.stages.ppo import PPOStageConfig, make_experience, sequence_scores
+    from marlhf.rl.config import PPOConfig, PPOStageConfig
+    from marlhf.rl.experience import make_experience
+    from marlhf.rl.scoring import sequence_scores
 
     base, actor, data = tiny
     tokenizer = load_tokenizer(ModelConfig(model_name_or_path=str(actor)), padding_side="left")
