@@ -42,9 +42,20 @@ class ActorCriticConfig:
         default=False,
         metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."},
     )
-    actor_dropout: float | None = field(default=None, metadata={"help": "Actor dropout override."})
+    actor_dropout: float | None = field(
+        default=0.0,
+        metadata={
+            "help": "Actor dropout during the PPO update (default 0: off, as in TRL and OpenRLHF; "
+            "with dropout the first minibatch's ratio is not 1 and clipping acts on dropout noise). "
+            "`none` keeps the model's own. Experience is always computed with dropout off."
+        },
+    )
     critic_dropout: float | None = field(
-        default=None, metadata={"help": "Critic dropout override."}
+        default=0.0,
+        metadata={
+            "help": "Critic dropout during the PPO update (default 0: off); `none` keeps the "
+            "model's own. Values for experience are always computed with dropout off."
+        },
     )
     actor_gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Actor activation checkpointing."}
@@ -82,6 +93,10 @@ class ActorCriticConfig:
                 raise ValueError(f"--{name} must be 0..3")
         if self.actor_lora_dim < 0 or self.critic_lora_dim < 0:
             raise ValueError("--actor_lora_dim/--critic_lora_dim must be >= 0")
+        for name in ("actor_dropout", "critic_dropout"):
+            p = getattr(self, name)
+            if p is not None and not 0.0 <= p < 1.0:
+                raise ValueError(f"--{name} must be in [0, 1) or none, got {p}")
 
 
 @dataclass

@@ -3,10 +3,18 @@
 The actor (from SFT) and the critic (from the reward model) train; the reference (frozen SFT) and
 the reward model (frozen RM) only run forward. The critic is built by :func:`build_critic` alone,
 so a critic-free estimator only has to skip that call.
+
+Dropout. Experience (old log-probs, values, entropies, reward scores) is computed with dropout off
+(:func:`eval_mode`; the reference and reward model are frozen in eval mode), so at the first step,
+where the actor is the reference, the KL is 0. During the update the actor and critic train with
+``--actor_dropout`` / ``--critic_dropout``, 0 by default (TRL and OpenRLHF disable dropout in RLHF
+too): with dropout on, the ratio of the first minibatch would not be 1 and the clipping would act on
+dropout noise. ``none`` keeps a model's own dropout.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,6 +37,20 @@ class Models:
     reward_info: dict  # the reward model's reward_config.json ({} when there is none)
     actor_ds: dict  # the actor's DeepSpeed config (saved as ds_config.json)
     critic_ds: dict  # the critic's DeepSpeed config
+
+
+@contextmanager
+def eval_mode(*engines):
+    """Dropout off inside the block (each engine's module in eval mode); each engine's mode before
+    the block is restored after it."""
+    modes = [engine.module.training for engine in engines]
+    for engine in engines:
+        engine.eval()
+    try:
+        yield
+    finally:
+        for engine, mode in zip(engines, modes, strict=True):
+            engine.train(mode)
 
 
 def _model_cfg(

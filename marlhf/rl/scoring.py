@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from marlhf.rl.models import eval_mode
 from marlhf.rl.rewards import normalize_scores, spread_segment_rewards
 from marlhf.rl.rollout import (
     Rollout,
@@ -48,12 +49,14 @@ def critic_forward(engine, ro: Rollout) -> torch.Tensor:
 def score(
     models: Models, ro: Rollout, cfg: PPOStageConfig, need_entropy: bool
 ) -> dict[str, torch.Tensor]:
-    """The forward passes of one generation batch (see the module docstring for the keys).
-    ``need_entropy``: also the reference's entropies (the termination rules that read them)."""
+    """The forward passes of one generation batch (see the module docstring for the keys), all
+    with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
+    entropies (the termination rules that read them)."""
     T = cfg.generation.temperature
-    old_logp, entropy = policy_forward(models.actor, ro, T, with_entropy=True)
-    ref_logp, ref_ent = policy_forward(models.ref, ro, T, with_entropy=need_entropy)
-    values = critic_forward(models.critic, ro)
+    with eval_mode(models.actor, models.critic):
+        old_logp, entropy = policy_forward(models.actor, ro, T, with_entropy=True)
+        ref_logp, ref_ent = policy_forward(models.ref, ro, T, with_entropy=need_entropy)
+        values = critic_forward(models.critic, ro)
     out = {
         "old_logprobs": old_logp,
         "entropy": entropy,

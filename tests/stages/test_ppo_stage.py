@@ -266,3 +266,38 @@ def test_dense_segment_rewards_with_the_segment_rms_own_rule(models, tmp_path):
     assert len(rows) == 2
     for r in rows:
         assert all(math.isfinite(r[k]) for k in ("loss/policy", "loss/value", "objective/reward"))
+
+
+@pytest.fixture(scope="module")
+def dropout_models(models):
+    """The tiny policy and reward model with dropout 0.1 in their configs (GPT-2 ships 0.1)."""
+    base, actor, rm = models
+    out = base / "dropout"
+    for src in (actor, rm):
+        dst = out / src.name
+        shutil.copytree(src, dst)
+        config = json.loads((dst / "config.json").read_text())
+        assert config["attention_dropout"] == 0.0
+        config["attention_dropout"] = 0.1
+        (dst / "config.json").write_text(json.dumps(config))
+    return base, out / actor.name, out / rm.name
+
+
+def test_experience_without_dropout_and_ppo_without_dropout_by_default(dropout_models, tmp_path):
+    """Experience is scored with dropout off, so at step 1 (actor == reference) the KL is 0; the
+    update trains without dropout unless asked, so the first minibatch's ratio is 1. The whole
+    rollout is one minibatch here, so the step's ratio statistics are the first minibatch's."""
+    base, actor, rm = dropout_models
+    one_minibatch = ("--per_device_training_batch_size", "4", "--ppo_epochs", "1")
+    rows = _ppo(base, actor, rm, tmp_path / "off", *one_minibatch, steps=1)
+    assert abs(rows[0]["objective/kl"]) < 1e-6
+    assert rows[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert rows[0]["policy/approx_kl"] < 1e-9 and rows[0]["policy/clipfrac"] == 0.0
+    saved = json.loads((tmp_path / "off" / "actor" / "config.json").read_text())
+    assert saved["attention_dropout"] == 0.0
+    # asked for, dropout stays in the update (not in the experience): the ratio moves off 1
+    asked = ("--actor_dropout", "0.1", "--critic_dropout", "0.1")
+    rows = _ppo(base, actor, rm, tmp_path / "on", *one_minibatch, *asked, steps=1)
+    assert abs(rows[0]["objective/kl"]) < 1e-6
+    assert abs(rows[0]["policy/ratio_mean"] - 1.0) > 1e-4
+
