@@ -135,7 +135,8 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     # 5. update
     with clock("time/train"):
         train_actor = state.step >= ppo.critic_warmup_steps
-        lrs = {"lr/actor": run.models.actor.get_lr()[0]}  # the rate this update is taken with
+        # the rates this update is taken with (read before the engines step)
+        lrs = {"lr/actor": run.models.actor.get_lr()[0], "lr/critic": run.models.critic.get_lr()[0]}
         upd = ppo_update(
             run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None
         )

@@ -103,7 +103,8 @@ def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
 
 
 def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfig, run_config):
-    """The critic as a reward-model directory (LoRA merged), with the run's config."""
+    """The critic as a reward-model directory (LoRA merged), with the run's and its DeepSpeed
+    configs."""
     from marlhf.models import merge_lora_state_dict
     from marlhf.reward_model import save_reward_model_state
 
@@ -122,10 +123,14 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfi
         extra={"role": "critic"},
     )
     write_json(critic_dir / "run_config.json", run_config)
+    write_json(critic_dir / "ds_config.json", models.critic_ds)
 
 
-def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, state_root: Path) -> None:
-    """The actor's EMA as an HF model directory (LoRA merged), and its shadow for a resume."""
+def _save_ema(
+    models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config, state_root: Path
+) -> None:
+    """The actor's EMA as an HF model directory (LoRA merged) with the run's configs, and its
+    shadow for a resume."""
     from marlhf.models import merge_lora_state_dict, unwrap_peft
 
     like = gather_state_dict(models.actor.module, cfg.models.actor_zero_stage)
@@ -137,6 +142,8 @@ def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, state_roo
         averaged = merge_lora_state_dict(averaged, scaling)
     base.save_pretrained(ema_dir, state_dict=averaged)
     tokenizer.save_pretrained(ema_dir)
+    write_json(ema_dir / "run_config.json", run_config)
+    write_json(ema_dir / "ds_config.json", models.actor_ds)
     state_root.mkdir(parents=True, exist_ok=True)
     torch.save(ema.shadow, state_root / "ema.pt")
 
@@ -166,7 +173,7 @@ def save_checkpoint(
     _save_critic(models, tokenizer, root / "critic", cfg, run_config)
     state_root = out / "train_state"
     if state.ema is not None:
-        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, state_root)
+        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config, state_root)
     client = {
         "global_step": step,
         "kl_ctl": state.kl_ctl.state_dict(),

@@ -301,3 +301,19 @@ def test_experience_without_dropout_and_ppo_without_dropout_by_default(dropout_m
     assert abs(rows[0]["objective/kl"]) < 1e-6
     assert abs(rows[0]["policy/ratio_mean"] - 1.0) > 1e-4
 
+
+def test_critic_checkpoints_carry_their_ds_config_and_both_lrs_are_logged(models, tmp_path):
+    base, actor, rm = models
+    rates = ("--actor_learning_rate", "2e-5", "--critic_learning_rate", "8e-5")
+    run = tmp_path / "run"
+    rows = _ppo(base, actor, rm, run, "--save_steps", "1", *rates, steps=2)
+    ds = json.loads((run / "ds_config.json").read_text())
+    for d in (run / "critic", run / "checkpoints" / "step-1" / "critic"):
+        assert json.loads((d / "ds_config.json").read_text()) == ds["critic"], d
+        assert (
+            json.loads((d / "run_config.json").read_text())["ppo"]["critic_learning_rate"] == 8e-5
+        )
+    # 2 steps x 2 minibatches = 4 optimizer steps, linear decay from the peak, no warm-up: step 1's
+    # update starts at optimizer step 0 (the peak), step 2's at optimizer step 2 (half the peak)
+    assert [r["lr/actor"] for r in rows] == pytest.approx([2e-5, 1e-5], rel=1e-9)
+    assert [r["lr/critic"] for r in rows] == pytest.approx([8e-5, 4e-5], rel=1e-9)
