@@ -6,7 +6,8 @@ Layout of ``--output_dir`` (what later stages and a resumed run read)::
     actor/  critic/  [actor_ema/]                the final models (HF causal LM; reward model)
     checkpoints/step-N/{actor,critic,actor_ema}  every --save_steps steps
     train_state/                                 DeepSpeed engine states (actor, critic), the step,
-                                                 KL controller, shuffle and RNG states; ema.pt
+                                                 KL controller, shuffle and RNG states;
+                                                 ema-step-N.pt, the EMA of each kept checkpoint
     run_config.json  ds_config.json  metrics.jsonl  tensorboard/
 """
 
@@ -50,7 +51,6 @@ class TrainState:
     kl_ctl: FixedKLController | AdaptiveKLController
     shuffle: torch.Generator  # the minibatch shuffle, one stream shared by all ranks
     ema: EMA | None  # the actor's EMA (--enable_ema)
-    resumed: bool  # whether the state came from a checkpoint
 
 
 def kl_controller(ppo: PPOConfig) -> FixedKLController | AdaptiveKLController:
@@ -70,7 +70,7 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
     ppo = cfg.ppo
     state_root = out / "train_state"
     # the minibatch shuffle: one stream shared by all ranks (minibatches are drawn from the global batch)
-    state = TrainState(0, kl_controller(ppo), torch.Generator().manual_seed(ppo.seed), None, False)
+    state = TrainState(0, kl_controller(ppo), torch.Generator().manual_seed(ppo.seed), None)
     found = find_resume(state_root, cfg.log.resume)
     if found is not None:
         client = load_train_state(_engines(models), *found)
@@ -79,15 +79,42 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         if "shuffle" in client:
             state.shuffle.set_state(client["shuffle"])
         set_rng_state(client["rng"])
-        state.resumed = True
         log.info("resumed from %s/%s at step %d", found[0], found[1], state.step)
     if ppo.enable_ema:
         from marlhf.ema import EMA
 
         state.ema = EMA(models.actor.module, ppo.ema_decay, zero3=cfg.models.actor_zero_stage == 3)
-        if state.resumed and (state_root / "ema.pt").exists():
-            state.ema.shadow = torch.load(state_root / "ema.pt", map_location="cpu")
+        shadow = _load_ema(*found) if found is not None else None
+        if shadow is not None:
+            state.ema.shadow = shadow
     return state
+
+
+def _ema_file(state_root: Path, tag: str) -> Path:
+    return state_root / f"ema-{tag}.pt"
+
+
+def _load_ema(state_root: Path, tag: str) -> dict[str, torch.Tensor] | None:
+    """The EMA shadow saved with checkpoint ``tag`` (an older version's single ``ema.pt`` if there
+    is none); None if the run saved no EMA."""
+    path = _ema_file(state_root, tag)
+    if not path.exists():
+        path = state_root / "ema.pt"
+        if not path.exists():
+            log.warning("%s/%s holds no EMA: it starts from the resumed weights", state_root, tag)
+            return None
+        log.warning(
+            "%s: no EMA saved with %s; using %s (an older version's)", state_root, tag, path
+        )
+    return torch.load(path, map_location="cpu")
+
+
+def _prune_emas(state_root: Path) -> None:
+    """Delete the EMA files of checkpoints the train state no longer keeps."""
+    for path in state_root.glob("ema-step-*.pt"):
+        tag = path.stem.removeprefix("ema-")
+        if not (state_root / "actor" / tag).exists():
+            path.unlink(missing_ok=True)
 
 
 def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
@@ -127,10 +154,10 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfi
 
 
 def _save_ema(
-    models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config, state_root: Path
+    models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config, shadow_file: Path
 ) -> None:
     """The actor's EMA as an HF model directory (LoRA merged) with the run's configs, and its
-    shadow for a resume."""
+    shadow for a resume (``shadow_file``, written before the checkpoint that resumes from it)."""
     from marlhf.models import merge_lora_state_dict, unwrap_peft
 
     like = gather_state_dict(models.actor.module, cfg.models.actor_zero_stage)
@@ -144,8 +171,8 @@ def _save_ema(
     tokenizer.save_pretrained(ema_dir)
     write_json(ema_dir / "run_config.json", run_config)
     write_json(ema_dir / "ds_config.json", models.actor_ds)
-    state_root.mkdir(parents=True, exist_ok=True)
-    torch.save(ema.shadow, state_root / "ema.pt")
+    shadow_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ema.shadow, shadow_file)
 
 
 def save_checkpoint(
@@ -173,7 +200,8 @@ def save_checkpoint(
     _save_critic(models, tokenizer, root / "critic", cfg, run_config)
     state_root = out / "train_state"
     if state.ema is not None:
-        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config, state_root)
+        shadow_file = _ema_file(state_root, f"step-{step}")
+        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config, shadow_file)
     client = {
         "global_step": step,
         "kl_ctl": state.kl_ctl.state_dict(),
@@ -181,3 +209,5 @@ def save_checkpoint(
         "rng": rng_state(),
     }
     save_train_state(_engines(models), state_root, step, client, cfg.log.keep_checkpoints)
+    if state.ema is not None and is_main():
+        _prune_emas(state_root)

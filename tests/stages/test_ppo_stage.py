@@ -317,3 +317,30 @@ def test_critic_checkpoints_carry_their_ds_config_and_both_lrs_are_logged(models
     # update starts at optimizer step 0 (the peak), step 2's at optimizer step 2 (half the peak)
     assert [r["lr/actor"] for r in rows] == pytest.approx([2e-5, 1e-5], rel=1e-9)
     assert [r["lr/critic"] for r in rows] == pytest.approx([8e-5, 4e-5], rel=1e-9)
+
+
+def test_resuming_an_older_checkpoint_restores_that_checkpoints_ema(models, tmp_path):
+    """The EMA is saved with each checkpoint: a run resumed from step 1 after checkpoints at steps
+    2 and 3 were written (a kill after a later save, or --resume of an older tag) ends with the
+    uninterrupted run's EMA, not with one averaged from the later weights again."""
+    import torch
+    from safetensors.torch import load_file
+
+    base, actor, rm = models
+    flags = ("--enable_ema", "--ema_decay", "0.5", "--save_steps", "1", "--keep_checkpoints", "3")
+    full = tmp_path / "full"
+    rows = _ppo(base, actor, rm, full, *flags, steps=3)
+    assert sorted(p.name for p in (full / "train_state").glob("ema-*.pt")) == [
+        "ema-step-1.pt",
+        "ema-step-2.pt",
+        "ema-step-3.pt",
+    ]
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    (cut / "train_state" / "latest.json").write_text(json.dumps({"tag": "step-1", "step": 1}))
+    (cut / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    _ppo(base, actor, rm, cut, *flags, steps=3)
+    for d in ("actor", "actor_ema"):
+        a = load_file(full / d / "model.safetensors")
+        b = load_file(cut / d / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), d
