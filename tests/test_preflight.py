@@ -167,14 +167,15 @@ def test_check_same_tokenizer_names_both_models(models):
 def test_ppo_stage_refuses_mixed_tokenizers_before_loading(models, monkeypatch):
     """build_models checks the tokenizers before any weights are loaded (today: a silent mismatch
     or `index out of range in self` deep in the first forward)."""
-    import marlhf.stages.ppo as ppo
+    import marlhf.rl.models as ppo
+    from marlhf.rl.config import PPOStageConfig
 
     base = models
     loaded = []
     monkeypatch.setattr(ppo, "load_causal_lm", lambda *a, **k: loaded.append(a) or 1 / 0)
     argv = ["--actor_model_name_or_path", str(base / "sft")]
     argv += ["--critic_model_name_or_path", str(base / "rm_other")]
-    cfg = parse_config(ppo.PPOStageConfig, argv)
+    cfg = parse_config(PPOStageConfig, argv)
     with pytest.raises(ValueError, match="different tokenizers") as e:
         ppo.build_models(cfg, total_updates=1)
     assert str(base / "rm_other") in str(e.value) and loaded == []
@@ -182,7 +183,7 @@ def test_ppo_stage_refuses_mixed_tokenizers_before_loading(models, monkeypatch):
     argv2 = argv[:2] + ["--critic_model_name_or_path", str(base / "rm")]
     argv2 += ["--reference_model_name_or_path", str(base / "other")]
     with pytest.raises(ValueError, match="--reference_model_name_or_path"):
-        ppo.build_models(parse_config(ppo.PPOStageConfig, argv2), total_updates=1)
+        ppo.build_models(parse_config(PPOStageConfig, argv2), total_updates=1)
     assert loaded == []
 
 

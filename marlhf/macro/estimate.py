@@ -7,7 +7,7 @@ For macro action w_k with token weights sigma_{k,t} (``--value_function``):
         = sum_{t in w_k} sigma_{k,t} r_t     (``weighted``, the original: with equal weights the
                                               per-token KL penalty is divided by about n)
           [+ score on the last macro action]
-    A_k, G_k = GAE over k with V_{K} = 0      (marlhf.gae.gae)
+    A_k, G_k = GAE over k with V_{K} = 0      (marlhf.rl.gae.gae)
 
 and every token of w_k gets A_k and G_k. With one-token macro actions this is token-level GAE exactly.
 ``--value_function start`` (sigma = 1 on the first token) makes V_k the critic's V at the state where
@@ -19,7 +19,7 @@ that ends with EOS has the EOS token as a 1-token last macro action, so its scor
 truncated row's last macro action is an ordinary chunk and weighting would average the score into it
 (issue #13 item 34). Passing ``scores`` apart from the per-token ``rewards`` keeps it whole: it is added
 to the last macro action's reward after the weighting. With ``sum`` the result is bit-identical to
-passing the rewards with the score already on the last token (`marlhf.rewards.compose_rewards`).
+passing the rewards with the score already on the last token (`marlhf.rl.rewards.compose_rewards`).
 
 Example (hand-worked in tests/macro/test_estimate.py): 4 tokens, macro actions {0,1} and {2,3}.
 
@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import torch
 
-from marlhf.gae import gae
 from marlhf.macro.segments import MacroSegments, macro_weights, to_macro, to_tokens
+from marlhf.rl.gae import gae
 
 __all__ = ["macro_advantages", "macro_stats"]
 
@@ -68,7 +68,7 @@ def macro_advantages(
         reward_agg: ``sum`` | ``weighted`` (see module docstring).
         gamma, lam: GAE discount and lambda over macro steps.
         scores: (B,) float | None — each response's sequence-level reward (the clipped score plus any
-            no-EOS penalty, `marlhf.rewards.sequence_rewards`), kept whole in the last macro action
+            no-EOS penalty, `marlhf.rl.rewards.sequence_rewards`), kept whole in the last macro action
             whatever `reward_agg`; ignored for empty rows. None: `rewards` already holds it.
 
     Returns:

@@ -1,1 +1,17 @@
-"""The RL stage: rollout, experience, advantage estimators and the update."""
+"""Stage 3's reinforcement learning (MA-PPO), one module per concept.
+
+The training loop (:mod:`marlhf.rl.loop`) reads as the algorithm; each step is a module:
+
+- :mod:`~marlhf.rl.config` — typed configuration: the four models, generation, the PPO algorithm;
+- :mod:`~marlhf.rl.prompts` — the PPO prompts, the step plan, the pretraining-mix batches;
+- :mod:`~marlhf.rl.models` — the actor and critic (trained), the reference and reward model (frozen);
+- :mod:`~marlhf.rl.rollout` — 1. generate: sample responses, pack prompt ⧺ response flush-left;
+- :mod:`~marlhf.rl.scoring` — 2. score: log-probs, entropies, values, reward-model and sequence scores;
+- :mod:`~marlhf.rl.experience` — 3. segment into macro actions and reward; 4. estimate advantages;
+- :mod:`~marlhf.rl.update` — 5. update: PPO epochs of minibatches, policy and value losses;
+- :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker.
+
+The math is pure (torch only, no DeepSpeed): :mod:`~marlhf.rl.gae`, :mod:`~marlhf.rl.losses`,
+:mod:`~marlhf.rl.rewards` and the packing helpers of :mod:`~marlhf.rl.rollout`. Importing this
+package imports none of the modules.
+"""

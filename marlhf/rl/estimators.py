@@ -5,7 +5,7 @@ Shapes: B rows (responses), A response tokens, M macro actions, N Monte-Carlo bo
 G rows per group (the samples of one prompt). `action_mask: (B, A) bool` is true on a prefix of each row.
 
 The reward of a response comes in two parts, kept apart so that each estimator can treat them as its
-algorithm says (`marlhf.rewards.token_rewards`, `marlhf.rewards.sequence_rewards`):
+algorithm says (`marlhf.rl.rewards.token_rewards`, `marlhf.rl.rewards.sequence_rewards`):
 
 - `kl_rewards: (B, A)`: the per-token terms, `-kl_ctl * KL_t` (plus dense segment rewards), and
 - `scores: (B,)`: the sequence-level reward, the outcome (clipped score plus any no-EOS penalty).
@@ -23,7 +23,7 @@ the per-token KL reward `-beta * KL_t`; how the estimators use those rewards:
   is the pure outcome estimator broadcast to the tokens. verl's GRPO default keeps the KL out of the
   reward and adds the GRPO paper's KL loss instead (`use_kl_loss`, coefficient 0.001, the k3
   estimator): that is ``--kl_ctl 0`` plus a loss term
-  `coef * marlhf.losses.agg_loss(marlhf.rewards.kl_penalty(logp, ref_logp, "k3"), mask, mode)` in the
+  `coef * marlhf.rl.losses.agg_loss(marlhf.rl.rewards.kl_penalty(logp, ref_logp, "k3"), mask, mode)` in the
   update, which a trainer adds; the estimator only sees the rewards.
 - ``macro_mc``: a credit segment's advantage is V̂(end) - V̂(start) plus the KL rewards of its own
   tokens (undiscounted); the Monte-Carlo values V̂ estimate the expected outcome score.
@@ -52,10 +52,10 @@ from typing import ClassVar, Protocol
 
 import torch
 
-from marlhf.gae import gae
-from marlhf.losses import masked_whiten
 from marlhf.macro.estimate import macro_advantages
 from marlhf.macro.segments import MacroSegments
+from marlhf.rl.gae import gae
+from marlhf.rl.losses import masked_whiten
 
 __all__ = [
     "ESTIMATORS",
@@ -192,7 +192,7 @@ class EstimatorOptions:
 
 def add_to_last_token(x: torch.Tensor, y: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     """(B, A): `x` (0 on padding) with `y[b]` added on row b's last valid token; empty rows get
-    nothing. The arithmetic of `marlhf.rewards.compose_rewards` (one addition on that token)."""
+    nothing. The arithmetic of `marlhf.rl.rewards.compose_rewards` (one addition on that token)."""
     mask = action_mask.bool()
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     x = torch.where(mask, x, zero)
@@ -205,7 +205,7 @@ def add_to_last_token(x: torch.Tensor, y: torch.Tensor, action_mask: torch.Tenso
 
 def returns_to_go(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """(B, A) discounted return-to-go `R_t = sum_{t' >= t} gamma^(t' - t) r_t'` over each row's valid
-    tokens, 0 on padding: GAE with no critic and lambda 1 (`marlhf.gae.gae`)."""
+    tokens, 0 on padding: GAE with no critic and lambda 1 (`marlhf.rl.gae.gae`)."""
     mask = action_mask.bool()
     returns, _ = gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)
     return returns

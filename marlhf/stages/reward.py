@@ -267,7 +267,7 @@ class Scorer:
         """(2B, A) bool ends of the segments of every row."""
         ref_logprobs = ref_entropy = None
         if self.rule.needs & {"ref_logprobs", "ref_entropy"}:
-            from marlhf.ppo.rollout import response_logprobs_and_entropy
+            from marlhf.rl.rollout import response_logprobs_and_entropy
 
             logits = self.ref(
                 input_ids=batch["input_ids"],

@@ -11,7 +11,6 @@ import torch
 import marlhf.rl.estimators as est
 from marlhf.macro.estimate import macro_advantages
 from marlhf.macro.segments import build_segments
-from marlhf.rewards import compose_rewards, sequence_rewards, token_rewards
 from marlhf.rl.estimators import (
     EstimatorInputs,
     EstimatorOptions,
@@ -22,6 +21,7 @@ from marlhf.rl.estimators import (
     resolve_estimator,
     select_mc_boundaries,
 )
+from marlhf.rl.rewards import compose_rewards, sequence_rewards, token_rewards
 
 # ---------------------------------------------------------------- hand-built groups
 

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import torch
 
+import marlhf.rl.loop as loop
+import marlhf.rl.update as update
 import marlhf.stages.ppo as stage
 from marlhf.distributed import rank
 
-_generate, _ppo_update, _slice_rollout = stage.generate, stage.ppo_update, stage._slice_rollout
+_generate, _ppo_update, _slice_rollout = loop.generate, loop.ppo_update, update.slice_rollout
 _generated: list[dict] = []
 _parts: list[list[int]] = []
 _steps = [0]
@@ -63,7 +65,7 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
     return out
 
 
-stage.generate, stage.ppo_update, stage._slice_rollout = generate, ppo_update, slice_rollout
+loop.generate, loop.ppo_update, update.slice_rollout = generate, ppo_update, slice_rollout
 
 if __name__ == "__main__":
     stage.main(sys.argv[1:])

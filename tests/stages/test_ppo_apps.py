@@ -272,7 +272,7 @@ EXPECTED = {
 
 def _injected_rollout(tokenizer, prompts, rows, responses):
     """A rollout whose responses are the given texts, each ended with EOS, after its row's prompt."""
-    from marlhf.ppo.rollout import Rollout, pack_flush_left
+    from marlhf.rl.rollout import Rollout, pack_flush_left
 
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     p_ids = [prompts[i]["input_ids"] for i in rows]
@@ -304,8 +304,9 @@ def test_known_programs_get_documented_rewards_on_last_token(tiny, tmp_path, sch
     from marlhf.data.tokenize import build_prompt_dataset
     from marlhf.macro import MacroConfig, build_termination
     from marlhf.models import load_tokenizer
-    from marlhf.ppo.config import PPOConfig
-    from marlhf.stages.ppo import PPOStageConfig, make_experience, sequence_scores
+    from marlhf.rl.config import PPOConfig, PPOStageConfig
+    from marlhf.rl.experience import make_experience
+    from marlhf.rl.scoring import sequence_scores
 
     base, actor, data = tiny
     tokenizer = load_tokenizer(ModelConfig(model_name_or_path=str(actor)), padding_side="left")

@@ -266,3 +266,81 @@ def test_dense_segment_rewards_with_the_segment_rms_own_rule(models, tmp_path):
     assert len(rows) == 2
     for r in rows:
         assert all(math.isfinite(r[k]) for k in ("loss/policy", "loss/value", "objective/reward"))
+
+
+@pytest.fixture(scope="module")
+def dropout_models(models):
+    """The tiny policy and reward model with dropout 0.1 in their configs (GPT-2 ships 0.1)."""
+    base, actor, rm = models
+    out = base / "dropout"
+    for src in (actor, rm):
+        dst = out / src.name
+        shutil.copytree(src, dst)
+        config = json.loads((dst / "config.json").read_text())
+        assert config["attention_dropout"] == 0.0
+        config["attention_dropout"] = 0.1
+        (dst / "config.json").write_text(json.dumps(config))
+    return base, out / actor.name, out / rm.name
+
+
+def test_experience_without_dropout_and_ppo_without_dropout_by_default(dropout_models, tmp_path):
+    """Experience is scored with dropout off, so at step 1 (actor == reference) the KL is 0; the
+    update trains without dropout unless asked, so the first minibatch's ratio is 1. The whole
+    rollout is one minibatch here, so the step's ratio statistics are the first minibatch's."""
+    base, actor, rm = dropout_models
+    one_minibatch = ("--per_device_training_batch_size", "4", "--ppo_epochs", "1")
+    rows = _ppo(base, actor, rm, tmp_path / "off", *one_minibatch, steps=1)
+    assert abs(rows[0]["objective/kl"]) < 1e-6
+    assert rows[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert rows[0]["policy/approx_kl"] < 1e-9 and rows[0]["policy/clipfrac"] == 0.0
+    saved = json.loads((tmp_path / "off" / "actor" / "config.json").read_text())
+    assert saved["attention_dropout"] == 0.0
+    # asked for, dropout stays in the update (not in the experience): the ratio moves off 1
+    asked = ("--actor_dropout", "0.1", "--critic_dropout", "0.1")
+    rows = _ppo(base, actor, rm, tmp_path / "on", *one_minibatch, *asked, steps=1)
+    assert abs(rows[0]["objective/kl"]) < 1e-6
+    assert abs(rows[0]["policy/ratio_mean"] - 1.0) > 1e-4
+
+
+def test_critic_checkpoints_carry_their_ds_config_and_both_lrs_are_logged(models, tmp_path):
+    base, actor, rm = models
+    rates = ("--actor_learning_rate", "2e-5", "--critic_learning_rate", "8e-5")
+    run = tmp_path / "run"
+    rows = _ppo(base, actor, rm, run, "--save_steps", "1", *rates, steps=2)
+    ds = json.loads((run / "ds_config.json").read_text())
+    for d in (run / "critic", run / "checkpoints" / "step-1" / "critic"):
+        assert json.loads((d / "ds_config.json").read_text()) == ds["critic"], d
+        assert (
+            json.loads((d / "run_config.json").read_text())["ppo"]["critic_learning_rate"] == 8e-5
+        )
+    # 2 steps x 2 minibatches = 4 optimizer steps, linear decay from the peak, no warm-up: step 1's
+    # update starts at optimizer step 0 (the peak), step 2's at optimizer step 2 (half the peak)
+    assert [r["lr/actor"] for r in rows] == pytest.approx([2e-5, 1e-5], rel=1e-9)
+    assert [r["lr/critic"] for r in rows] == pytest.approx([8e-5, 4e-5], rel=1e-9)
+
+
+def test_resuming_an_older_checkpoint_restores_that_checkpoints_ema(models, tmp_path):
+    """The EMA is saved with each checkpoint: a run resumed from step 1 after checkpoints at steps
+    2 and 3 were written (a kill after a later save, or --resume of an older tag) ends with the
+    uninterrupted run's EMA, not with one averaged from the later weights again."""
+    import torch
+    from safetensors.torch import load_file
+
+    base, actor, rm = models
+    flags = ("--enable_ema", "--ema_decay", "0.5", "--save_steps", "1", "--keep_checkpoints", "3")
+    full = tmp_path / "full"
+    rows = _ppo(base, actor, rm, full, *flags, steps=3)
+    assert sorted(p.name for p in (full / "train_state").glob("ema-*.pt")) == [
+        "ema-step-1.pt",
+        "ema-step-2.pt",
+        "ema-step-3.pt",
+    ]
+    cut = tmp_path / "cut"
+    shutil.copytree(full, cut)
+    (cut / "train_state" / "latest.json").write_text(json.dumps({"tag": "step-1", "step": 1}))
+    (cut / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    _ppo(base, actor, rm, cut, *flags, steps=3)
+    for d in ("actor", "actor_ema"):
+        a = load_file(full / d / "model.safetensors")
+        b = load_file(cut / d / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), d

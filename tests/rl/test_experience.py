@@ -4,11 +4,11 @@ import math
 
 import torch
 
-from marlhf.losses import policy_loss
 from marlhf.macro import MacroConfig, build_termination
-from marlhf.ppo.config import PPOConfig
-from marlhf.ppo.rollout import Rollout
-from marlhf.stages.ppo import PPOStageConfig, make_experience
+from marlhf.rl.config import PPOConfig, PPOStageConfig
+from marlhf.rl.experience import make_experience
+from marlhf.rl.losses import policy_loss
+from marlhf.rl.rollout import Rollout
 
 
 def _rollout(B=3, A=6, seed=0):
@@ -167,10 +167,10 @@ def test_entropy_threshold_is_logged_with_the_hand_computed_value():
 def test_macro_ends_rebuild_the_segments_of_gathered_rows():
     """After the experience is gathered over ranks, segments are rebuilt from segment ids alone."""
     from marlhf.macro import build_segments
-    from marlhf.stages.ppo import _macro_ends
+    from marlhf.rl.experience import macro_ends
 
     ids = torch.tensor([[0, 0, 1, 1, 2], [0, 1, 1, -1, -1], [-1, -1, -1, -1, -1]])
-    ends = _macro_ends(ids)
+    ends = macro_ends(ids)
     assert ends.int().tolist() == [[0, 1, 0, 1, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 0]]
     assert torch.equal(build_segments(ends, ids >= 0).ids, ids)
 
@@ -182,7 +182,7 @@ def test_global_rows_follow_the_batching_of_prompts():
 
     import numpy as np
 
-    import marlhf.stages.ppo as stage
+    import marlhf.rl.experience as experience
     from marlhf.batching import step_micro_batches
 
     for world, block, batches in ((1, 4, 2), (2, 2, 2), (3, 1, 4), (2, 3, 1)):
@@ -190,13 +190,13 @@ def test_global_rows_follow_the_batching_of_prompts():
         seen = []
         for r in range(world):
             idx = sum(step_micro_batches(perm, 0, block, batches, world, r), [])
-            assert stage.global_rows(block * batches, block, r, world).tolist() == idx
+            assert experience.global_rows(block * batches, block, r, world).tolist() == idx
             seen += idx
         assert sorted(seen) == perm.tolist()
     finder = doctest.DocTestFinder()
     runner = doctest.DocTestRunner()
     for test in finder.find(
-        stage.global_rows, "global_rows", globs={"global_rows": stage.global_rows}
+        experience.global_rows, "global_rows", globs={"global_rows": experience.global_rows}
     ):
         runner.run(test)
     assert runner.failures == 0 and runner.tries == 1

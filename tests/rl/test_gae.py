@@ -1,12 +1,12 @@
-"""marlhf.gae against a textbook per-row GAE loop."""
+"""marlhf.rl.gae against a textbook per-row GAE loop."""
 
 import doctest
 
 import pytest
 import torch
 
-import marlhf.gae as gae_module
-from marlhf.gae import gae, whiten
+import marlhf.rl.gae as gae_module
+from marlhf.rl.gae import gae, whiten
 
 
 def textbook_gae(rewards, values, n_valid, gamma, lam):

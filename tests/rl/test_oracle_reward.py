@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from marlhf.data.synthetic import gold_score
-from marlhf.ppo.config import PPOConfig
-from marlhf.ppo.rollout import Rollout
-from marlhf.stages.ppo import sequence_scores
+from marlhf.rl.config import PPOConfig
+from marlhf.rl.rollout import Rollout
+from marlhf.rl.scoring import sequence_scores
 from marlhf.tiny import BASE_DIR
 
 PROMPTS = [

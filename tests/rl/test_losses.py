@@ -1,4 +1,4 @@
-"""Tests for marlhf.losses against per-token / per-macro loops and hand-worked clipping cases."""
+"""Tests for marlhf.rl.losses against per-token / per-macro loops and hand-worked clipping cases."""
 
 import doctest
 import math
@@ -7,8 +7,8 @@ import statistics
 import pytest
 import torch
 
-import marlhf.losses as losses_mod
-from marlhf.losses import (
+import marlhf.rl.losses as losses_mod
+from marlhf.rl.losses import (
     LOSS_AGG_MODES,
     agg_loss,
     entropy_bonus,

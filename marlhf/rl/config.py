@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import DTYPES, SCHEDULERS
+from marlhf.code_reward import CodeRewardConfig
+from marlhf.config import DTYPES, SCHEDULERS, LoggingConfig
+from marlhf.data.config import DataConfig
+from marlhf.macro.config import MacroConfig
 
 
 @dataclass
@@ -39,9 +42,20 @@ class ActorCriticConfig:
         default=False,
         metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."},
     )
-    actor_dropout: float | None = field(default=None, metadata={"help": "Actor dropout override."})
+    actor_dropout: float | None = field(
+        default=0.0,
+        metadata={
+            "help": "Actor dropout during the PPO update (default 0: off, as in TRL and OpenRLHF; "
+            "with dropout the first minibatch's ratio is not 1 and clipping acts on dropout noise). "
+            "`none` keeps the model's own. Experience is always computed with dropout off."
+        },
+    )
     critic_dropout: float | None = field(
-        default=None, metadata={"help": "Critic dropout override."}
+        default=0.0,
+        metadata={
+            "help": "Critic dropout during the PPO update (default 0: off); `none` keeps the "
+            "model's own. Values for experience are always computed with dropout off."
+        },
     )
     actor_gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Actor activation checkpointing."}
@@ -79,6 +93,10 @@ class ActorCriticConfig:
                 raise ValueError(f"--{name} must be 0..3")
         if self.actor_lora_dim < 0 or self.critic_lora_dim < 0:
             raise ValueError("--actor_lora_dim/--critic_lora_dim must be >= 0")
+        for name in ("actor_dropout", "critic_dropout"):
+            p = getattr(self, name)
+            if p is not None and not 0.0 <= p < 1.0:
+                raise ValueError(f"--{name} must be in [0, 1) or none, got {p}")
 
 
 @dataclass
@@ -263,3 +281,16 @@ class PPOConfig:
             raise ValueError("--ema_decay must be in (0, 1)")
         if self.lr_scheduler_type not in SCHEDULERS:
             raise ValueError(f"--lr_scheduler_type must be one of {SCHEDULERS}")
+
+
+@dataclass
+class PPOStageConfig:
+    """Stage 3: MA-PPO (PPO over macro actions)."""
+
+    models: ActorCriticConfig = field(default_factory=ActorCriticConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    macro: MacroConfig = field(default_factory=MacroConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    log: LoggingConfig = field(default_factory=LoggingConfig)

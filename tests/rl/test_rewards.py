@@ -1,4 +1,4 @@
-"""Tests for marlhf.rewards against closed forms, per-row loops and hand-stepped controllers."""
+"""Tests for marlhf.rl.rewards against closed forms, per-row loops and hand-stepped controllers."""
 
 import doctest
 import math
@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import marlhf.rewards as rewards_mod
-from marlhf.rewards import (
+import marlhf.rl.rewards as rewards_mod
+from marlhf.rl.rewards import (
     AdaptiveKLController,
     FixedKLController,
     compose_rewards,

@@ -1,0 +1,235 @@
+"""2. Score a rollout: the forward passes (log π_old, log π_ref, entropies, critic values, the reward
+model) and the sequence-level reward of each response (reward model, code execution or the gold
+oracle, and Segment-PPO's dense segment rewards).
+
+A scored rollout is a dict of tensors (``old_logprobs``, ``entropy``, ``ref_logprobs``,
+``ref_entropy``, ``values`` (B, A); with a reward model ``rm_values`` (B, T) and ``scores`` (B,)).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import torch
+
+from marlhf.rl.models import eval_mode
+from marlhf.rl.rewards import normalize_scores, spread_segment_rewards
+from marlhf.rl.rollout import (
+    Rollout,
+    end_index,
+    gather_response,
+    pad_right,
+    response_logprobs_and_entropy,
+)
+
+if TYPE_CHECKING:
+    from marlhf.rl.config import PPOConfig, PPOStageConfig
+    from marlhf.rl.models import Models
+
+
+def policy_forward(engine, ro: Rollout, temperature: float, *, with_entropy: bool = False):
+    """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy."""
+    logits = engine(
+        input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
+    ).logits
+    logits = logits / temperature
+    return response_logprobs_and_entropy(
+        logits, ro.sequences, ro.response_start, ro.response_ids.shape[1], with_entropy=with_entropy
+    )
+
+
+def critic_forward(engine, ro: Rollout) -> torch.Tensor:
+    """V(s_j) for every response token j: the value at the position just before it. (B, A)"""
+    values = engine(input_ids=ro.sequences, attention_mask=ro.attention_mask.long())
+    return gather_response(values, ro.response_start, ro.response_ids.shape[1])
+
+
+@torch.no_grad()
+def score(
+    models: Models, ro: Rollout, cfg: PPOStageConfig, need_entropy: bool
+) -> dict[str, torch.Tensor]:
+    """The forward passes of one generation batch (see the module docstring for the keys), all
+    with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
+    entropies (the termination rules that read them)."""
+    T = cfg.generation.temperature
+    with eval_mode(models.actor, models.critic):
+        old_logp, entropy = policy_forward(models.actor, ro, T, with_entropy=True)
+        ref_logp, ref_ent = policy_forward(models.ref, ro, T, with_entropy=need_entropy)
+        values = critic_forward(models.critic, ro)
+    out = {
+        "old_logprobs": old_logp,
+        "entropy": entropy,
+        "ref_logprobs": ref_logp,
+        "ref_entropy": ref_ent,
+        "values": values,
+    }
+    if models.reward is not None:
+        rm_values = models.reward(input_ids=ro.sequences, attention_mask=ro.attention_mask.long())
+        out["rm_values"] = rm_values
+        out["scores"] = torch.gather(
+            rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)
+        ).squeeze(1)
+    return out
+
+
+def concat_scored(scoreds: list[dict], seq_width: int, num_actions: int) -> dict:
+    """Concatenate the scored dicts of generation batches, right-padding per-token tensors with 0
+    to ``seq_width`` (``rm_values``) or ``num_actions`` (the rest)."""
+    if len(scoreds) == 1:
+        return scoreds[0]
+    scored: dict[str, torch.Tensor | None] = {}
+    for k in scoreds[0]:
+        vals = [s[k] for s in scoreds]
+        if vals[0] is None:
+            scored[k] = None
+        elif vals[0].dim() == 1:
+            scored[k] = torch.cat(vals)
+        else:
+            width = seq_width if k == "rm_values" else num_actions
+            scored[k] = torch.cat([pad_right(v, width, 0.0) for v in vals])
+    return scored
+
+
+# --------------------------------------------------------------------------------------------------
+# sequence-level rewards
+
+
+def gold_scorer(cfg: PPOStageConfig):
+    """The synthetic task's true quality, logged when the prompts come from it (else None)."""
+    if not any(
+        p.split(":")[0] == "synthetic-tldr" or p == "synthetic-tldr" for p in cfg.data.data_path
+    ):
+        return None
+    from marlhf.data.synthetic import gold_score
+
+    return gold_score
+
+
+def _test_suite(meta: dict):
+    """The test cases of a prompt's problem (APPS ``input_output``); an empty suite if none."""
+    from marlhf.code_reward import TestSuite, parse_tests
+
+    raw = meta.get("tests") or meta.get("input_output")
+    return parse_tests(raw) if raw else TestSuite((), ())
+
+
+def has_tests(meta_json: str) -> bool:
+    """Whether a prompt's ``meta`` (JSON) holds usable test cases for the code reward."""
+    try:
+        return len(_test_suite(json.loads(meta_json or "{}"))) > 0
+    except ValueError:  # malformed tests: the problem cannot be scored
+        return False
+
+
+def _code_rewards(
+    ro: Rollout, metas: list[dict], tokenizer, rewarder
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Execution reward (B,) of each response against its task's test cases (sandboxed), and the
+    batch's ``code/*`` metrics (:func:`marlhf.code_reward.code_stats`)."""
+    from marlhf.code_reward import code_stats
+
+    texts = tokenizer.batch_decode(
+        ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
+        skip_special_tokens=True,
+    )
+    rewards, results = rewarder.evaluate(texts, [_test_suite(m) for m in metas])
+    return torch.tensor(rewards, dtype=torch.float32), code_stats(results, rewards)
+
+
+def sequence_scores(
+    ro: Rollout,
+    scored: dict[str, torch.Tensor],
+    metas: list[dict],
+    tokenizer,
+    ppo: PPOConfig,
+    rewarder=None,
+    score_stats=None,
+    oracle=None,
+    prompt_texts: list[str] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The sequence-level reward of each response, (B,): the reward model's end score
+    (normalised with ``--normalize_reward``) plus, with a ``rewarder`` (``--reward_source code`` or
+    ``rm+code``), the execution reward of the program against ``metas[b]``'s tests, plus, with an
+    ``oracle`` (``--reward_source gold``: ``oracle(prompt, response_text) -> float``), the oracle's
+    score of each response to ``prompt_texts[b]``. Returns the scores and the ``code/*`` metrics
+    ({} without a rewarder). The (clipped) score goes on each row's last valid token
+    (:func:`marlhf.rl.experience.token_rewards`)."""
+    scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
+    if oracle is not None:
+        if prompt_texts is None or len(prompt_texts) != len(scores):
+            raise ValueError("an oracle reward needs one prompt text per response")
+        texts = tokenizer.batch_decode(
+            ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
+            skip_special_tokens=True,
+        )
+        scores = scores + torch.tensor(
+            [float(oracle(p, r)) for p, r in zip(prompt_texts, texts, strict=True)],
+            device=scores.device,
+        )
+    stats: dict[str, float] = {}
+    raw_rm = scored.get("scores")
+    if raw_rm is not None:
+        rm = raw_rm
+        if ppo.normalize_reward and score_stats is not None:
+            rm = normalize_scores(rm, score_stats.mean, score_stats.std)
+        scores = scores + rm
+    if rewarder is not None:
+        code, stats = _code_rewards(ro, metas, tokenizer, rewarder)
+        scores = scores + code.to(scores.device)
+    return scores, stats
+
+
+# --------------------------------------------------------------------------------------------------
+# Segment-PPO's dense rewards (--dense_reward)
+
+
+def segment_rule(models: Models, tokenizer):
+    """The termination rule the segment reward model was trained with (its reward_config.json)
+    and its location-aware normaliser (or None)."""
+    from marlhf.macro import MacroConfig, build_termination
+
+    info = models.reward_info or {}
+    if info.get("rm_type") != "segment":
+        raise ValueError(
+            "--dense_reward needs a segment reward model (stage 2 with --rm_type segment)"
+        )
+    seg_cfg = MacroConfig(
+        **{k: (tuple(v) if isinstance(v, list) else v) for k, v in info["termination"].items()}
+    )
+    return build_termination(seg_cfg, tokenizer), info.get("normalizer")
+
+
+def dense_rewards(
+    seg_rule,
+    normalizer,
+    ro: Rollout,
+    scored: dict,
+    cfg: PPOStageConfig,
+    seeds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Segment-PPO dense rewards (B, A): the segment RM's value at each of its segments' last
+    tokens, location-normalised (``normalizer``), spread over the segment's tokens. ``seg_rule`` and
+    ``normalizer``: from :func:`segment_rule`."""
+    from marlhf.distributed import all_gather_padded
+    from marlhf.macro import TerminationInputs, build_segments
+    from marlhf.reward_norm import segment_positions, segment_readout
+
+    if "rm_values" not in scored:
+        raise ValueError("--dense_reward needs the segment reward model's per-token values")
+    term = seg_rule(
+        TerminationInputs(
+            ro.response_ids,
+            ro.action_mask,
+            ro.ends_with_eos,
+            scored["ref_logprobs"],
+            scored.get("ref_entropy"),
+            row_seeds=seeds,
+            all_gather=all_gather_padded,
+        )
+    )
+    seg_rewards, seg_mask = segment_readout(scored["rm_values"], ro.response_start, term.macro_end)
+    if normalizer is not None:
+        seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
+    seg_ids = build_segments(term.macro_end, ro.action_mask).ids
+    return spread_segment_rewards(seg_rewards, seg_ids, cfg.ppo.dense_reward_mode)
