@@ -488,3 +488,18 @@ def test_corrupt_result_line_names_line_and_column(tmp_path):
         ValueError, match=r"r\.jsonl line 2: not valid JSON at column 34 \(Invalid control"
     ):
         read_rows(str(path))
+
+
+def test_reward_scoring_refuses_a_multi_token_end_of_conversation_token():
+    # issue 13 item 9 on the inference side: "TL;DR" is several tokens of the tiny tokenizer; it was
+    # appended as ~4 tokens to every response before the reward model read its score
+    from types import SimpleNamespace
+
+    from marlhf.config import ModelConfig
+    from marlhf.inference.models import eot_ids
+    from marlhf.models import load_tokenizer
+
+    tok = load_tokenizer(ModelConfig(model_name_or_path="tiny-base"))
+    assert eot_ids(tok, SimpleNamespace(end_of_conversation_token=None)) == [tok.eos_token_id]
+    with pytest.raises(ValueError, match="not one token of the tokenizer"):
+        eot_ids(tok, SimpleNamespace(end_of_conversation_token="TL;DR"))

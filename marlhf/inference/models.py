@@ -32,9 +32,14 @@ def dtype_name(cfg: InferenceConfig, device: torch.device) -> str:
 
 
 def eot_ids(tokenizer: Any, cfg: InferenceConfig) -> list[int]:
-    """Token ids appended to a re-tokenised response: ``--end_of_conversation_token`` or eos."""
-    text = cfg.end_of_conversation_token or tokenizer.eos_token
-    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+    """Token ids appended to a re-tokenised response: ``--end_of_conversation_token`` or eos, one
+    token of the reward model's tokenizer (checked as in training, `marlhf.data.tokenize.eot_ids`:
+    text that encodes to several pieces is refused, not appended); [] if neither exists."""
+    from marlhf.data.tokenize import eot_ids as single_eot
+
+    if not (cfg.end_of_conversation_token or tokenizer.eos_token):
+        return []
+    return single_eot(cfg, tokenizer)
 
 
 def same_vocab(a: Any, b: Any) -> bool:

@@ -144,7 +144,16 @@ def run_human_eval(
     """Run the interactive loop (module doc); returns the summary of all answers so far."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    pairs = align_results(cfg.model_name_a, cfg.model_name_b)
+    from marlhf.judge.pairing import PairingError, output_overwrites
+
+    problem = output_overwrites(
+        cfg.output, {"--model_name_a": cfg.model_name_a, "--model_name_b": cfg.model_name_b}
+    )
+    if problem:
+        raise PairingError(problem)
+    pairs = align_results(
+        cfg.model_name_a, cfg.model_name_b, on_note=lambda m: print(m, file=stdout)
+    )
     items = plan(pairs, cfg.num, cfg.seed)
     out_path = Path(cfg.output)
     out_path.parent.mkdir(parents=True, exist_ok=True)

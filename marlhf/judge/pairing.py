@@ -24,6 +24,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -178,3 +179,23 @@ def align_results(
 ) -> list[Pair]:
     """Load and align two result files (pairs in file a's order)."""
     return align_rows(load_results(path_a), load_results(path_b), path_a, path_b, on_note)
+
+
+def output_overwrites(output: str | os.PathLike[str], inputs: dict[str, Any]) -> str | None:
+    """Why writing ``output`` or its ``.summary.json`` would overwrite one of ``inputs``
+    (``{flag: path}``), or None. Both evaluation programs refuse such an ``--output``."""
+    out = Path(output)
+    for target in (out, out.with_name(out.name + ".summary.json")):
+        for flag, given in inputs.items():
+            if _same_file(target, Path(given)):
+                return (
+                    f"--output {output}: writing {target} would overwrite the input file "
+                    f"{flag} {given}; choose another --output"
+                )
+    return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -212,23 +212,13 @@ def template_for(dataset: str) -> str:
 
 def check_output_path(cfg: JudgeConfig) -> None:
     """Refuse an ``--output`` (or its summary file) that is one of the input files."""
-    out = Path(cfg.output)
-    for target in (out, out.with_name(out.name + ".summary.json")):
-        for flag, given in (
-            ("--model_name_a", cfg.model_name_a),
-            ("--model_name_b", cfg.model_name_b),
-        ):
-            if _same_file(target, Path(given)):
-                raise JudgeInputError(
-                    f"--output {cfg.output}: writing {target} would overwrite the input file "
-                    f"{flag} {given}; choose another --output"
-                )
+    from marlhf.judge.pairing import output_overwrites
 
-
-def _same_file(a: Path, b: Path) -> bool:
-    if a.exists() and b.exists():
-        return os.path.samefile(a, b)
-    return os.path.realpath(a) == os.path.realpath(b)
+    problem = output_overwrites(
+        cfg.output, {"--model_name_a": cfg.model_name_a, "--model_name_b": cfg.model_name_b}
+    )
+    if problem:
+        raise JudgeInputError(problem)
 
 
 def prices(cfg: JudgeConfig) -> tuple[float | None, float | None]:

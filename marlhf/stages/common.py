@@ -34,6 +34,21 @@ from marlhf.distributed import init_distributed, is_main, rank, world_size
 from marlhf.tracking import Tracker
 
 
+def run_stage(train: Callable, cfg) -> None:
+    """A stage's ``main``: ``train(cfg)``, with bad input (:class:`marlhf.data.schema.DataError`:
+    the message names the file, row and field) reported as one message and exit status 2 instead of
+    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too."""
+    from marlhf.data.schema import DataError
+
+    try:
+        train(cfg)
+    except DataError as e:
+        if os.environ.get("MARLHF_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def setup_logging() -> None:
     # torch.distributed's deprecation notices fire on every ZeRO collective; once is plenty
     warnings.filterwarnings("once", category=FutureWarning, module="torch.distributed")

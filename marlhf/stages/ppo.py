@@ -15,13 +15,13 @@ from __future__ import annotations
 from marlhf.cli import parse_config
 from marlhf.rl.config import PPOStageConfig
 from marlhf.rl.loop import train
+from marlhf.stages.common import run_stage
 
 __all__ = ["PPOStageConfig", "main", "train"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(PPOStageConfig, argv)
-    train(cfg)
+    run_stage(train, parse_config(PPOStageConfig, argv))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from marlhf.stages.common import (
     StepPlan,
     ensure_output_dir,
     plan_steps,
+    run_stage,
     start,
     supervised_loop,
     to_device,
@@ -749,8 +750,7 @@ def pair_tokens(batch: dict) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(RewardStageConfig, argv)
-    train(cfg)
+    run_stage(train, parse_config(RewardStageConfig, argv))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from marlhf.models import apply_lora, load_causal_lm, load_tokenizer
 from marlhf.stages.common import (
     ensure_output_dir,
     plan_steps,
+    run_stage,
     start,
     supervised_loop,
     to_device,
@@ -163,8 +164,7 @@ def train(cfg: SFTConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(SFTConfig, argv)
-    train(cfg)
+    run_stage(train, parse_config(SFTConfig, argv))
 
 
 if __name__ == "__main__":

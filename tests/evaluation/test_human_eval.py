@@ -181,3 +181,43 @@ def test_eof_on_pipe_stops_cleanly(tmp_path):
     s = run_human_eval(cfg, stdin=io.StringIO("3\n"), stdout=out)
     assert s["ties"] == 1 and s["n"] == 1
     assert "note: only 2 aligned prompts" in out.getvalue()
+
+
+def test_output_naming_an_input_is_refused_and_untouched(tmp_path):
+    import io
+
+    import pytest
+
+    from marlhf.judge.pairing import PairingError
+
+    pa, pb = write(tmp_path, 3)
+    before = pb.read_bytes()
+    for output in (pb, tmp_path / "b"):  # the file itself, or a summary that would land on it
+        if output.name == "b":
+            (tmp_path / "b.summary.json").write_text("{}")
+            cfg = HumanEvalConfig(
+                model_name_a=str(pa),
+                model_name_b=str(tmp_path / "b.summary.json"),
+                output=str(output),
+            )
+        else:
+            cfg = HumanEvalConfig(model_name_a=str(pa), model_name_b=str(pb), output=str(output))
+        with pytest.raises(PairingError, match="would overwrite the input file --model_name_b"):
+            run_human_eval(cfg, stdin=io.StringIO("1\n" * 3), stdout=io.StringIO())
+    assert pb.read_bytes() == before
+
+
+def test_files_matched_by_prompt_text_say_so(tmp_path):
+    import io
+
+    pa, pb = write(tmp_path, 2)
+    rows = [json.loads(x) for x in pa.read_text().splitlines()]
+    pa.write_text(
+        "".join(json.dumps({**r, "prompt_id": str(i)}) + "\n" for i, r in enumerate(rows))
+    )
+    out = io.StringIO()
+    cfg = HumanEvalConfig(
+        model_name_a=str(pa), model_name_b=str(pb), output=str(tmp_path / "h.jsonl")
+    )
+    run_human_eval(cfg, stdin=io.StringIO("1\n1\n"), stdout=out)
+    assert "has no prompt_id" in out.getvalue() and "matched by prompt text" in out.getvalue()
