@@ -124,6 +124,8 @@ def build_parser(stage_cls: type, description: str | None = None) -> argparse.Ar
             base, optional = _unwrap_optional(tp)
             if "choices" in meta:
                 kwargs["choices"] = tuple(meta["choices"])
+                # --help lists the values (argparse shows only the metavar otherwise)
+                kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}"
             if base is bool:
                 kwargs.pop("default", None)
                 group.add_argument(

@@ -104,3 +104,13 @@ def test_round_trip_dict():
     cfg = parse_config(_Stage, ["--zero_stage", "2", "--learning_rate", "1e-3"])
     again = config_from_dict(_Stage, config_to_dict(cfg))
     assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+
+
+def test_help_lists_the_choices_of_a_flag(capsys):
+    from marlhf.rl.config import PPOStageConfig
+
+    with pytest.raises(SystemExit):
+        parse_config(PPOStageConfig, ["--help"])
+    out = capsys.readouterr().out
+    assert "--kl_estimator {k1,k2,k3}" in out
+    assert "--termination_condition {" in out and "entropy" in out
