@@ -72,7 +72,7 @@ def continuation_jobs(boundaries: MCBoundaries, K: int, with_prompt: bool) -> MC
     B = pos.shape[0]
     prompt = torch.full((B, 1), with_prompt, dtype=torch.bool, device=mask.device)
     valid = torch.cat([prompt, mask], 1)  # (B, N + 1): slot 0 the prompt
-    positions = torch.cat([torch.zeros_like(pos[:, :1]), pos], 1)
+    positions = torch.cat([torch.zeros(B, 1, dtype=pos.dtype, device=pos.device), pos], 1)
     row, slot = torch.nonzero(valid, as_tuple=True)
     return MCJobs(
         row=row.repeat_interleave(K),
