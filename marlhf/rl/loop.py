@@ -133,7 +133,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         seeds = derive_row_seeds(ppo.seed, state.step, rows)
         term = segment(run.rule, ro, scored, seeds, all_gather_padded)
         exp = token_rewards(ro, scored, scores, term, ppo, state.kl_ctl.value, dense)
-    mc_stats = {}
+    mc_stats: dict[str, float] = {}
     if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
         with clock("time/mc"):
             exp, mc_stats = monte_carlo(run, state.step, exp, rows, metas, prompt_texts)

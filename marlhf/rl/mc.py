@@ -134,8 +134,15 @@ def continued_rollout(
     start = ro.response_start[rows]
     prompt_mask = torch.arange(T, device=start.device)[None, :] < start[:, None]
     seq, att, start = pack_flush_left(ro.sequences[rows], prompt_mask, ids, mask, pad_id)
-    prompt_ids = [ro.prompt_ids[i] for i in rows.tolist()]
-    return Rollout(seq, att, start, ids.masked_fill(~mask, pad_id), mask, ends, prompt_ids)
+    return Rollout(
+        sequences=seq,
+        attention_mask=att,
+        response_start=start,
+        response_ids=ids.masked_fill(~mask, pad_id),
+        action_mask=mask,
+        ends_with_eos=ends,
+        prompt_ids=[ro.prompt_ids[i] for i in rows.tolist()],
+    )
 
 
 @torch.no_grad()
