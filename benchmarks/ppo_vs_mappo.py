@@ -24,6 +24,12 @@ GPU session (same tiny model, larger rollouts, longer runs, more seeds)::
     python benchmarks/ppo_vs_mappo.py --size gpu --output_dir output/ppo_vs_mappo_gpu
 
 Only analyse existing runs: ``--analyze_only``. Subsets: ``--arms ppo,fixed5 --seeds 1,2,3 --steps 20``.
+
+The critic-free estimators of issue #12 are arms too (``grpo``, ``grpo_macro5``, ``macro_mc5``; on
+request ``dr_grpo``, ``rloo``, ``reinforce_pp``, ``gspo``), with the cost per step in a second table;
+``vf_{equal,position,unit,start}5`` compare the macro value weightings, ``mc_cost{1,3,5,10}`` the
+cost of ``macro_mc`` against the macro length. ``--eval_prompts 128`` samples held-out prompts from
+each run's actor after training (junk-opener rate, gold, RM score; docs/results.md).
 """
 
 from __future__ import annotations
