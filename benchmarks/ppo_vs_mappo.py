@@ -24,6 +24,12 @@ GPU session (same tiny model, larger rollouts, longer runs, more seeds)::
     python benchmarks/ppo_vs_mappo.py --size gpu --output_dir output/ppo_vs_mappo_gpu
 
 Only analyse existing runs: ``--analyze_only``. Subsets: ``--arms ppo,fixed5 --seeds 1,2,3 --steps 20``.
+
+The critic-free estimators of issue #12 are arms too (``grpo``, ``grpo_macro5``, ``macro_mc5``; on
+request ``dr_grpo``, ``rloo``, ``reinforce_pp``, ``gspo``), with the cost per step in a second table;
+``vf_{equal,position,unit,start}5`` compare the macro value weightings, ``mc_cost{1,3,5,10}`` the
+cost of ``macro_mc`` against the macro length. ``--eval_prompts 128`` samples held-out prompts from
+each run's actor after training (junk-opener rate, gold, RM score; docs/results.md).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import json
 import math
 import os
 import statistics
@@ -70,6 +77,47 @@ ARMS: dict[str, list[str]] = {
         "en_core_web_sm",
     ],
 }
+# Critic-free estimators (issue #12), same rollout size (16 responses = 4 prompts x G = 4 samples)
+# and all other settings shared: GRPO at the token level (fixed n=1 only fixes the logging), GRPO
+# with the macro-action ratio over fixed 5-grams, and Monte-Carlo credit per macro action (n=5; K=4
+# continuations at <= 4 boundaries per response; V(prompt) = the group's leave-one-out mean).
+_GROUP = ["--n_samples_per_prompt", "4"]
+ARMS.update(
+    {
+        "grpo": ["--termination_condition", "fixed", "--ngram", "1",
+                 "--advantage_estimator", "grpo", *_GROUP],
+        "grpo_macro5": ["--termination_condition", "fixed", "--ngram", "5",
+                        "--advantage_estimator", "grpo", *_GROUP, "--ratio_level", "macro"],
+        "macro_mc5": ["--termination_condition", "fixed", "--ngram", "5",
+                      "--advantage_estimator", "macro_mc", *_GROUP,
+                      "--mc_rollouts", "4", "--mc_max_boundaries", "4"],
+    }
+)  # fmt: skip
+# Arms run only when named in --arms.
+EXTRA_ARMS: dict[str, list[str]] = {
+    # the other critic-free estimators
+    "dr_grpo": ["--termination_condition", "fixed", "--ngram", "1",
+                "--advantage_estimator", "dr_grpo", *_GROUP],
+    "rloo": ["--termination_condition", "fixed", "--ngram", "1",
+             "--advantage_estimator", "rloo", *_GROUP],
+    "reinforce_pp": ["--termination_condition", "fixed", "--ngram", "1",
+                     "--advantage_estimator", "reinforce_pp"],
+    "gspo": ["--termination_condition", "fixed", "--ngram", "1", "--advantage_estimator", "grpo",
+             *_GROUP, "--ratio_level", "sequence", "--loss_agg_mode", "seq-mean-token-mean"],
+    # MA-PPO (fixed n=5) with each macro value weighting (issue #12 §2; `equal` is `fixed5`)
+    **{
+        f"vf_{vf}5": ["--termination_condition", "fixed", "--ngram", "5", "--value_function", vf]
+        for vf in ("equal", "position", "unit", "start")
+    },
+    # the cost of macro_mc against the macro-action length, at one cap (8 boundaries per response)
+    **{
+        f"mc_cost{n}": ["--termination_condition", "fixed", "--ngram", str(n),
+                        "--advantage_estimator", "macro_mc", *_GROUP,
+                        "--mc_rollouts", "4", "--mc_max_boundaries", "8"]
+        for n in (1, 3, 5, 10)
+    },
+}  # fmt: skip
+ALL_ARMS = {**ARMS, **EXTRA_ARMS}
 BASELINE = "ppo"
 
 
@@ -349,6 +397,93 @@ def markdown_table(rows: Sequence[ArmSummary], baseline: str = BASELINE) -> str:
     return "\n".join(lines)
 
 
+def _finite_mean(xs: Sequence[float]) -> float:
+    xs = [x for x in xs if not math.isnan(x)]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def cost_table(runs: dict[str, dict[int, dict[str, list[float]]]]) -> str:
+    """The cost per step of every arm (markdown): s / step (mean over its steps, then mean ± 95 %
+    CI over seeds), macro length, and for macro_mc the seconds of the continuations per step, their
+    number and the boundaries per response.
+
+    >>> run = {"step_time": [1.0, 3.0], "macro_len": [5.0, 5.0], "mc_time": [0.5, 1.5],
+    ...        "mc_continuations": [64.0, 32.0], "mc_boundaries": [1.0, 0.5]}
+    >>> print(cost_table({"mc": {1: run}}).splitlines()[-1])
+    | mc | 1 | 5.00 | 2.000 | 1.000 (50 %) | 48.0 | 0.75 |
+    """
+    lines = [
+        "| arm | seeds | mean macro len | s / step | MC s / step (share) | continuations / step "
+        "| MC boundaries / response |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm, seeds in runs.items():
+        per_seed = {
+            k: [_finite_mean(m.get(k, [])) for m in seeds.values()]
+            for k in ("step_time", "macro_len", "mc_time", "mc_continuations", "mc_boundaries")
+        }
+        step = mean_ci(per_seed["step_time"])
+        mc_time = _finite_mean(per_seed["mc_time"])
+        share = "—" if math.isnan(mc_time) else f"{mc_time:.3f} ({100 * mc_time / step[0]:.0f} %)"
+        conts, bounds = (
+            _finite_mean(per_seed["mc_continuations"]),
+            _finite_mean(per_seed["mc_boundaries"]),
+        )
+        lines.append(
+            f"| {arm} | {len(seeds)} | {_finite_mean(per_seed['macro_len']):.2f} | {_pm(step)} | "
+            f"{share} | {'—' if math.isnan(conts) else f'{conts:.1f}'} | "
+            f"{'—' if math.isnan(bounds) else f'{bounds:.2f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def junk_opener(response: str) -> bool:
+    """Whether a summary does not open with the task's first word, "my" (the synthetic TL;DRs all
+    start "my ..."; junk openers are "tldr", "so", "3", ...).
+
+    >>> junk_opener("My dog ate it"), junk_opener(" so my dog"), junk_opener("")
+    (False, True, True)
+    """
+    words = response.split()
+    return not words or words[0].strip(".,;:!?\"'").lower() != "my"
+
+
+def eval_summary(rows: Sequence[dict]) -> dict[str, float]:
+    """Junk-opener rate, mean gold and mean reward-model score of one run's held-out samples.
+
+    >>> eval_summary([{"response": "my a", "gold": 1.0, "reward": 0.5},
+    ...               {"response": "tldr my", "gold": 0.0, "reward": 1.5}])
+    {'junk': 0.5, 'gold': 0.5, 'rm': 1.0, 'n': 2}
+    """
+    return {
+        "junk": statistics.fmean(junk_opener(r["response"]) for r in rows),
+        "gold": statistics.fmean(float(r["gold"]) for r in rows),
+        "rm": statistics.fmean(float(r["reward"]) for r in rows),
+        "n": len(rows),
+    }
+
+
+def eval_table(evals: dict[str, dict[int, dict[str, float]]], baseline: str = BASELINE) -> str:
+    """The after-training table (markdown): per arm, mean ± 95 % CI over seeds of the junk-opener
+    rate, gold and RM score, the per-seed junk rates, and Welch's difference of gold to the
+    baseline."""
+    lines = [
+        "| arm | seeds | junk-opener rate | per seed | gold | Δ gold vs PPO | RM score |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    base_gold = [e["gold"] for e in evals.get(baseline, {}).values()]
+    for arm, seeds in evals.items():
+        junk = [e["junk"] for _, e in sorted(seeds.items())]
+        gold = [e["gold"] for e in seeds.values()]
+        delta = "—" if arm == baseline or not base_gold else _pm(welch_diff_ci(gold, base_gold))
+        lines.append(
+            f"| {arm} | {len(seeds)} | {_pm(mean_ci(junk), 2)} | "
+            f"{' / '.join(f'{j:.2f}' for j in junk)} | {_pm(mean_ci(gold))} | {delta} | "
+            f"{_pm(mean_ci([e['rm'] for e in seeds.values()]))} |"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------
 # reading runs, CSV, plot
 
@@ -369,6 +504,10 @@ _METRIC_KEYS = {
     "kl": "objective/kl",
     "macro_len": "macro/mean_len",
     "step_time": "time/step",
+    # the cost of macro_mc (NaN for the other arms)
+    "mc_time": "time/mc",
+    "mc_continuations": "mc/continuations",
+    "mc_boundaries": "mc/boundaries",
 }
 
 
@@ -499,7 +638,7 @@ def ppo_args(
         "marlhf.stages.ppo",
         *with_overrides(PPO_FLAGS, size.ppo),
         *common,
-        *ARMS[arm],
+        *ALL_ARMS[arm],
         "--seed",
         str(seed),
         "--actor_model_name_or_path",
@@ -518,6 +657,34 @@ def ppo_args(
 
 def run_dir(out: Path, arm: str, seed: int) -> Path:
     return out / "runs" / arm / f"seed{seed}"
+
+
+def eval_args(out: Path, arm: str, seed: int, n_prompts: int) -> list[str]:
+    """Sampling ``n_prompts`` held-out prompts at T=1 from one run's actor, scored by the reward
+    model and the gold scorer (``inference/inference_with_rewards.py``)."""
+    d = run_dir(out, arm, seed)
+    return [
+        str(ROOT / "inference" / "inference_with_rewards.py"),
+        "--proj_path", str(out), "--dataset", "synthetic",
+        "--model", str(d / "actor"), "--reward_model", str(out / "rm"),
+        "--num_samples", str(n_prompts), "--batch_size", "32", "--max_new_tokens", "40",
+        "--max_prompt_len", "160", "--temperature", "1.0", "--top_k", "0", "--seed", "1234",
+        "--disable_progress_bar", "--output", str(d / "eval.jsonl"),
+    ]  # fmt: skip
+
+
+def collect_evals(
+    out: Path, arms: Sequence[str], seeds: Sequence[int]
+) -> dict[str, dict[int, dict[str, float]]]:
+    """The after-training summaries of the runs that have one (``eval.jsonl``)."""
+    evals: dict[str, dict[int, dict[str, float]]] = {}
+    for arm in arms:
+        for seed in seeds:
+            f = run_dir(out, arm, seed) / "eval.jsonl"
+            if f.exists():
+                rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+                evals.setdefault(arm, {})[seed] = eval_summary(rows)
+    return evals
 
 
 def stage_args(out: Path, size: Size, model: str, common: list[str]) -> dict[str, list[str]]:
@@ -575,8 +742,16 @@ def analyze(
     text = (
         f"{table}\n\nfinal = mean of the last {final_window} steps of each seed, then mean ± 95% "
         f"t-interval over seeds; reach step on the trailing-{smooth_window} mean-over-seeds gold "
-        f"curve; speed-up = PPO steps / reach step.\n\nCSV: {out / 'curves.csv'}\nplot: {png}\n"
+        f"curve; speed-up = PPO steps / reach step.\n\nCost per step (all steps):\n\n"
+        f"{cost_table(runs)}\n\nCSV: {out / 'curves.csv'}\nplot: {png}\n"
     )
+    evals = collect_evals(out, arms, seeds)
+    if evals:
+        n = next(iter(next(iter(evals.values())).values()))["n"]
+        text += (
+            f"\nAfter training: {n} held-out prompts sampled at T=1 per run; junk opener = first "
+            f"word not 'my'; mean ± 95% t-interval over seeds.\n\n{eval_table(evals)}\n"
+        )
     (out / "summary.md").write_text(text)
     return text
 
@@ -590,7 +765,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--arms",
         default=",".join(ARMS),
-        help=f"comma-separated subset of {','.join(ARMS)} (`{BASELINE}` is always run)",
+        help=f"comma-separated arms: by default {','.join(ARMS)}; also {','.join(EXTRA_ARMS)} "
+        f"(`{BASELINE}` is always run)",
     )
     ap.add_argument("--seeds", default=None, help="comma-separated PPO seeds (default: per size)")
     ap.add_argument("--steps", type=int, default=None, help="PPO steps per run (default: per size)")
@@ -611,15 +787,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smooth_window", type=int, default=5, help="trailing smoothing of curves")
     ap.add_argument("--plot", default=None, help="PNG path (default: OUTPUT_DIR/ppo_vs_mappo.png)")
     ap.add_argument("--analyze_only", action="store_true", help="only analyse existing runs")
+    ap.add_argument(
+        "--eval_prompts",
+        type=int,
+        default=0,
+        help="after training, sample this many held-out prompts at T=1 from each run's actor "
+        "(junk-opener rate, gold, RM score); 0: off",
+    )
     args = ap.parse_args(argv)
 
     size = SIZES[args.size]
     steps = args.steps or size.steps
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(size.seeds)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ALL_ARMS]
     if unknown:
-        raise SystemExit(f"--arms: unknown {unknown}; choose from {list(ARMS)}")
+        raise SystemExit(f"--arms: unknown {unknown}; choose from {list(ALL_ARMS)}")
     if BASELINE not in arms:
         arms.insert(0, BASELINE)
     if "parsing" in arms and not parser_available():
@@ -666,8 +849,29 @@ def main(argv: list[str] | None = None) -> None:
                 return f"{arm} seed {seed}"
             return None
 
+        def evaluate(job: tuple[str, int], n_prompts: int) -> str | None:
+            arm, seed = job
+            d = run_dir(out, arm, seed)
+            try:
+                _run(
+                    f"eval {arm} seed {seed}",
+                    eval_args(out, arm, seed, n_prompts),
+                    d / "eval.jsonl.summary.json",
+                    out / "logs" / f"eval_{arm}_seed{seed}.log",
+                    env,
+                )
+            except RuntimeError as e:
+                print(f"[exp] {e}", flush=True)
+                return f"eval {arm} seed {seed}"
+            return None
+
         with ThreadPoolExecutor(max_workers=args.jobs or size.jobs) as pool:
             failed = [f for f in pool.map(one, jobs) if f]
+            if args.eval_prompts > 0:
+                evals = [job for job in jobs if f"{job[0]} seed {job[1]}" not in failed]
+                failed += [
+                    f for f in pool.map(lambda j: evaluate(j, args.eval_prompts), evals) if f
+                ]
         print(f"[exp] all runs: {time.time() - t_start:.0f}s wall; failed: {failed or 'none'}")
 
     print(

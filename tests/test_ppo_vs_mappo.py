@@ -212,12 +212,68 @@ def test_command_lines_parse_into_valid_configs(size, tmp_path):
     sft = parse_config(SFTConfig, stages["sft"][2:])
     assert sft.log.output_dir == str(tmp_path / "sft")
     parse_config(RewardStageConfig, stages["rm"][2:])
-    for arm in exp.ARMS:
+    for arm in exp.ALL_ARMS:
         cfg = parse_config(PPOStageConfig, exp.ppo_args(tmp_path, arm, 3, sz.steps, sz, common)[2:])
         assert cfg.ppo.seed == 3 and cfg.ppo.max_steps == sz.steps
-        # every arm shares all settings but its macro-action rule
+        # every arm shares all settings but its macro-action rule and estimator
         assert cfg.generation.per_device_generation_batch_size == int(
             sz.ppo.get("--per_device_generation_batch_size", "16")
         )
+        assert cfg.ppo.actor_learning_rate == 2e-4 and cfg.ppo.kl_ctl == 0.05
     base = parse_config(PPOStageConfig, exp.ppo_args(tmp_path, "ppo", 3, 10, sz, common)[2:])
     assert base.macro.termination_condition == "fixed" and base.macro.ngram == 1
+
+
+def test_estimator_arms():
+    """The critic-free arms of issue #12 and the value-function arms of §2, as specified."""
+    from marlhf.cli import parse_config
+    from marlhf.stages.ppo import PPOStageConfig
+
+    sz = exp.SIZES["cpu"]
+    common = ["--data_output_path", "cache", "--disable_progress_bar"]
+
+    def cfg(arm):
+        return parse_config(PPOStageConfig, exp.ppo_args(Path("o"), arm, 1, 5, sz, common)[2:])
+
+    grpo, macro, mc = cfg("grpo"), cfg("grpo_macro5"), cfg("macro_mc5")
+    assert (grpo.ppo.estimator, grpo.ppo.n_samples_per_prompt, grpo.ppo.ratio_level) == (
+        "grpo", 4, "token",
+    )  # fmt: skip
+    assert (macro.ppo.ratio_level, macro.macro.ngram) == ("macro", 5)
+    assert (mc.ppo.estimator, mc.macro.ngram, mc.ppo.mc_rollouts) == ("macro_mc", 5, 4)
+    for vf in ("equal", "position", "unit", "start"):
+        c = cfg(f"vf_{vf}5")
+        assert (c.macro.value_function, c.macro.ngram, c.ppo.estimator) == (vf, 5, "gae")
+    caps = {cfg(f"mc_cost{n}").ppo.mc_max_boundaries for n in (1, 3, 5, 10)}
+    assert caps == {8}
+    assert set(exp.ARMS) >= {"ppo", "fixed5", "grpo", "grpo_macro5", "macro_mc5"}
+
+
+def test_eval_command_parses(tmp_path):
+    from marlhf.cli import parse_config
+    from marlhf.inference import InferenceArgs
+
+    args = exp.eval_args(tmp_path, "vf_start5", 2, 128)
+    assert args[0].endswith("inference_with_rewards.py")
+    parse_config(InferenceArgs, args[1:])  # the inference program's own parser accepts them
+    assert args[args.index("--temperature") + 1] == "1.0"
+    assert args[args.index("--output") + 1] == str(
+        exp.run_dir(tmp_path, "vf_start5", 2) / "eval.jsonl"
+    )
+
+
+def test_eval_and_cost_tables(tmp_path):
+    rows = [
+        {"response": "my dog", "gold": 1.0, "reward": 0.0},
+        {"response": "so", "gold": 0.0, "reward": 2.0},
+    ]
+    d = exp.run_dir(tmp_path, "ppo", 1)
+    d.mkdir(parents=True)
+    (d / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = exp.collect_evals(tmp_path, ["ppo", "grpo"], [1, 2])
+    assert evals == {"ppo": {1: {"junk": 0.5, "gold": 0.5, "rm": 1.0, "n": 2}}}
+    table = exp.eval_table(evals).splitlines()
+    assert table[2] == "| ppo | 1 | 0.50 | 0.50 | 0.500 | — | 1.000 |"
+    nan = float("nan")
+    runs = {"ppo": {1: {"step_time": [1.0, 1.0], "macro_len": [1.0, 1.0], "mc_time": [nan, nan]}}}
+    assert exp.cost_table(runs).splitlines()[2] == "| ppo | 1 | 1.00 | 1.000 | — | — | — |"

@@ -4,10 +4,13 @@ The training loop (:mod:`marlhf.rl.loop`) reads as the algorithm; each step is a
 
 - :mod:`~marlhf.rl.config` — typed configuration: the four models, generation, the PPO algorithm;
 - :mod:`~marlhf.rl.prompts` — the PPO prompts, the step plan, the pretraining-mix batches;
-- :mod:`~marlhf.rl.models` — the actor and critic (trained), the reference and reward model (frozen);
+- :mod:`~marlhf.rl.models` — the actor and critic (trained; no critic for a critic-free estimator),
+  the reference and reward model (frozen);
 - :mod:`~marlhf.rl.rollout` — 1. generate: sample responses, pack prompt ⧺ response flush-left;
 - :mod:`~marlhf.rl.scoring` — 2. score: log-probs, entropies, values, reward-model and sequence scores;
-- :mod:`~marlhf.rl.experience` — 3. segment into macro actions and reward; 4. estimate advantages;
+- :mod:`~marlhf.rl.experience` — 3. segment into macro actions and reward; 4. estimate advantages
+  (:mod:`~marlhf.rl.estimators`, ``--advantage_estimator``; the samples of one prompt:
+  :mod:`~marlhf.rl.groups`; ``macro_mc``'s Monte-Carlo continuations: :mod:`~marlhf.rl.mc`);
 - :mod:`~marlhf.rl.update` — 5. update: PPO epochs of minibatches, policy and value losses;
 - :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker.
 

@@ -8,6 +8,9 @@ from marlhf.code_reward import CodeRewardConfig
 from marlhf.config import DTYPES, SCHEDULERS, LoggingConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
+from marlhf.rl.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estimator
+from marlhf.rl.losses import LOSS_AGG_MODES, RATIO_LEVELS
+from marlhf.rl.rewards import KL_ESTIMATORS
 
 
 @dataclass
@@ -20,7 +23,10 @@ class ActorCriticConfig:
     )
     critic_model_name_or_path: str = field(
         default="",
-        metadata={"help": "Reward-model directory (stage 2) that initialises the critic."},
+        metadata={
+            "help": "Reward-model directory (stage 2) that initialises the critic (not needed by "
+            "the critic-free estimators, see --advantage_estimator)."
+        },
     )
     reward_model_name_or_path: str | None = field(
         default=None,
@@ -236,8 +242,78 @@ class PPOConfig:
     ratio_level: str = field(
         default="token",
         metadata={
-            "help": "Policy ratio per token (original code) or per macro action (paper Eq. 3).",
-            "choices": ("token", "macro"),
+            "help": "Policy ratio per token (original code), per macro action (paper Eq. 3: the "
+            "product of its tokens' ratios, clipped per macro action) or per sequence (GSPO: the "
+            "length-normalised sequence ratio, clipped per response).",
+            "choices": RATIO_LEVELS,
+        },
+    )
+    advantage_estimator: str = field(
+        default="gae",
+        metadata={
+            "help": "How advantages are made (marlhf.rl.estimators): `gae` (the critic, GAE over "
+            "macro actions), `grpo` (group-normalised outcome over --n_samples_per_prompt "
+            "samples), `dr_grpo` (no std division, constant loss normaliser), `rloo` "
+            "(leave-one-out baseline), `reinforce_pp` (REINFORCE++: KL in the reward, returns "
+            "whitened over the batch) or `macro_mc` (Monte-Carlo values at macro-action "
+            "boundaries: --mc_rollouts continuations of the current policy). Only `gae` builds a "
+            f"critic. Aliases: {', '.join(f'{a}={c}' for a, c in sorted(ESTIMATOR_ALIASES.items()))}."
+        },
+    )
+    n_samples_per_prompt: int = field(
+        default=1,
+        metadata={
+            "help": "G: responses sampled per prompt. A step's rollout holds (rollout size x "
+            "ranks) / G distinct prompts, each sampled G times; a group is never split by the "
+            "estimate (it runs on the gathered batch). grpo, dr_grpo and rloo need G >= 2."
+        },
+    )
+    mc_rollouts: int = field(
+        default=4,
+        metadata={
+            "help": "`macro_mc`: K continuations drawn from the current policy at each chosen "
+            "macro-action boundary; the mean of their sequence rewards is V(boundary)."
+        },
+    )
+    mc_max_boundaries: int = field(
+        default=4,
+        metadata={
+            "help": "`macro_mc`: at most this many interior boundaries per response, evenly spread "
+            "over its macro actions (those in between share one advantage; 0: the response is "
+            "one credit segment)."
+        },
+    )
+    mc_generation_batch_size: int = field(
+        default=0,
+        metadata={
+            "help": "`macro_mc`: continuations per generate call (0: --per_device_generation_"
+            "batch_size x --mc_rollouts)."
+        },
+    )
+    loss_agg_mode: str | None = field(
+        default=None,
+        metadata={
+            "help": "How the policy loss reduces its terms (verl's names): token-mean (every "
+            "token or macro action weighs the same), seq-mean-token-sum, seq-mean-token-mean "
+            "(every response weighs the same) or seq-mean-token-sum-norm (Dr. GRPO: token sums "
+            "divided by --max_answer_seq_len). Default: the estimator's own (dr_grpo: "
+            "seq-mean-token-sum-norm), else token-mean. The value loss stays token-mean.",
+            "choices": LOSS_AGG_MODES,
+        },
+    )
+    kl_loss_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "KL to the reference as a loss term of the actor (GRPO paper; verl's "
+            "use_kl_loss), coefficient of agg(KL_t) reduced like the policy loss; usually with "
+            "--kl_ctl 0 (no KL in the reward). 0: off."
+        },
+    )
+    kl_loss_type: str = field(
+        default="k3",
+        metadata={
+            "help": "Per-token KL estimator of --kl_loss_coef (k3: verl's low_var_kl).",
+            "choices": KL_ESTIMATORS,
         },
     )
     whiten_advantages: bool = field(
@@ -281,6 +357,77 @@ class PPOConfig:
             raise ValueError("--ema_decay must be in (0, 1)")
         if self.lr_scheduler_type not in SCHEDULERS:
             raise ValueError(f"--lr_scheduler_type must be one of {SCHEDULERS}")
+        self._check_estimator()
+
+    def _check_estimator(self) -> None:
+        """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation."""
+        name = resolve_estimator(self.advantage_estimator)  # ValueError listing the names
+        est = ESTIMATORS[name]
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(
+                f"--ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}"
+            )
+        if self.n_samples_per_prompt < 1:
+            raise ValueError(
+                f"--n_samples_per_prompt must be >= 1, got {self.n_samples_per_prompt}"
+            )
+        if name in ("grpo", "dr_grpo", "rloo") and self.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"--advantage_estimator {self.advantage_estimator} compares the samples of one "
+                "prompt: set --n_samples_per_prompt to 2 or more (got "
+                f"{self.n_samples_per_prompt})"
+            )
+        if self.mc_rollouts < 1:
+            raise ValueError(f"--mc_rollouts must be >= 1, got {self.mc_rollouts}")
+        if self.mc_max_boundaries < 0:
+            raise ValueError(f"--mc_max_boundaries must be >= 0, got {self.mc_max_boundaries}")
+        if self.mc_generation_batch_size < 0:
+            raise ValueError(
+                f"--mc_generation_batch_size must be >= 0, got {self.mc_generation_batch_size}"
+            )
+        if name == "macro_mc" and self.gamma != 1.0:
+            raise ValueError(
+                f"--advantage_estimator macro_mc is undiscounted: --gamma must be 1, got {self.gamma}"
+            )
+        own = est.loss_agg_mode
+        if self.loss_agg_mode is not None and self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"--loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
+            )
+        if own is not None and self.loss_agg_mode not in (None, own):
+            raise ValueError(
+                f"--advantage_estimator {name} is defined with --loss_agg_mode {own}; "
+                f"--loss_agg_mode {self.loss_agg_mode} contradicts it (leave it out)"
+            )
+        if self.kl_loss_coef < 0:
+            raise ValueError(f"--kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
+        if self.kl_loss_type not in KL_ESTIMATORS:
+            raise ValueError(f"--kl_loss_type must be one of {KL_ESTIMATORS}")
+        if not est.needs_critic and self.critic_warmup_steps > 0:
+            raise ValueError(
+                f"--critic_warmup_steps {self.critic_warmup_steps}: --advantage_estimator {name} "
+                "trains no critic"
+            )
+
+    @property
+    def estimator(self) -> str:
+        """The canonical name of ``--advantage_estimator`` (aliases resolved)."""
+        return resolve_estimator(self.advantage_estimator)
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether the estimator reads a critic (else none is built, loaded or saved)."""
+        return ESTIMATORS[self.estimator].needs_critic
+
+    @property
+    def needs_mc(self) -> bool:
+        """Whether the estimator reads Monte-Carlo values (``macro_mc``)."""
+        return ESTIMATORS[self.estimator].needs_mc
+
+    @property
+    def policy_loss_agg_mode(self) -> str:
+        """``--loss_agg_mode``, else the estimator's own, else token-mean (today's)."""
+        return self.loss_agg_mode or ESTIMATORS[self.estimator].loss_agg_mode or "token-mean"
 
 
 @dataclass
@@ -294,3 +441,16 @@ class PPOStageConfig:
     data: DataConfig = field(default_factory=DataConfig)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        ppo, mc = self.ppo, self.models
+        if (
+            not ppo.needs_critic
+            and ppo.reward_source in ("rm", "rm+code")
+            and not (mc.reward_model_name_or_path or mc.critic_model_name_or_path)
+        ):
+            raise ValueError(
+                f"--advantage_estimator {ppo.advantage_estimator} trains no critic, but "
+                f"--reward_source {ppo.reward_source} needs the reward model: pass "
+                "--reward_model_name_or_path (or --critic_model_name_or_path, its default)"
+            )

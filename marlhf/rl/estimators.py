@@ -24,7 +24,8 @@ the per-token KL reward `-beta * KL_t`; how the estimators use those rewards:
   reward and adds the GRPO paper's KL loss instead (`use_kl_loss`, coefficient 0.001, the k3
   estimator): that is ``--kl_ctl 0`` plus a loss term
   `coef * marlhf.rl.losses.agg_loss(marlhf.rl.rewards.kl_penalty(logp, ref_logp, "k3"), mask, mode)` in the
-  update, which a trainer adds; the estimator only sees the rewards.
+  update (``--kl_ctl 0 --kl_loss_coef 0.001 --kl_loss_type k3``, `marlhf.rl.update.actor_step`);
+  the estimator only sees the rewards.
 - ``macro_mc``: a credit segment's advantage is V̂(end) - V̂(start) plus the KL rewards of its own
   tokens (undiscounted); the Monte-Carlo values V̂ estimate the expected outcome score.
 

@@ -16,8 +16,16 @@ import torch
 from marlhf.distributed import all_gather_object, all_gather_padded, world_size
 from marlhf.macro import MacroSegments, TerminationInputs, build_segments
 from marlhf.macro.estimate import macro_advantages, macro_stats
+from marlhf.rl.estimators import (
+    EstimatorInputs,
+    EstimatorOptions,
+    MCBoundaries,
+    MCValues,
+    build_estimator,
+)
 from marlhf.rl.losses import masked_mean, masked_whiten
-from marlhf.rl.rewards import compose_rewards, kl_penalty
+from marlhf.rl.rewards import compose_rewards, kl_penalty, sequence_rewards
+from marlhf.rl.rewards import token_rewards as kl_token_rewards
 from marlhf.rl.rollout import Rollout
 
 if TYPE_CHECKING:
@@ -44,8 +52,15 @@ class Experience:
     entropy: torch.Tensor  # (B, A) entropy of π_old(· | s_t) at the sampling temperature
     fallback: torch.Tensor  # (B,) bool rows whose termination rule fell back to `fixed`
     advantages: torch.Tensor | None = None  # (B, A) macro advantage broadcast to its tokens
-    returns: torch.Tensor | None = None  # (B, A) the critic's targets
+    returns: torch.Tensor | None = None  # (B, A) the critic's targets (None: critic-free)
     stats: dict[str, float] = field(default_factory=dict)
+    # the two parts of `rewards` apart, for the estimators (marlhf.rl.estimators)
+    kl_rewards: torch.Tensor | None = None  # (B, A) −β·KL_t (+ dense), 0 on padding
+    outcome: torch.Tensor | None = None  # (B,) clipped score (+ no-EOS penalty)
+    # macro_mc (marlhf.rl.mc): Monte-Carlo values at the chosen macro-action boundaries
+    mc_positions: torch.Tensor | None = None  # (B, N) long  boundary positions, -1 where none
+    mc_values: torch.Tensor | None = None  # (B, N) float  V̂ there (mean continuation reward)
+    mc_prompt_values: torch.Tensor | None = None  # (B,) V̂(prompt) (G = 1 only; else None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,19 +97,31 @@ def token_rewards(
 ) -> Experience:
     """The per-token rewards: r_t = −β·KL_t, + the (clipped) sequence score on the last response
     token (+ ``--no_eos_penalty`` if cut, + ``dense`` segment rewards); an Experience without
-    advantages. ``scores``: (B,) sequence rewards (:func:`marlhf.rl.scoring.sequence_scores`)."""
+    advantages. ``scores``: (B,) sequence rewards (:func:`marlhf.rl.scoring.sequence_scores`).
+    The two parts of the rewards are kept apart too (``kl_rewards``, ``outcome``): ``rewards`` is
+    ``kl_rewards`` with ``outcome`` added on the last valid token."""
     mask = ro.action_mask
     segments = build_segments(term.macro_end, mask)
     kl = kl_penalty(scored["old_logprobs"], scored["ref_logprobs"], ppo.kl_estimator) * mask
+    clip = ppo.reward_clip if ppo.reward_clip > 0 else None
     rewards = compose_rewards(
         kl,
         scores,
         mask,
         kl_coef=kl_coef,
-        reward_clip=ppo.reward_clip if ppo.reward_clip > 0 else None,
+        reward_clip=clip,
         ends_with_eos=ro.ends_with_eos,
         no_eos_penalty=ppo.no_eos_penalty,
         dense=dense,
+    )
+    kl_rewards = kl_token_rewards(kl, mask, kl_coef=kl_coef, dense=dense)
+    outcome = sequence_rewards(
+        scores,
+        mask,
+        reward_clip=clip,
+        ends_with_eos=ro.ends_with_eos,
+        no_eos_penalty=ppo.no_eos_penalty,
+        dtype=kl_rewards.dtype,
     )
     return Experience(
         rollout=ro,
@@ -107,6 +134,8 @@ def token_rewards(
         segment_ids=segments.ids,
         entropy=scored["entropy"],
         fallback=term.fallback,
+        kl_rewards=kl_rewards,
+        outcome=outcome,
     )
 
 
@@ -128,29 +157,68 @@ def segments_of(exp: Experience) -> MacroSegments:
 
 def estimate_advantages(
     exp: Experience, segments: MacroSegments, cfg: PPOStageConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The advantage estimator: (advantages (B, A), returns (B, A)) of the global batch ``exp``.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The advantage estimator (``--advantage_estimator``): (advantages (B, A), returns (B, A) or
+    None) of the global batch ``exp``.
 
-    Today: GAE over macro actions with the critic's values (MA-RLHF Sec. 3.2,
+    ``gae``: GAE over macro actions with the critic's values (MA-RLHF Sec. 3.2,
     :func:`marlhf.macro.estimate.macro_advantages`), each token carrying its macro action's A_k and
-    G_k; ``--termination_condition fixed --ngram 1`` is token-level PPO exactly. Whitened over the
-    batch's valid tokens with ``--whiten_advantages``. This is the one place advantages are made: a
-    critic-free estimator returns its own here (and returns then only serve logging)."""
+    G_k; ``--termination_condition fixed --ngram 1`` is token-level PPO exactly. With
+    ``--macro_reward_agg weighted`` the sequence score is passed apart from the KL rewards, so it
+    enters the last macro action whole (issue #13 item 34); with ``sum`` the call is today's. The
+    critic-free estimators (:mod:`marlhf.rl.estimators`) read the KL rewards, the outcome, the group
+    of each row (:func:`marlhf.rl.groups.group_ids`) and ``macro_mc``'s Monte-Carlo values; their
+    returns are None (``reinforce_pp``: its returns, for logging). Whitened over the batch's valid
+    tokens with ``--whiten_advantages``. This is the one place advantages are made."""
     ppo, mcfg = cfg.ppo, cfg.macro
     mask = exp.rollout.action_mask
-    adv, ret = macro_advantages(
-        exp.rewards,
-        exp.values,
-        mask,
-        segments,
-        value_function=mcfg.value_function,
-        reward_agg=mcfg.macro_reward_agg,
-        gamma=ppo.gamma,
-        lam=ppo.lam,
-    )
+    if ppo.estimator == "gae":
+        weighted = mcfg.macro_reward_agg == "weighted"
+        adv, ret = macro_advantages(
+            exp.kl_rewards if weighted else exp.rewards,
+            exp.values,
+            mask,
+            segments,
+            value_function=mcfg.value_function,
+            reward_agg=mcfg.macro_reward_agg,
+            gamma=ppo.gamma,
+            lam=ppo.lam,
+            scores=exp.outcome if weighted else None,
+        )
+    else:
+        options = EstimatorOptions(
+            gamma=ppo.gamma,
+            lam=ppo.lam,
+            value_function=mcfg.value_function,
+            reward_agg=mcfg.macro_reward_agg,
+        )
+        adv, ret = build_estimator(ppo.estimator, options)(estimator_inputs(exp, segments, ppo))
     if ppo.whiten_advantages:
         adv = masked_whiten(adv, mask)
     return adv, ret
+
+
+def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -> EstimatorInputs:
+    """What a critic-free estimator reads from the global batch ``exp``."""
+    from marlhf.rl.groups import group_ids
+
+    mask = exp.rollout.action_mask
+    G = ppo.n_samples_per_prompt
+    mc = None
+    if exp.mc_positions is not None:
+        pos = exp.mc_positions
+        valid = pos >= 0
+        macro = torch.where(valid, segments.ids.gather(1, pos.clamp(min=0)), -1)
+        mc = MCValues(MCBoundaries(pos, valid, macro), exp.mc_values, exp.mc_prompt_values)
+    return EstimatorInputs(
+        kl_rewards=exp.kl_rewards,
+        scores=exp.outcome,
+        action_mask=mask,
+        segments=segments,
+        values=None,
+        group_ids=group_ids(mask.shape[0], G, mask.device) if G > 1 else None,
+        mc=mc,
+    )
 
 
 def experience_stats(
@@ -178,6 +246,11 @@ def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> E
     segments = segments_of(exp)
     exp.advantages, exp.returns = estimate_advantages(exp, segments, cfg)
     exp.stats = experience_stats(exp, segments, term)
+    G = cfg.ppo.n_samples_per_prompt
+    if G > 1 and exp.outcome is not None:
+        from marlhf.rl.groups import group_ids, group_stats
+
+        exp.stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G)))
     return exp
 
 
@@ -262,4 +335,19 @@ def gather_experience(exp: Experience, pad_id: int, block: int) -> Experience:
         segment_ids=rows(exp.segment_ids, -1),
         entropy=rows(exp.entropy, 0.0),
         fallback=rows(exp.fallback, False),
+        **{
+            k: rows(getattr(exp, k), pad)
+            for k, pad in _OPTIONAL_ROWS.items()
+            if getattr(exp, k) is not None
+        },
     )
+
+
+# the optional per-row fields of an Experience and their padding
+_OPTIONAL_ROWS = {
+    "kl_rewards": 0.0,
+    "outcome": 0.0,
+    "mc_positions": -1,
+    "mc_values": 0.0,
+    "mc_prompt_values": 0.0,
+}

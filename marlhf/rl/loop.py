@@ -5,10 +5,13 @@
                sequence-level reward of each response                            (scoring.py)
 3. segment   — termination rule → macro actions (``--termination_condition``); per-token rewards
                r_t = −β·KL_t, + clipped score on the last response token; gathered over ranks
-4. estimate  — advantages and returns: GAE over macro actions, broadcast to tokens
-               (``--termination_condition fixed --ngram 1`` is token-level PPO)   (experience.py)
-5. update    — ``--ppo_epochs`` × minibatches: clipped policy loss (token or macro ratio), clipped
-               value loss                                                         (update.py)
+4. estimate  — advantages (``--advantage_estimator``): GAE over macro actions with the critic,
+               broadcast to tokens (``--termination_condition fixed --ngram 1`` is token-level
+               PPO), or critic-free: GRPO / Dr. GRPO / RLOO over the ``--n_samples_per_prompt``
+               samples of a prompt, REINFORCE++, or ``macro_mc`` with Monte-Carlo values at
+               macro-action boundaries (mc.py)                                   (experience.py)
+5. update    — ``--ppo_epochs`` × minibatches: clipped policy loss (token, macro or sequence
+               ratio; ``--loss_agg_mode``), clipped value loss (with a critic)   (update.py)
 6. log/save  — metrics, checkpoints                                              (state.py)
 """
 
@@ -39,6 +42,7 @@ from marlhf.rl.experience import (
     token_rewards,
 )
 from marlhf.rl.losses import explained_variance, masked_mean
+from marlhf.rl.mc import monte_carlo
 from marlhf.rl.models import Models, build_models
 from marlhf.rl.prompts import (
     RolloutPlan,
@@ -65,7 +69,7 @@ log = logging.getLogger("marlhf.ppo")
 
 
 def train(cfg: PPOStageConfig) -> Path:
-    """Stage 3 from the start (or its latest checkpoint) to the final actor and critic."""
+    """Stage 3 from the start (or its latest checkpoint) to the final actor (and critic)."""
     run = setup(cfg)
     state = resume(run.models, cfg, run.out)
     unsup = pretraining_mix(run, state)
@@ -125,18 +129,23 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         dense_seeds = derive_row_seeds(ppo.seed, state.step, rows, stream=1)
         dense = dense_rewards(run.seg_rule, run.seg_norm, ro, scored, cfg, dense_seeds)
     with clock("time/macro"):
-        # 3. segment: macro actions, per-token rewards, then the global batch on every rank
+        # 3. segment: macro actions, per-token rewards
         seeds = derive_row_seeds(ppo.seed, state.step, rows)
         term = segment(run.rule, ro, scored, seeds, all_gather_padded)
         exp = token_rewards(ro, scored, scores, term, ppo, state.kl_ctl.value, dense)
+    mc_stats: dict[str, float] = {}
+    if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
+        with clock("time/mc"):
+            exp, mc_stats = monte_carlo(run, state.step, exp, rows, metas, prompt_texts)
+    with clock("time/macro"):
+        # the global batch on every rank, then 4. estimate: advantages (and returns)
         exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)
-        # 4. estimate: advantages and returns
         exp = estimate(exp, term, cfg)
     # 5. update
     with clock("time/train"):
         train_actor = state.step >= ppo.critic_warmup_steps
         # the rates this update is taken with (read before the engines step)
-        lrs = {"lr/actor": run.models.actor.get_lr()[0], "lr/critic": run.models.critic.get_lr()[0]}
+        lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
         upd = ppo_update(
             run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None
         )
@@ -148,7 +157,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     kl_now = float(all_reduce_mean(torch.tensor(exp.stats["objective/kl"])))
     state.kl_ctl.update(kl_now, plan.rollout_size * plan.world)
     # 6. metrics (the loop logs them)
-    metrics = {**exp.stats, **upd, **clock.times, **code_metrics}
+    metrics = {**exp.stats, **upd, **clock.times, **code_metrics, **mc_stats}
     metrics = step_metrics(run, state, metrics, ro, scored, scores, exp, prompt_texts)
     return {**metrics, **lrs}, ro, exp, prompt_texts
 
@@ -171,7 +180,8 @@ def step_metrics(
         float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
     )
     metrics["objective/kl_coef"] = state.kl_ctl.value
-    metrics.update(critic_metrics(exp))
+    if run.models.critic is not None:
+        metrics.update(critic_metrics(exp))
     if run.gold is not None:
         texts = run.tokenizer.batch_decode(ro.response_ids, skip_special_tokens=True)
         metrics["objective/gold"] = sum(
@@ -209,6 +219,11 @@ def collect_rollouts(run: Run, step: int, clock: _Clock):
     ro = concat_rollouts(rollouts, run.tokenizer.pad_token_id)
     scored = concat_scored(scoreds, ro.sequences.shape[1], ro.response_ids.shape[1])
     return ro, scored, metas, prompt_texts
+
+
+def _trained(models: Models) -> dict:
+    """The engines the update trains: the actor, and the critic when there is one."""
+    return {k: e for k, e in (("actor", models.actor), ("critic", models.critic)) if e is not None}
 
 
 def critic_metrics(exp: Experience) -> dict[str, float]:
@@ -282,15 +297,19 @@ def setup(cfg: PPOStageConfig) -> Run:
     run_config = config_to_dict(cfg)
     if is_main():
         write_json(out / "run_config.json", run_config)
-        write_json(out / "ds_config.json", {"actor": models.actor_ds, "critic": models.critic_ds})
+        ds = {"actor": models.actor_ds, "critic": models.critic_ds}
+        write_json(out / "ds_config.json", {k: v for k, v in ds.items() if v is not None})
         log.info(
-            "MA-PPO: %d prompts (%d over-long %s), %d steps, rollout %d/device, termination=%s",
+            "MA-PPO: %d prompts (%d over-long %s), %d steps, rollout %d/device (%d sample(s) "
+            "per prompt), termination=%s, estimator=%s",
             len(prompts),
             dropped,
             "dropped" if g.overlong_prompts == "drop" else "truncated",
             plan.total,
             plan.rollout_size,
+            ppo.n_samples_per_prompt,
             cfg.macro.termination_condition,
+            ppo.estimator,
         )
     score_stats = models.reward_info.get("score_stats") if models.reward_info else None
     return Run(

@@ -14,6 +14,7 @@ dropout noise. ``none`` keeps a model's own dropout.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,22 +22,24 @@ from pathlib import Path
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
+from marlhf.distributed import is_main
 from marlhf.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.models import apply_lora, load_causal_lm, resolve_model_path
 from marlhf.rl.config import ActorCriticConfig, PPOConfig, PPOStageConfig
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+log = logging.getLogger("marlhf.ppo")
 
 
 @dataclass
 class Models:
     actor: object  # DeepSpeed engine (causal LM, possibly peft)
-    critic: object  # DeepSpeed engine (RewardModel)
+    critic: object | None  # DeepSpeed engine (RewardModel); None for a critic-free estimator
     ref: object  # DeepSpeed engine, frozen
     reward: object | None  # DeepSpeed engine, frozen RewardModel (None with --reward_source code)
     reward_info: dict  # the reward model's reward_config.json ({} when there is none)
     actor_ds: dict  # the actor's DeepSpeed config (saved as ds_config.json)
-    critic_ds: dict  # the critic's DeepSpeed config
+    critic_ds: dict | None  # the critic's DeepSpeed config (None without a critic)
 
 
 @contextmanager
@@ -209,13 +212,22 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
 def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     """Actor, reference, critic and reward model, in that order (each may draw from the RNG:
     LoRA and fresh value heads are initialised randomly). The four share one tokenizer: checked
-    before any weights are loaded (`marlhf.preflight.check_same_tokenizer`)."""
+    before any weights are loaded (`marlhf.preflight.check_same_tokenizer`). The critic only when
+    the estimator reads one (``--advantage_estimator gae``)."""
     from marlhf.preflight import check_same_tokenizer, ppo_model_roles
 
     roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
     check_same_tokenizer(roles, trust_remote_code=cfg.models.trust_remote_code)
     actor, actor_ds = build_actor(cfg, total_updates)
     ref = build_reference(cfg)
-    critic, critic_ds, critic_info = build_critic(cfg, total_updates)
+    if cfg.ppo.needs_critic:
+        critic, critic_ds, critic_info = build_critic(cfg, total_updates)
+    else:
+        critic, critic_ds, critic_info = None, None, {}
+        if is_main():
+            log.info(
+                "no critic: --advantage_estimator %s needs none (none is built, trained or saved)",
+                cfg.ppo.estimator,
+            )
     reward, reward_info = build_reward(cfg, critic_info)
     return Models(actor, critic, ref, reward, reward_info, actor_ds, critic_ds)

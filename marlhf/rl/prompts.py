@@ -37,6 +37,9 @@ class RolloutPlan:
     steps_per_epoch: int
     total: int
     total_updates: int
+    samples_per_prompt: int = (
+        1  # G: each prompt of a step is sampled G times (--n_samples_per_prompt)
+    )
 
     @property
     def rollout_size(self) -> int:
@@ -54,17 +57,25 @@ def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
             f"rollout per device ({gen_bs} x {gen_batches}) must be a multiple of "
             f"--per_device_training_batch_size {ppo.per_device_training_batch_size}"
         )
-    spe = steps_per_epoch(n_prompts, gen_bs, gen_batches, ws)
+    G = ppo.n_samples_per_prompt
+    if rollout_size * ws % G:
+        raise ValueError(
+            f"the rollout of a step ({gen_bs} x {gen_batches} responses per device x {ws} ranks = "
+            f"{rollout_size * ws}) must be a multiple of --n_samples_per_prompt {G}: change "
+            "--per_device_generation_batch_size or --generation_batches"
+        )
+    spe = n_prompts // (rollout_size * ws // G)
     if spe == 0:
         raise ValueError(
-            f"PPO split has {n_prompts} prompts, fewer than one rollout ({rollout_size} x {ws})"
+            f"PPO split has {n_prompts} prompts, fewer than one rollout ({rollout_size} x {ws}"
+            + (f" / {G} samples per prompt)" if G > 1 else ")")
         )
     total = spe * ppo.num_train_epochs
     if ppo.max_steps:
         total = min(total, ppo.max_steps)
     minibatches = rollout_size // ppo.per_device_training_batch_size
     total_updates = max(1, total * ppo.ppo_epochs * minibatches // ppo.gradient_accumulation_steps)
-    return RolloutPlan(n_prompts, gen_bs, gen_batches, ws, spe, total, total_updates)
+    return RolloutPlan(n_prompts, gen_bs, gen_batches, ws, spe, total, total_updates, G)
 
 
 def load_prompts(cfg: PPOStageConfig, tokenizer):
@@ -96,9 +107,22 @@ def load_prompts(cfg: PPOStageConfig, tokenizer):
 
 
 def step_prompts(plan: RolloutPlan, seed: int, step: int) -> list[list[int]]:
-    """This rank's generation batches of step ``step``: lists of prompt indices."""
+    """This rank's generation batches of step ``step``: lists of prompt indices (each prompt G
+    times with ``--n_samples_per_prompt G``, :mod:`marlhf.rl.groups`)."""
     epoch, step_in_epoch = divmod(step, plan.steps_per_epoch)
     perm = epoch_permutation(plan.n_prompts, seed, epoch)
+    if plan.samples_per_prompt > 1:
+        from marlhf.rl.groups import step_prompt_indices
+
+        return step_prompt_indices(
+            perm,
+            step_in_epoch,
+            batch=plan.generation_batch,
+            batches=plan.generation_batches,
+            world=plan.world,
+            rank=rank(),
+            samples_per_prompt=plan.samples_per_prompt,
+        )
     return step_micro_batches(
         perm, step_in_epoch, plan.generation_batch, plan.generation_batches, plan.world, rank()
     )

@@ -53,10 +53,11 @@ def score(
     with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
     entropies (the termination rules that read them)."""
     T = cfg.generation.temperature
-    with eval_mode(models.actor, models.critic):
+    critic = models.critic  # None: a critic-free estimator (values are 0)
+    with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
         old_logp, entropy = policy_forward(models.actor, ro, T, with_entropy=True)
         ref_logp, ref_ent = policy_forward(models.ref, ro, T, with_entropy=need_entropy)
-        values = critic_forward(models.critic, ro)
+        values = critic_forward(critic, ro) if critic is not None else torch.zeros_like(old_logp)
     out = {
         "old_logprobs": old_logp,
         "entropy": entropy,

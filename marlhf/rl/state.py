@@ -3,7 +3,8 @@ minibatch shuffle, the RNGs and the actor's EMA; its checkpoints, resume and met
 
 Layout of ``--output_dir`` (what later stages and a resumed run read)::
 
-    actor/  critic/  [actor_ema/]                the final models (HF causal LM; reward model)
+    actor/  critic/  [actor_ema/]                the final models (HF causal LM; reward model;
+                                                 no critic with a critic-free estimator)
     checkpoints/step-N/{actor,critic,actor_ema}  every --save_steps steps
     train_state/                                 DeepSpeed engine states (actor, critic), the step,
                                                  KL controller, shuffle and RNG states;
@@ -61,7 +62,9 @@ def kl_controller(ppo: PPOConfig) -> FixedKLController | AdaptiveKLController:
 
 
 def _engines(models: Models) -> dict:
-    return {"actor": models.actor, "critic": models.critic}
+    """The trained engines whose states a checkpoint holds (no critic for a critic-free estimator)."""
+    engines = {"actor": models.actor, "critic": models.critic}
+    return {k: v for k, v in engines.items() if v is not None}
 
 
 def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
@@ -197,7 +200,8 @@ def save_checkpoint(
         run_config=run_config,
         ds_config=models.actor_ds,
     )
-    _save_critic(models, tokenizer, root / "critic", cfg, run_config)
+    if models.critic is not None:
+        _save_critic(models, tokenizer, root / "critic", cfg, run_config)
     state_root = out / "train_state"
     if state.ema is not None:
         shadow_file = _ema_file(state_root, f"step-{step}")

@@ -1,5 +1,6 @@
 """5. The PPO update: ``--ppo_epochs`` passes of minibatches over one experience batch; per
-minibatch the actor takes a clipped-policy step, then the critic a clipped-value step.
+minibatch the actor takes a clipped-policy step, then the critic (if the estimator has one) a
+clipped-value step.
 
 The experience is the global batch (:func:`marlhf.rl.experience.gather_experience`) and the shuffle
 generator is in the same state on every rank, so all ranks draw one shuffle: minibatch ``i`` is rows
@@ -19,7 +20,8 @@ import torch
 
 from marlhf.distributed import all_reduce_sum, rank, world_size
 from marlhf.rl.experience import Experience
-from marlhf.rl.losses import entropy_bonus, policy_loss, policy_terms, value_loss
+from marlhf.rl.losses import agg_loss, entropy_bonus, policy_loss, policy_terms, value_loss
+from marlhf.rl.rewards import kl_penalty
 from marlhf.rl.rollout import Rollout, slice_rollout
 from marlhf.rl.scoring import critic_forward, policy_forward
 
@@ -37,6 +39,7 @@ class Minibatch:
     num_tokens: torch.Tensor  # 0-d  valid tokens over the global minibatch (>= 1)
     num_terms: torch.Tensor  # 0-d  policy-loss terms (tokens or macro actions) over it (>= 1)
     world: int  # the losses' gradient factor (DeepSpeed averages over ranks)
+    num_seqs: torch.Tensor | None = None  # 0-d  non-empty responses over it (>= 1; seq-mean-*)
 
     def cut(self, x: torch.Tensor) -> torch.Tensor:
         """An experience field (B, A) -> this minibatch's rows and actions (mb, A')."""
@@ -59,8 +62,10 @@ def minibatches(exp: Experience, cfg: PPOStageConfig, generator: torch.Generator
             # the minibatch's counts over all ranks (every rank holds every row)
             whole = exp.rollout.action_mask[rows]
             n_tokens = whole.sum().clamp(min=1)
-            n_terms = policy_terms(whole, ppo.ratio_level, exp.segment_ids[rows]).sum().clamp(min=1)
-            yield Minibatch(idx, slice_rollout(exp.rollout, idx), n_tokens, n_terms, ws)
+            terms = policy_terms(whole, ppo.ratio_level, exp.segment_ids[rows])
+            n_terms = terms.sum().clamp(min=1)
+            n_seqs = terms.any(1).sum().clamp(min=1)
+            yield Minibatch(idx, slice_rollout(exp.rollout, idx), n_tokens, n_terms, ws, n_seqs)
 
 
 def unsup_loss(actor, batches: Iterator[dict]) -> torch.Tensor:
@@ -77,9 +82,16 @@ def unsup_loss(actor, batches: Iterator[dict]) -> torch.Tensor:
 def actor_step(
     models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig, unsup_batches=None
 ) -> dict:
-    """One actor step on minibatch ``m``: the clipped policy loss (token or macro ratio), minus
-    ``--entropy_coef`` × entropy, plus ``--unsup_coef`` × the SFT loss. Returns its stats."""
+    """One actor step on minibatch ``m``: the clipped policy loss (token, macro or sequence ratio,
+    reduced by ``--loss_agg_mode`` with the whole minibatch's counts), minus ``--entropy_coef`` ×
+    entropy, plus ``--kl_loss_coef`` × the KL to the reference, plus ``--unsup_coef`` × the SFT
+    loss. Returns its stats."""
     ppo = cfg.ppo
+    agg = {
+        "loss_agg_mode": ppo.policy_loss_agg_mode,
+        "num_seqs": m.num_seqs,
+        "norm_length": float(cfg.generation.max_answer_seq_len),
+    }
     mask = m.rollout.action_mask
     stats: dict[str, torch.Tensor | float] = {}
     need_ent = ppo.entropy_coef > 0
@@ -96,8 +108,22 @@ def actor_step(
         segment_ids=m.cut(exp.segment_ids),
         num_terms=m.num_terms,
         num_tokens=m.num_tokens,
+        **agg,
     )
     loss = pg
+    if ppo.kl_loss_coef > 0:
+        # verl's use_kl_loss: the per-token KL to the reference, reduced like the policy loss
+        per_token = kl_penalty(logp, m.cut(exp.ref_logprobs), ppo.kl_loss_type)
+        kl = agg_loss(
+            per_token,
+            mask,
+            agg["loss_agg_mode"],
+            num_terms=m.num_tokens,
+            num_seqs=m.num_seqs,
+            norm_length=agg["norm_length"],
+        )
+        loss = loss + ppo.kl_loss_coef * kl
+        stats["loss/kl"] = kl.detach()
     if need_ent:
         ent_mean = entropy_bonus(ent, mask, num_tokens=m.num_tokens)
         loss = loss - ppo.entropy_coef * ent_mean
@@ -144,7 +170,8 @@ def ppo_update(
     n = 0
     for m in minibatches(exp, cfg, generator):
         stats = actor_step(models, exp, m, cfg, unsup_batches) if train_actor else {}
-        stats.update(critic_step(models, exp, m, cfg))
+        if models.critic is not None:  # critic-free estimators build none
+            stats.update(critic_step(models, exp, m, cfg))
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         n += 1

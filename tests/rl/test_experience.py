@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from marlhf.macro import MacroConfig, build_termination
@@ -200,3 +201,135 @@ def test_global_rows_follow_the_batching_of_prompts():
     ):
         runner.run(test)
     assert runner.failures == 0 and runner.tries == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# the estimators wired into the experience (issue #12; #13 item 34)
+
+
+def _kl_reward(scored, b, t, kl_coef):
+    return -kl_coef * (float(scored["old_logprobs"][b, t]) - float(scored["ref_logprobs"][b, t]))
+
+
+def test_weighted_macro_reward_keeps_a_truncated_rows_score_whole():
+    """#13 item 34: with --macro_reward_agg weighted, the KL rewards of a macro action are averaged
+    but the sequence score enters the last macro action whole, also for a truncated row, whose last
+    macro action is an ordinary chunk (here row 1: 3 tokens, no EOS, one macro action of 3)."""
+    ro, scored, scores, lengths = _rollout()
+    cfg = PPOStageConfig(
+        ppo=PPOConfig(kl_ctl=0.1, gamma=1.0, lam=1.0, reward_clip=2.5),
+        macro=MacroConfig(
+            termination_condition="fixed",
+            ngram=3,
+            value_function="equal",
+            macro_reward_agg="weighted",
+        ),
+    )
+    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.1)
+    assert exp.segment_ids[1, :3].tolist() == [0, 0, 0]
+    kl = sum(_kl_reward(scored, 1, t, 0.1) for t in range(3)) / 3
+    v = float(scored["values"][1, :3].mean())
+    expected = kl + float(scores[1]) - v  # one macro action: A = R - V, the score not divided by 3
+    torch.testing.assert_close(exp.advantages[1, :3], torch.full((3,), expected), atol=1e-5, rtol=0)
+    # `sum` is unchanged: the score with the KL rewards of the macro action
+    cfg.macro = MacroConfig(termination_condition="fixed", ngram=3, value_function="equal")
+    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.1)
+    kl_sum = sum(_kl_reward(scored, 1, t, 0.1) for t in range(3))
+    assert float(exp.advantages[1, 0]) == pytest.approx(kl_sum + float(scores[1]) - v, abs=1e-5)
+
+
+def _grouped_rollout(B=4, A=5, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 2, 4, 3]
+    mask = torch.zeros(B, A, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = True
+    ro = Rollout(
+        sequences=torch.zeros(B, 9, dtype=torch.long),
+        attention_mask=torch.ones(B, 9, dtype=torch.bool),
+        response_start=torch.full((B,), 4),
+        response_ids=torch.randint(4, 50, (B, A), generator=g).masked_fill(~mask, 0),
+        action_mask=mask,
+        ends_with_eos=torch.tensor([True, False, True, True]),
+        prompt_ids=["p", "p", "q", "q"],
+    )
+    scored = {
+        "old_logprobs": -torch.rand(B, A, generator=g) * 3,
+        "ref_logprobs": -torch.rand(B, A, generator=g) * 3,
+        "values": torch.zeros(B, A),
+        "entropy": torch.rand(B, A, generator=g),
+        "ref_entropy": None,
+    }
+    return ro, scored, torch.tensor([0.5, 3.0, -1.0, 0.2]), lengths
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_group_estimators_read_clipped_scores_kl_rewards_and_groups_of_G_rows(name):
+    """Rows 2i and 2i + 1 answer one prompt (G = 2). Reference in plain Python: the group baseline
+    on the clipped score minus the no-EOS penalty's row, then the return-to-go of the KL rewards."""
+    import statistics
+
+    ro, scored, scores, lengths = _grouped_rollout()
+    ppo = PPOConfig(
+        kl_ctl=0.1,
+        reward_clip=2.5,
+        no_eos_penalty=-0.5,
+        advantage_estimator=name,
+        n_samples_per_prompt=2,
+        reward_source="gold",  # a critic-free stage config needs a reward model path otherwise
+    )
+    cfg = PPOStageConfig(ppo=ppo, macro=MacroConfig(termination_condition="fixed", ngram=2))
+    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.1)
+    assert exp.returns is None
+    r = [max(-2.5, min(2.5, float(s))) for s in scores]
+    r = [x + (0.0 if e else -0.5) for x, e in zip(r, ro.ends_with_eos.tolist(), strict=True)]
+    for b, n in enumerate(lengths):
+        mate = b ^ 1
+        if name == "grpo":
+            pair = [r[b], r[mate]]
+            outcome = (r[b] - statistics.fmean(pair)) / (statistics.stdev(pair) + 1e-6)
+        elif name == "dr_grpo":
+            outcome = r[b] - (r[b] + r[mate]) / 2
+        else:
+            outcome = r[b] - r[mate]
+        for t in range(n):
+            kl_to_go = sum(_kl_reward(scored, b, u, 0.1) for u in range(t, n))
+            assert float(exp.advantages[b, t]) == pytest.approx(outcome + kl_to_go, abs=1e-4)
+        assert torch.all(exp.advantages[b, n:] == 0)
+    assert "group/score_std" in exp.stats
+
+
+def test_macro_mc_reads_the_monte_carlo_values_of_the_experience():
+    """V̂ at the boundaries from exp.mc_*; V̂(prompt) the leave-one-out group mean (G = 2), or the
+    prompt's own Monte-Carlo value (G = 1). Plain-Python reference of the SPO-chain advantage."""
+    ro, scored, scores, lengths = _grouped_rollout()
+    for G in (2, 1):
+        ppo = PPOConfig(
+            kl_ctl=0.1, advantage_estimator="macro_mc", n_samples_per_prompt=G, reward_source="gold"
+        )
+        cfg = PPOStageConfig(ppo=ppo, macro=MacroConfig(termination_condition="fixed", ngram=2))
+        rule = build_termination(cfg.macro)
+        from marlhf.rl.experience import estimate, segment, token_rewards
+
+        term = segment(rule, ro, scored)
+        exp = token_rewards(ro, scored, scores, term, cfg.ppo, 0.1)
+        # boundaries: row 0 at 2 and 4, row 1 none, row 2 at 2, row 3 at 2
+        exp.mc_positions = torch.tensor([[2, 4], [-1, -1], [2, -1], [2, -1]])
+        exp.mc_values = torch.tensor([[0.3, -0.2], [0.0, 0.0], [1.1, 0.0], [0.4, 0.0]])
+        exp.mc_prompt_values = torch.tensor([0.7, 0.1, -0.3, 0.9]) if G == 1 else None
+        exp = estimate(exp, term, cfg)
+        r = [max(-2.5, min(2.5, float(s))) for s in scores]
+        for b, n in enumerate(lengths):
+            v0 = float(exp.mc_prompt_values[b]) if G == 1 else r[b ^ 1]
+            pos = [p for p in exp.mc_positions[b].tolist() if p >= 0]
+            vals = [v0, *exp.mc_values[b, : len(pos)].tolist(), r[b]]
+            edges = [0, *pos, n]
+            for j in range(len(edges) - 1):
+                kl = sum(_kl_reward(scored, b, u, 0.1) for u in range(edges[j], edges[j + 1]))
+                for t in range(edges[j], edges[j + 1]):
+                    expected = vals[j + 1] - vals[j] + kl
+                    assert float(exp.advantages[b, t]) == pytest.approx(expected, abs=1e-5), (
+                        G,
+                        b,
+                        t,
+                    )

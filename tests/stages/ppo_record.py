@@ -44,7 +44,10 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
     out = _ppo_update(models, exp, cfg, *args, **kwargs)
     _steps[0] += 1
     fields = ("old_logprobs", "ref_logprobs", "values", "scores", "rewards", "advantages")
-    record = {k: getattr(exp, k).detach().cpu() for k in (*fields, "returns", "segment_ids")}
+    record = {
+        k: None if getattr(exp, k) is None else getattr(exp, k).detach().cpu()
+        for k in (*fields, "returns", "segment_ids", "mc_positions", "mc_values")
+    }  # returns: None for a critic-free estimator; mc_*: macro_mc only
     record.update(
         prompt_ids=list(exp.rollout.prompt_ids),
         sequences=exp.rollout.sequences.cpu(),

@@ -23,6 +23,12 @@ all ranks (times the world size, since DeepSpeed averages gradients). The actor 
 prompt-dependent lengths, so the ranks' halves of a minibatch hold different token counts (the test
 checks this): there per-rank means would give a different gradient.
 
+Two more cases train critic-free estimators with G = 4 samples per prompt, whose groups lie on both
+ranks: ``grpo`` (sequence ratio, seq-mean-token-mean, KL loss) and ``macro_mc`` (macro ratio, Dr.
+GRPO's constant normaliser, Monte-Carlo continuations drawn on each rank for its own rows, seeded per
+global row, boundary and draw); the group statistics, the continuations' values and the update are
+those of one process.
+
 Remaining differences are float rounding: the ranks score and train narrower batches (generation
 batches of 2 rows against 8, minibatch parts of 2 rows against 4, each right-padded to its own
 longest row) and DeepSpeed all-reduces gradients.
@@ -65,7 +71,27 @@ CASES = {
     "sampled": (
         "--termination_condition", "fixed", "--ngram", "3", "--temperature", "1.0", "--top_k", "0",
     ),
+    # critic-free estimators, G = 4 samples per prompt: each group's rows lie on both ranks (global
+    # rows 0-3 are rank 0's batch 0 and rank 1's batch 0), and the G samples differ (sampled). The
+    # reward is the gold score, a function of the text: the tiny reward model's scores differ by a
+    # few 1e-3 within a group, so its rounding (1e-7) would be amplified by the group std and the
+    # whitening far past the tolerance; with gold, the scores of both runs are equal
+    "grpo": (
+        "--advantage_estimator", "grpo", "--reward_source", "gold", "--n_samples_per_prompt", "4",
+        "--ratio_level", "sequence", "--loss_agg_mode", "seq-mean-token-mean",
+        "--kl_loss_coef", "0.05", "--termination_condition", "fixed", "--ngram", "3",
+        "--temperature", "1.0", "--top_k", "0",
+    ),
+    # macro_mc: the continuations of each rank's rows are drawn on that rank, seeded per (global
+    # row, boundary, k); the values travel with the gathered rows
+    "macro_mc": (
+        "--advantage_estimator", "macro_mc", "--reward_source", "gold", "--n_samples_per_prompt", "4",
+        "--ratio_level", "macro", "--loss_agg_mode", "seq-mean-token-sum-norm",
+        "--mc_rollouts", "2", "--mc_max_boundaries", "2", "--termination_condition", "fixed",
+        "--ngram", "2", "--temperature", "1.0", "--top_k", "0",
+    ),
 }  # fmt: skip
+CRITIC_FREE = ("grpo", "macro_mc")
 FLAGS = (
     "--generation_backend", "static",
     "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
@@ -139,9 +165,10 @@ def runs(models, request):
     """The one-process reference and the two-process run (each a subprocess of the real stage) with
     one case (termination rule, decoding); returns (models' dir, one, two, case)."""
     base, case = models, request.param
+    # the critic-free cases need no model besides the actor (gold reward)
+    model = () if case in CRITIC_FREE else ("--critic_model_name_or_path", str(base / "rm"))
     common = (
-        "--actor_model_name_or_path", str(base / "actor"),
-        "--critic_model_name_or_path", str(base / "rm"),
+        "--actor_model_name_or_path", str(base / "actor"), *model,
         "--data_output_path", str(base / "cache"), *CASES[case], *FLAGS,
     )  # fmt: skip
     one, two = base / case / "one", base / case / "two"
@@ -220,6 +247,9 @@ def test_same_prompts_responses_and_experience(runs, step):
         assert torch.equal(_trim(got["segment_ids"], a), _trim(ref["segment_ids"], a))
         valid = _trim(ref["action_mask"], a)
         for k in ("old_logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns"):
+            if ref[k] is None:  # a critic-free estimator's returns
+                assert got[k] is None and case in CRITIC_FREE, k
+                continue
             x, y = _trim(got[k], a)[valid], _trim(ref[k], a)[valid]  # padding holds anything
             torch.testing.assert_close(x, y, rtol=0, atol=2e-5, msg=(step, k))
         torch.testing.assert_close(got["scores"], ref["scores"], rtol=0, atol=2e-5)
@@ -239,6 +269,24 @@ def test_same_prompts_responses_and_experience(runs, step):
     assert len(patterns) > 1, patterns
     if case == "entropy":
         assert math.isfinite(ref["stats"]["macro/entropy_threshold"])
+    if case in CRITIC_FREE:
+        # the 4 samples of each prompt differ, and each group's rows came from both ranks
+        for p in range(2):
+            group = [tuple(ref["response_ids"][i][ref["action_mask"][i]].tolist()) for i in
+                     range(4 * p, 4 * p + 4)]  # fmt: skip
+            assert len(set(group)) > 1, group
+            assert len(set(ref["prompt_ids"][4 * p : 4 * p + 4])) == 1
+        assert ref["stats"]["group/score_std"] > 0
+    if case == "macro_mc":  # the Monte-Carlo values: the same boundaries and values
+        n = ref["mc_positions"].shape[1]
+        for got in (r0, r1):
+            assert torch.equal(got["mc_positions"][:, :n], ref["mc_positions"])
+            assert not (got["mc_positions"][:, n:] >= 0).any()
+            valid = ref["mc_positions"] >= 0
+            assert valid.any()
+            torch.testing.assert_close(
+                got["mc_values"][:, :n][valid], ref["mc_values"][valid], rtol=0, atol=2e-5
+            )
 
 
 @pytest.mark.parametrize("step", [1, 2])
@@ -263,6 +311,8 @@ def _weights(out: Path) -> tuple[dict, dict]:
     from marlhf.reward_model import load_reward_model
 
     actor = AutoModelForCausalLM.from_pretrained(out / "actor", dtype=torch.float32).state_dict()
+    if not (out / "critic").exists():  # a critic-free estimator
+        return (actor,)
     critic, _ = load_reward_model(out / "critic", dtype=torch.float32)
     return actor, critic.state_dict()
 
@@ -272,10 +322,13 @@ def test_actor_and_critic_weights_agree(runs):
 
     from marlhf.reward_model import load_reward_model
 
-    base, one, two, _ = runs
+    base, one, two, case = runs
     init_actor = AutoModelForCausalLM.from_pretrained(base / "actor", dtype=torch.float32)
     init_critic, _ = load_reward_model(base / "rm", dtype=torch.float32)
     inits = (init_actor.state_dict(), init_critic.state_dict())
+    if case in CRITIC_FREE:  # no critic was trained or saved
+        assert not (one / "critic").exists() and not (two / "critic").exists()
+        inits = inits[:1]
     for init, ref, got in zip(inits, _weights(one), _weights(two), strict=True):
         assert set(ref) == set(got)
         step = max(float((ref[k] - init[k]).abs().max()) for k in ref)
