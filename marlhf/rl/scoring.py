@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from marlhf.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
 from marlhf.rl.models import eval_mode
 from marlhf.rl.rewards import normalize_scores, spread_segment_rewards
 from marlhf.rl.rollout import (
@@ -36,16 +37,35 @@ def response_positions(ro: Rollout) -> torch.Tensor:
     return (ro.response_start.to(j.device).unsqueeze(1) - 1 + j).clamp(0, T - 2)
 
 
+# the no-grad score pass materialises at most this many logits at once (rows are scored in chunks):
+# 2^28 = 512 MiB in bf16. With grad (the update's minibatches) every row's logits are kept anyway.
+SCORE_CHUNK_ELEMENTS = 2**28
+
+
+def _vocab_size(module) -> int | None:
+    config = getattr(module, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "vocab_size", None)
+
+
 def policy_forward(
-    engine, ro: Rollout, temperature: float, *, with_entropy: bool = False, all_positions=False
+    engine,
+    ro: Rollout,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    all_positions: bool = False,
+    chunk_elements: int = SCORE_CHUNK_ELEMENTS,
 ):
     """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy.
 
     By default the LM head runs at the response positions only
-    (:func:`marlhf.rl.response_logits.logits_at`) and the attention is plain causal, without the
-    padding mask: the rows are flush-left, so padding only follows a row's tokens, which no real
-    token attends to. ``all_positions`` is the reference path (the head at every position, the
-    padding mask passed): equal up to float rounding."""
+    (:func:`marlhf.rl.response_logits.logits_at`), the attention is plain causal, without the
+    padding mask (the rows are flush-left: padding only follows a row's tokens, which no real token
+    attends to), the temperature is applied block by block inside the chunked log-softmax
+    (`marlhf.logprobs`), and without grad the rows go through the model in chunks of at most
+    ``chunk_elements`` logits (B·A·V). ``all_positions`` is the reference path (the head at every
+    position, the padding mask passed, one pass): equal up to float rounding."""
     if all_positions:
         logits = engine(
             input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
@@ -55,7 +75,34 @@ def policy_forward(
         return response_logprobs_and_entropy(
             logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy
         )
-    from marlhf.logprobs import entropy_from_logits, token_logprobs
+    B, A = ro.response_ids.shape
+    V = _vocab_size(engine.module)
+    rows = B if torch.is_grad_enabled() or not V else max(1, chunk_elements // (A * V))
+    if rows >= B:
+        return _response_forward(engine, ro, temperature, with_entropy)
+    block = min(chunk_elements, DEFAULT_CHUNK_ELEMENTS)  # the log-softmax's float32 scratch
+    parts = [
+        _response_forward(engine, _rows(ro, b, min(B, b + rows)), temperature, with_entropy, block)
+        for b in range(0, B, rows)
+    ]
+    logp = torch.cat([p[0] for p in parts])
+    return logp, torch.cat([p[1] for p in parts]) if with_entropy else None
+
+
+def _rows(ro: Rollout, b0: int, b1: int) -> Rollout:
+    """Rows b0..b1 of ``ro`` at the full widths (T, A)."""
+    return Rollout(
+        ro.sequences[b0:b1], ro.attention_mask[b0:b1], ro.response_start[b0:b1],
+        ro.response_ids[b0:b1], ro.action_mask[b0:b1], ro.ends_with_eos[b0:b1],
+        ro.prompt_ids[b0:b1],
+    )  # fmt: skip
+
+
+def _response_forward(
+    engine, ro: Rollout, temperature: float, with_entropy: bool, block=DEFAULT_CHUNK_ELEMENTS
+):
+    """One forward pass of :func:`policy_forward`'s default path over all of ``ro``'s rows;
+    ``block``: the chunked log-softmax's block (logits upcast at once)."""
     from marlhf.rl.response_logits import logits_at
 
     pos = response_positions(ro)
@@ -66,8 +113,12 @@ def policy_forward(
         logits = torch.gather(logits, 1, pos.unsqueeze(-1).expand(*pos.shape, V))
     labels = torch.gather(ro.sequences, 1, pos + 1)
     # the temperature is applied block by block inside (no tempered copy of the logits)
-    logp = token_logprobs(logits, labels, temperature=temperature)
-    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
+    logp = token_logprobs(logits, labels, temperature=temperature, chunk_elements=block)
+    ent = (
+        entropy_from_logits(logits, temperature=temperature, chunk_elements=block)
+        if with_entropy
+        else None
+    )
     return logp, ent
 
 

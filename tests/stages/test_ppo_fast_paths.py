@@ -63,9 +63,12 @@ def models(tmp_path_factory) -> Path:
     actor = build_tiny(base / "actor")
     tok = AutoTokenizer.from_pretrained(actor)
     model = AutoModelForCausalLM.from_pretrained(actor, dtype=torch.float32)
-    with torch.no_grad():  # tied: raises the EOS logit where the final hidden state aligns with it
-        emb = model.get_input_embeddings().weight
-        emb[tok.eos_token_id] = emb.mean(0) * 40.0
+    with torch.no_grad():  # tied embeddings: the EOS logit becomes h·e ≈ 2.5 for a typical h
+        ids = torch.randint(
+            5, model.config.vocab_size, (8, 40), generator=torch.Generator().manual_seed(0)
+        )
+        h = model.model(input_ids=ids).last_hidden_state.flatten(0, 1).mean(0)
+        model.get_input_embeddings().weight[tok.eos_token_id] = h * 2.5 / h.norm() ** 2
     model.save_pretrained(actor)
     torch.manual_seed(0)
     save_reward_model(
