@@ -172,9 +172,11 @@ def stage_argv(args, work: Path, actor: Path, rm: Path) -> list[str]:
 def table(labels: Labels, walls: dict[str, list[float]], ops: dict) -> list[dict]:
     rows = []
     step_ms = statistics.median(walls["step"]) * 1e3
-    for key in sorted(k for k in walls if "|" in k):
+    step_cpu = statistics.median(walls["step_cpu"]) * 1e3
+    for key in sorted(k for k in walls if "|" in k and not k.startswith("cpu|")):
         phase, model, part = key.split("|")
         ms = statistics.median(walls[key]) * 1e3
+        cpu_ms = statistics.median(walls["cpu|" + key]) * 1e3
         o = ops.get(key, {})
         prof_ms = o.get("wall_us", 0.0) / 1e3
         cats = {c: o.get(c, 0.0) / 1e3 for c in CATEGORIES}
@@ -188,6 +190,8 @@ def table(labels: Labels, walls: dict[str, list[float]], ops: dict) -> list[dict
                 "calls": labels.calls[key],
                 "ms": ms,
                 "pct_step": 100 * ms / step_ms,
+                "cpu_ms": cpu_ms,
+                "pct_step_cpu": 100 * cpu_ms / step_cpu,
                 "profiled_ms": prof_ms,
                 **{f"{c}_ms": v for c, v in cats.items()},
                 "python_ms": max(0.0, prof_ms - op_ms),
@@ -310,45 +314,51 @@ def main(argv: list[str] | None = None) -> dict:
     for _ in range(args.steps):
         labels.times.clear()
         labels.calls.clear()
-        t = time.perf_counter()
+        labels.cpu.clear()
+        t, c = time.perf_counter(), time.process_time()
         metrics = ppo_step(run, state)[0]
         walls["step"].append(time.perf_counter() - t)
+        walls["step_cpu"].append(time.process_time() - c)
         resp.append(metrics["response/length"])
         for k, v in labels.times.items():
             walls[k].append(v)
+            walls["cpu|" + k].append(labels.cpu[k])
     from torch.profiler import ProfilerActivity, profile
 
+    calls = dict(labels.calls)  # of the last timed step
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         ppo_step(run, state)
     if args.trace:
         prof.export_chrome_trace(args.trace)
-    calls = dict(labels.calls)
     ops = op_breakdown(prof)
     labels.calls = calls
     rows = table(labels, walls, ops)
     step_ms = statistics.median(walls["step"]) * 1e3
+    step_cpu = statistics.median(walls["step_cpu"]) * 1e3
     print(
         f"batch {args.batch}, minibatch {args.minibatch}, response {args.response} "
         f"(mean {statistics.mean(resp):.0f}), torch {torch.__version__}, "
-        f"threads {torch.get_num_threads()}: step {step_ms:.0f} ms (median of {args.steps})"
+        f"threads {torch.get_num_threads()}: step {step_ms:.0f} ms wall, {step_cpu:.0f} ms CPU "
+        f"(median of {args.steps}); op columns: ms of the profiled step"
     )
     cols = ("matmul", "softmax", "copy/index", "sync", "other")
     print(
-        "| phase | model | part | calls | ms | % step | "
+        "| phase | model | part | calls | CPU ms | % step | wall ms | "
         + " | ".join(cols)
         + " | python | syncs |\n|"
-        + "---|" * (9 + len(cols) - 2)
+        + "---|" * (10 + len(cols) - 2)
     )
     for r in rows:
         shares = " | ".join(f"{r[f'{c}_ms']:.0f}" for c in cols)
         print(
-            f"| {r['phase']} | {r['model']} | {r['part']} | {r['calls']} | {r['ms']:.0f} | "
-            f"{r['pct_step']:.1f} | {shares} | {r['python_ms']:.0f} | {r['syncs']} |"
+            f"| {r['phase']} | {r['model']} | {r['part']} | {r['calls']} | {r['cpu_ms']:.0f} | "
+            f"{r['pct_step_cpu']:.1f} | {r['ms']:.0f} | {shares} | {r['python_ms']:.0f} | "
+            f"{r['syncs']} |"
         )
     for key in sorted(ops) if args.top else ():
         top = sorted(((v, k[3:]) for k, v in ops[key].items() if k.startswith("op:")), reverse=True)
         print(key, "  ".join(f"{n} {v / 1e3:.0f}" for v, n in top[: args.top]))
-    out = {"step_ms": step_ms, "rows": rows, "stage_flags": args.extra}
+    out = {"step_ms": step_ms, "step_cpu_ms": step_cpu, "rows": rows, "stage_flags": args.extra}
     print(json.dumps(out))
     return out
 

@@ -272,6 +272,9 @@ class _Decoder:
         allowed |= key_pos[None, None, :] == q[None, :, None]  # (B, P, n)
         mask = torch.zeros(B, 1, P, n, dtype=self.dtype, device=input_ids.device)
         mask.masked_fill_(~allowed[:, None], self.neg)
+        # eager decode steps attend over exactly the written slots: the mask is the padding's
+        self.window_mask = torch.zeros(B, self.L, dtype=self.dtype, device=input_ids.device)
+        self.window_mask.masked_fill_(~self.kv_valid, self.neg)
         out = model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -300,10 +303,13 @@ class _Decoder:
         noise: (B, V) or None, or else ``row_seeds`` (B,) long and ``t`` () long, the decode step, for
         `draw_counter` (its noise is made here, inside the compiled graph). Returns (B,) long, or
         with ``with_stats`` the tuple (tokens, log-probs, entropies) (`token_stats`)."""
-        n = self.cache.window or self.L
-        allowed = self.kv_valid[:, :n] & (self.key_pos[:n] <= cur)  # (B, n)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
-        mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, n)
+        n = self.cache.window
+        if n is not None:  # the written slots 0..cur (n = cur + 1): only padding is masked
+            mask = self.window_mask[:, None, None, :n]
+        else:
+            allowed = self.kv_valid & (self.key_pos <= cur)  # (B, L)
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+            mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, L)
         out = model(
             input_ids=tokens,
             attention_mask=mask,
@@ -446,8 +452,8 @@ def _sample(
                 row_seeds, t, return_logprobs,
             )  # fmt: skip
             nxt, new = (res[0], res[1:]) if return_logprobs else (res, ())
-            # clone: a CUDA-graph output buffer is overwritten by the next replay
-            tok = torch.where(done, pad_id, nxt.clone())
+            # a CUDA-graph output buffer is overwritten by the next replay: `where` copies it
+            tok = torch.where(done, pad_id, nxt)
             out[:, s] = tok
             for x, v in zip(stats, new, strict=True):
                 x[:, s] = v
