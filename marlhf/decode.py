@@ -210,6 +210,67 @@ def _window_cache(config, L: int):
     return cache
 
 
+# decoder families whose one-token step `_lean_logits` reproduces: embed → per layer (norm, q/k/v,
+# RoPE, attention over the cache, o_proj, residual, norm, MLP, residual) → norm → LM head
+LEAN_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2")
+
+
+def lean_parts(model):
+    """The modules `_lean_logits` calls, or None when ``model`` is not a plain (un-wrapped)
+    causal LM of :data:`LEAN_MODEL_TYPES` with the usual layout (then the step calls the model).
+
+    The eager decode step then skips the model's Python around those modules (output capture,
+    attention dispatch, cache plumbing, output records): on a CPU, where a one-token step is
+    mostly that overhead, about a third of the model's step time. The modules themselves (norms,
+    projections, MLP, rotary embedding, LM head) are the model's own, so LoRA layers, biases and
+    rope variants apply as in its forward."""
+    inner, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if getattr(model.config, "model_type", None) not in LEAN_MODEL_TYPES or head is None:
+        return None
+    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
+    if inner is None or not all(hasattr(inner, k) for k in needed):
+        return None
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or hasattr(attn, "q_norm") or not hasattr(attn, "scaling"):
+            return None
+    return inner, head
+
+
+def _lean_logits(parts, cache, tokens, positions, mask) -> torch.Tensor:
+    """Last-position logits (B, V) of one decode step: the model's decoder layers applied to
+    ``tokens`` (B, 1) at ``positions`` (B, 1), attending over ``cache`` under the additive
+    ``mask`` (B, 1, 1, n), as the model's own forward computes them (its sdpa path for one query:
+    the query heads packed onto their key/value head)."""
+    inner, head = parts
+    h = inner.embed_tokens(tokens)  # (B, 1, H)
+    cos, sin = (x.unsqueeze(1) for x in inner.rotary_emb(h, positions))  # (B, 1, 1, D)
+    B = tokens.shape[0]
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        D = attn.head_dim
+        q = attn.q_proj(x).view(B, 1, -1, D).transpose(1, 2)  # (B, Hq, 1, D)
+        k = attn.k_proj(x).view(B, 1, -1, D).transpose(1, 2)  # (B, Hkv, 1, D)
+        v = attn.v_proj(x).view(B, 1, -1, D).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = cache.layers[i].update(k, v)  # (B, Hkv, n, D)
+        q = q.reshape(B, keys.shape[1], -1, D)  # one query: heads packed onto their kv head
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, dropout_p=0.0, scale=attn.scaling
+        )
+        o = o.reshape(B, -1, 1, D).transpose(1, 2).reshape(B, 1, -1)
+        h = h + attn.o_proj(o)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return head(inner.norm(h))[:, -1, :]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
 def token_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
     """log-prob of ``tokens`` and entropy under softmax(logits / temperature), unfiltered (top-k
     and top-p shape the draw, not the policy PPO scores): (B, V), (B,) -> ((B,), (B,)) float32,
@@ -298,11 +359,13 @@ class _Decoder:
         row_seeds: torch.Tensor | None = None,
         t: torch.Tensor | None = None,
         with_stats: bool = False,
+        lean=None,
     ):
         """One decode step. tokens, positions: (B, 1) long; cur: () long, the cache slot written now;
         noise: (B, V) or None, or else ``row_seeds`` (B,) long and ``t`` () long, the decode step, for
         `draw_counter` (its noise is made here, inside the compiled graph). Returns (B,) long, or
-        with ``with_stats`` the tuple (tokens, log-probs, entropies) (`token_stats`)."""
+        with ``with_stats`` the tuple (tokens, log-probs, entropies) (`token_stats`). ``lean``: the
+        model's `lean_parts` (eager steps), else the model's forward is called."""
         n = self.cache.window
         if n is not None:  # the written slots 0..cur (n = cur + 1): only padding is masked
             mask = self.window_mask[:, None, None, :n]
@@ -310,14 +373,17 @@ class _Decoder:
             allowed = self.kv_valid & (self.key_pos <= cur)  # (B, L)
             mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
             mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, L)
-        out = model(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        logits = out.logits[:, -1, :]
+        if lean is not None:
+            logits = _lean_logits(lean, self.cache, tokens, positions, mask)
+        else:
+            out = model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
         if row_seeds is not None:
             tok = draw_counter(logits, row_seeds, t, temperature, top_k, top_p)
         else:
@@ -425,6 +491,7 @@ def _sample(
     dtype = next(model.parameters()).dtype
     dec = _Decoder.for_model(model, B, P + max_new_tokens, dtype, device, compile)
     noisy = top_k != 1 and row_seeds is None  # the noise is drawn here (else greedy or in `step`)
+    lean = None if compile else lean_parts(model)  # compiled steps trace the model's forward
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     stats = [torch.zeros(B, max_new_tokens, device=device) for _ in range(2 * return_logprobs)]
@@ -449,7 +516,7 @@ def _sample(
             noise = _exp_noise(logits.shape, device, generator) if noisy else None
             res = dec.step_fn(
                 model, tok[:, None], positions, cur, noise, temperature, top_k, top_p,
-                row_seeds, t, return_logprobs,
+                row_seeds, t, return_logprobs, lean,
             )  # fmt: skip
             nxt, new = (res[0], res[1:]) if return_logprobs else (res, ())
             # a CUDA-graph output buffer is overwritten by the next replay: `where` copies it

@@ -569,3 +569,53 @@ def test_windowed_attention_equals_the_full_cache(monkeypatch):
     assert torch.equal(windowed[0], full[0])
     assert torch.allclose(windowed[1], full[1], atol=1e-5)
     decode.release_decoders()
+
+
+def _family(arch: str):
+    """A small model of each family the lean step covers (Qwen2 with its q/k/v biases)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if arch in ("llama", "gemma"):
+        return _model(arch)
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=PAD, eos_token_id=EOS,
+        bos_token_id=2, initializer_range=0.2,
+    )  # fmt: skip
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**common, sliding_window=None)).eval()
+    model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
+    with torch.no_grad():  # non-zero biases, so a step that dropped them would show
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "mistral", "qwen2"])
+def test_lean_step_equals_the_models_forward(arch, monkeypatch):
+    """The eager step's `_lean_logits` against the model's own forward (lean_parts -> None): the
+    same sampled tokens and recorded log-probs, temperature sampling from the whole vocabulary."""
+    model = _family(arch)
+    assert decode.lean_parts(model) is not None
+    ids, mask = _prompts(B=5)
+    kw = dict(
+        max_new_tokens=16, temperature=1.0, top_k=0, eos_ids=[EOS], pad_id=PAD,
+        row_seeds=torch.arange(5) + 3, return_logprobs=True,
+    )  # fmt: skip
+    lean = sample(model, ids, mask, **kw)
+    decode.release_decoders()
+    monkeypatch.setattr(decode, "lean_parts", lambda m: None)
+    full = sample(model, ids, mask, **kw)
+    decode.release_decoders()
+    assert torch.equal(lean[0], full[0])
+    torch.testing.assert_close(lean[1], full[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(lean[2], full[2], rtol=0, atol=1e-5)
+
+
+def test_lean_step_declines_unknown_layouts():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
+    assert decode.lean_parts(gpt2) is None
