@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from marlhf.config import OptimConfig
@@ -50,6 +51,7 @@ def test_param_groups_no_decay_on_norms_and_biases():
     assert groups[1]["weight_decay"] == 0.0 and len(groups[1]["params"]) == 3
 
 
+@pytest.mark.slow  # a DeepSpeed process
 def test_single_process_zero0_skips_the_identity_allreduce_bit_for_bit():
     """One process, ZeRO-0, float32: no gradient all-reduce (an identity there), the same weights
     bit for bit as with it, after two optimiser steps that moved them."""

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("score_memory_probe.py")
+pytestmark = pytest.mark.slow  # a subprocess
 ROOT = Path(__file__).resolve().parents[2]
 
 
