@@ -9,7 +9,9 @@ The training loop (:mod:`marlhf.rl.loop`) reads as the algorithm; each step is a
 - :mod:`~marlhf.rl.scoring` — 2. score: log-probs, entropies, values, reward-model and sequence scores;
 - :mod:`~marlhf.rl.experience` — 3. segment into macro actions and reward; 4. estimate advantages;
 - :mod:`~marlhf.rl.update` — 5. update: PPO epochs of minibatches, policy and value losses;
-- :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker.
+- :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker;
+- :mod:`~marlhf.rl.response_logits` — the LM head at the response positions only (scoring, update);
+- :mod:`~marlhf.rl.resources` — CPU time and peak memory per phase (``--log_phase_resources``).
 
 The math is pure (torch only, no DeepSpeed): :mod:`~marlhf.rl.gae`, :mod:`~marlhf.rl.losses`,
 :mod:`~marlhf.rl.rewards` and the packing helpers of :mod:`~marlhf.rl.rollout`. Importing this
