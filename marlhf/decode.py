@@ -448,7 +448,8 @@ def sample(
     int64``, from `counter_noise`: row b's draws are then a function of ``row_seeds[b]``, its prompt and
     the model only, not of the other rows, their order or the padding. ``compile=True`` wraps the decode step in
     ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on CUDA; elsewhere it is ignored, and the
-    eager steps attend over the cache slots written so far only (`_window_cache`).
+    eager steps attend over the cache slots written so far only (`_window_cache`) and, for the model
+    families of `LEAN_MODEL_TYPES`, call the model's modules directly (`lean_parts`).
     Runs under ``torch.inference_mode`` (no autograd bookkeeping per op: ~10 % of an eager CPU
     decode), ``torch.no_grad`` when compiled.
     ``stop_check_every``: steps between checks that every row has finished (each check syncs the host).
