@@ -84,6 +84,8 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
             "3",
             "--critic_zero_stage",
             "3",
+            "--generation_backend",  # HF generate (the default is now the static decoder)
+            "hf",
         ],
         [
             "--termination_condition",
