@@ -16,7 +16,7 @@ Prints the median wall time (ms) per call for a random right-padded batch (B, A)
 
 each in this process (``--parse_workers 0``) and in a pool of ``--parse_workers`` processes, per batch
 and per row. With ``--ppo_metrics RUN/metrics.jsonl`` (any MA-PPO run, e.g. from
-``benchmarks/bench_ppo.py --workdir W``: ``W/ours/metrics.jsonl``) each time is also printed as a
+``benchmarks/bench_ppo.py --workdir W --responses A``: ``W/ours-A/metrics.jsonl``) each time is also printed as a
 fraction of that run's median PPO step (``time/step`` over steps 2..N; step 1 pays one-off costs), and
 the run's rollout shape is printed next to it: pass --batch/--length to match it. The last line is
 JSON with every figure.

@@ -1,20 +1,27 @@
-"""PPO step throughput: our MA-PPO stage vs TRL's PPO trainer, same model shape, batch and lengths.
+"""PPO step cost vs answer length: our MA-PPO stage and TRL's PPO trainer side by side, one run.
 
-    .venv/bin/python benchmarks/bench_ppo.py                      # tiny Gemma on CPU (~1–2 min)
-    python benchmarks/bench_ppo.py --gpu 0.1b --arch llama        # random 0.1 B Llama on a GPU, bf16
+    .venv/bin/python benchmarks/bench_ppo.py                      # tiny Gemma on CPU, answers 16/64/256
+    .venv/bin/python benchmarks/bench_ppo.py --responses 64 --batch 16 --minibatch 8 --skip-trl
+    python benchmarks/bench_ppo.py --gpu 1b --responses 128 512    # random 1 B Gemma on a GPU, bf16
 
-Ours runs as a subprocess (`python -m marlhf.stages.ppo`, real DeepSpeed, fixed 5-gram macro actions)
-and is timed from the `time/*` metrics it writes to `metrics.jsonl`. TRL 1.12.0
+For each answer length (``--responses``), ours runs as a subprocess (`python -m marlhf.stages.ppo`,
+real DeepSpeed, fixed 5-gram macro actions, ``--log_phase_resources``) and is timed from the
+``time/*`` / ``time_cpu/*`` / ``mem/*`` metrics it writes to `metrics.jsonl`; then TRL 1.12.0
 (`trl.experimental.ppo`, the last release with PPO; a benchmark-only install:
 `pip install --no-deps trl==1.12.0`) runs in a second subprocess on the same prompts (the stage's
 own prompt dataset), the same policy / reference / value / reward shapes (value and reward are
-`AutoModelForSequenceClassification` on the policy's backbone), the same rollout batch, minibatch and
-response length, one PPO epoch, sampling at temperature 0.8 with no top-k / top-p (TRL's setting).
+`AutoModelForSequenceClassification` on the policy's backbone), the same rollout batch, minibatch
+and response length, one PPO epoch, sampling at temperature 0.8 with no top-k / top-p (TRL's
+setting). TRL has no stop token here, so its answers are always ``--response`` tokens; ours stop at
+EOS (the mean length is printed).
 
-Prints, per system, the median seconds per PPO step over steps 2..N (step 1 is warm-up) and nominal
-rollout tokens/s = rows × `--response` / step seconds; for ours also the split into
-generate / score / macro / train and the macro overhead (time/macro ÷ time/step); then ours / TRL.
-The last line is JSON.
+Prints, per length and system, the median seconds per PPO step over steps 2..N (step 1 is warm-up),
+wall and CPU (``process_time``: on a shared machine the CPU time is the steadier figure, since wall
+time also counts the time other processes held the cores), our split into generate / score /
+macro / train, the peak RSS per phase (TRL: generate, score, train, found by wrapping its
+``batch_generation`` and its first gradient-enabled ``forward``; CUDA peaks too on a GPU), and the
+ratios TRL / ours measured in the same run. Writes a plot of s/step vs answer length (``--plot``,
+PNG) and prints the machine's load average before and after. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_SHAPES = {"0.1b": (768, 12), "0.5b": (1536, 16), "1b": (2048, 16)}
 GPU_VOCAB = 32000
 PHASES = ("generate", "score", "macro", "train")
+TRL_PHASES = ("generate", "score", "train")
 
 
 def _env(home: Path) -> dict:
@@ -106,45 +114,21 @@ def build_models(work: Path, gpu: str | None, arch: str) -> tuple[Path, Path]:
     return actor, work / "rm"
 
 
-def run_ours(args, work: Path, actor: Path, rm: Path) -> dict:
-    out = work / "ours"
+def run_ours(args, work: Path, actor: Path, rm: Path, shape: dict) -> dict:
+    """Our stage at one shape (``response``, ``batch``, ``minibatch``): medians over steps 2..N."""
+    out = work / f"ours-{shape['response']}"
     cmd = [
-        sys.executable,
-        "-m",
-        "marlhf.stages.ppo",
-        "--actor_model_name_or_path",
-        str(actor),
-        "--critic_model_name_or_path",
-        str(rm),
-        "--data_output_path",
-        str(work / "cache"),
-        "--max_prompt_seq_len",
-        str(args.prompt),
-        "--max_answer_seq_len",
-        str(args.response),
-        "--per_device_generation_batch_size",
-        str(args.batch),
-        "--per_device_training_batch_size",
-        str(args.minibatch),
-        "--ppo_epochs",
-        "1",
-        "--max_steps",
-        str(args.steps),
-        "--temperature",
-        "0.8",
-        "--top_k",
-        "0",
-        "--termination_condition",
-        "fixed",
-        "--ngram",
-        "5",
-        "--dtype",
-        args.dtype,
-        "--output_dir",
-        str(out),
-        "--disable_progress_bar",
-        *args.ours_extra,
-    ]
+        sys.executable, "-m", "marlhf.stages.ppo",
+        "--actor_model_name_or_path", str(actor), "--critic_model_name_or_path", str(rm),
+        "--data_output_path", str(work / "cache"),
+        "--max_prompt_seq_len", str(args.prompt), "--max_answer_seq_len", str(shape["response"]),
+        "--per_device_generation_batch_size", str(shape["batch"]),
+        "--per_device_training_batch_size", str(shape["minibatch"]),
+        "--ppo_epochs", "1", "--max_steps", str(args.steps),
+        "--temperature", "0.8", "--top_k", "0", "--termination_condition", "fixed", "--ngram", "5",
+        "--dtype", args.dtype, "--output_dir", str(out), "--disable_progress_bar",
+        "--log_phase_resources", *args.ours_extra,
+    ]  # fmt: skip
     t = time.perf_counter()
     proc = subprocess.run(cmd, env=_env(work), capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t
@@ -156,24 +140,28 @@ def run_ours(args, work: Path, actor: Path, rm: Path) -> dict:
     timed = rows[1:] if len(rows) > 1 else rows  # step 1 pays one-off costs
     res = {"steps": len(rows), "wall_s": round(wall, 1)}
     res["step_s"] = statistics.median(r["time/step"] for r in timed)
+    res["cpu_step_s"] = statistics.median(r["time_cpu/step"] for r in timed)
     for ph in PHASES:
         res[f"{ph}_s"] = statistics.median(r[f"time/{ph}"] for r in timed)
+        res[f"{ph}_cpu_s"] = statistics.median(r[f"time_cpu/{ph}"] for r in timed)
+        for mem in ("rss", "cuda"):
+            key = f"mem/peak_{mem}_mb/{ph}"
+            if key in timed[0]:
+                res[f"{ph}_peak_{mem}_mb"] = max(r[key] for r in timed)
     res["response_len_mean"] = statistics.mean(r["response/length"] for r in rows)
     res["macro_fraction"] = res["macro_s"] / res["step_s"]
     return res
 
 
-def run_trl(args, work: Path, actor: Path) -> dict:
+def run_trl(args, work: Path, actor: Path, shape: dict) -> dict:
     spec = {
         "actor": str(actor),
         "cache": str(work / "cache"),
-        "out": str(work / "trl"),
-        "batch": args.batch,
-        "minibatch": args.minibatch,
+        "out": str(work / f"trl-{shape['response']}"),
         "prompt": args.prompt,
-        "response": args.response,
         "steps": args.steps,
         "bf16": args.dtype == "bf16",
+        **shape,
     }
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_trl_worker", json.dumps(spec)]
     t = time.perf_counter()
@@ -187,9 +175,66 @@ def run_trl(args, work: Path, actor: Path) -> dict:
     return res
 
 
+class _TrlPhases:
+    """Wall, CPU and peak RSS of TRL's phases: generate (``batch_generation``), score (until the
+    first gradient-enabled ``forward``), train (until the step ends)."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self.steps: list[dict] = []
+        self.current: dict = {}
+
+    def begin(self, phase: str) -> None:
+        from marlhf.rl.resources import PhaseResources
+
+        self.end()
+        self.phase, self.res, self.t0 = phase, PhaseResources(), time.perf_counter()
+        self.res.start()
+
+    def end(self) -> None:
+        import torch
+
+        if self.phase is None:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.res.stop(self.phase)
+        self.current[f"{self.phase}_s"] = time.perf_counter() - self.t0
+        for k, v in self.res.metrics.items():
+            kind, _, name = k.rpartition("/")
+            key = {"time_cpu": "cpu_s", "mem/peak_rss_mb": "peak_rss_mb"}.get(kind, "peak_cuda_mb")
+            self.current[f"{name}_{key}"] = v
+        self.phase = None
+
+    def step_end(self) -> None:
+        self.end()
+        self.steps.append(self.current)
+        self.current = {}
+
+    def install(self, module) -> None:
+        import torch
+
+        gen, fwd = module.batch_generation, module.forward
+
+        def batch_generation(*a, **k):
+            self.begin("generate")
+            try:
+                return gen(*a, **k)
+            finally:
+                self.begin("score")
+
+        def forward(*a, **k):
+            if self.phase == "score" and torch.is_grad_enabled():
+                self.begin("train")
+            return fwd(*a, **k)
+
+        module.batch_generation, module.forward = batch_generation, forward
+
+
 def trl_worker(spec: dict) -> None:
     """Runs in its own process: TRL's PPO trainer on the stage's prompts."""
     import torch
+    import trl.experimental.ppo.ppo_trainer as trl_ppo
     from datasets import Dataset
     from transformers import (
         AutoModelForCausalLM,
@@ -221,13 +266,16 @@ def trl_worker(spec: dict) -> None:
     reward = AutoModelForSequenceClassification.from_pretrained(
         spec["actor"], num_labels=1, dtype=dtype
     )
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
+    phases = _TrlPhases()
+    phases.install(trl_ppo)
 
     class Stamp(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
+            phases.step_end()
+            stamps.append((time.perf_counter(), time.process_time()))
 
     config = PPOConfig(
         output_dir=spec["out"],
@@ -265,25 +313,143 @@ def trl_worker(spec: dict) -> None:
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
-    diffs = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    step_s = statistics.median(diffs) if diffs else total / max(1, len(stamps))
-    print(json.dumps({"steps": len(stamps), "step_s": step_s, "total_s": round(total, 2)}))
+    walls = [b[0] - a[0] for a, b in zip(stamps, stamps[1:], strict=False)]
+    cpus = [b[1] - a[1] for a, b in zip(stamps, stamps[1:], strict=False)]
+    res = {"steps": len(stamps), "total_s": round(total, 2)}
+    res["step_s"] = statistics.median(walls) if walls else total / max(1, len(stamps))
+    res["cpu_step_s"] = statistics.median(cpus) if cpus else float("nan")
+    timed = phases.steps[1:] or phases.steps
+    for key in sorted({k for st in timed for k in st}):
+        vals = [st[key] for st in timed if key in st]
+        res[key] = max(vals) if "peak" in key else statistics.median(vals)
+    res["response_len_mean"] = float(spec["response"])
+    print(json.dumps(res))
+
+
+def shapes(args) -> list[dict]:
+    """One (response, batch, minibatch) per answer length; a single --batch/--minibatch applies to
+    every length."""
+
+    def pick(values: list[int], i: int, default: int) -> int:
+        if not values:
+            return default
+        return values[i] if len(values) == len(args.responses) else values[0]
+
+    gpu, out = args.gpu is not None, []
+    for i, r in enumerate(args.responses):
+        batch = pick(args.batch, i, 64 if gpu else (8 if r <= 16 else 16))
+        minibatch = pick(args.minibatch, i, 16 if gpu else batch // 2)
+        if batch % minibatch:
+            raise SystemExit(f"--batch {batch} must be a multiple of --minibatch {minibatch}")
+        out.append({"response": r, "batch": batch, "minibatch": minibatch})
+    return out
+
+
+def plot(results: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["response"] for r in results]
+    for system, color in (("ours", "tab:blue"), ("trl", "tab:orange")):
+        for key, style, what in (("step_s", "-o", "wall"), ("cpu_step_s", "--s", "CPU")):
+            pts = [
+                (x, r[system][key])
+                for x, r in zip(xs, results, strict=True)
+                if key in r.get(system, {})
+            ]
+            if pts:
+                label = f"{'ours (MA-PPO)' if system == 'ours' else 'TRL 1.12 PPO'}, {what}"
+                ax.plot(*zip(*pts, strict=True), style, color=color, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("answer tokens")
+    ax.set_ylabel("seconds per PPO step")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt_mem(res: dict, phases) -> str:
+    vals = [res.get(f"{ph}_peak_rss_mb") for ph in phases]
+    text = "/".join(f"{v:.0f}" if v is not None else "-" for v in vals)
+    cuda = [res.get(f"{ph}_peak_cuda_mb") for ph in phases]
+    if any(v is not None for v in cuda):
+        text += " (CUDA " + "/".join(f"{v:.0f}" if v is not None else "-" for v in cuda) + ")"
+    return text
+
+
+def report(shape: dict, ours: dict, trl: dict | None) -> dict:
+    """Print one answer length's lines; returns the ratios."""
+    r, ratios = shape["response"], {}
+    head = f"answer {r:>4} (rows {shape['batch']}, minibatch {shape['minibatch']})"
+    if "error" in ours:
+        print(f"{head}: ours FAILED:\n{ours['error']}")
+    else:
+        split = " / ".join(f"{ours[f'{ph}_s']:.3f}" for ph in PHASES)
+        print(
+            f"{head}: ours {ours['step_s']:.3f} s/step wall, {ours['cpu_step_s']:.3f} CPU "
+            f"(generate/score/macro/train {split}); mean answer {ours['response_len_mean']:.0f}; "
+            f"peak RSS MB generate/score/macro/train {_fmt_mem(ours, PHASES)}"
+        )
+    if trl is None:
+        return ratios
+    if "error" in trl:
+        print(f"{head}: TRL FAILED:\n{trl['error']}")
+        return ratios
+    split = " / ".join(f"{trl.get(f'{ph}_s', float('nan')):.3f}" for ph in TRL_PHASES)
+    print(
+        f"{head}: TRL  {trl['step_s']:.3f} s/step wall, {trl['cpu_step_s']:.3f} CPU "
+        f"(generate/score/train {split}); answers {trl['response_len_mean']:.0f}; "
+        f"peak RSS MB generate/score/train {_fmt_mem(trl, TRL_PHASES)}"
+    )
+    if "error" not in ours:
+        ratios = {
+            "trl_over_ours_wall": trl["step_s"] / ours["step_s"],
+            "trl_over_ours_cpu": trl["cpu_step_s"] / ours["cpu_step_s"],
+        }
+        print(
+            f"{head}: ours is {ratios['trl_over_ours_wall']:.2f}x TRL's speed (wall), "
+            f"{ratios['trl_over_ours_cpu']:.2f}x (CPU)"
+        )
+    return ratios
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gpu", choices=tuple(GPU_SHAPES), default=None, help="GPU-size random model")
     p.add_argument("--arch", choices=("gemma", "llama"), default="gemma", help="with --gpu")
-    p.add_argument("--batch", type=int, default=None, help="rollout rows (CPU 8, GPU 64)")
     p.add_argument(
-        "--minibatch", type=int, default=None, help="training micro-batch (CPU 4, GPU 16)"
+        "--responses",
+        type=int,
+        nargs="+",
+        default=None,
+        help="answer lengths (CPU 16 64 256, GPU 128)",
+    )
+    p.add_argument(
+        "--batch", type=int, nargs="+", default=[], help="rollout rows: one, or one per length "
+        "(CPU 8 at <= 16 tokens else 16; GPU 64)",
+    )  # fmt: skip
+    p.add_argument(
+        "--minibatch",
+        type=int,
+        nargs="+",
+        default=[],
+        help="training micro-batch (batch / 2; GPU 16)",
     )
     p.add_argument("--prompt", type=int, default=160, help="--max_prompt_seq_len")
-    p.add_argument("--response", type=int, default=None, help="response tokens (CPU 16, GPU 128)")
-    p.add_argument("--steps", type=int, default=6, help="PPO steps per system (first is warm-up)")
+    p.add_argument("--steps", type=int, default=5, help="PPO steps per run (the first is warm-up)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="CPU fp32, GPU bf16")
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--workdir", default=None, help="keep models and outputs here")
+    p.add_argument(
+        "--plot", default=None, help="PNG of s/step vs answer length (default in workdir)"
+    )
     p.add_argument(
         "--ours-extra", nargs=argparse.REMAINDER, default=[], help="extra flags for our stage"
     )
@@ -293,49 +459,43 @@ def main(argv: list[str] | None = None) -> dict:
         trl_worker(json.loads(args._trl_worker))
         return {}
     gpu = args.gpu is not None
-    args.batch = args.batch or (64 if gpu else 8)
-    args.minibatch = args.minibatch or (16 if gpu else 4)
-    args.response = args.response or (128 if gpu else 16)
+    args.responses = args.responses or ([128] if gpu else [16, 64, 256])
     args.dtype = args.dtype or ("bf16" if gpu else "fp32")
-    if args.batch % args.minibatch:
-        raise SystemExit("--batch must be a multiple of --minibatch")
+    plan = shapes(args)
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_ppo_"))
     work.mkdir(parents=True, exist_ok=True)
+    t_start, load_before = time.perf_counter(), os.getloadavg()
     actor, rm = build_models(work, args.gpu, args.arch)
-    shape = args.gpu or "tiny gemma (128 x 2)"
+    model = args.gpu or "tiny gemma (128 x 2)"
     print(
-        f"model {shape}, rollout {args.batch} rows, minibatch {args.minibatch}, prompt <= "
-        f"{args.prompt}, response {args.response}, {args.steps} steps, {args.dtype}"
+        f"model {model}, prompt <= {args.prompt}, {args.steps} steps per run, {args.dtype}; "
+        f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
+        f"on {os.cpu_count()} CPUs"
     )
-    res: dict = {"model": shape, **{k: getattr(args, k) for k in ("batch", "minibatch")}}
-    res.update(prompt=args.prompt, response=args.response, dtype=args.dtype)
-    tokens = args.batch * args.response
-    ours = run_ours(args, work, actor, rm)
-    res["ours"] = ours
-    if "error" in ours:
-        print("ours FAILED:\n" + ours["error"])
-    else:
-        ours["tok_s"] = tokens / ours["step_s"]
-        split = "  ".join(f"{ph} {ours[f'{ph}_s']:.3f}" for ph in PHASES)
-        print(
-            f"ours  {ours['step_s']:.3f} s/step  {ours['tok_s']:.1f} tok/s  ({split} s; "
-            f"mean response {ours['response_len_mean']:.1f} tokens)"
-        )
-        print(f"macro overhead: time/macro = {100 * ours['macro_fraction']:.2f}% of the step")
-    if not args.skip_trl:
-        trl = run_trl(args, work, actor)
-        res["trl"] = trl
-        if "error" in trl:
-            print("TRL FAILED:\n" + trl["error"])
-        else:
-            trl["tok_s"] = tokens / trl["step_s"]
-            print(f"trl   {trl['step_s']:.3f} s/step  {trl['tok_s']:.1f} tok/s")
-            if "error" not in ours:
-                res["ours_over_trl_tok_s"] = ours["tok_s"] / trl["tok_s"]
-                print(f"ours / TRL throughput: {res['ours_over_trl_tok_s']:.2f}x")
-    print(json.dumps(res))
-    return res
+    results = []
+    for shape in plan:
+        ours = run_ours(args, work, actor, rm, shape)
+        trl = None if args.skip_trl else run_trl(args, work, actor, shape)
+        row = {**shape, "ours": ours, **({"trl": trl} if trl is not None else {})}
+        row.update(report(shape, ours, trl))
+        results.append(row)
+    load_after = os.getloadavg()
+    wall = time.perf_counter() - t_start
+    print(
+        f"benchmark wall time {wall:.0f} s; load average after {load_after[0]:.2f} "
+        f"{load_after[1]:.2f} {load_after[2]:.2f}"
+    )
+    png = Path(args.plot) if args.plot else work / "bench_ppo.png"
+    plot(results, png, f"PPO step vs answer length: {model}, {args.dtype}")
+    print(f"plot: {png}")
+    out = {
+        "model": model, "prompt": args.prompt, "dtype": args.dtype, "steps": args.steps,
+        "load_before": load_before, "load_after": load_after, "wall_s": round(wall, 1),
+        "results": results,
+    }  # fmt: skip
+    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

@@ -193,14 +193,101 @@ def _check_model(config) -> None:
         )
 
 
+def _window_cache(config, L: int):
+    """A ``StaticCache`` for ``L`` positions whose layers honour ``cache.window`` (None: all)."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    class WindowLayer(StaticLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            keys, values = super().update(key_states, value_states, *args, **kwargs)
+            n = cache.window
+            return (keys, values) if n is None else (keys[:, :, :n], values[:, :, :n])
+
+    cache = StaticCache(config=config, max_cache_len=L)
+    cache.layers = [WindowLayer(max_cache_len=L) for _ in cache.layers]
+    cache.window = None
+    return cache
+
+
+# decoder families whose one-token step `_lean_logits` reproduces: embed → per layer (norm, q/k/v,
+# RoPE, attention over the cache, o_proj, residual, norm, MLP, residual) → norm → LM head
+LEAN_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2")
+
+
+def lean_parts(model):
+    """The modules `_lean_logits` calls, or None when ``model`` is not a plain (un-wrapped)
+    causal LM of :data:`LEAN_MODEL_TYPES` with the usual layout (then the step calls the model).
+
+    The eager decode step then skips the model's Python around those modules (output capture,
+    attention dispatch, cache plumbing, output records): on a CPU, where a one-token step is
+    mostly that overhead, about a third of the model's step time. The modules themselves (norms,
+    projections, MLP, rotary embedding, LM head) are the model's own, so LoRA layers, biases and
+    rope variants apply as in its forward."""
+    inner, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if getattr(model.config, "model_type", None) not in LEAN_MODEL_TYPES or head is None:
+        return None
+    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
+    if inner is None or not all(hasattr(inner, k) for k in needed):
+        return None
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or hasattr(attn, "q_norm") or not hasattr(attn, "scaling"):
+            return None
+    return inner, head
+
+
+def _lean_logits(parts, cache, tokens, positions, mask) -> torch.Tensor:
+    """Last-position logits (B, V) of one decode step: the model's decoder layers applied to
+    ``tokens`` (B, 1) at ``positions`` (B, 1), attending over ``cache`` under the additive
+    ``mask`` (B, 1, 1, n), as the model's own forward computes them (its sdpa path for one query:
+    the query heads packed onto their key/value head)."""
+    inner, head = parts
+    h = inner.embed_tokens(tokens)  # (B, 1, H)
+    cos, sin = (x.unsqueeze(1) for x in inner.rotary_emb(h, positions))  # (B, 1, 1, D)
+    B = tokens.shape[0]
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        D = attn.head_dim
+        q = attn.q_proj(x).view(B, 1, -1, D).transpose(1, 2)  # (B, Hq, 1, D)
+        k = attn.k_proj(x).view(B, 1, -1, D).transpose(1, 2)  # (B, Hkv, 1, D)
+        v = attn.v_proj(x).view(B, 1, -1, D).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = cache.layers[i].update(k, v)  # (B, Hkv, n, D)
+        q = q.reshape(B, keys.shape[1], -1, D)  # one query: heads packed onto their kv head
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, dropout_p=0.0, scale=attn.scaling
+        )
+        o = o.reshape(B, -1, 1, D).transpose(1, 2).reshape(B, 1, -1)
+        h = h + attn.o_proj(o)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return head(inner.norm(h))[:, -1, :]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def token_stats(logits: torch.Tensor, tokens: torch.Tensor, temperature: float):
+    """log-prob of ``tokens`` and entropy under softmax(logits / temperature), unfiltered (top-k
+    and top-p shape the draw, not the policy PPO scores): (B, V), (B,) -> ((B,), (B,)) float32,
+    the formulas of `marlhf.logprobs.token_logprobs` and `entropy_from_logits`."""
+    x = logits.float() / temperature
+    lse = torch.logsumexp(x, dim=-1)
+    logp = x.gather(1, tokens[:, None])[:, 0] - lse
+    probs = torch.exp(x - lse[:, None])
+    return logp, lse - (probs * x).sum(-1)
+
+
 class _Decoder:
     """The static buffers of ``sample`` for one (B, L) shape; ``step`` is the graph-capturable part."""
 
     def __init__(self, model, B: int, L: int, dtype: torch.dtype, device, compile: bool):
-        from transformers import StaticCache
-
         # the model itself is not kept: `_DECODERS` holds it weakly, and `step` takes it as an argument
-        self.cache = StaticCache(config=model.config, max_cache_len=L)
+        self.cache = _window_cache(model.config, L)
         self.key = (B, L, dtype, torch.device(device), compile)
         self.L = L
         self.neg = torch.finfo(dtype).min
@@ -226,19 +313,29 @@ class _Decoder:
             dec.kv_valid.fill_(True)
         return dec
 
+    def set_window(self, n: int) -> None:
+        """Attend over the first ``n`` cache slots only (eager steps; compiled steps: all L)."""
+        self.cache.window = None if self.compiled else min(n, self.L)
+
     def prefill(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts through the model, filling the cache. Returns last-position logits (B, V)."""
         B, P = input_ids.shape
         valid = attention_mask.bool()
         self.kv_valid[:, :P] = valid
+        self.set_window(P)
+        n = self.L if self.cache.window is None else P
+        key_pos, kv_valid = self.key_pos[:n], self.kv_valid[:, :n]
         positions = (valid.long().cumsum(1) - 1).clamp_min(0)  # (B, P)
         q = torch.arange(P, device=input_ids.device)
         # key j visible to query i: j ≤ i and j is a real token; a padded query sees itself only, so
         # no row of the softmax is empty (its output is never read)
-        allowed = (self.key_pos[None, None, :] <= q[None, :, None]) & self.kv_valid[:, None, :]
-        allowed |= self.key_pos[None, None, :] == q[None, :, None]  # (B, P, L)
-        mask = torch.zeros(B, 1, P, self.L, dtype=self.dtype, device=input_ids.device)
+        allowed = (key_pos[None, None, :] <= q[None, :, None]) & kv_valid[:, None, :]
+        allowed |= key_pos[None, None, :] == q[None, :, None]  # (B, P, n)
+        mask = torch.zeros(B, 1, P, n, dtype=self.dtype, device=input_ids.device)
         mask.masked_fill_(~allowed[:, None], self.neg)
+        # eager decode steps attend over exactly the written slots: the mask is the padding's
+        self.window_mask = torch.zeros(B, self.L, dtype=self.dtype, device=input_ids.device)
+        self.window_mask.masked_fill_(~self.kv_valid, self.neg)
         out = model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -261,24 +358,37 @@ class _Decoder:
         top_p: float,
         row_seeds: torch.Tensor | None = None,
         t: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        with_stats: bool = False,
+        lean=None,
+    ):
         """One decode step. tokens, positions: (B, 1) long; cur: () long, the cache slot written now;
         noise: (B, V) or None, or else ``row_seeds`` (B,) long and ``t`` () long, the decode step, for
-        `draw_counter` (its noise is made here, inside the compiled graph). Returns (B,) long."""
-        allowed = self.kv_valid & (self.key_pos <= cur)  # (B, L)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
-        mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, L)
-        out = model(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        logits = out.logits[:, -1, :]
+        `draw_counter` (its noise is made here, inside the compiled graph). Returns (B,) long, or
+        with ``with_stats`` the tuple (tokens, log-probs, entropies) (`token_stats`). ``lean``: the
+        model's `lean_parts` (eager steps), else the model's forward is called."""
+        n = self.cache.window
+        if n is not None:  # the written slots 0..cur (n = cur + 1): only padding is masked
+            mask = self.window_mask[:, None, None, :n]
+        else:
+            allowed = self.kv_valid & (self.key_pos <= cur)  # (B, L)
+            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
+            mask = mask.masked_fill(~allowed, self.neg)[:, None, None, :]  # (B, 1, 1, L)
+        if lean is not None:
+            logits = _lean_logits(lean, self.cache, tokens, positions, mask)
+        else:
+            out = model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
         if row_seeds is not None:
-            return draw_counter(logits, row_seeds, t, temperature, top_k, top_p)
-        return draw(logits, noise, temperature, top_k, top_p)
+            tok = draw_counter(logits, row_seeds, t, temperature, top_k, top_p)
+        else:
+            tok = draw(logits, noise, temperature, top_k, top_p)
+        return (tok, *token_stats(logits, tok, temperature)) if with_stats else tok
 
 
 def release_decoders() -> None:
@@ -286,7 +396,32 @@ def release_decoders() -> None:
     _DECODERS.clear()
 
 
-@torch.no_grad()
+def _check_args(max_new_tokens, temperature, top_p, top_k, generator, row_seeds, B) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    if row_seeds is not None:
+        if generator is not None:
+            raise ValueError("sample takes a generator or row_seeds, not both")
+        if tuple(row_seeds.shape) != (B,):
+            raise ValueError(f"row_seeds must have shape ({B},), got {tuple(row_seeds.shape)}")
+
+
+def _trim(out: torch.Tensor, eos: torch.Tensor, pad_id: int, stats: list[torch.Tensor]):
+    """Responses (B, max_new) -> (B, A): ``pad_id`` after each row's first EOS, cut to the longest
+    row (EOS included); ``stats`` (B, max_new) float cut alike, 0 after the EOS."""
+    is_eos = torch.isin(out, eos)
+    after = (torch.cumsum(is_eos.long(), 1) - is_eos.long()) > 0
+    length = int((~after).sum(1).max())
+    out = out.masked_fill(after, pad_id)[:, :length]
+    return out, [x.masked_fill(after, 0.0)[:, :length] for x in stats]
+
+
 def sample(
     model,
     input_ids: torch.Tensor,
@@ -303,7 +438,8 @@ def sample(
     compile: bool = False,
     stop_check_every: int = 8,
     prompt_bucket: int = 64,
-) -> torch.Tensor:
+    return_logprobs: bool = False,
+):
     """Sample responses to left-padded prompts with a static KV cache.
 
     input_ids, attention_mask: (B, P), left-padded (every row's last column is a real token).
@@ -311,30 +447,40 @@ def sample(
     from ``generator`` (on the model's device; ``None``: the global RNG), or, with ``row_seeds: (B,)
     int64``, from `counter_noise`: row b's draws are then a function of ``row_seeds[b]``, its prompt and
     the model only, not of the other rows, their order or the padding. ``compile=True`` wraps the decode step in
-    ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on CUDA; elsewhere it is ignored.
+    ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on CUDA; elsewhere it is ignored, and the
+    eager steps attend over the cache slots written so far only (`_window_cache`) and, for the model
+    families of `LEAN_MODEL_TYPES`, call the model's modules directly (`lean_parts`).
+    Runs under ``torch.inference_mode`` (no autograd bookkeeping per op: ~10 % of an eager CPU
+    decode), ``torch.no_grad`` when compiled.
     ``stop_check_every``: steps between checks that every row has finished (each check syncs the host).
     ``prompt_bucket``: prompts are left-padded further to a multiple of it, so batches whose prompt
     lengths differ a little share one cache shape (and one CUDA graph); pass the maximum prompt length
     to make every call the same shape. The cache of the last shape stays allocated for the next call
     (``release_decoders()`` frees it).
-    Returns response_ids: (B, A) long, A ≤ max_new_tokens, ``pad_id`` after each row's first EOS.
+    Returns response_ids: (B, A) long, A ≤ max_new_tokens, ``pad_id`` after each row's first EOS; with
+    ``return_logprobs`` the tuple (response_ids, logprobs, entropy), the last two (B, A) float32: each
+    token's log-probability and the entropy of the distribution it was drawn from, softmax(logits /
+    temperature) before top-k / top-p (`token_stats`), 0 after the row's EOS.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    _check_model(model.config)
-    device = input_ids.device
     B, P = input_ids.shape
+    _check_args(max_new_tokens, temperature, top_p, top_k, generator, row_seeds, B)
+    _check_model(model.config)
+    compile = compile and input_ids.device.type == "cuda"
+    with torch.no_grad() if compile else torch.inference_mode():
+        return _sample(
+            model, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, eos_ids,
+            pad_id, generator, row_seeds, compile, stop_check_every, prompt_bucket, return_logprobs,
+        )  # fmt: skip
+
+
+def _sample(
+    model, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, eos_ids, pad_id,
+    generator, row_seeds, compile, stop_check_every, prompt_bucket, return_logprobs,
+):  # fmt: skip
+    """The body of `sample` (arguments checked, inside the no-grad context)."""
+    B, P = input_ids.shape
+    device = input_ids.device
     if row_seeds is not None:
-        if generator is not None:
-            raise ValueError("sample takes a generator or row_seeds, not both")
-        if tuple(row_seeds.shape) != (B,):
-            raise ValueError(f"row_seeds must have shape ({B},), got {tuple(row_seeds.shape)}")
         row_seeds = row_seeds.to(device=device, dtype=torch.long)
     if prompt_bucket > 1 and P % prompt_bucket:
         extra = prompt_bucket - P % prompt_bucket
@@ -344,24 +490,22 @@ def sample(
     was_training = model.training
     model.eval()
     dtype = next(model.parameters()).dtype
-    compile = compile and device.type == "cuda"
     dec = _Decoder.for_model(model, B, P + max_new_tokens, dtype, device, compile)
-    step = dec.step_fn
-
-    def noise_like(logits_shape):
-        if top_k == 1 or row_seeds is not None:  # greedy, or the noise is made in `step`
-            return None
-        return _exp_noise(logits_shape, device, generator)
-
+    noisy = top_k != 1 and row_seeds is None  # the noise is drawn here (else greedy or in `step`)
+    lean = None if compile else lean_parts(model)  # compiled steps trace the model's forward
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=device)
     out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    stats = [torch.zeros(B, max_new_tokens, device=device) for _ in range(2 * return_logprobs)]
     try:
         logits = dec.prefill(model, input_ids, attention_mask).float()  # (B, V)
+        noise = _exp_noise(logits.shape, device, generator) if noisy else None
         if row_seeds is not None:
             tok = draw_counter(logits, row_seeds, 0, temperature, top_k, top_p)  # (B,)
         else:
-            tok = draw(logits, noise_like(logits.shape), temperature, top_k, top_p)
+            tok = draw(logits, noise, temperature, top_k, top_p)
         out[:, 0] = tok
+        for x, v in zip(stats, token_stats(logits, tok, temperature), strict=False):
+            x[:, 0] = v
         done = torch.isin(tok, eos)  # (B,)
         positions = attention_mask.long().sum(1, keepdim=True)  # (B, 1) position of the new token
         cur = torch.tensor(P, device=device)
@@ -369,31 +513,22 @@ def sample(
         for s in range(1, max_new_tokens):
             if s % stop_check_every == 0 and bool(done.all()):
                 break
-            nxt = step(
-                model,
-                tok[:, None],
-                positions,
-                cur,
-                noise_like(logits.shape),
-                temperature,
-                top_k,
-                top_p,
-                row_seeds,
-                t,
-            )
-            # clone: a CUDA-graph output buffer is overwritten by the next replay
-            tok = torch.where(done, pad_id, nxt.clone())
+            dec.set_window(P + s)
+            noise = _exp_noise(logits.shape, device, generator) if noisy else None
+            res = dec.step_fn(
+                model, tok[:, None], positions, cur, noise, temperature, top_k, top_p,
+                row_seeds, t, return_logprobs, lean,
+            )  # fmt: skip
+            nxt, new = (res[0], res[1:]) if return_logprobs else (res, ())
+            # a CUDA-graph output buffer is overwritten by the next replay: `where` copies it
+            tok = torch.where(done, pad_id, nxt)
             out[:, s] = tok
+            for x, v in zip(stats, new, strict=True):
+                x[:, s] = v
             done = done | torch.isin(tok, eos)
-            positions = positions + 1
-            cur = cur + 1
-            t = t + 1
+            positions, cur, t = positions + 1, cur + 1, t + 1
     finally:
         if was_training:
             model.train()
-    # trim to the longest response (EOS included); later columns hold only padding
-    is_eos = torch.isin(out, eos)
-    after = (torch.cumsum(is_eos.long(), 1) - is_eos.long()) > 0
-    out = out.masked_fill(after, pad_id)
-    length = int((~after).sum(1).max())
-    return out[:, :length]
+    out, stats = _trim(out, eos, pad_id, stats)
+    return (out, *stats) if return_logprobs else out

@@ -176,7 +176,23 @@ def build_train_engine(
         config=cfg,
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
     )
+    skip_identity_allreduce(engine)
     return engine, cfg
+
+
+def skip_identity_allreduce(engine) -> bool:
+    """In one process with ZeRO-0 and float32 weights, DeepSpeed's gradient all-reduce after each
+    backward (flatten, all-reduce over the one rank, divide by 1, copy back) leaves every gradient
+    as it was: turn it off (about 7 % of a small model's backward on CPU). ZeRO stages 1–3 and the
+    half-precision optimizers reduce into their own buffers there and keep it. Returns whether it
+    was turned off."""
+    from marlhf.distributed import world_size
+
+    fp32 = not (engine.bfloat16_enabled() or engine.fp16_enabled())
+    if world_size() == 1 and engine.zero_optimization_stage() == 0 and fp32:
+        engine.enable_backward_allreduce = False
+        return True
+    return False
 
 
 def build_eval_engine(

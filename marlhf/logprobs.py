@@ -44,6 +44,11 @@ def _blocks(batch: int, length: int, vocab: int, chunk_elements: int):
             yield b0, min(batch, b0 + b_step), t0, min(length, t0 + t_step)
 
 
+def _scaled(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """x / temperature (x itself at temperature 1: no copy)."""
+    return x if temperature == 1.0 else x / temperature
+
+
 def _float_dtype(dtype: torch.dtype) -> torch.dtype:
     """Computation dtype: float32 for half types and float32, float64 stays float64."""
     return torch.promote_types(dtype, torch.float32)
@@ -53,67 +58,74 @@ class _TokenLogprobs(torch.autograd.Function):
     """log softmax(logits)[label] with a blockwise forward and backward (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, logits, labels, chunk_elements):  # noqa: D401 - autograd hook
+    def forward(ctx, logits, labels, chunk_elements, temperature):  # noqa: D401 - autograd hook
         B, T, V = logits.shape
         cdtype = _float_dtype(logits.dtype)
         lse = torch.empty(B, T, dtype=cdtype, device=logits.device)
         for b0, b1, t0, t1 in _blocks(B, T, V, chunk_elements):
-            lse[b0:b1, t0:t1] = torch.logsumexp(logits[b0:b1, t0:t1].to(cdtype), dim=-1)
-        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).to(cdtype)
+            x = _scaled(logits[b0:b1, t0:t1].to(cdtype), temperature)
+            lse[b0:b1, t0:t1] = torch.logsumexp(x, dim=-1)
+        picked = _scaled(
+            logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).to(cdtype), temperature
+        )
         ctx.save_for_backward(logits, labels, lse)
-        ctx.chunk_elements = chunk_elements
+        ctx.chunk_elements, ctx.temperature = chunk_elements, temperature
         return picked - lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        # d/dx_v [x_y - lse(x)] = 1[v = y] - softmax(x)_v, scaled by the incoming gradient.
+        # d/dx_v [x_y - lse(x)] = 1[v = y] - softmax(x)_v, scaled by the incoming gradient (and
+        # by 1 / temperature for x = logits / temperature).
         logits, labels, lse = ctx.saved_tensors
         B, T, V = logits.shape
+        temp = ctx.temperature
         grad = torch.empty_like(logits)
         for b0, b1, t0, t1 in _blocks(B, T, V, ctx.chunk_elements):
-            g = grad_out[b0:b1, t0:t1].unsqueeze(-1).to(lse.dtype)  # (b, t, 1)
-            probs = torch.exp(logits[b0:b1, t0:t1].to(lse.dtype) - lse[b0:b1, t0:t1].unsqueeze(-1))
+            g = _scaled(grad_out[b0:b1, t0:t1].unsqueeze(-1).to(lse.dtype), temp)  # (b, t, 1)
+            x = _scaled(logits[b0:b1, t0:t1].to(lse.dtype), temp)
+            probs = torch.exp(x - lse[b0:b1, t0:t1].unsqueeze(-1))
             block = -g * probs
             block.scatter_add_(-1, labels[b0:b1, t0:t1].unsqueeze(-1), g)
             grad[b0:b1, t0:t1] = block.to(logits.dtype)
-        return grad, None, None
+        return grad, None, None, None
 
 
 class _Entropy(torch.autograd.Function):
     """H(softmax(logits)) with a blockwise forward and backward (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, logits, chunk_elements):
+    def forward(ctx, logits, chunk_elements, temperature):
         B, T, V = logits.shape
         cdtype = _float_dtype(logits.dtype)
         lse = torch.empty(B, T, dtype=cdtype, device=logits.device)
         ent = torch.empty(B, T, dtype=cdtype, device=logits.device)
         for b0, b1, t0, t1 in _blocks(B, T, V, chunk_elements):
-            x = logits[b0:b1, t0:t1].to(cdtype)
+            x = _scaled(logits[b0:b1, t0:t1].to(cdtype), temperature)
             block_lse = torch.logsumexp(x, dim=-1)
             probs = torch.exp(x - block_lse.unsqueeze(-1))
             # H = -sum_v p_v log p_v = lse - sum_v p_v x_v
             ent[b0:b1, t0:t1] = block_lse - (probs * x).sum(-1)
             lse[b0:b1, t0:t1] = block_lse
         ctx.save_for_backward(logits, lse)
-        ctx.chunk_elements = chunk_elements
+        ctx.chunk_elements, ctx.temperature = chunk_elements, temperature
         return ent
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        # dH/dx_v = -p_v (x_v - E_p[x]).
+        # dH/dx_v = -p_v (x_v - E_p[x]) (times 1 / temperature for x = logits / temperature).
         logits, lse = ctx.saved_tensors
         B, T, V = logits.shape
+        temp = ctx.temperature
         grad = torch.empty_like(logits)
         for b0, b1, t0, t1 in _blocks(B, T, V, ctx.chunk_elements):
-            x = logits[b0:b1, t0:t1].to(lse.dtype)
+            x = _scaled(logits[b0:b1, t0:t1].to(lse.dtype), temp)
             probs = torch.exp(x - lse[b0:b1, t0:t1].unsqueeze(-1))
             mean_x = (probs * x).sum(-1, keepdim=True)
-            g = grad_out[b0:b1, t0:t1].unsqueeze(-1).to(lse.dtype)
+            g = _scaled(grad_out[b0:b1, t0:t1].unsqueeze(-1).to(lse.dtype), temp)
             grad[b0:b1, t0:t1] = (-g * probs * (x - mean_x)).to(logits.dtype)
-        return grad, None
+        return grad, None, None
 
 
 def _check_logits(logits: torch.Tensor, name: str = "logits") -> None:
@@ -124,7 +136,11 @@ def _check_logits(logits: torch.Tensor, name: str = "logits") -> None:
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Log-probability of each label under the softmax of its logits.
 
@@ -133,9 +149,12 @@ def token_logprobs(
         labels: `(B, T)` long, every entry in `[0, V)` (mask padding afterwards, not with -100).
         chunk_elements: largest number of logits upcast to float32 at once (memory knob only; the
             result does not depend on it beyond float rounding).
+        temperature: the log-probabilities are those of `softmax(logits / temperature)`, divided
+            block by block in float32 (no tempered copy of the logits is made).
 
     Returns:
-        `(B, T)` float32 (float64 for float64 logits): `log_softmax(logits)[b, t, labels[b, t]]`.
+        `(B, T)` float32 (float64 for float64 logits):
+        `log_softmax(logits / temperature)[b, t, labels[b, t]]`.
         Differentiable with respect to `logits`; the gradient has the logits' dtype.
     """
     _check_logits(logits)
@@ -145,17 +164,23 @@ def token_logprobs(
         )
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
-    return _TokenLogprobs.apply(logits, labels.long(), chunk_elements)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _TokenLogprobs.apply(logits, labels.long(), chunk_elements, float(temperature))
 
 
 def entropy_from_logits(
-    logits: torch.Tensor, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+    logits: torch.Tensor,
+    *,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Entropy (nats) of the softmax distribution at every position.
 
     Args:
         logits: `(B, T, V)` float; may be a non-contiguous slice.
         chunk_elements: largest number of logits upcast to float32 at once.
+        temperature: the entropy of `softmax(logits / temperature)` (divided block by block).
 
     Returns:
         `(B, T)` float32 (float64 for float64 logits), `-sum_v p_v log p_v`. Differentiable.
@@ -163,7 +188,9 @@ def entropy_from_logits(
     _check_logits(logits)
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
-    return _Entropy.apply(logits, chunk_elements)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _Entropy.apply(logits, chunk_elements, float(temperature))
 
 
 def response_logprobs(

@@ -143,16 +143,20 @@ class RewardModel(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``input_ids: (B, T)``, ``attention_mask: (B, T)`` -> ``values: (B, T) float32``.
 
         Positions default to ``cumsum(attention_mask) − 1`` (clamped at 0), the positions a model sees
         when it generates after a left-padded prompt; on right-padded rows this equals ``0..T-1`` on
-        every real token.
+        every real token. ``attention_mask=None``: rows are right-padded (or not padded), attention
+        is plain causal and positions are ``0..T-1``; real tokens get the values they get with the
+        mask (padding only follows them), at a lower cost.
         """
-        if position_ids is None:
+        if position_ids is None and attention_mask is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        elif position_ids is None:
             position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
         out = self.backbone(
             input_ids=input_ids,

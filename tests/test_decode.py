@@ -512,3 +512,110 @@ def test_generator_noise_is_not_on_a_float32_grid():
     k = small * 2.0**24
     distance = (k - k.round()).abs()  # ~0 on the float32 grid, ~U(0, 0.5) off it
     assert distance.mean().item() > 0.15
+
+
+def _full_forward_stats(model, ids, mask, out, temperature):
+    """log-probs and entropies of ``out``'s tokens by one forward pass over prompt ⧺ response
+    (the independent reference: no cache), (B, A) each, with the row's valid-token mask."""
+    from marlhf.logprobs import entropy_from_logits, token_logprobs
+
+    B, P = ids.shape
+    seq = torch.cat([ids, out], 1)
+    valid = torch.cat([mask.bool(), torch.ones_like(out, dtype=torch.bool)], 1)
+    positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids=seq, attention_mask=valid.long(), position_ids=positions).logits
+    sel = logits[:, P - 1 : -1] / temperature
+    is_eos = out == EOS
+    keep = ~((torch.cumsum(is_eos.long(), 1) - is_eos.long()) > 0)
+    return token_logprobs(sel, out), entropy_from_logits(sel), keep
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma"])
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_recorded_logprobs_equal_a_forward_pass(arch, top_k):
+    """`return_logprobs`: each sampled token's log-probability and the entropy under the unfiltered
+    softmax(logits / T), as a full forward pass scores them: the first PPO ratio is 1."""
+    model = _model(arch)
+    ids, mask = _prompts(B=6)
+    seeds = torch.arange(6) + 11
+    out, logp, ent = sample(
+        model, ids, mask, max_new_tokens=12, temperature=0.7, top_k=top_k, eos_ids=[EOS],
+        pad_id=PAD, row_seeds=seeds, return_logprobs=True,
+    )  # fmt: skip
+    plain = sample(
+        model, ids, mask, max_new_tokens=12, temperature=0.7, top_k=top_k, eos_ids=[EOS],
+        pad_id=PAD, row_seeds=seeds,
+    )  # fmt: skip
+    assert torch.equal(out, plain)  # recording changes no draw
+    ref_logp, ref_ent, keep = _full_forward_stats(model, ids, mask, out, 0.7)
+    assert logp.shape == out.shape == ent.shape
+    ratio = torch.exp(ref_logp - logp)[keep]
+    assert (ratio - 1).abs().max() < 1e-5
+    assert torch.allclose(ent[keep], ref_ent[keep], atol=1e-5)
+    assert (logp[~keep] == 0).all() and (ent[~keep] == 0).all()
+
+
+def test_windowed_attention_equals_the_full_cache(monkeypatch):
+    """Eager steps attend over the written cache slots only; with the window off (the compiled
+    path's full shape) the greedy tokens and recorded log-probs are the same."""
+    model = _model("llama")
+    ids, mask = _prompts(B=5)
+    kw = dict(max_new_tokens=14, top_k=1, eos_ids=[EOS], pad_id=PAD, return_logprobs=True)
+    windowed = sample(model, ids, mask, **kw)
+    decode.release_decoders()
+    monkeypatch.setattr(decode._Decoder, "set_window", lambda self, n: None)
+    full = sample(model, ids, mask, **kw)
+    assert torch.equal(windowed[0], full[0])
+    assert torch.allclose(windowed[1], full[1], atol=1e-5)
+    decode.release_decoders()
+
+
+def _family(arch: str):
+    """A small model of each family the lean step covers (Qwen2 with its q/k/v biases)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if arch in ("llama", "gemma"):
+        return _model(arch)
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=PAD, eos_token_id=EOS,
+        bos_token_id=2, initializer_range=0.2,
+    )  # fmt: skip
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**common, sliding_window=None)).eval()
+    model = Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
+    with torch.no_grad():  # non-zero biases, so a step that dropped them would show
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "mistral", "qwen2"])
+def test_lean_step_equals_the_models_forward(arch, monkeypatch):
+    """The eager step's `_lean_logits` against the model's own forward (lean_parts -> None): the
+    same sampled tokens and recorded log-probs, temperature sampling from the whole vocabulary."""
+    model = _family(arch)
+    assert decode.lean_parts(model) is not None
+    ids, mask = _prompts(B=5)
+    kw = dict(
+        max_new_tokens=16, temperature=1.0, top_k=0, eos_ids=[EOS], pad_id=PAD,
+        row_seeds=torch.arange(5) + 3, return_logprobs=True,
+    )  # fmt: skip
+    lean = sample(model, ids, mask, **kw)
+    decode.release_decoders()
+    monkeypatch.setattr(decode, "lean_parts", lambda m: None)
+    full = sample(model, ids, mask, **kw)
+    decode.release_decoders()
+    assert torch.equal(lean[0], full[0])
+    torch.testing.assert_close(lean[1], full[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(lean[2], full[2], rtol=0, atol=1e-5)
+
+
+def test_lean_step_declines_unknown_layouts():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
+    assert decode.lean_parts(gpt2) is None

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from marlhf.config import OptimConfig
@@ -48,3 +49,30 @@ def test_param_groups_no_decay_on_norms_and_biases():
     decayed = {id(p) for p in groups[0]["params"]}
     assert decayed == {id(m[0].weight)}
     assert groups[1]["weight_decay"] == 0.0 and len(groups[1]["params"]) == 3
+
+
+@pytest.mark.slow  # a DeepSpeed process
+def test_single_process_zero0_skips_the_identity_allreduce_bit_for_bit():
+    """One process, ZeRO-0, float32: no gradient all-reduce (an identity there), the same weights
+    bit for bit as with it, after two optimiser steps that moved them."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", MASTER_PORT=str(port))
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("engine_allreduce_probe.py"))],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["skipped"] is False  # enable_backward_allreduce
+    assert out["equal"] and out["moved"] > 1e-3, out

@@ -12,7 +12,9 @@ The training loop (:mod:`marlhf.rl.loop`) reads as the algorithm; each step is a
   (:mod:`~marlhf.rl.estimators`, ``--advantage_estimator``; the samples of one prompt:
   :mod:`~marlhf.rl.groups`; ``macro_mc``'s Monte-Carlo continuations: :mod:`~marlhf.rl.mc`);
 - :mod:`~marlhf.rl.update` — 5. update: PPO epochs of minibatches, policy and value losses;
-- :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker.
+- :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker;
+- :mod:`~marlhf.rl.response_logits` — the LM head at the response positions only (scoring, update);
+- :mod:`~marlhf.rl.resources` — CPU time and peak memory per phase (``--log_phase_resources``).
 
 The math is pure (torch only, no DeepSpeed): :mod:`~marlhf.rl.gae`, :mod:`~marlhf.rl.losses`,
 :mod:`~marlhf.rl.rewards` and the packing helpers of :mod:`~marlhf.rl.rollout`. Importing this

@@ -136,13 +136,17 @@ class GenerationConfig:
         metadata={"help": "Under ZeRO-3, gather the actor's weights once per rollout."},
     )
     generation_backend: str = field(
-        default="hf",
+        default="auto",
         metadata={
             "help": "Rollout decoder: `hf` (model.generate; each rank samples from its own RNG "
-            "stream, so samples depend on how the batch is split over ranks) or `static` "
+            "stream, so samples depend on how the batch is split over ranks), `static` "
             "(marlhf.decode: static KV cache, on-device sampling, each row's noise seeded from "
-            "(--seed, step, its row in the global batch): the same samples on any number of ranks).",
-            "choices": ("hf", "static"),
+            "(--seed, step, its row in the global batch): the same samples on any number of ranks; "
+            "it also records the sampled tokens' log-probs, so scoring skips one actor forward), "
+            "or `auto` (default): `static` for full-attention Llama/Gemma/Mistral/Qwen models "
+            "(not under ZeRO-3 without --enable_zero3_generation_gather), else `hf`. The two "
+            "sample the same distribution with different random draws.",
+            "choices": ("auto", "hf", "static"),
         },
     )
     compile_generation: bool = field(
@@ -165,8 +169,8 @@ class GenerationConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
-        if self.generation_backend not in ("hf", "static"):
-            raise ValueError("--generation_backend must be hf or static")
+        if self.generation_backend not in ("auto", "hf", "static"):
+            raise ValueError("--generation_backend must be auto, hf or static")
         if self.temperature <= 0:
             raise ValueError("--temperature must be > 0")
         if not 0 < self.top_p <= 1:
@@ -431,6 +435,37 @@ class PPOConfig:
 
 
 @dataclass
+class PerfConfig:
+    """How a step is computed, not what it computes: the reference paths the fast ones are tested
+    against, and resource metrics (issue #14)."""
+
+    recompute_old_logprobs: bool = field(
+        default=False,
+        metadata={
+            "help": "Score log π_old (and its entropy) with a second actor forward pass instead of "
+            "taking them from the static decoder, which records them while sampling (same weights, "
+            "same dtype: equal up to float rounding). Always recomputed with --generation_backend hf."
+        },
+    )
+    score_all_positions: bool = field(
+        default=False,
+        metadata={
+            "help": "Reference path: compute the LM head at every position and pass the padding "
+            "mask to the attention (the default applies the head at the response positions only "
+            "and runs plain causal attention, exact for flush-left right-padded batches)."
+        },
+    )
+    log_phase_resources: bool = field(
+        default=False,
+        metadata={
+            "help": "Also log per phase (generate, score, macro, train) the CPU seconds "
+            "(time_cpu/*), the peak resident memory (mem/peak_rss_mb/*) and on CUDA the peak "
+            "allocated memory (mem/peak_cuda_mb/*). Used by benchmarks/bench_ppo.py."
+        },
+    )
+
+
+@dataclass
 class PPOStageConfig:
     """Stage 3: MA-PPO (PPO over macro actions)."""
 
@@ -441,6 +476,7 @@ class PPOStageConfig:
     data: DataConfig = field(default_factory=DataConfig)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
+    perf: PerfConfig = field(default_factory=PerfConfig)
 
     def __post_init__(self) -> None:
         ppo, mc = self.ppo, self.models

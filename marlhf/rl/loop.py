@@ -52,7 +52,14 @@ from marlhf.rl.prompts import (
     sft_batches,
     step_prompts,
 )
-from marlhf.rl.rollout import Rollout, concat_rollouts, eos_token_ids, generate
+from marlhf.rl.resources import PhaseResources
+from marlhf.rl.rollout import (
+    Rollout,
+    concat_rollouts,
+    eos_token_ids,
+    generate,
+    resolve_backend,
+)
 from marlhf.rl.scoring import (
     concat_scored,
     dense_rewards,
@@ -104,7 +111,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     """One PPO step: returns its metrics (over all ranks), this rank's rollout, the experience
     (global batch) and this rank's prompt texts."""
     cfg, ppo, plan = run.cfg, run.cfg.ppo, run.plan
-    clock = _Clock()
+    clock = _Clock(PhaseResources() if cfg.perf.log_phase_resources else None)
     t = time.perf_counter()
     # 1. generate, 2. score (the forward passes), one generation batch at a time
     ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock)
@@ -157,7 +164,8 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     kl_now = float(all_reduce_mean(torch.tensor(exp.stats["objective/kl"])))
     state.kl_ctl.update(kl_now, plan.rollout_size * plan.world)
     # 6. metrics (the loop logs them)
-    metrics = {**exp.stats, **upd, **clock.times, **code_metrics, **mc_stats}
+    metrics = {**exp.stats, **upd, **clock.times, **clock.resources_metrics(), **code_metrics}
+    metrics.update(mc_stats)
     metrics = step_metrics(run, state, metrics, ro, scored, scores, exp, prompt_texts)
     return {**metrics, **lrs}, ro, exp, prompt_texts
 
@@ -287,6 +295,7 @@ def setup(cfg: PPOStageConfig) -> Run:
             "(the static decoder has no synced_gpus mode)"
         )
     models = build_models(cfg, plan.total_updates)
+    g.generation_backend = resolve_backend(cfg, models.actor.module.config)  # `auto` -> hf/static
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)
@@ -347,17 +356,30 @@ def pretraining_mix(run: Run, state: TrainState):
 
 
 class _Clock:
-    """Seconds per phase of a step, summed over its calls: ``with clock("time/score"): ...``."""
+    """Seconds per phase of a step, summed over its calls: ``with clock("time/score"): ...``; with
+    ``resources`` (``--log_phase_resources``) also each phase's CPU time and peak memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, resources: PhaseResources | None = None) -> None:
         self.times: dict[str, float] = {}
+        self.resources = resources
+        self.cpu0 = time.process_time()
 
     @contextmanager
     def __call__(self, key: str | None):
+        if self.resources is not None and key is not None:
+            self.resources.start()
         t0 = time.perf_counter()
         yield
         if key is not None:
             self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t0
+            if self.resources is not None:
+                self.resources.stop(key.split("/", 1)[1])
+
+    def resources_metrics(self) -> dict[str, float]:
+        """The phases' resource metrics and ``time_cpu/step`` (CPU seconds since the clock began)."""
+        if self.resources is None:
+            return {}
+        return {**self.resources.metrics, "time_cpu/step": time.process_time() - self.cpu0}
 
 
 def print_answer(tokenizer, ro: Rollout, exp: Experience, prompts: list[str]) -> None:

@@ -34,6 +34,10 @@ class Rollout:
     action_mask: torch.Tensor  # (B, A) bool  valid response tokens (a prefix; includes the EOS)
     ends_with_eos: torch.Tensor  # (B,) bool  false for responses cut at max length
     prompt_ids: list[str]  # dataset prompt ids, for logging and code rewards
+    # recorded by the static decoder while sampling (None otherwise): log π_old(a_j | s_j) and the
+    # entropy of π_old(· | s_j) at the sampling temperature, before top-k/top-p; 0 on padding
+    logprobs: torch.Tensor | None = None  # (B, A) float32
+    entropy: torch.Tensor | None = None  # (B, A) float32
 
 
 def response_mask(
@@ -150,6 +154,31 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
     return ids
 
 
+# model families the static decoder is tested on (full attention, 4-D additive masks)
+STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
+
+
+def resolve_backend(cfg: PPOStageConfig, model_config) -> str:
+    """``--generation_backend`` with ``auto`` resolved for the actor's config: ``static`` for a
+    full-attention model of :data:`STATIC_MODEL_TYPES` (no sliding window), unless the actor is
+    ZeRO-3 partitioned without ``--enable_zero3_generation_gather``; else ``hf``."""
+    g = cfg.generation
+    if g.generation_backend != "auto":
+        return g.generation_backend
+    if cfg.models.actor_zero_stage == 3 and not g.enable_zero3_generation_gather:
+        return "hf"
+    text = (
+        model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    )
+    layer_types = getattr(text, "layer_types", None) or []
+    full = all(t == "full_attention" for t in layer_types)
+    windowed = getattr(text, "sliding_window", None) is not None and (
+        getattr(text, "use_sliding_window", True) is not False
+    )
+    ok = getattr(text, "model_type", None) in STATIC_MODEL_TYPES and full and not windowed
+    return "static" if ok else "hf"
+
+
 def _zero3_gather(engine, enabled: bool):
     if not enabled or engine.zero_optimization_stage() != 3:
         return nullcontext()
@@ -159,7 +188,8 @@ def _zero3_gather(engine, enabled: bool):
 
 
 def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id, row_seeds):
-    """Response tokens (B, A') from the actor's module, A' <= --max_answer_seq_len."""
+    """Response tokens (B, A') from the actor's module, A' <= --max_answer_seq_len; the static
+    backend also returns their log-probs and entropies (B, A') (None, None from ``hf``)."""
     if g.generation_backend == "static":
         from marlhf.decode import sample
 
@@ -176,6 +206,7 @@ def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id
             row_seeds=row_seeds,  # None: the global RNG, seeded and restored on resume
             compile=g.compile_generation,
             prompt_bucket=g.max_prompt_seq_len,
+            return_logprobs=True,
         )
     from marlhf.distributed import world_size
 
@@ -193,7 +224,7 @@ def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id
         synced_gpus=zero3 and not g.enable_zero3_generation_gather and world_size() > 1,
         use_cache=True,
     )
-    return out[:, prompt_ids.shape[1] :]
+    return out[:, prompt_ids.shape[1] :], None, None
 
 
 @torch.no_grad()
@@ -218,18 +249,25 @@ def generate(
     prompt_mask = batch["attention_mask"].to(device)
     actor.eval()
     with _zero3_gather(actor, g.enable_zero3_generation_gather):
-        response_ids = _sample(
+        response_ids, logprobs, entropy = _sample(
             actor, prompt_ids, prompt_mask, g, eos_ids, tokenizer.pad_token_id, row_seeds
         )
     actor.train()
     if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
         response_ids = torch.full((prompt_ids.shape[0], 1), tokenizer.pad_token_id, device=device)
+        logprobs = entropy = None
     action_mask, ends = response_mask(response_ids, eos_ids)
     response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
+    if logprobs is not None:
+        logprobs, entropy = (
+            logprobs.masked_fill(~action_mask, 0.0),
+            entropy.masked_fill(~action_mask, 0.0),
+        )
     seq, att, start = pack_flush_left(
         prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
     )
-    return Rollout(seq, att, start, response_ids, action_mask, ends, list(batch["prompt_id"]))
+    prompt_id = list(batch["prompt_id"])
+    return Rollout(seq, att, start, response_ids, action_mask, ends, prompt_id, logprobs, entropy)
 
 
 def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
@@ -251,7 +289,15 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([pad_right(r.action_mask, A, False) for r in rollouts]),
         torch.cat([r.ends_with_eos for r in rollouts]),
         sum((r.prompt_ids for r in rollouts), []),
+        *(_cat_recorded([getattr(r, k) for r in rollouts], A) for k in ("logprobs", "entropy")),
     )
+
+
+def _cat_recorded(xs: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
+    """Recorded per-token floats of several rollouts, right-padded with 0 (None if any lacks them)."""
+    if any(x is None for x in xs):
+        return None
+    return torch.cat([pad_right(x, width, 0.0) for x in xs])
 
 
 def slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
@@ -266,4 +312,6 @@ def slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
         ro.action_mask[idx, :a],
         ro.ends_with_eos[idx],
         [ro.prompt_ids[i] for i in idx.tolist()],
+        None if ro.logprobs is None else ro.logprobs[idx, :a],
+        None if ro.entropy is None else ro.entropy[idx, :a],
     )

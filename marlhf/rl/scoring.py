@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from marlhf.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
 from marlhf.rl.models import eval_mode
 from marlhf.rl.rewards import normalize_scores, spread_segment_rewards
 from marlhf.rl.rollout import (
@@ -28,36 +29,139 @@ if TYPE_CHECKING:
     from marlhf.rl.models import Models
 
 
-def policy_forward(engine, ro: Rollout, temperature: float, *, with_entropy: bool = False):
-    """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy."""
-    logits = engine(
-        input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
-    ).logits
-    logits = logits / temperature
-    return response_logprobs_and_entropy(
-        logits, ro.sequences, ro.response_start, ro.response_ids.shape[1], with_entropy=with_entropy
+def response_positions(ro: Rollout) -> torch.Tensor:
+    """(B, A) long: the position whose logit predicts response token j of each row,
+    ``response_start[b] − 1 + j`` clamped into the row (padding entries are masked by callers)."""
+    A, T = ro.response_ids.shape[1], ro.sequences.shape[1]
+    j = torch.arange(A, device=ro.sequences.device)
+    return (ro.response_start.to(j.device).unsqueeze(1) - 1 + j).clamp(0, T - 2)
+
+
+# the no-grad score pass materialises at most this many logits at once (rows are scored in chunks):
+# 2^28 = 512 MiB in bf16. With grad (the update's minibatches) every row's logits are kept anyway.
+SCORE_CHUNK_ELEMENTS = 2**28
+
+
+def _vocab_size(module) -> int | None:
+    config = getattr(module, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "vocab_size", None)
+
+
+def policy_forward(
+    engine,
+    ro: Rollout,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    all_positions: bool = False,
+    chunk_elements: int = SCORE_CHUNK_ELEMENTS,
+):
+    """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy.
+
+    By default the LM head runs at the response positions only
+    (:func:`marlhf.rl.response_logits.logits_at`), the attention is plain causal, without the
+    padding mask (the rows are flush-left: padding only follows a row's tokens, which no real token
+    attends to), the temperature is applied block by block inside the chunked log-softmax
+    (`marlhf.logprobs`), and without grad the rows go through the model in chunks of at most
+    ``chunk_elements`` logits (B·A·V). ``all_positions`` is the reference path (the head at every
+    position, the padding mask passed, one pass): equal up to float rounding."""
+    if all_positions:
+        logits = engine(
+            input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
+        ).logits
+        logits = logits / temperature
+        A = ro.response_ids.shape[1]
+        return response_logprobs_and_entropy(
+            logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy
+        )
+    B, A = ro.response_ids.shape
+    V = _vocab_size(engine.module)
+    rows = B if torch.is_grad_enabled() or not V else max(1, chunk_elements // (A * V))
+    if rows >= B:
+        return _response_forward(engine, ro, temperature, with_entropy)
+    block = min(chunk_elements, DEFAULT_CHUNK_ELEMENTS)  # the log-softmax's float32 scratch
+    parts = [
+        _response_forward(engine, _rows(ro, b, min(B, b + rows)), temperature, with_entropy, block)
+        for b in range(0, B, rows)
+    ]
+    logp = torch.cat([p[0] for p in parts])
+    return logp, torch.cat([p[1] for p in parts]) if with_entropy else None
+
+
+def _rows(ro: Rollout, b0: int, b1: int) -> Rollout:
+    """Rows b0..b1 of ``ro`` at the full widths (T, A)."""
+    return Rollout(
+        ro.sequences[b0:b1], ro.attention_mask[b0:b1], ro.response_start[b0:b1],
+        ro.response_ids[b0:b1], ro.action_mask[b0:b1], ro.ends_with_eos[b0:b1],
+        ro.prompt_ids[b0:b1],
+    )  # fmt: skip
+
+
+def _response_forward(
+    engine, ro: Rollout, temperature: float, with_entropy: bool, block=DEFAULT_CHUNK_ELEMENTS
+):
+    """One forward pass of :func:`policy_forward`'s default path over all of ``ro``'s rows;
+    ``block``: the chunked log-softmax's block (logits upcast at once)."""
+    from marlhf.rl.response_logits import logits_at
+
+    pos = response_positions(ro)
+    with logits_at(engine.module, pos):
+        logits = engine(input_ids=ro.sequences, use_cache=False).logits
+    if logits.shape[1] != pos.shape[1]:  # no LM head to hook: the full (B, T, V) came back
+        V = logits.shape[-1]
+        logits = torch.gather(logits, 1, pos.unsqueeze(-1).expand(*pos.shape, V))
+    labels = torch.gather(ro.sequences, 1, pos + 1)
+    # the temperature is applied block by block inside (no tempered copy of the logits)
+    logp = token_logprobs(logits, labels, temperature=temperature, chunk_elements=block)
+    ent = (
+        entropy_from_logits(logits, temperature=temperature, chunk_elements=block)
+        if with_entropy
+        else None
     )
+    return logp, ent
 
 
-def critic_forward(engine, ro: Rollout) -> torch.Tensor:
-    """V(s_j) for every response token j: the value at the position just before it. (B, A)"""
-    values = engine(input_ids=ro.sequences, attention_mask=ro.attention_mask.long())
+def critic_forward(engine, ro: Rollout, *, all_positions: bool = False) -> torch.Tensor:
+    """V(s_j) for every response token j: the value at the position just before it. (B, A)
+    Plain causal attention unless ``all_positions`` (see :func:`policy_forward`)."""
+    values = engine(input_ids=ro.sequences, attention_mask=_mask(ro, all_positions))
     return gather_response(values, ro.response_start, ro.response_ids.shape[1])
 
 
-@torch.no_grad()
+def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
+    """The attention mask to pass: none (causal attention; flush-left rows) unless asked."""
+    return ro.attention_mask.long() if padding_mask else None
+
+
+@torch.inference_mode()
 def score(
     models: Models, ro: Rollout, cfg: PPOStageConfig, need_entropy: bool
 ) -> dict[str, torch.Tensor]:
     """The forward passes of one generation batch (see the module docstring for the keys), all
     with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
-    entropies (the termination rules that read them)."""
+    entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
+    autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
+    rollout when the decoder recorded them (same weights, same dtype), unless
+    ``--recompute_old_logprobs``."""
     T = cfg.generation.temperature
+    full = cfg.perf.score_all_positions
     critic = models.critic  # None: a critic-free estimator (values are 0)
     with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
-        old_logp, entropy = policy_forward(models.actor, ro, T, with_entropy=True)
-        ref_logp, ref_ent = policy_forward(models.ref, ro, T, with_entropy=need_entropy)
-        values = critic_forward(critic, ro) if critic is not None else torch.zeros_like(old_logp)
+        if ro.logprobs is not None and not cfg.perf.recompute_old_logprobs:
+            old_logp, entropy = ro.logprobs, ro.entropy
+        else:
+            old_logp, entropy = policy_forward(
+                models.actor, ro, T, with_entropy=True, all_positions=full
+            )
+        ref_logp, ref_ent = policy_forward(
+            models.ref, ro, T, with_entropy=need_entropy, all_positions=full
+        )
+        values = (
+            critic_forward(critic, ro, all_positions=full)
+            if critic is not None
+            else torch.zeros_like(old_logp)
+        )
     out = {
         "old_logprobs": old_logp,
         "entropy": entropy,
@@ -66,7 +170,7 @@ def score(
         "values": values,
     }
     if models.reward is not None:
-        rm_values = models.reward(input_ids=ro.sequences, attention_mask=ro.attention_mask.long())
+        rm_values = models.reward(input_ids=ro.sequences, attention_mask=_mask(ro, full))
         out["rm_values"] = rm_values
         out["scores"] = torch.gather(
             rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)

@@ -96,7 +96,11 @@ def actor_step(
     stats: dict[str, torch.Tensor | float] = {}
     need_ent = ppo.entropy_coef > 0
     logp, ent = policy_forward(
-        models.actor, m.rollout, cfg.generation.temperature, with_entropy=need_ent
+        models.actor,
+        m.rollout,
+        cfg.generation.temperature,
+        with_entropy=need_ent,
+        all_positions=cfg.perf.score_all_positions,
     )
     pg, pstats = policy_loss(
         logp,
@@ -141,7 +145,7 @@ def actor_step(
 
 def critic_step(models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig) -> dict:
     """One critic step on minibatch ``m``: the value loss clipped around the old values."""
-    values = critic_forward(models.critic, m.rollout)
+    values = critic_forward(models.critic, m.rollout, all_positions=cfg.perf.score_all_positions)
     vl, vstats = value_loss(
         values,
         m.cut(exp.values),

@@ -84,6 +84,8 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
             "3",
             "--critic_zero_stage",
             "3",
+            "--generation_backend",  # HF generate (the default is now the static decoder)
+            "hf",
         ],
         [
             "--termination_condition",
@@ -286,9 +288,16 @@ def dropout_models(models):
 def test_experience_without_dropout_and_ppo_without_dropout_by_default(dropout_models, tmp_path):
     """Experience is scored with dropout off, so at step 1 (actor == reference) the KL is 0; the
     update trains without dropout unless asked, so the first minibatch's ratio is 1. The whole
-    rollout is one minibatch here, so the step's ratio statistics are the first minibatch's."""
+    rollout is one minibatch here, so the step's ratio statistics are the first minibatch's.
+
+    π_old is scored by a forward pass here (``--recompute_old_logprobs``), the same computation as
+    the reference's, so the KL is 0 to the last bit. By default (#14) π_old is what the static
+    decoder recorded while sampling, also with dropout off: equal up to float rounding (checked at
+    the end)."""
     base, actor, rm = dropout_models
-    one_minibatch = ("--per_device_training_batch_size", "4", "--ppo_epochs", "1")
+    one_minibatch = (
+        "--per_device_training_batch_size", "4", "--ppo_epochs", "1", "--recompute_old_logprobs",
+    )  # fmt: skip
     rows = _ppo(base, actor, rm, tmp_path / "off", *one_minibatch, steps=1)
     assert abs(rows[0]["objective/kl"]) < 1e-6
     assert rows[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
@@ -300,6 +309,11 @@ def test_experience_without_dropout_and_ppo_without_dropout_by_default(dropout_m
     rows = _ppo(base, actor, rm, tmp_path / "on", *one_minibatch, *asked, steps=1)
     assert abs(rows[0]["objective/kl"]) < 1e-6
     assert abs(rows[0]["policy/ratio_mean"] - 1.0) > 1e-4
+    # the default: π_old recorded by the decoder (dropout off there too), float rounding apart
+    rows = _ppo(base, actor, rm, tmp_path / "reused", *one_minibatch[:-1], steps=1)
+    assert abs(rows[0]["objective/kl"]) < 2e-5
+    assert rows[0]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert rows[0]["policy/approx_kl"] < 1e-9 and rows[0]["policy/clipfrac"] == 0.0
 
 
 def test_critic_checkpoints_carry_their_ds_config_and_both_lrs_are_logged(models, tmp_path):
