@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from marlhf.rl.config import GenerationConfig, PPOConfig, PPOStageConfig
+from marlhf.rl.config import GenerationConfig, PerfConfig, PPOConfig, PPOStageConfig
 from marlhf.rl.experience import Experience
 from marlhf.rl.rollout import Rollout
 from marlhf.rl.update import Minibatch, actor_step
@@ -50,6 +50,8 @@ def test_kl_loss_is_reduced_like_the_policy_loss(mode, kl_type):
     cfg = PPOStageConfig(
         generation=GenerationConfig(max_answer_seq_len=4, temperature=1.0),
         ppo=PPOConfig(loss_agg_mode=mode, kl_loss_coef=0.3, kl_loss_type=kl_type, cliprange=0.2),
+        # the fake engine has logits only (no module to apply the LM head at chosen positions)
+        perf=PerfConfig(score_all_positions=True),
     )
     actor = _Actor(T, V)
     m = Minibatch(torch.arange(B), ro, mask.sum(), mask.sum(), 1, torch.tensor(B))
