@@ -18,7 +18,12 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 
 def resolve_model_path(name_or_path: str) -> str:
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
-    shipped pretrained tiny model; anything else unchanged."""
+    shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
+    tasks (``marlhf.data.long_tasks``); anything else unchanged."""
+    if name_or_path.startswith("tiny-base-"):
+        from marlhf.tiny import ensure_horizon_base
+
+        return ensure_horizon_base(name_or_path)
     if name_or_path == "tiny-base":
         from marlhf.tiny import ensure_tiny_base
 
