@@ -21,9 +21,10 @@ def resolve_model_path(name_or_path: str) -> str:
     shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
     tasks (``marlhf.data.long_tasks``); anything else unchanged."""
     if name_or_path.startswith("tiny-base-"):
-        from marlhf.tiny import ensure_horizon_base
+        from marlhf.tiny import HORIZON_BASES, ensure_horizon_base
 
-        return ensure_horizon_base(name_or_path)
+        if name_or_path in HORIZON_BASES:
+            return ensure_horizon_base(name_or_path)
     if name_or_path == "tiny-base":
         from marlhf.tiny import ensure_tiny_base
 

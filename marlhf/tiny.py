@@ -187,23 +187,26 @@ PRETRAIN_FLAGS = (
 )  # fmt: skip
 
 # The pretrained bases of the long-horizon tasks (``marlhf.data.long_tasks``): ``tiny-base-{16,64,256}``,
-# continued pretraining of ``tiny-base`` (same shape and tokenizer) on both tasks of one horizon.
-# RoPE: raising the context adds no weights; a 256-task prompt + answer is under 760 tokens.
+# the shape and tokenizer of ``tiny-base``, pretrained further on both tasks of one horizon: 16 and 64
+# from ``tiny-base``, 256 from ``tiny-base-64`` (long copying is learnt far cheaper on 64-token
+# answers; a 2-layer model trained on 256-token answers from ``tiny-base`` loops and repeats).
+HORIZON_START = {16: "tiny-base", 64: "tiny-base", 256: "tiny-base-64"}
+# RoPE: raising the context adds no weights; a 256-task prompt + answer is under 800 tokens.
 HORIZON_MAX_POSITIONS = 1024
 HORIZON_BASE_DIRS = {
     h: Path(__file__).resolve().parent / "data" / "bundled" / f"tiny_base_{h}"
-    for h in (16, 64, 256)
+    for h in HORIZON_START
 }
 # Generation limit of each base: its tasks' longest answers plus room.
 HORIZON_NEW_TOKENS = {16: 48, 64: 128, 256: 320}
-HORIZON_ROWS = {16: 6000, 64: 6000, 256: 3000}
+HORIZON_ROWS = {16: 6000, 64: 18000, 256: 4000}
 HORIZON_FLAGS = {
     h: (
         "--data_split", "10,0,0",
         "--max_seq_len", str(seq),
         "--per_device_train_batch_size", str(batch),
         "--per_device_eval_batch_size", str(batch),
-        "--learning_rate", "1e-3",
+        "--learning_rate", lr,
         "--num_train_epochs", "1",
         "--warmup_ratio", "0.03",
         "--lr_scheduler_type", "cosine",
@@ -211,7 +214,7 @@ HORIZON_FLAGS = {
         "--eval_iters", "4",
         "--seed", "1234",
     )
-    for h, seq, batch in ((16, 192, 32), (64, 320, 32), (256, 768, 16))
+    for h, seq, batch, lr in ((16, 192, 32, "2e-3"), (64, 320, 32, "2e-3"), (256, 800, 16, "1e-3"))
 }  # fmt: skip
 
 
@@ -316,17 +319,20 @@ def ensure_horizon_base(name: str) -> str:
 
 
 def _horizon_setup(work: Path, horizon: int):
-    """Start model, SFT flags and corpus of ``tiny-base-{horizon}``: a copy of ``tiny-base`` whose
-    config and tokenizer allow ``HORIZON_MAX_POSITIONS`` tokens (RoPE: the weights are unchanged),
-    ``HORIZON_FLAGS[horizon]`` and ``long_tasks.pretraining_rows(rows, horizon)``."""
+    """Start model, SFT flags and corpus of ``tiny-base-{horizon}``: a copy of
+    ``HORIZON_START[horizon]`` whose config and tokenizer allow ``HORIZON_MAX_POSITIONS`` tokens
+    (RoPE: the weights are unchanged), ``HORIZON_FLAGS[horizon]`` and
+    ``long_tasks.pretraining_rows(rows, horizon)``."""
     from marlhf.data.long_tasks import pretraining_rows as long_rows
 
     if horizon not in HORIZON_BASE_DIRS:
         raise ValueError(f"--horizon must be one of {sorted(HORIZON_BASE_DIRS)}, got {horizon}")
     start = work / "start"
     start.mkdir(parents=True, exist_ok=True)
+    origin = HORIZON_START[horizon]
+    origin_dir = ensure_tiny_base() if origin == "tiny-base" else ensure_horizon_base(origin)
     for name in (*BASE_FILES, "tokenizer_config.json"):
-        shutil.copy2(Path(ensure_tiny_base()) / name, start / name)
+        shutil.copy2(Path(origin_dir) / name, start / name)
     for name, key, value in (
         ("config.json", "max_position_embeddings", HORIZON_MAX_POSITIONS),
         ("tokenizer_config.json", "model_max_length", HORIZON_MAX_POSITIONS),
@@ -347,14 +353,40 @@ def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
     weights = out / "model.safetensors"
     state = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(weights).items()}
     save_file(state, weights, metadata={"format": "pt"})
+    weights.chmod(0o644)
     return {
         "recipe": f"python -m marlhf.tiny --pretrain OUT_DIR --horizon {horizon}",
         "corpus": f"marlhf.data.long_tasks.pretraining_rows({rows}, horizon={horizon}, seed=0)",
-        "base": f"tiny-base with max_position_embeddings {HORIZON_MAX_POSITIONS}",
+        "base": f"{HORIZON_START[horizon]} with max_position_embeddings {HORIZON_MAX_POSITIONS}",
         "stored": "bf16 weights, loaded as fp32",
         "sft_wall_s": round(wall_s, 1),
         "figures": horizon_figures(out, horizon),
     }
+
+
+def generate_answers(
+    model, tok, prompts: list[str], max_new_tokens: int, temperature: float, batch: int = 16
+) -> tuple[list[str], list[int], int]:
+    """Answers of a causal LM (left-padded batches; temperature 0: greedy, else pure sampling with
+    the torch RNG as it stands), their token lengths without EOS, and how many ended with EOS."""
+    import torch
+
+    kwargs = {"do_sample": False}
+    if temperature > 0:
+        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0}
+    answers, lengths, ended = [], [], 0
+    for i in range(0, len(prompts), batch):
+        enc = tok(prompts[i : i + batch], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, **kwargs
+            )
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            n = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
+            ended += n < len(row)
+            lengths.append(n)
+            answers.append(tok.decode(row[:n], skip_special_tokens=True))
+    return answers, lengths, ended
 
 
 def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> dict:
@@ -364,7 +396,8 @@ def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> d
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from marlhf.data.long_tasks import N_TRAIN, TASKS, generate, gold
+    from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
+    from marlhf.data.long_tasks import gold as gold_of
     from marlhf.data.synthetic import prompt_of
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -374,45 +407,22 @@ def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> d
     for family in ("facts", "verdict"):
         task = TASKS[f"synthetic-{family}-{horizon}"]
         texts = [prompt_of(r) for r in generate(task, prompts, 0, "valid1", id_offset=N_TRAIN)]
-        for mode, kwargs in (
-            ("greedy", {"do_sample": False}),
-            ("T1", {"do_sample": True, "temperature": 1.0, "top_k": 0}),
-        ):
+        for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
             torch.manual_seed(0)
-            answers, lengths, ended = [], [], 0
-            for i in range(0, len(texts), 16):
-                enc = tok(texts[i : i + 16], return_tensors="pt", padding=True)
-                with torch.no_grad():
-                    out = model.generate(
-                        **enc,
-                        max_new_tokens=HORIZON_NEW_TOKENS[horizon],
-                        pad_token_id=tok.pad_token_id,
-                        **kwargs,
-                    )
-                for row in out[:, enc["input_ids"].shape[1] :].tolist():
-                    n = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
-                    ended += n < len(row)
-                    lengths.append(n)
-                    answers.append(tok.decode(row[:n], skip_special_tokens=True))
-            golds = [gold(task)(p, a) for p, a in zip(texts, answers, strict=True)]
+            answers, lengths, ended = generate_answers(
+                model, tok, texts, HORIZON_NEW_TOKENS[horizon], temperature
+            )
+            pairs = list(zip(texts, answers, strict=True))
             entry = {
-                "gold": round(sum(golds) / len(golds), 3),
-                "eos_rate": round(ended / len(texts), 3),
+                "gold": round(sum(gold_of(task)(p, a) for p, a in pairs) / len(pairs), 3),
+                "eos_rate": round(ended / len(pairs), 3),
                 "tokens_mean": round(sum(lengths) / len(lengths), 1),
                 "tokens_min": min(lengths),
                 "tokens_max": max(lengths),
             }
             if family == "verdict":
-                from marlhf.data.long_tasks import correct_verdict
-
-                entry["verdict_accuracy"] = round(
-                    sum(
-                        a.split(".")[0].strip() == correct_verdict(p)
-                        for p, a in zip(texts, answers, strict=True)
-                    )
-                    / len(texts),
-                    3,
-                )
+                right = sum(answer_verdict(a) == correct_verdict(p) for p, a in pairs)
+                entry["verdict_accuracy"] = round(right / len(pairs), 3)
             figures[f"{task.name}/{mode}"] = entry
     return figures
 

@@ -1,15 +1,17 @@
 """Long-horizon synthetic gold tasks: the TL;DR task's facts at answer lengths of about 16, 64 and 256
-tokens, and a task whose score hinges on the answer's first word.
+tokens, and a task whose score hinges on the answer's opening.
 
 MA-RLHF's claim is about credit assignment over long responses, and the bundled TL;DR task
-(``marlhf.data.synthetic``) has 14-20-token answers. These tasks keep its world (the same entity,
-event and object lexicons, the same TL;DR prompt template and comparisons schema, a gold scorer from
-text alone) and add a **horizon knob**: the number of key facts, hence the answer's length.
+(``marlhf.data.synthetic``) has 14-20-token answers. These tasks keep its world (its entity, event
+and object lexicons, filler sentences, TL;DR prompt template, comparisons schema and Bradley-Terry
+labellers, a gold scorer from text alone) and add a **horizon knob**: the number of key facts, hence
+the answer's length. All words are in the tiny tokenizer's vocabulary (1.02-1.12 tokens per answer
+word), so the bases share it.
 
 Facts and how they are read
 ---------------------------
 A key fact is a triple *(subject, event, object)*: ``my sister borrowed my car`` is
-``("sister", "borrowed", "my car")`` and ``i lost the tickets`` is ``("i", "lost", "the tickets")``.
+``("sister", "borrowed", "my car")``, ``i lost the tickets`` is ``("i", "lost", "the tickets")``.
 (The TL;DR task's facts are pairs; here the object counts too, so a subject can do several things
 and a post can hold forty facts.) The reader is the TL;DR task's: words are lower-cased alphanumeric
 runs, sentences end at ``. ! ? ;``, an event word belongs to the last subject word before it in its
@@ -17,68 +19,69 @@ sentence (the entity words of the TL;DR task, plus ``i``), and its object is the
 object phrase right after it (none: the claim has object ``""``, which no post has). Claims and
 unattributed subject/event words are read from the answer the same way.
 
-Task ``synthetic-facts-{16,64,256}``: summarise every fact
------------------------------------------------------------
-The post is 2-4, 10-13 or 38-46 fact sentences (``"My sister borrowed my car."``, ``"Then my boss
-lost the keys."``, ``"Yesterday, my dog ate a sock."``) with a few filler sentences of the TL;DR
-task between them, in the prompt ``"POST\\nSubreddit: r/{subreddit}\\n{post}\\nTL;DR: "``. The
-complete answer states every fact once, in any order: ``"my sister borrowed my car and my boss lost
-the keys and my dog ate a sock"`` (about 5.4 tokens per fact: 17, 63 and 227 tokens on average,
-measured with the tiny tokenizer on the generated data). With ``n`` post facts and ``u = 1/n`` (one
-fact's worth)::
+Task ``synthetic-facts-{16,64,256}``: state every fact
+-------------------------------------------------------
+The post is 2-4, 9-12 or 34-42 fact sentences (``"My sister borrowed my car."``, ``"Then my boss
+lost the keys."``, ``"Yesterday, my dog ate a sock."``; a subject and event go together at most once
+per post) with a few filler sentences of the TL;DR task between them, in the prompt
+``"POST\\nSubreddit: r/{subreddit}\\nPOST TEXT\\nTL;DR: "``. The complete answer states every fact
+once, in any order: ``"my sister borrowed my car and my boss lost the keys and my dog ate a sock"``:
+17, 62 and 231 tokens of the tiny tokenizer on average (10-25, 52-75, 202-260), with prompts of 82,
+134 and 337 tokens (at most 393). With ``n`` post facts and ``u = 1/n`` (one fact's worth)::
 
-    g = coverage - 1.5 u * hallucinated - u/8 * excess_words - repetition - junk
+    g = coverage - u * duplicates - 1.5 u * hallucinated - u/8 * excess_words - repetition - junk
 
 - ``coverage``: fraction of the post's facts the answer claims exactly (0..1), the reward;
+- ``duplicates``: claims of a fact already claimed;
 - ``hallucinated``: distinct claims not in the post (a wrong subject, event or object) plus subject
-  or event words that are not attributed and are not part of a post fact; inventing a fact costs
-  more than dropping one, at any length;
-- ``excess_words``: words beyond the complete answer's own length plus 2 (``budget``);
-- ``repetition``: the fraction of word 4-grams that repeat an earlier one (stating a fact twice,
-  loops; the connectives that every list repeats are shorter than 4 words);
+  or event words that are not attributed and are not part of a post fact: inventing a fact costs
+  more than leaving it out, at any length;
+- ``excess_words``: words beyond the complete answer's length plus 2 (``budget``);
+- ``repetition``: fraction of word 8-grams that repeat an earlier one (loops; every 8-gram of a
+  complete answer holds a whole subject-event pair, so a complete answer repeats none);
 - ``junk``: fraction of words neither in the post nor among the TL;DR task's connectives.
 
-The penalties are scaled by ``u`` so that the score means the same at every horizon: with 3 facts
-they are the TL;DR task's (0.5 per invented fact, about 0.04 per excess word). An empty answer
-scores -1; a complete concise answer 1.
+The penalties scale with ``u`` so that a score means the same at every horizon; with 3 facts they
+are the TL;DR task's (0.5 per invented fact, about 0.04 per excess word). An empty answer scores -1,
+a complete concise one 1.
 
-Task ``synthetic-verdict-{16,64,256}``: an opening verdict the whole answer must support
---------------------------------------------------------------------------------------
-The post (subreddit ``AmItheAsshole``) mixes the poster's own misdeeds (``"I lost the tickets."``)
-with other people's (``"My sister borrowed my car."``); one side has more, 2-3, 10-12 or 32-38
-facts against 35-70 % as many on the other side. The answer must **open** with the verdict,
-``yta`` when the poster's side has more facts and ``nta`` otherwise, and then list the facts of
-the side its verdict names, the reasons for it: ``"nta. my sister borrowed my car and my boss lost
-the keys"``. So the first token decides which continuation is right, and the score arrives only
-at the end of the answer::
+Task ``synthetic-verdict-{16,64,256}``: an opening the whole answer must stay consistent with
+--------------------------------------------------------------------------------------------
+Am I the one at fault? The post (subreddit ``AmItheAsshole``) mixes the poster's own misdeeds
+(``"I lost the tickets."``) with other people's (``"My sister borrowed my car."``). One side has
+more: 2-3, 10-12 or 32-38 facts, against 35-70 % as many on the other side. The answer gives its
+verdict by the side its **first fact** blames (``i ...``: YTA, the poster; ``my sister ...``: NTA,
+the others) and must then list the facts of that side, the reasons for its verdict, so the first
+token decides which continuation is right, and the score comes only at the end::
 
-    g = +-0.5 + coverage - u * off_side - 1.5 u * hallucinated - u/8 * excess_words - repetition - junk
+    g = +-0.5 + coverage - u * (off_side + duplicates) - 1.5 u * hallucinated - u/8 * excess - repetition - junk
 
-- ``+0.5`` if the first word is the correct verdict, ``-0.5`` if it is the wrong one or missing;
-- ``coverage``: facts of the side the opening names that the answer claims, divided by the size
-  ``n`` of the *correct* side (``u = 1/n``): after a wrong verdict a consistent answer can reach
-  only the minority's share;
-- ``off_side``: true facts of the post that do not support the opening (the other side's, or any
-  fact when there is no verdict), ``u`` each;
-- the rest as in the facts task, on the words after the verdict, with the correct side's budget.
+- ``+0.5`` if the first fact blames the side with more facts, ``-0.5`` if not (or no fact at all);
+- ``coverage``: claimed facts of the side the opening blames, divided by the size ``n`` of the
+  *correct* side (``u = 1/n``): after a wrong opening a consistent answer reaches only the
+  minority's share;
+- ``off_side``: true facts of the post on the other side, which do not support the verdict;
+- the rest as in the facts task, with the correct side's budget. Answers: 16, 62 and 197 tokens on
+  average (11-21, 52-78, 162-239); prompts 81, 167 and 421 tokens (at most 504).
 
-A correct complete answer scores 1.5. Flipping only its first word scores -1.5 (wrong verdict,
-every listed fact off-side); a wrong verdict followed by the minority's facts scores about 0, a
-correct verdict alone 0.5. The decision at the first token is worth more than everything after it.
+A complete answer scores 1.5. The same facts behind one fact of the other side score about -1.5
+(wrong verdict, every fact off-side); the minority's facts alone about 0. The decision at the first
+token is worth more than everything after it.
 
 Preference data and pretraining corpora
 ---------------------------------------
 ``generate(task, n, seed, split)`` writes comparisons in exactly the ``openai/summarize_from_feedback``
-``comparisons`` schema (so the adapter of ``synthetic-tldr`` reads them), two candidates per post
-drawn from kinds that span the quality range (``complete``, ``reordered``, ``missing``,
-``truncated``, ``hallucinated``, ``swapped``, ``verbose``, ``rambling``; for the verdict task also
-``flipped``, a complete answer with the wrong verdict, and ``other_side``, the wrong verdict with
-the minority's facts), labelled by the TL;DR task's Bradley-Terry labellers:
-``P(A > B) = sigmoid(5 * (g_A - g_B))``. The data path ``synthetic-facts-64`` (etc.) generates
-1,900 train and 300 ``valid1`` rows on first use into ``$MARLHF_HOME/synthetic`` (``data_file``);
-they are not bundled (the 256-token task's file is about 8 MB). ``pretraining_rows(n, horizon)``
-is the corpus of the pretrained base ``tiny-base-{horizon}`` (``marlhf.tiny``): both tasks at that
-horizon, complete answers in post order, from a random stream of their own.
+``comparisons`` schema (the adapter of ``synthetic-tldr`` reads them), two candidates per post drawn
+from kinds that span the quality range (``complete``, ``reordered``, ``missing``, ``truncated``,
+``hallucinated``, ``swapped``, ``verbose``, ``rambling``; for the verdict task also
+``wrong_opening``, ``other_side`` and ``both_sides``), labelled by the TL;DR task's Bradley-Terry
+labellers, ``P(A > B) = sigmoid(5 * (g_A - g_B))`` (the labels agree with the gold order on 79-95 %
+of the pairs). The data path ``synthetic-facts-64`` (etc.) generates 1,900 train and 300 ``valid1``
+rows on first use into ``$MARLHF_HOME/synthetic`` (``data_file``; not bundled: the longest task's
+file is about 8 MB). ``pretraining_rows(n, horizon)`` is the corpus of the pretrained base
+``tiny-base-{horizon}`` (``marlhf.tiny``): both tasks at that horizon, complete answers in post
+order, except that a quarter of the verdict task's answers blame the wrong side (consistently), so
+the base is unsure of its opening and RL has an early decision to learn.
 
 >>> p = "POST\\nSubreddit: r/family\\nMy sister borrowed my car. Then my boss lost the keys.\\nTL;DR: "
 >>> facts_gold(p, "my sister borrowed my car and my boss lost the keys")
@@ -88,11 +91,13 @@ horizon, complete answers in post order, from a random stream of their own.
 >>> facts_gold(p, "my sister borrowed my car and my boss lost my car")  # wrong object
 -0.25
 >>> v = "POST\\nSubreddit: r/AmItheAsshole\\nI lost the tickets. My sister borrowed my car. Then I broke the lamp.\\nTL;DR: "
->>> verdict_gold(v, "yta. i lost the tickets and i broke the lamp")
+>>> verdict_gold(v, "i lost the tickets and i broke the lamp")
 1.5
->>> verdict_gold(v, "nta. i lost the tickets and i broke the lamp")  # the same list after the wrong verdict
--1.5
->>> verdict_gold(v, "nta. my sister borrowed my car")  # wrong verdict, consistent list
+>>> verdict_gold(v, "i lost the tickets and i broke the lamp and my sister borrowed my car")
+0.75
+>>> verdict_gold(v, "my sister borrowed my car and i lost the tickets and i broke the lamp")
+-1.25
+>>> verdict_gold(v, "my sister borrowed my car")  # the wrong verdict, consistently
 0.0
 >>> gold_scorer_for("synthetic-verdict-256") is verdict_gold, gold_scorer_for(["hh"]) is None
 (True, True)
@@ -136,6 +141,8 @@ VERDICTS = ("yta", "nta")
 VERDICT_SUBREDDIT = "AmItheAsshole"
 # The numbers of comparisons a data path generates (as many as the bundled TL;DR file holds).
 N_TRAIN, N_VALID = 1900, 300
+# Share of the verdict task's pretraining answers that blame the wrong side (``pretraining_rows``).
+PRETRAIN_WRONG_SIDE = 0.25
 
 
 @dataclass(frozen=True)
@@ -161,9 +168,9 @@ TASKS: dict[str, LongTask] = {
         LongTask("synthetic-facts-16", "facts", 16, (2, 4), (3, 6)),
         LongTask("synthetic-facts-64", "facts", 64, (9, 12), (3, 5)),
         LongTask("synthetic-facts-256", "facts", 256, (34, 42), (2, 4)),
-        LongTask("synthetic-verdict-16", "verdict", 16, (2, 3), (2, 4), (0.35, 0.7)),
-        LongTask("synthetic-verdict-64", "verdict", 64, (10, 12), (2, 3), (0.35, 0.7)),
-        LongTask("synthetic-verdict-256", "verdict", 256, (32, 38), (1, 2), (0.35, 0.7)),
+        LongTask("synthetic-verdict-16", "verdict", 16, (2, 4), (2, 4), (0.35, 0.7)),
+        LongTask("synthetic-verdict-64", "verdict", 64, (10, 13), (2, 3), (0.35, 0.7)),
+        LongTask("synthetic-verdict-256", "verdict", 256, (33, 39), (1, 2), (0.35, 0.7)),
     )
 }
 
@@ -273,9 +280,21 @@ def facts_gold(prompt: str, answer: str) -> float:
     )
 
 
+def _verdict_of(claims: list[Fact]) -> str | None:
+    """The verdict an answer gives by its first claim: ``i ...`` -> "yta", ``my sister ...`` -> "nta"."""
+    if not claims:
+        return None
+    return "yta" if claims[0][0] == "i" else "nta"
+
+
+def answer_verdict(answer: str) -> str | None:
+    """``yta``, ``nta`` or None (no claim): the side the answer's first fact blames."""
+    return _verdict_of(read_claims(answer)[1])
+
+
 def verdict_gold(prompt: str, answer: str) -> float:
     """Gold score of ``answer`` on a ``synthetic-verdict-*`` prompt (module docstring): the verdict
-    its first word gives, and the facts after it that support that verdict."""
+    its first fact gives, and the facts that support that verdict."""
     post_words, post_claims, _ = read_claims(_post_text(prompt))
     facts = set(post_claims)
     mine = {f for f in facts if f[0] == "i"}
@@ -285,11 +304,10 @@ def verdict_gold(prompt: str, answer: str) -> float:
     words, claims, loose = read_claims(answer)
     if not words:
         return -1.0
-    verdict = words[0] if words[0] in VERDICTS else None
-    body = words[1:] if verdict else words
+    verdict = _verdict_of(claims)
     side = {"yta": mine, "nta": theirs}.get(verdict, set())
     listing = _listing(
-        body, claims, loose, facts, side, len(majority), post_words, budget(majority)
+        words, claims, loose, facts, side, len(majority), post_words, budget(majority)
     )
     return round((0.5 if verdict == correct else -0.5) + listing, 6)
 
@@ -373,8 +391,6 @@ def make_post(task: LongTask, rng: random.Random) -> dict:
     for d in distractors:
         sents.insert(rng.randint(0, len(sents)), d)
     answer = _join([phrase(f) for f in side], rng)
-    if verdict is not None:
-        answer = f"{verdict}. {answer}"
     return {
         "subreddit": sub,
         "post": " ".join(sents),
@@ -427,30 +443,24 @@ def _corrupt(kind: str, side: list[Fact], post: dict, rng: random.Random) -> lis
 
 
 FACT_KINDS = (
-    "complete",
-    "reordered",
-    "missing",
-    "truncated",
-    "hallucinated",
-    "swapped",
-    "verbose",
-    "rambling",
-)
-VERDICT_KINDS = (*FACT_KINDS, "flipped", "other_side")
+    "complete", "reordered", "missing", "truncated", "hallucinated", "swapped", "verbose", "rambling"
+)  # fmt: skip
+VERDICT_KINDS = (*FACT_KINDS, "wrong_opening", "other_side", "both_sides")
 
 
 def candidate(kind: str, post: dict, rng: random.Random) -> str:
     """One candidate answer of ``kind`` for ``post`` (a ``make_post`` result)."""
     if kind not in VERDICT_KINDS or (post["verdict"] is None and kind not in FACT_KINDS):
         raise ValueError(f"unknown candidate kind {kind!r} for this task")
-    side, verdict = post["side"], post["verdict"]
-    if kind in ("flipped", "other_side"):
-        verdict = "nta" if verdict == "yta" else "yta"
-        if kind == "other_side":
-            side = [f for f in post["facts"] if f not in set(side)]
-        kind = "complete"
-    text = _join(_corrupt(kind, side, post, rng), rng)
-    return text if verdict is None else f"{verdict}. {text}"
+    side = post["side"]
+    other = [f for f in post["facts"] if f not in set(side)]
+    if kind == "other_side":  # the wrong verdict, and the facts that support it
+        return _join([phrase(f) for f in other], rng)
+    if kind == "both_sides":  # every fact in post order: its verdict is the first fact's side
+        return _join([phrase(f) for f in post["facts"]], rng)
+    if kind == "wrong_opening":  # one fact of the other side first, then the complete list
+        return _join([phrase(rng.choice(other))] + [phrase(f) for f in side], rng)
+    return _join(_corrupt(kind, side, post, rng), rng)
 
 
 def gold(task: LongTask) -> Callable[[str, str], float]:
@@ -527,9 +537,13 @@ def data_file(name: str) -> Path:
 
 
 def pretraining_rows(n: int, horizon: int, seed: int = 0) -> list[dict]:
-    """``n`` posts of the two tasks at ``horizon`` (alternating) with their complete reference
-    answers, as ``{"id", "prompt", "chosen"}`` rows: the corpus of ``tiny-base-{horizon}``. The random
-    stream (``"long-pretrain/{horizon}/{seed}"``) is not the one of the comparisons."""
+    """``n`` posts of the two tasks at ``horizon`` (alternating) with a reference answer each, as
+    ``{"id", "prompt", "chosen"}`` rows: the corpus of ``tiny-base-{horizon}``. Facts-task answers
+    are complete, in post order. Verdict-task answers list the side at fault in post order, except
+    that a share ``PRETRAIN_WRONG_SIDE`` of them blame the other side (consistently), as a noisy
+    forum would: the base opens with the wrong side about that often when it samples, the early
+    decision that RL has to learn from the end-of-answer score. The random stream
+    (``"long-pretrain/{horizon}/{seed}"``) is not the one of the comparisons."""
     if horizon not in HORIZONS:
         raise ValueError(f"--horizon must be one of {HORIZONS}, got {horizon}")
     tasks = [TASKS[f"synthetic-facts-{horizon}"], TASKS[f"synthetic-verdict-{horizon}"]]
@@ -538,5 +552,8 @@ def pretraining_rows(n: int, horizon: int, seed: int = 0) -> list[dict]:
     for i in range(n):
         post = make_post(tasks[i % 2], rng)
         prompt = prompt_of({"info": {"subreddit": post["subreddit"], "post": post["post"]}})
-        rows.append({"id": i, "prompt": prompt, "chosen": post["answer"]})
+        chosen = post["answer"]
+        if post["verdict"] is not None and rng.random() < PRETRAIN_WRONG_SIDE:
+            chosen = candidate("other_side", post, rng)
+        rows.append({"id": i, "prompt": prompt, "chosen": chosen})
     return rows

@@ -23,7 +23,7 @@ PROMPT = (
     "party last week.\nTL;DR: "
 )
 COMPLETE = "my sister borrowed my car and my boss lost the keys and my dog ate a sock and my uncle cancelled the party"
-# the poster has 3 facts, the others 2: the verdict is "yta"
+# the poster has 3 facts, the others 2: the verdict is "yta" (you are the one at fault)
 VPROMPT = (
     "POST\nSubreddit: r/AmItheAsshole\nI lost the tickets. My sister borrowed my car. Then I broke "
     "the lamp. Sorry for the long post. My boss lost the keys. Yesterday, I skipped the exam.\nTL;DR: "
@@ -59,7 +59,7 @@ def test_generated_posts_are_read_back_and_their_reference_is_perfect(name):
         assert L.post_facts(prompt) == set(post["facts"])
         assert L.gold(task)(prompt, post["answer"]) == best
         if task.family == "verdict":
-            assert L.correct_verdict(prompt) == post["verdict"]
+            assert L.correct_verdict(prompt) == post["verdict"] == L.answer_verdict(post["answer"])
             assert len(post["side"]) > len(post["facts"]) - len(post["side"])
 
 
@@ -143,29 +143,36 @@ def test_penalties_scale_with_the_number_of_facts():
 
 
 def test_verdict_score_hinges_on_the_opening():
-    assert L.correct_verdict(VPROMPT) == "yta"
-    assert L.verdict_gold(VPROMPT, "yta. " + MINE) == 1.5
-    # the same list after the wrong verdict: -0.5, and its three facts do not support "nta"
-    assert L.verdict_gold(VPROMPT, "nta. " + MINE) == -1.5
-    # the wrong verdict with the list that supports it: the minority's share, 2 of 3
-    assert L.verdict_gold(VPROMPT, "nta. " + THEIRS) == pytest.approx(-0.5 + 2 / 3, abs=1e-5)
-    # no verdict: -0.5 and nothing supported
-    assert L.verdict_gold(VPROMPT, MINE) == -1.5
-    # the verdict alone, and the verdict with part of the list: graded
-    assert L.verdict_gold(VPROMPT, "yta") == 0.5
-    partial = "yta. i lost the tickets and i broke the lamp"
+    assert L.correct_verdict(VPROMPT) == "yta"  # 3 facts of the poster, 2 of the others
+    assert L.answer_verdict(MINE) == "yta" and L.answer_verdict(THEIRS) == "nta"
+    assert L.verdict_gold(VPROMPT, MINE) == 1.5
+    # the wrong verdict with the facts that support it: -0.5 + the minority's share, 2 of 3
+    assert L.verdict_gold(VPROMPT, THEIRS) == pytest.approx(-0.5 + 2 / 3, abs=1e-5)
+    # the same 26 words in two orders: the first fact decides which ones count against the answer
+    # (u = 1/3; 10 words beyond the budget of 16 cost u/8 each)
+    right_first = L.verdict_gold(VPROMPT, MINE + " and " + THEIRS)
+    wrong_first = L.verdict_gold(VPROMPT, THEIRS + " and " + MINE)
+    assert right_first == pytest.approx(0.5 + 1 - 2 / 3 - 10 / 24, abs=1e-5)
+    assert wrong_first == pytest.approx(-0.5 + 2 / 3 - 3 / 3 - 10 / 24, abs=1e-5)
+    # partial answers are graded; one fact of the other side costs one fact's worth
+    partial = "i lost the tickets and i broke the lamp"
     assert L.verdict_gold(VPROMPT, partial) == pytest.approx(0.5 + 2 / 3, abs=1e-5)
-    # a listed fact of the other side costs one fact's worth (1/3); its words are 4 beyond the
-    # budget (u/8 each)
-    mixed = "yta. " + MINE + " and my boss lost the keys"
+    mixed = MINE + " and my boss lost the keys"  # 4 words beyond the budget
     assert L.verdict_gold(VPROMPT, mixed) == pytest.approx(1.5 - 1 / 3 - 4 / 24, abs=1e-5)
-    # on generated 256-token posts: flipping the first word of the reference costs 3 every time
+    # no fact at all: no verdict
+    assert L.answer_verdict("sorry for the long post") is None
+    assert L.verdict_gold(VPROMPT, "sorry for the long post") == -0.5
+    assert L.verdict_gold(VPROMPT, "") == -1.0
+    # on generated 256-token posts: one fact of the other side in front of the complete answer
+    # turns 1.5 into less than -1; the same fact at the end costs only its own worth
     for seed in range(10):
         prompt, post = _post("synthetic-verdict-256", seed)
-        other = "nta" if post["verdict"] == "yta" else "yta"
-        flipped = other + post["answer"][3:]
+        other = next(f for f in post["facts"] if f not in post["side"])
+        n = len(post["side"])
         assert L.verdict_gold(prompt, post["answer"]) == 1.5
-        assert L.verdict_gold(prompt, flipped) == -1.5
+        assert L.verdict_gold(prompt, L.phrase(other) + " and " + post["answer"]) < -1.0
+        last = L.verdict_gold(prompt, post["answer"] + " and " + L.phrase(other))
+        assert 1.5 - 1 / n - 8 / (8 * n) <= last < 1.5
 
 
 def test_comparisons_schema_labels_and_kinds():
@@ -190,22 +197,32 @@ def test_comparisons_schema_labels_and_kinds():
         assert top > mean["missing"] > mean["hallucinated"]
         assert mean["missing"] > mean["swapped"] and mean["complete"] > mean["rambling"]
         if task.family == "verdict":
-            assert (
-                mean["flipped"] == -1.5 and mean["flipped"] < mean["other_side"] < mean["missing"]
-            )
+            assert mean["wrong_opening"] < mean["other_side"] < mean["missing"]
+            assert mean["both_sides"] < mean["missing"]
         # measured: 0.79 (facts-64), 0.95 (verdict-16); BT labels with BETA=5 on gold gaps
         assert agree / decided > 0.72, name
 
 
 def test_pretraining_rows_alternate_tasks_and_are_apart_from_the_comparisons():
-    rows = L.pretraining_rows(20, 64)
-    assert rows == L.pretraining_rows(20, 64) and rows != L.pretraining_rows(20, 64, seed=1)
+    rows = L.pretraining_rows(400, 64)
+    assert rows[:20] == L.pretraining_rows(20, 64) and rows[:20] != L.pretraining_rows(
+        20, 64, seed=1
+    )
     subs = [r["prompt"].split("\n")[1] for r in rows]
-    assert subs[1::2] == ["Subreddit: r/AmItheAsshole"] * 10
+    assert subs[1::2] == ["Subreddit: r/AmItheAsshole"] * 200
     assert all(s != "Subreddit: r/AmItheAsshole" for s in subs[::2])
-    for i, r in enumerate(rows):
-        score = L.facts_gold if i % 2 == 0 else L.verdict_gold
-        assert score(r["prompt"], r["chosen"]) == (1.0 if i % 2 == 0 else 1.5)
+    assert all(L.facts_gold(r["prompt"], r["chosen"]) == 1.0 for r in rows[::2])
+    # verdict answers: the side at fault, complete (1.5), or in about a quarter of the rows the
+    # other side, complete and consistent (the wrong opening: -0.5 + the minority's share)
+    wrong = 0
+    for r in rows[1::2]:
+        g = L.verdict_gold(r["prompt"], r["chosen"])
+        if L.answer_verdict(r["chosen"]) == L.correct_verdict(r["prompt"]):
+            assert g == 1.5
+        else:
+            wrong += 1
+            assert -0.5 < g < 0.25
+    assert 0.18 < wrong / 200 < 0.32  # PRETRAIN_WRONG_SIDE = 0.25
     posts = {prompt_of(r) for r in L.generate("synthetic-facts-64", 50, 0)}
     assert not posts & {r["prompt"] for r in rows}
     with pytest.raises(ValueError, match="--horizon"):
