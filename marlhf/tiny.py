@@ -199,7 +199,7 @@ HORIZON_BASE_DIRS = {
 }
 # Generation limit of each base: its tasks' longest answers plus room.
 HORIZON_NEW_TOKENS = {16: 48, 64: 128, 256: 320}
-HORIZON_ROWS = {16: 6000, 64: 18000, 256: 4000}
+HORIZON_ROWS = {16: 6000, 64: 18000, 256: 12000}
 HORIZON_FLAGS = {
     h: (
         "--data_split", "10,0,0",
@@ -214,7 +214,7 @@ HORIZON_FLAGS = {
         "--eval_iters", "4",
         "--seed", "1234",
     )
-    for h, seq, batch, lr in ((16, 192, 32, "2e-3"), (64, 320, 32, "2e-3"), (256, 800, 16, "1e-3"))
+    for h, seq, batch, lr in ((16, 192, 32, "2e-3"), (64, 320, 32, "2e-3"), (256, 800, 16, "2e-3"))
 }  # fmt: skip
 
 
@@ -447,7 +447,21 @@ def main(argv: list[str] | None = None) -> None:
         choices=sorted(HORIZON_BASE_DIRS),
         help="pretrain tiny-base-HORIZON (long-horizon tasks) from tiny-base instead",
     )
+    ap.add_argument(
+        "--figures",
+        action="store_true",
+        help="re-measure the figures of the tiny-base-HORIZON in OUT_DIR (after a scorer change)",
+    )
     args, extra = ap.parse_known_args(argv)
+    if args.figures:
+        if args.horizon is None or args.pretrain or extra:
+            ap.error("--figures takes OUT_DIR and --horizon only")
+        record_path = Path(args.out_dir) / "pretraining.json"
+        record = json.loads(record_path.read_text())
+        record["figures"] = horizon_figures(args.out_dir, args.horizon)
+        record_path.write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["figures"], indent=2))
+        return
     if (extra or args.horizon is not None) and not args.pretrain:
         ap.error(f"unrecognised arguments without --pretrain: {' '.join(extra) or '--horizon'}")
     if args.pretrain:

@@ -26,43 +26,47 @@ lost the keys."``, ``"Yesterday, my dog ate a sock."``; a subject and event go t
 per post) with a few filler sentences of the TL;DR task between them, in the prompt
 ``"POST\\nSubreddit: r/{subreddit}\\nPOST TEXT\\nTL;DR: "``. The complete answer states every fact
 once, in any order: ``"my sister borrowed my car and my boss lost the keys and my dog ate a sock"``:
-17, 62 and 231 tokens of the tiny tokenizer on average (10-25, 52-75, 202-260), with prompts of 82,
-134 and 337 tokens (at most 393). With ``n`` post facts and ``u = 1/n`` (one fact's worth)::
+17, 62 and 230 tokens of the tiny tokenizer on average (10-26, 50-75, 202-260), with prompts of 82,
+133 and 336 tokens (at most 393). With ``n`` post facts and ``u = 1/n`` (one fact's worth)::
 
-    g = coverage - u * duplicates - 1.5 u * hallucinated - u/8 * excess_words - repetition - junk
+    g = coverage - u * (duplicates + hallucinated) - u/8 * excess_words - repetition - junk
 
 - ``coverage``: fraction of the post's facts the answer claims exactly (0..1), the reward;
 - ``duplicates``: claims of a fact already claimed;
 - ``hallucinated``: distinct claims not in the post (a wrong subject, event or object) plus subject
-  or event words that are not attributed and are not part of a post fact: inventing a fact costs
-  more than leaving it out, at any length;
+  or event words that are not attributed and are not part of a post fact;
 - ``excess_words``: words beyond the complete answer's length plus 2 (``budget``);
 - ``repetition``: fraction of word 8-grams that repeat an earlier one (loops; every 8-gram of a
   complete answer holds a whole subject-event pair, so a complete answer repeats none);
 - ``junk``: fraction of words neither in the post nor among the TL;DR task's connectives.
 
-The penalties scale with ``u`` so that a score means the same at every horizon; with 3 facts they
-are the TL;DR task's (0.5 per invented fact, about 0.04 per excess word). An empty answer scores -1,
-a complete concise one 1.
+Every wrong claim costs what a right one earns, so a claim pays only when it is more likely right
+than wrong, and the penalties scale with ``u`` so that a score means the same at every horizon (with
+3 facts: 0.33 per wrong claim, about 0.04 per excess word; the TL;DR task charges 0.5 per wrong
+claim). Why not more: the pretrained 256-token base's sampled claims are right 46-68 % of the time
+(hallucinated 29-39 %, duplicated 3-15 %, by quarter of the answer); at 1.5 ``u`` per invented fact
+every further claim was worth about nothing, and oracle PPO runs raised gold mostly by cutting the
+answers to a fifth of their length, which defeats a horizon knob. An empty answer scores -1, a
+complete concise one 1.
 
 Task ``synthetic-verdict-{16,64,256}``: an opening the whole answer must stay consistent with
 --------------------------------------------------------------------------------------------
 Am I the one at fault? The post (subreddit ``AmItheAsshole``) mixes the poster's own misdeeds
 (``"I lost the tickets."``) with other people's (``"My sister borrowed my car."``). One side has
-more: 2-3, 10-12 or 32-38 facts, against 35-70 % as many on the other side. The answer gives its
+more: 2-4, 10-13 or 33-39 facts, against 35-70 % as many on the other side. The answer gives its
 verdict by the side its **first fact** blames (``i ...``: YTA, the poster; ``my sister ...``: NTA,
 the others) and must then list the facts of that side, the reasons for its verdict, so the first
 token decides which continuation is right, and the score comes only at the end::
 
-    g = +-0.5 + coverage - u * (off_side + duplicates) - 1.5 u * hallucinated - u/8 * excess - repetition - junk
+    g = +-0.5 + coverage - u * (off_side + duplicates + hallucinated) - u/8 * excess - repetition - junk
 
 - ``+0.5`` if the first fact blames the side with more facts, ``-0.5`` if not (or no fact at all);
 - ``coverage``: claimed facts of the side the opening blames, divided by the size ``n`` of the
   *correct* side (``u = 1/n``): after a wrong opening a consistent answer reaches only the
   minority's share;
 - ``off_side``: true facts of the post on the other side, which do not support the verdict;
-- the rest as in the facts task, with the correct side's budget. Answers: 16, 62 and 197 tokens on
-  average (11-21, 52-78, 162-239); prompts 81, 167 and 421 tokens (at most 504).
+- the rest as in the facts task, with the correct side's budget. Answers: 15, 63 and 201 tokens on
+  average (8-25, 48-81, 163-240); prompts 85, 175 and 432 tokens (at most 534).
 
 A complete answer scores 1.5. The same facts behind one fact of the other side score about -1.5
 (wrong verdict, every fact off-side); the minority's facts alone about 0. The decision at the first
@@ -75,7 +79,7 @@ Preference data and pretraining corpora
 from kinds that span the quality range (``complete``, ``reordered``, ``missing``, ``truncated``,
 ``hallucinated``, ``swapped``, ``verbose``, ``rambling``; for the verdict task also
 ``wrong_opening``, ``other_side`` and ``both_sides``), labelled by the TL;DR task's Bradley-Terry
-labellers, ``P(A > B) = sigmoid(5 * (g_A - g_B))`` (the labels agree with the gold order on 79-95 %
+labellers, ``P(A > B) = sigmoid(5 * (g_A - g_B))`` (the labels agree with the gold order on 77-94 %
 of the pairs). The data path ``synthetic-facts-64`` (etc.) generates 1,900 train and 300 ``valid1``
 rows on first use into ``$MARLHF_HOME/synthetic`` (``data_file``; not bundled: the longest task's
 file is about 8 MB). ``pretraining_rows(n, horizon)`` is the corpus of the pretrained base
@@ -88,8 +92,8 @@ the base is unsure of its opening and RL has an early decision to learn.
 1.0
 >>> facts_gold(p, "my sister borrowed my car")
 0.5
->>> facts_gold(p, "my sister borrowed my car and my boss lost my car")  # wrong object
--0.25
+>>> facts_gold(p, "my sister borrowed my car and my boss lost my car")  # a wrong object
+0.0
 >>> v = "POST\\nSubreddit: r/AmItheAsshole\\nI lost the tickets. My sister borrowed my car. Then I broke the lamp.\\nTL;DR: "
 >>> verdict_gold(v, "i lost the tickets and i broke the lamp")
 1.5
@@ -264,7 +268,7 @@ def _listing(body, claims, loose, facts, side, n, post_words, words_budget) -> f
     vocab = set(post_words) | CONNECTIVES
     junk = sum(w not in vocab for w in body) / len(body) if body else 0.0
     coverage = len(claimed & side) * u
-    penalty = u * (off_side + duplicates) + 1.5 * u * hallucinated + u / 8 * excess
+    penalty = u * (off_side + duplicates + hallucinated) + u / 8 * excess
     return coverage - penalty - repetition(body) - junk
 
 

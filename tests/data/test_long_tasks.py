@@ -98,13 +98,13 @@ def test_facts_gold_monotone_in_facts_covered():
 
 def test_facts_gold_penalises_hallucination_repetition_verbosity_and_junk():
     three = " and ".join(L.phrase(f) for f in FACTS[:3])
-    # a wrong object: the fact is not covered and costs 1.5 facts -> worse than leaving it out
+    # a wrong object: the fact is not covered and costs one fact's worth -> worse than leaving it out
     wrong = three + " and my uncle cancelled my car"
-    assert L.facts_gold(PROMPT, wrong) == pytest.approx(0.75 - 1.5 / 4, abs=1e-5)
+    assert L.facts_gold(PROMPT, wrong) == pytest.approx(0.75 - 1 / 4, abs=1e-5)
     assert L.facts_gold(PROMPT, wrong) < L.facts_gold(PROMPT, three)
     # an invented subject that is not attributed (a loose entity word) is a hallucination too
     # (26 words: 1 beyond the budget; "cousin" is not in the post: junk 1/26)
-    expected = 1 - 1.5 / 4 - 0.25 / 8 - 1 / 26
+    expected = 1 - 1 / 4 - 0.25 / 8 - 1 / 26
     assert L.facts_gold(PROMPT, COMPLETE + " and my cousin") == pytest.approx(expected, abs=1e-5)
     # stating a fact twice costs one fact's worth
     twice = COMPLETE + " and my dog ate a sock"
@@ -123,7 +123,7 @@ def test_facts_gold_penalises_hallucination_repetition_verbosity_and_junk():
 
 
 def test_penalties_scale_with_the_number_of_facts():
-    """One invented fact costs 1.5 facts' worth at every horizon (u = 1/n)."""
+    """One invented fact costs one fact's worth at every horizon (u = 1/n)."""
     for name in ("synthetic-facts-16", "synthetic-facts-64", "synthetic-facts-256"):
         prompt, post = _post(name, 1)
         n = len(post["facts"])
@@ -138,7 +138,7 @@ def test_penalties_scale_with_the_number_of_facts():
         answer = post["answer"] + " and " + L.phrase(fake)
         excess = max(0, len(answer.split()) - L.budget(set(post["facts"])))
         assert L.facts_gold(prompt, answer) == pytest.approx(
-            1 - 1.5 / n - excess / (8 * n), abs=1e-5
+            1 - 1 / n - excess / (8 * n), abs=1e-5
         )
 
 
