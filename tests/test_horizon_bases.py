@@ -106,11 +106,21 @@ def test_missing_horizon_base_names_the_rebuild_command(tmp_path, monkeypatch):
     assert resolve_model_path("tiny-base-32") == "tiny-base-32"  # not ours: a path like any other
 
 
-# Mean answer tokens of a base's samples (the reference answers average 17/15, 62/63 and 230/201).
-LENGTH_BAND = {16: (10, 24), 64: (45, 75), 256: (170, 270)}
+# Mean answer tokens of a base's samples. The references average 17, 62, 230 (facts) and 15, 63, 201
+# (verdict); a verdict answer that opens with the wrong side lists the smaller side (35-70 % as long),
+# which the bases do about a third of the time, hence the lower bounds for the verdict task.
+LENGTH_BAND = {
+    ("facts", 16): (12, 22),
+    ("verdict", 16): (9, 22),
+    ("facts", 64): (50, 72),
+    ("verdict", 64): (40, 72),
+    ("facts", 256): (190, 260),
+    ("verdict", 256): (120, 240),
+}
 # Sampled (T=1) gold on 16 held-out prompts: well below the maximum (1 facts, 1.5 verdict), well
-# above garbage (about -1 and below). Measured on the shipped bases, see FIGURES in the docstring.
-GOLD_RANGE = {"facts": (-1.0, 0.8), "verdict": (-1.0, 1.1)}
+# above garbage (-1 and below). Measured on the shipped bases (facts, verdict): 0.39, 0.39 (16);
+# 0.56, 0.39 (64); 0.32, 0.15 (256); right openings 0.69, 0.75, 0.62.
+GOLD_RANGE = {"facts": (0.0, 0.8), "verdict": (-0.3, 1.1)}
 
 
 @pytest.mark.parametrize("horizon", [16, 64, pytest.param(256, marks=pytest.mark.slow)])
@@ -125,7 +135,8 @@ def test_base_writes_answers_of_its_horizon_with_room_to_improve(horizon):
         mean_gold, mean_len = sum(golds) / len(golds), sum(lengths) / len(lengths)
         figures[family] = (round(mean_gold, 3), round(mean_len, 1), ended)
         assert ended >= 0.9, figures
-        assert LENGTH_BAND[horizon][0] <= mean_len <= LENGTH_BAND[horizon][1], figures
+        lo, hi = LENGTH_BAND[family, horizon]
+        assert lo <= mean_len <= hi, figures
         assert GOLD_RANGE[family][0] <= mean_gold <= GOLD_RANGE[family][1], figures
         if family == "verdict":
             pairs = zip(prompts, texts, strict=True)

@@ -29,7 +29,7 @@ once, in any order: ``"my sister borrowed my car and my boss lost the keys and m
 17, 62 and 230 tokens of the tiny tokenizer on average (10-26, 50-75, 202-260), with prompts of 82,
 133 and 336 tokens (at most 393). With ``n`` post facts and ``u = 1/n`` (one fact's worth)::
 
-    g = coverage - u * (duplicates + hallucinated) - u/8 * excess_words - repetition - junk
+    g = coverage - u/2 * (duplicates + hallucinated) - u/8 * excess_words - repetition - junk
 
 - ``coverage``: fraction of the post's facts the answer claims exactly (0..1), the reward;
 - ``duplicates``: claims of a fact already claimed;
@@ -40,14 +40,15 @@ once, in any order: ``"my sister borrowed my car and my boss lost the keys and m
   complete answer holds a whole subject-event pair, so a complete answer repeats none);
 - ``junk``: fraction of words neither in the post nor among the TL;DR task's connectives.
 
-Every wrong claim costs what a right one earns, so a claim pays only when it is more likely right
-than wrong, and the penalties scale with ``u`` so that a score means the same at every horizon (with
-3 facts: 0.33 per wrong claim, about 0.04 per excess word; the TL;DR task charges 0.5 per wrong
-claim). Why not more: the pretrained 256-token base's sampled claims are right 46-68 % of the time
-(hallucinated 29-39 %, duplicated 3-15 %, by quarter of the answer); at 1.5 ``u`` per invented fact
-every further claim was worth about nothing, and oracle PPO runs raised gold mostly by cutting the
-answers to a fifth of their length, which defeats a horizon knob. An empty answer scores -1, a
-complete concise one 1.
+A wrong claim (invented, repeated, or off-side in the verdict task) costs half a fact, so a claim
+pays when it is right more than a third of the time; the penalties scale with ``u`` so that a
+score means the same at every horizon (with 3 facts: 0.17 per wrong claim, about 0.04 per excess
+word; the TL;DR task charges 0.5 per invented fact). Why not more: the sampled claims of the shipped
+256-token base are right 35-68 % of the time, by task and by quarter of the answer, so at 1.5 or
+1 fact per wrong claim its later claims were worth nothing or less, and oracle PPO raised gold
+mainly by cutting the answers short (``synthetic-verdict-256``: 171 -> 44 tokens in 32 steps),
+which defeats a horizon knob. An empty answer scores -1, a complete concise one 1.
+
 
 Task ``synthetic-verdict-{16,64,256}``: an opening the whole answer must stay consistent with
 --------------------------------------------------------------------------------------------
@@ -58,7 +59,7 @@ verdict by the side its **first fact** blames (``i ...``: YTA, the poster; ``my 
 the others) and must then list the facts of that side, the reasons for its verdict, so the first
 token decides which continuation is right, and the score comes only at the end::
 
-    g = +-0.5 + coverage - u * (off_side + duplicates + hallucinated) - u/8 * excess - repetition - junk
+    g = +-0.5 + coverage - u/2 * (off_side + duplicates + hallucinated) - u/8 * excess - repetition - junk
 
 - ``+0.5`` if the first fact blames the side with more facts, ``-0.5`` if not (or no fact at all);
 - ``coverage``: claimed facts of the side the opening blames, divided by the size ``n`` of the
@@ -68,9 +69,9 @@ token decides which continuation is right, and the score comes only at the end::
 - the rest as in the facts task, with the correct side's budget. Answers: 15, 63 and 201 tokens on
   average (8-25, 48-81, 163-240); prompts 85, 175 and 432 tokens (at most 534).
 
-A complete answer scores 1.5. The same facts behind one fact of the other side score about -1.5
-(wrong verdict, every fact off-side); the minority's facts alone about 0. The decision at the first
-token is worth more than everything after it.
+A complete answer scores 1.5. The same facts behind one fact of the other side score about -1
+(wrong verdict, every listed fact off-side); the minority's facts alone about 0. The decision at the
+first token is worth more than everything after it.
 
 Preference data and pretraining corpora
 ---------------------------------------
@@ -93,14 +94,14 @@ the base is unsure of its opening and RL has an early decision to learn.
 >>> facts_gold(p, "my sister borrowed my car")
 0.5
 >>> facts_gold(p, "my sister borrowed my car and my boss lost my car")  # a wrong object
-0.0
+0.25
 >>> v = "POST\\nSubreddit: r/AmItheAsshole\\nI lost the tickets. My sister borrowed my car. Then I broke the lamp.\\nTL;DR: "
 >>> verdict_gold(v, "i lost the tickets and i broke the lamp")
 1.5
 >>> verdict_gold(v, "i lost the tickets and i broke the lamp and my sister borrowed my car")
-0.75
+1.0
 >>> verdict_gold(v, "my sister borrowed my car and i lost the tickets and i broke the lamp")
--1.25
+-0.75
 >>> verdict_gold(v, "my sister borrowed my car")  # the wrong verdict, consistently
 0.0
 >>> gold_scorer_for("synthetic-verdict-256") is verdict_gold, gold_scorer_for(["hh"]) is None
@@ -268,7 +269,7 @@ def _listing(body, claims, loose, facts, side, n, post_words, words_budget) -> f
     vocab = set(post_words) | CONNECTIVES
     junk = sum(w not in vocab for w in body) / len(body) if body else 0.0
     coverage = len(claimed & side) * u
-    penalty = u * (off_side + duplicates + hallucinated) + u / 8 * excess
+    penalty = u / 2 * (off_side + duplicates + hallucinated) + u / 8 * excess
     return coverage - penalty - repetition(body) - junk
 
 
