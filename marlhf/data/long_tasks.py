@@ -5,8 +5,8 @@ MA-RLHF's claim is about credit assignment over long responses, and the bundled 
 (``marlhf.data.synthetic``) has 14-20-token answers. These tasks keep its world (its entity, event
 and object lexicons, filler sentences, TL;DR prompt template, comparisons schema and Bradley-Terry
 labellers, a gold scorer from text alone) and add a **horizon knob**: the number of key facts, hence
-the answer's length. All words are in the tiny tokenizer's vocabulary (1.02-1.12 tokens per answer
-word), so the bases share it.
+the answer's length. All words are in the tiny tokenizer's vocabulary (1.03-1.09 tokens per answer
+word, as on the TL;DR summaries), so the bases share it.
 
 Facts and how they are read
 ---------------------------
@@ -48,7 +48,6 @@ word; the TL;DR task charges 0.5 per invented fact). Why not more: the sampled c
 1 fact per wrong claim its later claims were worth nothing or less, and oracle PPO raised gold
 mainly by cutting the answers short (``synthetic-verdict-256``: 171 -> 44 tokens in 32 steps),
 which defeats a horizon knob. An empty answer scores -1, a complete concise one 1.
-
 
 Task ``synthetic-verdict-{16,64,256}``: an opening the whole answer must stay consistent with
 --------------------------------------------------------------------------------------------
@@ -534,6 +533,7 @@ def data_file(name: str) -> Path:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
