@@ -19,7 +19,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 
 def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> str:
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
-    shipped pretrained tiny model; anything else unchanged, once it is known to be loadable.
+    shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
+    tasks (``marlhf.data.long_tasks``); anything else unchanged, once it is known to be loadable.
 
     Raises:
         FileNotFoundError (one line naming the model and what to do) for a local path that does not
@@ -27,6 +28,11 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         with ``tokenizer_only``), or a hub id missing from the local cache while
         ``HF_HUB_OFFLINE`` is set (see :func:`marlhf.preflight.model_source_problem`).
     """
+    if name_or_path.startswith("tiny-base-"):
+        from marlhf.tiny import HORIZON_BASES, ensure_horizon_base
+
+        if name_or_path in HORIZON_BASES:
+            return ensure_horizon_base(name_or_path)
     if name_or_path == "tiny-base":
         from marlhf.tiny import ensure_tiny_base
 

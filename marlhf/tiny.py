@@ -186,6 +186,37 @@ PRETRAIN_FLAGS = (
     "--seed", "1234",
 )  # fmt: skip
 
+# The pretrained bases of the long-horizon tasks (``marlhf.data.long_tasks``): ``tiny-base-{16,64,256}``,
+# the shape and tokenizer of ``tiny-base``, pretrained further on both tasks of one horizon: 16 and 64
+# from ``tiny-base``, 256 from ``tiny-base-64`` (long copying is learnt far cheaper on 64-token
+# answers; a 2-layer model trained on 256-token answers from ``tiny-base`` loops and repeats).
+HORIZON_START = {16: "tiny-base", 64: "tiny-base", 256: "tiny-base-64"}
+# RoPE: raising the context adds no weights; a 256-task prompt + answer is under 800 tokens.
+HORIZON_MAX_POSITIONS = 1024
+HORIZON_BASE_DIRS = {
+    h: Path(__file__).resolve().parent / "data" / "bundled" / f"tiny_base_{h}"
+    for h in HORIZON_START
+}
+# Generation limit of each base: its tasks' longest answers plus room.
+HORIZON_NEW_TOKENS = {16: 48, 64: 128, 256: 320}
+HORIZON_ROWS = {16: 6000, 64: 18000, 256: 12000}
+HORIZON_FLAGS = {
+    h: (
+        "--data_split", "10,0,0",
+        "--max_seq_len", str(seq),
+        "--per_device_train_batch_size", str(batch),
+        "--per_device_eval_batch_size", str(batch),
+        "--learning_rate", lr,
+        "--num_train_epochs", "1",
+        "--warmup_ratio", "0.03",
+        "--lr_scheduler_type", "cosine",
+        "--zero_stage", "0",
+        "--eval_iters", "4",
+        "--seed", "1234",
+    )
+    for h, seq, batch, lr in ((16, 192, 32, "2e-3"), (64, 320, 32, "2e-3"), (256, 800, 16, "2e-3"))
+}  # fmt: skip
+
 
 def ensure_tiny_base() -> str:
     """Path of the shipped pretrained tiny model (``--model_name_or_path tiny-base``)."""
@@ -200,11 +231,13 @@ def ensure_tiny_base() -> str:
 
 def pretrain_base(
     out_dir: str | Path,
-    rows: int = PRETRAIN_ROWS,
+    rows: int | None = None,
     extra_flags: Iterable[str] = (),
     workdir: str | Path | None = None,
+    horizon: int | None = None,
 ) -> Path:
-    """Make ``tiny-base``: pretrain ``tiny`` on ``rows`` generated posts with the SFT stage.
+    """Make ``tiny-base``: pretrain ``tiny`` on ``rows`` (default ``PRETRAIN_ROWS``) generated posts
+    with the SFT stage; with ``horizon``, make ``tiny-base-{horizon}`` instead (``_horizon_setup``).
 
     Runs ``python -m marlhf.stages.sft`` (a subprocess, like a user would) with ``PRETRAIN_FLAGS``
     plus ``extra_flags`` (later flags win, e.g. ``--max_steps 2`` for a smoke test) in ``workdir``
@@ -212,9 +245,13 @@ def pretrain_base(
     (recipe and final eval perplexity) into ``out_dir``.
     """
     import subprocess
+    import time
 
     from marlhf.data.synthetic import pretraining_rows
 
+    if horizon is not None:
+        rows = HORIZON_ROWS[horizon] if rows is None else rows
+    rows = PRETRAIN_ROWS if rows is None else rows
     out = Path(out_dir)
     tmp = None
     if workdir is None:
@@ -224,19 +261,24 @@ def pretrain_base(
     work.mkdir(parents=True, exist_ok=True)
     try:
         corpus = work / "pretrain.jsonl"
+        start, base_flags, corpus_rows = "tiny", PRETRAIN_FLAGS, pretraining_rows
+        if horizon is not None:
+            start, base_flags, corpus_rows = _horizon_setup(work, horizon)
         with open(corpus, "w", encoding="utf-8") as f:
-            for row in pretraining_rows(rows):
+            for row in corpus_rows(rows):
                 f.write(json.dumps(row) + "\n")
-        flags = [*PRETRAIN_FLAGS, *extra_flags]
+        flags = [*base_flags, *extra_flags]
         cmd = [
             sys.executable, "-m", "marlhf.stages.sft",
-            "--model_name_or_path", "tiny",
+            "--model_name_or_path", start,
             "--data_path", str(corpus),
             "--data_output_path", str(work / "cache"),
             "--output_dir", str(work / "run"),
             *flags,
         ]  # fmt: skip
+        t0 = time.time()
         subprocess.run(cmd, check=True)
+        wall_s = time.time() - t0
         out.mkdir(parents=True, exist_ok=True)
         for name in (*BASE_FILES, "tokenizer_config.json"):
             shutil.copy2(work / "run" / name, out / name)
@@ -250,11 +292,139 @@ def pretrain_base(
             "final_eval_ppl": evals[-1]["eval/ppl"] if evals else None,
             "steps": evals[-1]["step"] if evals else None,
         }
+        if horizon is not None:
+            record.update(_horizon_finish(out, rows, horizon, wall_s))
         (out / "pretraining.json").write_text(json.dumps(record, indent=2) + "\n")
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+HORIZON_BASES = {f"tiny-base-{h}": h for h in HORIZON_BASE_DIRS}
+
+
+def ensure_horizon_base(name: str) -> str:
+    """Path of a shipped long-horizon base (``--model_name_or_path tiny-base-{16,64,256}``)."""
+    if name not in HORIZON_BASES:
+        raise ValueError(f"{name!r} is not a long-horizon base; known: {', '.join(HORIZON_BASES)}")
+    path = HORIZON_BASE_DIRS[HORIZON_BASES[name]]
+    missing = [f for f in BASE_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path}: the shipped {name} model lacks {', '.join(missing)}; rebuild it with "
+            f"`python -m marlhf.tiny --pretrain {path} --horizon {HORIZON_BASES[name]}`"
+        )
+    return str(path)
+
+
+def _horizon_setup(work: Path, horizon: int):
+    """Start model, SFT flags and corpus of ``tiny-base-{horizon}``: a copy of
+    ``HORIZON_START[horizon]`` whose config and tokenizer allow ``HORIZON_MAX_POSITIONS`` tokens
+    (RoPE: the weights are unchanged), ``HORIZON_FLAGS[horizon]`` and
+    ``long_tasks.pretraining_rows(rows, horizon)``."""
+    from marlhf.data.long_tasks import pretraining_rows as long_rows
+
+    if horizon not in HORIZON_BASE_DIRS:
+        raise ValueError(f"--horizon must be one of {sorted(HORIZON_BASE_DIRS)}, got {horizon}")
+    start = work / "start"
+    start.mkdir(parents=True, exist_ok=True)
+    origin = HORIZON_START[horizon]
+    origin_dir = ensure_tiny_base() if origin == "tiny-base" else ensure_horizon_base(origin)
+    for name in (*BASE_FILES, "tokenizer_config.json"):
+        shutil.copy2(Path(origin_dir) / name, start / name)
+    for name, key, value in (
+        ("config.json", "max_position_embeddings", HORIZON_MAX_POSITIONS),
+        ("tokenizer_config.json", "model_max_length", HORIZON_MAX_POSITIONS),
+        ("generation_config.json", "max_new_tokens", HORIZON_NEW_TOKENS[horizon]),
+    ):
+        cfg = json.loads((start / name).read_text())
+        cfg[key] = value
+        (start / name).write_text(json.dumps(cfg, indent=2) + "\n")
+    return str(start), HORIZON_FLAGS[horizon], lambda n: long_rows(n, horizon)
+
+
+def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
+    """Store the weights in bf16 (they load as fp32: the config says float32) and measure the base:
+    the ``pretraining.json`` entries of ``tiny-base-{horizon}``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = out / "model.safetensors"
+    state = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(weights).items()}
+    save_file(state, weights, metadata={"format": "pt"})
+    weights.chmod(0o644)
+    return {
+        "recipe": f"python -m marlhf.tiny --pretrain OUT_DIR --horizon {horizon}",
+        "corpus": f"marlhf.data.long_tasks.pretraining_rows({rows}, horizon={horizon}, seed=0)",
+        "base": f"{HORIZON_START[horizon]} with max_position_embeddings {HORIZON_MAX_POSITIONS}",
+        "stored": "bf16 weights, loaded as fp32",
+        "sft_wall_s": round(wall_s, 1),
+        "figures": horizon_figures(out, horizon),
+    }
+
+
+def generate_answers(
+    model, tok, prompts: list[str], max_new_tokens: int, temperature: float, batch: int = 16
+) -> tuple[list[str], list[int], int]:
+    """Answers of a causal LM (left-padded batches; temperature 0: greedy, else pure sampling with
+    the torch RNG as it stands), their token lengths without EOS, and how many ended with EOS."""
+    import torch
+
+    kwargs = {"do_sample": False}
+    if temperature > 0:
+        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0}
+    answers, lengths, ended = [], [], 0
+    for i in range(0, len(prompts), batch):
+        enc = tok(prompts[i : i + batch], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, **kwargs
+            )
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            n = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
+            ended += n < len(row)
+            lengths.append(n)
+            answers.append(tok.decode(row[:n], skip_special_tokens=True))
+    return answers, lengths, ended
+
+
+def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> dict:
+    """Gold score (mean), verdict accuracy, EOS rate and answer tokens (mean, min, max) of a model on
+    the first ``prompts`` held-out (``valid1``) prompts of both tasks at ``horizon``, greedy and
+    sampled at temperature 1 (seed 0, at most ``HORIZON_NEW_TOKENS[horizon]`` new tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
+    from marlhf.data.long_tasks import gold as gold_of
+    from marlhf.data.synthetic import prompt_of
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    figures: dict = {"prompts_per_task": prompts}
+    for family in ("facts", "verdict"):
+        task = TASKS[f"synthetic-{family}-{horizon}"]
+        texts = [prompt_of(r) for r in generate(task, prompts, 0, "valid1", id_offset=N_TRAIN)]
+        for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
+            torch.manual_seed(0)
+            answers, lengths, ended = generate_answers(
+                model, tok, texts, HORIZON_NEW_TOKENS[horizon], temperature
+            )
+            pairs = list(zip(texts, answers, strict=True))
+            entry = {
+                "gold": round(sum(gold_of(task)(p, a) for p, a in pairs) / len(pairs), 3),
+                "eos_rate": round(ended / len(pairs), 3),
+                "tokens_mean": round(sum(lengths) / len(lengths), 1),
+                "tokens_min": min(lengths),
+                "tokens_max": max(lengths),
+            }
+            if family == "verdict":
+                right = sum(answer_verdict(a) == correct_verdict(p) for p, a in pairs)
+                entry["verdict_accuracy"] = round(right / len(pairs), 3)
+            figures[f"{task.name}/{mode}"] = entry
+    return figures
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -266,13 +436,36 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("out_dir")
     ap.add_argument("--pretrain", action="store_true", help="pretrain tiny-base into OUT_DIR")
-    ap.add_argument("--rows", type=int, default=PRETRAIN_ROWS, help="pretraining posts")
+    ap.add_argument(
+        "--rows", type=int, default=None, help="pretraining posts (default: 20000, or HORIZON_ROWS)"
+    )
     ap.add_argument("--workdir", default=None, help="keep the pretraining run here")
+    ap.add_argument(
+        "--horizon",
+        type=int,
+        default=None,
+        choices=sorted(HORIZON_BASE_DIRS),
+        help="pretrain tiny-base-HORIZON (long-horizon tasks) from tiny-base instead",
+    )
+    ap.add_argument(
+        "--figures",
+        action="store_true",
+        help="re-measure the figures of the tiny-base-HORIZON in OUT_DIR (after a scorer change)",
+    )
     args, extra = ap.parse_known_args(argv)
-    if extra and not args.pretrain:
-        ap.error(f"unrecognised arguments: {' '.join(extra)}")
+    if args.figures:
+        if args.horizon is None or args.pretrain or extra:
+            ap.error("--figures takes OUT_DIR and --horizon only")
+        record_path = Path(args.out_dir) / "pretraining.json"
+        record = json.loads(record_path.read_text())
+        record["figures"] = horizon_figures(args.out_dir, args.horizon)
+        record_path.write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["figures"], indent=2))
+        return
+    if (extra or args.horizon is not None) and not args.pretrain:
+        ap.error(f"unrecognised arguments without --pretrain: {' '.join(extra) or '--horizon'}")
     if args.pretrain:
-        print(pretrain_base(args.out_dir, args.rows, extra, args.workdir))
+        print(pretrain_base(args.out_dir, args.rows, extra, args.workdir, args.horizon))
     else:
         print(build_tiny(args.out_dir))
 

@@ -9,6 +9,8 @@ one row into an ``Example`` with the original MA-RLHF / DeepSpeed-Chat prompt te
                               row has an article instead of a post; subreddit line omitted when
                               missing); chosen = ``summaries[choice].text``.
 ``synthetic-tldr``            the bundled file, same schema; rows' ``split`` field: train / valid*.
+``synthetic-facts-16|64|256``, the long-horizon tasks (``marlhf.data.long_tasks``), same schema,
+``synthetic-verdict-16|64|256``  generated on first use into ``$MARLHF_HOME/synthetic``.
 ``Dahoas/full-hh-rlhf``,      columns prompt/response/chosen/rejected; prompt already
 ``Dahoas/rm-static``          ``"\\n\\nHuman: ...\\n\\nAssistant:"``; train / test.
 ``openai/webgpt_comparisons`` ``" Human: {question.full_text} Assistant:"``, answers ``" {answer}"`` (a
@@ -50,6 +52,8 @@ from typing import Any
 import numpy as np
 
 from marlhf.code_reward import parse_json
+from marlhf.data.long_tasks import TASKS as LONG_TASKS
+from marlhf.data.long_tasks import data_file as long_task_file
 from marlhf.data.report import SourceCounts
 from marlhf.data.schema import DataError, Example
 
@@ -316,6 +320,11 @@ ADAPTERS: dict[str, Adapter] = {
             {"train": "train", "eval": "valid"},
             _TLDR_COLS,
             _tldr("synthetic-tldr"),
+        ),
+        # the long-horizon synthetic tasks (marlhf.data.long_tasks): generated on first use
+        *(
+            Adapter(name, None, None, {"train": "train", "eval": "valid"}, _TLDR_COLS, _tldr(name))
+            for name in LONG_TASKS
         ),
         Adapter(
             "Dahoas/full-hh-rlhf",
@@ -648,6 +657,8 @@ def load_examples(
     adapter, local = parse_spec(spec)
     if local is None and adapter is not None and adapter.name == "synthetic-tldr":
         local = str(BUNDLED_SYNTHETIC)
+    if local is None and adapter is not None and adapter.name in LONG_TASKS:
+        local = str(long_task_file(adapter.name))
     if local is None:
         return _load_hub(adapter, split, skip_bad_rows, max_samples, opts, counts)
     path = Path(local)

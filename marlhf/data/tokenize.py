@@ -45,6 +45,8 @@ import datasets
 from marlhf.data.adapters import BUNDLED_SYNTHETIC, TEMPLATES_VERSION, load_examples, parse_spec
 from marlhf.data.cache import cached
 from marlhf.data.config import DataConfig
+from marlhf.data.long_tasks import LONG_TASKS_VERSION
+from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.report import PhaseReport, SourceCounts, empty_set_error
 from marlhf.data.schema import Example
 from marlhf.data.split import phase_indices
@@ -162,6 +164,9 @@ def _source_fingerprint(spec: str) -> dict:
         adapter, _ = parse_spec(spec)
         if adapter is not None and adapter.name == "synthetic-tldr":
             local = str(BUNDLED_SYNTHETIC)
+        elif adapter is not None and adapter.name in LONG_TASKS:
+            # generated, deterministic: identified by name and generator version, not file times
+            return {"spec": spec, "generator": f"long_tasks v{LONG_TASKS_VERSION}"}
         else:
             return {"spec": spec}
     path = Path(local)

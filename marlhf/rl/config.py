@@ -239,7 +239,8 @@ class PPOConfig:
         default="rm",
         metadata={
             "help": "`rm`, `code` (execute against test cases, APPS), `rm+code`, or `gold`: the "
-            "synthetic task's gold score (an oracle reward for experiments, synthetic-tldr prompts only).",
+            "synthetic task's gold score (an oracle reward for experiments: synthetic-tldr and the "
+            "long-horizon synthetic-facts-*/synthetic-verdict-* prompts only).",
             "choices": ("rm", "code", "rm+code", "gold"),
         },
     )

@@ -334,8 +334,9 @@ def _reward_sources(cfg: PPOStageConfig):
     gold = gold_scorer(cfg)
     if ppo.reward_source == "gold" and gold is None:
         raise ValueError(
-            "--reward_source gold needs the synthetic task's prompts (--data_path synthetic-tldr): "
-            "the gold score is only defined there"
+            "--reward_source gold needs a synthetic task's prompts (--data_path synthetic-tldr, "
+            "synthetic-facts-16|64|256 or synthetic-verdict-16|64|256): the gold score is only "
+            "defined there"
         )
     rewarder = None
     if ppo.reward_source in ("code", "rm+code"):

@@ -201,14 +201,11 @@ def concat_scored(scoreds: list[dict], seq_width: int, num_actions: int) -> dict
 
 
 def gold_scorer(cfg: PPOStageConfig):
-    """The synthetic task's true quality, logged when the prompts come from it (else None)."""
-    if not any(
-        p.split(":")[0] == "synthetic-tldr" or p == "synthetic-tldr" for p in cfg.data.data_path
-    ):
-        return None
-    from marlhf.data.synthetic import gold_score
+    """The synthetic task's true quality, logged when the prompts come from it (else None):
+    ``synthetic-tldr`` or a long-horizon task (`marlhf.data.long_tasks.gold_scorer_for`)."""
+    from marlhf.data.long_tasks import gold_scorer_for
 
-    return gold_score
+    return gold_scorer_for(cfg.data.data_path)
 
 
 def _test_suite(meta: dict):
