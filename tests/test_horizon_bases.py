@@ -103,7 +103,9 @@ def test_missing_horizon_base_names_the_rebuild_command(tmp_path, monkeypatch):
     monkeypatch.setitem(tiny.HORIZON_BASE_DIRS, 64, tmp_path / "nothing")
     with pytest.raises(FileNotFoundError, match="python -m marlhf.tiny --pretrain .* --horizon 64"):
         resolve_model_path("tiny-base-64")
-    assert resolve_model_path("tiny-base-32") == "tiny-base-32"  # not ours: a path like any other
+    # not ours: a path or hub id like any other, which does not exist here (offline)
+    with pytest.raises(FileNotFoundError, match="'tiny-base-32'.*does not exist"):
+        resolve_model_path("tiny-base-32")
 
 
 # Mean answer tokens of a base's samples. The references average 17, 62, 230 (facts) and 15, 63, 201
