@@ -503,3 +503,26 @@ def test_reward_scoring_refuses_a_multi_token_end_of_conversation_token():
     assert eot_ids(tok, SimpleNamespace(end_of_conversation_token=None)) == [tok.eos_token_id]
     with pytest.raises(ValueError, match="not one token of the tokenizer"):
         eot_ids(tok, SimpleNamespace(end_of_conversation_token="TL;DR"))
+
+
+def test_long_task_gold(assets, tmp_path, monkeypatch):
+    # the long-horizon tasks are scored by their own gold scorer (it was the TL;DR one, or none)
+    from marlhf.data.long_tasks import facts_gold
+
+    monkeypatch.setenv("MARLHF_HOME", str(tmp_path / "home"))
+    args = _args(
+        assets,
+        tmp_path,
+        dataset="synthetic-facts-16",
+        num_samples=2,
+        max_new_tokens=6,
+        max_prompt_len=256,
+    )
+    summary = run_inference(args)
+    rows = read_rows(output_path(args.inference))
+    assert len(rows) == 2
+    for r in rows:
+        assert r["gold"] == pytest.approx(facts_gold(r["prompt"], r["response"]))
+    assert "gold_mean" in summary
+    with pytest.raises(ValueError, match="--gold_score on"):
+        run_inference(_args(assets, tmp_path, dataset=assets["data"], gold_score="on"))

@@ -107,7 +107,7 @@ class InferenceConfig:
     gold_score: str = field(
         default="auto",
         metadata={
-            "help": "Add the synthetic task's gold score (auto: when --dataset is synthetic).",
+            "help": "Add the synthetic task's gold score (auto: when the prompts come from synthetic-tldr, synthetic-facts-* or synthetic-verdict-*).",
             "choices": GOLD_CHOICES,
         },
     )

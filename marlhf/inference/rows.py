@@ -4,6 +4,7 @@ chosen/rejected responses (``--ref-scores``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,9 @@ from marlhf.inference.prompts import batch_seed, left_pad, prompt_token_ids
 from marlhf.inference.scoring import TextScorer, score_rollout
 
 
-def ref_rows(batch: list[Any], scorer: TextScorer, gold: bool) -> list[dict]:
+def ref_rows(
+    batch: list[Any], scorer: TextScorer, gold: Callable[[str, str], float] | None = None
+) -> list[dict]:
     """Rows of ``--ref-scores``: the chosen and rejected responses scored by the RM."""
     prompts = [e.prompt for e in batch]
     chosen_r, chosen_n = scorer(prompts, [e.chosen for e in batch])
@@ -36,11 +39,9 @@ def ref_rows(batch: list[Any], scorer: TextScorer, gold: bool) -> list[dict]:
             "response_tokens": chosen_n[b],
             "ends_with_eos": True,
         }
-        if gold:
-            from marlhf.data.synthetic import gold_score
-
-            row["gold"] = row["chosen_gold"] = gold_score(e.prompt, e.chosen)
-            row["rejected_gold"] = gold_score(e.prompt, e.rejected)
+        if gold is not None:
+            row["gold"] = row["chosen_gold"] = gold(e.prompt, e.chosen)
+            row["rejected_gold"] = gold(e.prompt, e.rejected)
         rows.append(row)
     return rows
 
@@ -119,7 +120,9 @@ def sample_batch(
     )
 
 
-def _rm_rows(batch: list[Any], s: Sampled, cfg: InferenceConfig, gold: bool) -> list[dict]:
+def _rm_rows(
+    batch: list[Any], s: Sampled, cfg: InferenceConfig, gold: Callable[[str, str], float] | None
+) -> list[dict]:
     """One row per prompt, rewarded by the RM."""
     rows: list[dict] = []
     for b, e in enumerate(batch):
@@ -131,10 +134,8 @@ def _rm_rows(batch: list[Any], s: Sampled, cfg: InferenceConfig, gold: bool) -> 
             "response_tokens": int(s.lengths[b]),
             "ends_with_eos": bool(s.ends[b]),
         }
-        if gold:
-            from marlhf.data.synthetic import gold_score
-
-            row["gold"] = gold_score(e.prompt, s.texts[b])
+        if gold is not None:
+            row["gold"] = gold(e.prompt, s.texts[b])
         if cfg.save_token_ids:
             row["response_ids"] = s.response[b, : s.lengths[b]].tolist()
         rows.append(row)
@@ -183,7 +184,7 @@ def generate_rows(
     scorer: TextScorer | None,
     shared_ids: bool,
     rewarder: Any,
-    gold: bool,
+    gold: Callable[[str, str], float] | None,
     rule: Any,
     want_items: bool,
 ) -> tuple[list[dict], list[dict], int]:

@@ -28,13 +28,25 @@ from marlhf.inference.scoring import TextScorer
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
 
-def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]) -> bool:
-    """``--gold_score``, with ``auto`` on for the synthetic task."""
-    if cfg.gold_score != "auto":
-        return cfg.gold_score == "on"
-    return dataset_spec(cfg.dataset) == "synthetic-tldr" or all(
-        e.prompt_id.startswith("synthetic-tldr/") for e in examples
-    )
+def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]):
+    """The gold scorer of ``--gold_score`` (``(prompt, response) -> float``) or None: ``auto`` scores
+    when the prompts come from a synthetic task (``synthetic-tldr``, ``synthetic-facts-*``,
+    ``synthetic-verdict-*``: `marlhf.data.long_tasks.gold_scorer_for`); ``on`` requires one."""
+    from marlhf.data.long_tasks import gold_scorer_for
+
+    if cfg.gold_score == "off":
+        return None
+    prefixes = {e.prompt_id.split("/")[0] for e in examples}
+    scorer = gold_scorer_for(dataset_spec(cfg.dataset))
+    if scorer is None and len(prefixes) == 1:
+        scorer = gold_scorer_for(prefixes.pop())
+    if scorer is None and cfg.gold_score == "on":
+        raise ValueError(
+            f"--gold_score on: --dataset {cfg.dataset} is no synthetic task, which alone has a "
+            "gold score (synthetic, synthetic-tldr, synthetic-facts-16|64|256, "
+            "synthetic-verdict-16|64|256)"
+        )
+    return scorer
 
 
 def _progress(total: int, disable: bool):
@@ -100,7 +112,7 @@ def _tools(args: InferenceArgs, models: Models, is_code: bool) -> _Tools:
 
 
 def _run_batches(
-    todo: list[Any], cfg: InferenceConfig, models: Models, tools: _Tools, gold: bool, path: str
+    todo: list[Any], cfg: InferenceConfig, models: Models, tools: _Tools, gold, path: str
 ) -> tuple[list[dict], int]:
     """Run and append the batches (``--max_batches`` of them at most); returns the macro-view items
     and the number of prompts cut from the left. Closes the code rewarder."""
