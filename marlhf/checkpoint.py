@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,13 +155,21 @@ def _engine_tags(root: Path, name: str) -> dict[int, Path]:
 
 
 def save_train_state(
-    engines: dict[str, Any], root: str | Path, step: int, client_state: dict, keep: int
+    engines: dict[str, Any],
+    root: str | Path,
+    step: int,
+    client_state: dict,
+    keep: int,
+    extra_files: dict[str, dict[str, Callable[[Path], None]]] | None = None,
 ) -> None:
     """DeepSpeed checkpoint of each engine (model, optimizer, scheduler) under ``root/<name>``, tagged
     ``step-N``, with ``client_state`` stored alongside, the files' checksums, and ``latest.json``
     written last. Keeps the newest ``keep`` complete tags up to ``step`` (older ones and unfinished
     ones below ``step`` are deleted; never the one just written). Collective (every rank calls it).
-    A full disk raises ``OSError(ENOSPC)`` naming the tag; the earlier tags are left as they were."""
+    A full disk raises ``OSError(ENOSPC)`` naming the tag; the earlier tags are left as they were.
+    ``extra_files`` (``{engine: {file name: write(path)}}``): files of the trainer's own written by
+    rank 0 into that engine's tag (e.g. PPO's EMA shadow), so they are checksummed, verified on
+    resume and rotated with it."""
     root = Path(root)
     tag = f"step-{step}"
     for name, engine in engines.items():
@@ -175,6 +184,9 @@ def save_train_state(
                 begin_tag(tag_dir)
             barrier()
             engine.save_checkpoint(str(root / name), tag=tag, client_state=client_state)
+            if is_main():
+                for file_name, write in (extra_files or {}).get(name, {}).items():
+                    write(tag_dir / file_name)
             finish_tag(tag_dir)
     if is_main():
         write_json(root / "latest.json", {"tag": tag, "step": step, "engines": sorted(engines)})

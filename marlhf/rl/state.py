@@ -8,7 +8,8 @@ Layout of ``--output_dir`` (what later stages and a resumed run read)::
     checkpoints/step-N/{actor,critic,actor_ema}  every --save_steps steps
     train_state/                                 DeepSpeed engine states (actor, critic), the step,
                                                  KL controller, shuffle and RNG states;
-                                                 ema-step-N.pt, the EMA of each kept checkpoint
+                                                 actor/step-N/ema.pt, the EMA of each kept
+                                                 checkpoint (checksummed with it)
     run_config.json  ds_config.json  metrics.jsonl  tensorboard/
 """
 
@@ -31,6 +32,7 @@ from marlhf.checkpoint import (
     set_rng_state,
     write_json,
 )
+from marlhf.checkpoint_files import naming_write_errors
 from marlhf.distributed import is_main
 from marlhf.rl.rewards import AdaptiveKLController, FixedKLController
 from marlhf.stages.common import progress
@@ -82,42 +84,38 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         if "shuffle" in client:
             state.shuffle.set_state(client["shuffle"])
         set_rng_state(client["rng"])
-        log.info("resumed from %s/%s at step %d", found[0], found[1], state.step)
+        log.info("resumed from %s/step-%d", found[0], state.step)
     if ppo.enable_ema:
         from marlhf.ema import EMA
 
         state.ema = EMA(models.actor.module, ppo.ema_decay, zero3=cfg.models.actor_zero_stage == 3)
-        shadow = _load_ema(*found) if found is not None else None
+        # the tag actually loaded (load_train_state falls back past a checkpoint it cannot read)
+        tag = f"step-{state.step}"
+        shadow = _load_ema(found[0], tag) if found is not None else None
         if shadow is not None:
             state.ema.shadow = shadow
     return state
 
 
-def _ema_file(state_root: Path, tag: str) -> Path:
-    return state_root / f"ema-{tag}.pt"
+EMA_FILE = "ema.pt"  # the EMA shadow, inside the actor's tag: train_state/actor/step-N/ema.pt
 
 
 def _load_ema(state_root: Path, tag: str) -> dict[str, torch.Tensor] | None:
-    """The EMA shadow saved with checkpoint ``tag`` (an older version's single ``ema.pt`` if there
-    is none); None if the run saved no EMA."""
-    path = _ema_file(state_root, tag)
-    if not path.exists():
-        path = state_root / "ema.pt"
-        if not path.exists():
-            log.warning("%s/%s holds no EMA: it starts from the resumed weights", state_root, tag)
-            return None
-        log.warning(
-            "%s: no EMA saved with %s; using %s (an older version's)", state_root, tag, path
-        )
-    return torch.load(path, map_location="cpu")
-
-
-def _prune_emas(state_root: Path) -> None:
-    """Delete the EMA files of checkpoints the train state no longer keeps."""
-    for path in state_root.glob("ema-step-*.pt"):
-        tag = path.stem.removeprefix("ema-")
-        if not (state_root / "actor" / tag).exists():
-            path.unlink(missing_ok=True)
+    """The EMA shadow saved with checkpoint ``tag`` (in the actor's tag, checksummed with it; older
+    versions kept ``ema-<tag>.pt`` or one ``ema.pt`` beside the tags); None if the run saved none."""
+    for path in (
+        state_root / "actor" / tag / EMA_FILE,
+        state_root / f"ema-{tag}.pt",
+        state_root / "ema.pt",
+    ):
+        if path.exists():
+            if path.parent == state_root:
+                log.warning(
+                    "%s: the EMA of %s is read from %s (an older layout)", state_root, tag, path
+                )
+            return torch.load(path, map_location="cpu")
+    log.warning("%s/%s holds no EMA: it starts from the resumed weights", state_root, tag)
+    return None
 
 
 def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
@@ -156,11 +154,9 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfi
     write_json(critic_dir / "ds_config.json", models.critic_ds)
 
 
-def _save_ema(
-    models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config, shadow_file: Path
-) -> None:
-    """The actor's EMA as an HF model directory (LoRA merged) with the run's configs, and its
-    shadow for a resume (``shadow_file``, written before the checkpoint that resumes from it)."""
+def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config) -> None:
+    """The actor's EMA as an HF model directory (LoRA merged) with the run's configs (its shadow for
+    a resume goes into the train state: :func:`save_checkpoint`)."""
     from marlhf.models import merge_lora_state_dict, unwrap_peft
 
     like = gather_state_dict(models.actor.module, cfg.models.actor_zero_stage)
@@ -170,12 +166,11 @@ def _save_ema(
     averaged = ema.state_dict(like)
     if scaling is not None:
         averaged = merge_lora_state_dict(averaged, scaling)
-    base.save_pretrained(ema_dir, state_dict=averaged)
-    tokenizer.save_pretrained(ema_dir)
+    with naming_write_errors(ema_dir, "EMA model"):
+        base.save_pretrained(ema_dir, state_dict=averaged)
+        tokenizer.save_pretrained(ema_dir)
     write_json(ema_dir / "run_config.json", run_config)
     write_json(ema_dir / "ds_config.json", models.actor_ds)
-    shadow_file.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(ema.shadow, shadow_file)
 
 
 def save_checkpoint(
@@ -203,15 +198,17 @@ def save_checkpoint(
     if models.critic is not None:
         _save_critic(models, tokenizer, root / "critic", cfg, run_config)
     state_root = out / "train_state"
+    extra = None
     if state.ema is not None:
-        shadow_file = _ema_file(state_root, f"step-{step}")
-        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config, shadow_file)
+        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config)
+        shadow = state.ema.shadow
+        extra = {"actor": {EMA_FILE: lambda path: torch.save(shadow, path)}}
     client = {
         "global_step": step,
         "kl_ctl": state.kl_ctl.state_dict(),
         "shuffle": state.shuffle.get_state(),
         "rng": rng_state(),
     }
-    save_train_state(_engines(models), state_root, step, client, cfg.log.keep_checkpoints)
-    if state.ema is not None and is_main():
-        _prune_emas(state_root)
+    save_train_state(
+        _engines(models), state_root, step, client, cfg.log.keep_checkpoints, extra_files=extra
+    )

@@ -344,11 +344,10 @@ def test_resuming_an_older_checkpoint_restores_that_checkpoints_ema(models, tmp_
     flags = ("--enable_ema", "--ema_decay", "0.5", "--save_steps", "1", "--keep_checkpoints", "3")
     full = tmp_path / "full"
     rows = _ppo(base, actor, rm, full, *flags, steps=3)
-    assert sorted(p.name for p in (full / "train_state").glob("ema-*.pt")) == [
-        "ema-step-1.pt",
-        "ema-step-2.pt",
-        "ema-step-3.pt",
-    ]
+    # each checkpoint's EMA shadow lies in its actor tag, listed in its checksums
+    for step in (1, 2, 3):
+        tag = full / "train_state" / "actor" / f"step-{step}"
+        assert "ema.pt" in json.loads((tag / "checksums.json").read_text())["files"]
     cut = tmp_path / "cut"
     shutil.copytree(full, cut)
     (cut / "train_state" / "latest.json").write_text(json.dumps({"tag": "step-1", "step": 1}))
@@ -358,3 +357,11 @@ def test_resuming_an_older_checkpoint_restores_that_checkpoints_ema(models, tmp_
         a = load_file(full / d / "model.safetensors")
         b = load_file(cut / d / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a), d
+    # a damaged EMA shadow makes its checkpoint incomplete: the resume falls back to the one before
+    from marlhf.checkpoint import find_resume
+
+    ema = full / "train_state" / "actor" / "step-3" / "ema.pt"
+    data = bytearray(ema.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    ema.write_bytes(bytes(data))
+    assert find_resume(full / "train_state", "auto") == (full / "train_state", "step-2")
