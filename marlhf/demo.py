@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,14 @@ RM_FLAGS = [
     "--eval_iters",
     "8",
 ]
+PPO_STEPS = 30
+
+
+def rm_flags(out: Path) -> list[str]:
+    """The reward-model stage's flags: its base model (the demo's SFT model) and ``RM_FLAGS``."""
+    return ["--model_name_or_path", str(out / "sft"), *RM_FLAGS]
+
+
 PPO_FLAGS = [
     "--data_path",
     "synthetic-tldr",
@@ -108,31 +117,51 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _run(title: str, args: list[str], done: Path, log_file: Path, fresh: bool) -> None:
-    if done.exists() and not fresh:
-        print(f"[demo] {title}: already done ({done}), skipped", flush=True)
-        return
-    print(f"[demo] {title} ...", flush=True)
+@dataclass
+class Stage:
+    """One step of the pipeline: a ``python`` command, skipped when ``done`` exists."""
+
+    title: str
+    key: str  # short name for the timings and the log file
+    args: list[str]
+    done: Path
+
+
+def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
+    """Run one stage as its own process (log in ``logs/<key>.log``); its wall time, None if skipped."""
+    if stage.done.exists() and not fresh:
+        print(f"[demo] {stage.title}: already done ({stage.done}), skipped", flush=True)
+        return None
+    print(f"[demo] {stage.title} ...", flush=True)
     t0 = time.time()
+    log_file = logs / f"{stage.key}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
         proc = subprocess.run(
-            [sys.executable, *args], env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+            [sys.executable, *stage.args],
+            env=_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
         )
     if proc.returncode != 0:
         tail = "".join(open(log_file).readlines()[-30:])
-        raise SystemExit(f"[demo] {title} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
-    print(f"[demo] {title}: done in {time.time() - t0:.0f}s", flush=True)
+        raise SystemExit(
+            f"[demo] {stage.title} failed (exit {proc.returncode}); log {log_file}:\n{tail}"
+        )
+    seconds = time.time() - t0
+    print(f"[demo] {stage.title}: done in {seconds:.0f}s", flush=True)
+    return seconds
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--output_dir", default="output/demo")
     ap.add_argument("--fresh", action="store_true", help="redo every stage")
     ap.add_argument(
-        "--ppo_steps", type=int, default=30, help="PPO steps for each of PPO and MA-PPO"
+        "--ppo_steps", type=int, default=PPO_STEPS, help="PPO steps for each of PPO and MA-PPO"
     )
     ap.add_argument(
         "--ngram", type=int, default=5, help="MA-PPO macro-action length (fixed n-gram)"
@@ -140,7 +169,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--eval_prompts", type=int, default=128, help="held-out prompts for the comparison"
     )
-    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seed", type=int, default=1234, help="seed of every stage (and the data)")
+    ap.add_argument(
+        "--ppo_seed",
+        type=int,
+        default=None,
+        help="seed of the two PPO runs only (default --seed); the data split stays --seed's",
+    )
     ap.add_argument(
         "--reward_source",
         choices=("rm", "gold"),
@@ -148,113 +183,117 @@ def main(argv: list[str] | None = None) -> None:
         help="PPO's reward: the trained reward model (the pipeline, default) or the synthetic "
         "task's gold score (an oracle; shows what the RL stage does without the RM's errors)",
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
+
+def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
+    """SFT, the reward model (and its held-out check), PPO (n=1) and MA-PPO (fixed n)."""
+    common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
+    seed = ["--seed", str(args.seed)]
+    ppo_seed = ["--seed", str(args.seed if args.ppo_seed is None else args.ppo_seed)]
+    ppo_seed += ["--data_seed", str(args.seed)]
+    stages = [
+        Stage(
+            "1/6 SFT",
+            "sft",
+            [
+                "-m",
+                "marlhf.stages.sft",
+                *SFT_FLAGS,
+                *common,
+                *seed,
+                "--output_dir",
+                str(out / "sft"),
+            ],
+            out / "sft" / "model.safetensors",
+        ),
+        Stage(
+            "2/6 reward model",
+            "rm",
+            ["-m", "marlhf.stages.reward", *rm_flags(out), *common, *seed]
+            + ["--output_dir", str(out / "rm")],
+            out / "rm" / "reward_config.json",
+        ),
+        Stage(
+            "2/6 reward model on all held-out comparisons",
+            "rm_heldout",
+            [*_inference_args(out, out / "sft", args.seed), "--ref-scores", "--num-samples", "0"]
+            + ["--output", str(out / "results" / "rm_heldout.jsonl")],
+            out / "results" / "rm_heldout.jsonl.summary.json",
+        ),
+    ]
+    for i, (name, n) in enumerate({"ppo": 1, "mappo": args.ngram}.items()):
+        stages.append(
+            Stage(
+                f"{3 + i}/6 {'PPO (n=1)' if n == 1 else f'MA-PPO (n={n})'}",
+                name,
+                ["-m", "marlhf.stages.ppo", *PPO_FLAGS, *common, *ppo_seed]
+                + ["--actor_model_name_or_path", str(out / "sft")]
+                + ["--critic_model_name_or_path", str(out / "rm")]
+                + ["--termination_condition", "fixed", "--ngram", str(n)]
+                + ["--reward_source", args.reward_source, "--max_steps", str(args.ppo_steps)]
+                + ["--output_dir", str(out / name)],
+                out / name / "actor" / "model.safetensors",
+            )
+        )
+    return stages
+
+
+def _inference_args(out: Path, model: Path, seed: int) -> list[str]:
+    return [
+        str(ROOT / "inference" / "inference_with_rewards.py"),
+        "--proj-path", str(out),
+        "--dataset", "synthetic",
+        "--model", str(model),
+        "--reward-model", str(out / "rm"),
+        "--batch-size", "32",
+        "--max-new-tokens", "40",
+        "--max-prompt-len", "160",
+        "--temperature", "0.8",
+        "--seed", str(seed),
+    ]  # fmt: skip
+
+
+def inference_stages(args: argparse.Namespace, out: Path) -> tuple[list[Stage], dict[str, Path]]:
+    """Answers of SFT, PPO and MA-PPO to the held-out prompts, scored by the RM and gold."""
+    models = {"sft": out / "sft", "ppo": out / "ppo" / "actor", "mappo": out / "mappo" / "actor"}
+    stages, results = [], {}
+    for name, path in models.items():
+        target = out / "results" / f"{name}.jsonl"
+        results[name] = target
+        stages.append(
+            Stage(
+                f"5/6 inference ({name})",
+                f"inference_{name}",
+                [*_inference_args(out, path, args.seed), "--num-samples", str(args.eval_prompts)]
+                + ["--output", str(target)],
+                target.with_suffix(".jsonl.summary.json"),
+            )
+        )
+    return stages, results
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     out = Path(args.output_dir).resolve()
     if args.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    cache = str(out / "data_cache")
-    logs = out / "logs"
-    common = ["--data_output_path", cache, "--seed", str(args.seed), "--disable_progress_bar"]
     t_start = time.time()
-
-    # 1. supervised fine-tuning
-    _run(
-        "1/6 SFT",
-        ["-m", "marlhf.stages.sft", *SFT_FLAGS, *common, "--output_dir", str(out / "sft")],
-        out / "sft" / "model.safetensors",
-        logs / "sft.log",
-        args.fresh,
-    )
-    # 2. reward model (initialised from the SFT model)
-    _run(
-        "2/6 reward model",
-        [
-            "-m",
-            "marlhf.stages.reward",
-            *RM_FLAGS,
-            *common,
-            "--model_name_or_path",
-            str(out / "sft"),
-            "--output_dir",
-            str(out / "rm"),
-        ],
-        out / "rm" / "reward_config.json",
-        logs / "rm.log",
-        args.fresh,
-    )
-    # 3. vanilla PPO (fixed n=1 is token-level PPO exactly) and MA-PPO (fixed n)
-    runs = {"ppo": 1, "mappo": args.ngram}
-    for i, (name, n) in enumerate(runs.items()):
-        _run(
-            f"{3 + i}/6 {'PPO (n=1)' if n == 1 else f'MA-PPO (n={n})'}",
-            [
-                "-m",
-                "marlhf.stages.ppo",
-                *PPO_FLAGS,
-                *common,
-                "--actor_model_name_or_path",
-                str(out / "sft"),
-                "--critic_model_name_or_path",
-                str(out / "rm"),
-                "--termination_condition",
-                "fixed",
-                "--ngram",
-                str(n),
-                "--reward_source",
-                args.reward_source,
-                "--max_steps",
-                str(args.ppo_steps),
-                "--output_dir",
-                str(out / name),
-            ],
-            out / name / "actor" / "model.safetensors",
-            logs / f"{name}.log",
-            args.fresh,
-        )
-    # 5. inference with rewards on held-out prompts, for each policy
-    models = {"sft": out / "sft", "ppo": out / "ppo" / "actor", "mappo": out / "mappo" / "actor"}
-    results = {}
-    for name, path in models.items():
-        target = out / "results" / f"{name}.jsonl"
-        results[name] = target
-        _run(
-            f"5/6 inference ({name})",
-            [
-                str(ROOT / "inference" / "inference_with_rewards.py"),
-                "--proj-path",
-                str(out),
-                "--dataset",
-                "synthetic",
-                "--model",
-                str(path),
-                "--reward-model",
-                str(out / "rm"),
-                "--num-samples",
-                str(args.eval_prompts),
-                "--batch-size",
-                "32",
-                "--max-new-tokens",
-                "40",
-                "--max-prompt-len",
-                "160",
-                "--temperature",
-                "0.8",
-                "--seed",
-                str(args.seed),
-                "--output",
-                str(target),
-            ],
-            target.with_suffix(".jsonl.summary.json"),
-            logs / f"inference_{name}.log",
-            args.fresh,
-        )
-    # 6. the comparison report
+    infer, results = inference_stages(args, out)
+    timings = {
+        s.key: _run(s, out / "logs", args.fresh) for s in [*training_stages(args, out), *infer]
+    }
     from marlhf.report import write_report
 
     report = write_report(
-        out, results, {k: out / k for k in runs}, ngram=args.ngram, reward_source=args.reward_source
+        out,
+        results,
+        {k: out / k for k in ("ppo", "mappo")},
+        ngram=args.ngram,
+        reward_source=args.reward_source,
+        ref_scores=out / "results" / "rm_heldout.jsonl",
+        timings=timings,
     )
     print(f"[demo] 6/6 report: {report}  (total {time.time() - t_start:.0f}s)", flush=True)
     print(report.read_text())
