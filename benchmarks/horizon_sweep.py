@@ -773,7 +773,14 @@ def _z(h: float) -> float:
     return 0.0 if math.isnan(h) else h
 
 
-def analyze(root: Path, rms: Sequence[RMJob], runs: Sequence[RunJob], fig_dir: Path, prefix: str):
+def analyze(
+    root: Path,
+    rms: Sequence[RMJob],
+    runs: Sequence[RunJob],
+    fig_dir: Path,
+    prefix: str,
+    tag: str = "",
+):
     """Tables, CSV, JSON and figures of the finished runs; returns the markdown summary."""
     cells = collect(root, runs)
     rows = {c: summarize_cell(a) for c, a in cells.items() if BASELINE in a}
@@ -794,7 +801,7 @@ def analyze(root: Path, rms: Sequence[RMJob], runs: Sequence[RunJob], fig_dir: P
             text.append(f"Parser cost: {100 * share:.1f} % of PPO's step.\n")
     st_table, tot = startup_table(cells)
     text += ["## Start-up vs training time\n", st_table, ""]
-    wall = _wall(root)
+    wall = _wall(root, tag)
     if wall:
         workers = wall["workers"]
         text.append(
@@ -812,12 +819,12 @@ def analyze(root: Path, rms: Sequence[RMJob], runs: Sequence[RunJob], fig_dir: P
     )
     pngs = figures(cells, rows, fig_dir, prefix)
     text.append("\nFigures: " + ", ".join(str(p) for p in pngs))
-    write_curves(cells, root / "curves.csv")
-    (root / "results.json").write_text(
+    write_curves(cells, root / f"curves{tag}.csv")
+    (root / f"results{tag}.json").write_text(
         json.dumps({c: [asdict(r) for r in rs] for c, rs in rows.items()}, indent=1)
     )
     summary = "\n".join(text) + "\n"
-    (root / "summary.md").write_text(summary)
+    (root / f"summary{tag}.md").write_text(summary)
     return summary
 
 
@@ -833,8 +840,8 @@ def write_curves(cells: dict, path: Path) -> None:
                         f.write(f"{cell},{arm},{seed},{int(step)},{vals}\n")
 
 
-def _wall(root: Path) -> dict | None:
-    f = root / "sweep_wall.json"
+def _wall(root: Path, tag: str) -> dict | None:
+    f = root / f"sweep_wall{tag}.json"
     return json.loads(f.read_text()) if f.exists() else None
 
 
@@ -862,6 +869,13 @@ def main(argv: list[str] | None = None) -> None:
                     f"(default: the first installed of {', '.join(SPACY_MODELS)})")  # fmt: skip
     ap.add_argument("--figures_dir", default=None, help="where the PNGs go (default: OUTPUT_DIR)")
     ap.add_argument("--figures_prefix", default="horizon_sweep")
+    ap.add_argument(
+        "--tag",
+        default="",
+        help="suffix of this command's summary, results, CSV and wall-time files (an extra set of "
+        "arms in the same OUTPUT_DIR reuses its finished runs, e.g. PPO, without overwriting the "
+        "default's summary: --tag _estimators)",
+    )
     ap.add_argument("--analyze_only", action="store_true")
     args = ap.parse_args(argv)
 
@@ -903,16 +917,16 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         failed = execute(root, size, rms, runs, args.workers or size.workers, spacy_model)
         wall = time.time() - t0
-        prev = _wall(root) or {"seconds": 0.0}
+        prev = _wall(root, args.tag) or {"seconds": 0.0}
         workers = args.workers or size.workers
         # a resumed sweep adds its time to the earlier sessions'
-        (root / "sweep_wall.json").write_text(
+        (root / f"sweep_wall{args.tag}.json").write_text(
             json.dumps({"seconds": prev["seconds"] + wall, "workers": workers,
                         "sessions": prev.get("sessions", 0) + 1, "failed": failed})
         )  # fmt: skip
         print(f"[sweep] {wall:.0f}s wall; failed: {failed or 'none'}", flush=True)
     fig_dir = Path(args.figures_dir).resolve() if args.figures_dir else root
-    print(analyze(root, rms, runs, fig_dir, args.figures_prefix))
+    print(analyze(root, rms, runs, fig_dir, args.figures_prefix, args.tag))
 
 
 def _set_env(size: Size) -> None:
