@@ -486,7 +486,7 @@ def collect(root: Path, runs: Sequence[RunJob]) -> dict[str, dict[str, dict[int,
 
 @dataclass
 class ArmRow:
-    """One arm of one cell: the figures of its table row."""
+    """One arm of one cell: the figures of its table rows."""
 
     arm: str
     n_seeds: int
@@ -494,6 +494,9 @@ class ArmRow:
     gold_start: float  # mean over seeds of step 1's gold (before any update)
     gold: tuple[float, float]  # final gold, mean ± 95 % t half-width over seeds
     delta: tuple[float, float]  # Welch difference to the baseline's final gold
+    # whether the baseline improved (final gold above its step-1 gold): without it every arm
+    # "reaches" PPO's final gold at once and the speed-up says nothing; reach/speed-up are None
+    defined: bool
     reach: int | None
     speedup: float | None
     boot_low: float
@@ -504,8 +507,16 @@ class ArmRow:
     length: float  # response tokens of the last FINAL steps
     step_time: float
     macro_time: float  # time/macro per step (segmentation + estimation)
-    held_out: dict[str, tuple[float, float]]
+    held_out: dict[str, tuple[float, float]]  # mean ± 95 % half-width over seeds
+    held_out_delta: dict[str, tuple[float, float]]  # Welch difference to the baseline's
     startup: float  # mean start-up seconds per run
+
+
+_HELD = ("gold", "right_opening", "tokens")
+
+
+def _held(seeds: dict[int, dict], key: str) -> list[float]:
+    return [m["sweep"]["held_out"][key] for m in seeds.values() if key in m["sweep"]["held_out"]]
 
 
 def summarize_cell(seeds_by_arm: dict[str, dict[int, dict]], n_boot: int = 2000) -> list[ArmRow]:
@@ -514,26 +525,33 @@ def summarize_cell(seeds_by_arm: dict[str, dict[int, dict]], n_boot: int = 2000)
     base_curves = [m["gold"] for m in base.values()]
     base_final = [final_value(c, FINAL) for c in base_curves]
     target = statistics.fmean(base_final)
+    defined = target > statistics.fmean(c[0] for c in base_curves)
     base_steps = min(len(c) for c in base_curves)
     rows = []
     for arm, seeds in seeds_by_arm.items():
         curves = [m["gold"] for m in seeds.values()]
         finals = [final_value(c, FINAL) for c in curves]
         curve = smooth(mean_curve(curves), SMOOTH)
-        reach = first_reach(list(range(1, len(curve) + 1)), curve, target)
+        reach = first_reach(list(range(1, len(curve) + 1)), curve, target) if defined else None
         own = [first_reach(list(range(1, len(c) + 1)), smooth(c, SMOOTH), target) for c in curves]
-        boot = bootstrap_speedup(
-            base_curves, curves, final_window=FINAL, smooth_window=SMOOTH, n_boot=n_boot
+        nan = float("nan")
+        boot = (
+            bootstrap_speedup(
+                base_curves, curves, final_window=FINAL, smooth_window=SMOOTH, n_boot=n_boot
+            )
+            if defined
+            else None
         )
 
         def per_seed(key: str, seeds=seeds) -> float:
             return statistics.fmean(_nanmean(m[key]) for m in seeds.values())
 
-        held = {}
-        for k in ("gold", "right_opening", "tokens"):
-            xs = [m["sweep"]["held_out"][k] for m in seeds.values() if k in m["sweep"]["held_out"]]
-            if xs:
-                held[k] = mean_ci(xs)
+        held = {k: mean_ci(xs) for k in _HELD if (xs := _held(seeds, k))}
+        held_delta = {
+            k: welch_diff_ci(xs, ys)
+            for k in _HELD
+            if (xs := _held(seeds, k)) and (ys := _held(base, k))
+        }
         rows.append(
             ArmRow(
                 arm=arm,
@@ -542,17 +560,19 @@ def summarize_cell(seeds_by_arm: dict[str, dict[int, dict]], n_boot: int = 2000)
                 gold_start=statistics.fmean(c[0] for c in curves),
                 gold=mean_ci(finals),
                 delta=welch_diff_ci(finals, base_final),
+                defined=defined,
                 reach=reach,
-                speedup=speedup(base_steps, reach),
-                boot_low=boot.low,
-                boot_high=boot.high,
-                boot_reached=boot.reached,
-                seeds_reached=sum(r is not None for r in own),
+                speedup=speedup(base_steps, reach) if defined else None,
+                boot_low=boot.low if boot else nan,
+                boot_high=boot.high if boot else nan,
+                boot_reached=boot.reached if boot else nan,
+                seeds_reached=sum(r is not None for r in own) if defined else 0,
                 macro_len=per_seed("macro_len"),
                 length=statistics.fmean(final_value(m["length"], FINAL) for m in seeds.values()),
                 step_time=per_seed("step_time"),
                 macro_time=per_seed("macro_time"),
                 held_out=held,
+                held_out_delta=held_delta,
                 startup=statistics.fmean(m["sweep"]["startup_s"] for m in seeds.values()),
             )
         )
@@ -565,37 +585,62 @@ def _nanmean(xs: Sequence[float]) -> float:
 
 
 def speedup_cell(r: ArmRow) -> str:
-    """``1.50× [0.80, 2.00]``: the point speed-up and its bootstrap interval (0: not reached).
+    """``2.00× [0.00, 4.00]``: the point speed-up and its bootstrap interval (0: not reached).
 
-    >>> speedup_cell(ArmRow("a", 5, 20, 0, (0, 0), (0, 0), 10, 2.0, 0.0, 4.0, 0.9, 4, 5, 20, 1,
-    ...                     0.01, {}, 1.0))
+    >>> r = ArmRow("a", 5, 20, 0, (0, 0), (0, 0), True, 10, 2.0, 0.0, 4.0, 0.9, 4, 5, 20, 1,
+    ...            0.01, {}, {}, 1.0)
+    >>> speedup_cell(r)
     '2.00× [0.00, 4.00]'
+    >>> r.defined = False; speedup_cell(r)
+    'n/a: PPO did not improve'
     """
+    if not r.defined:
+        return "n/a: PPO did not improve"
     point = "not reached" if r.speedup is None else f"{r.speedup:.2f}×"
     return f"{point} [{r.boot_low:.2f}, {r.boot_high:.2f}]"
 
 
 def cell_table(rows: Sequence[ArmRow]) -> str:
-    """The markdown table of one cell."""
+    """The markdown table of one cell's training curves."""
     base = next(r for r in rows if r.arm == BASELINE)
     lines = [
         "| arm | seeds | steps | gold at step 1 | final gold | Δ vs PPO (Welch) | reach step | "
-        "speed-up [bootstrap 95 %] | seeds reaching | held-out gold | right openings | "
-        "tokens | macro len | s / step | macro s / step (share of PPO step) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "speed-up [bootstrap 95 %] | seeds reaching | tokens | macro len | s / step | "
+        "macro s / step (share of PPO step) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         is_base = r.arm == BASELINE
-        held = r.held_out
         share = 100 * r.macro_time / base.step_time
+        reach = "—" if r.reach is None else str(r.reach)
+        seeds = f"{r.seeds_reached}/{r.n_seeds}" if r.defined else "—"
         lines.append(
             f"| {r.arm} | {r.n_seeds} | {r.steps} | {r.gold_start:.3f} | {pm(r.gold)} | "
-            f"{'—' if is_base else pm(r.delta)} | {'—' if r.reach is None else r.reach} | "
-            f"{speedup_cell(r)} | {r.seeds_reached}/{r.n_seeds} | "
-            f"{pm(held['gold']) if 'gold' in held else '—'} | "
-            f"{pm(held['right_opening'], 2) if 'right_opening' in held else '—'} | "
+            f"{'—' if is_base else pm(r.delta)} | {reach} | {speedup_cell(r)} | {seeds} | "
             f"{r.length:.0f} | {r.macro_len:.2f} | {r.step_time:.2f} | "
             f"{r.macro_time:.3f} ({share:.1f} %) |"
+        )
+    return "\n".join(lines)
+
+
+def held_out_table(rows: Sequence[ArmRow]) -> str:
+    """The markdown table of one cell's held-out samples after training (Δ: Welch, vs PPO)."""
+    lines = [
+        "| arm | held-out gold | Δ vs PPO | right openings | Δ vs PPO | answer tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(r: ArmRow, key: str, digits: int, delta: bool) -> str:
+        src = r.held_out_delta if delta else r.held_out
+        if key not in src or (delta and r.arm == BASELINE):
+            return "—"
+        return pm(src[key], digits)
+
+    for r in rows:
+        lines.append(
+            f"| {r.arm} | {cell(r, 'gold', 3, False)} | {cell(r, 'gold', 3, True)} | "
+            f"{cell(r, 'right_opening', 2, False)} | {cell(r, 'right_opening', 2, True)} | "
+            f"{cell(r, 'tokens', 0, False)} |"
         )
     return "\n".join(lines)
 
@@ -604,8 +649,8 @@ def parser_share(rows: Sequence[ArmRow]) -> float | None:
     """The parser's cost as a share of the PPO step: (macro time of `parsing` - macro time of
     `ppo`) / PPO's s / step (None without a parsing arm).
 
-    >>> mk = lambda arm, mt, st: ArmRow(arm, 1, 1, 0, (0, 0), (0, 0), None, None, 0, 0, 0, 0, 1,
-    ...                                 1, st, mt, {}, 0)
+    >>> mk = lambda arm, mt, st: ArmRow(arm, 1, 1, 0, (0, 0), (0, 0), True, None, None, 0, 0, 0,
+    ...                                 0, 1, 1, st, mt, {}, {}, 0)
     >>> parser_share([mk("ppo", 0.01, 2.0), mk("parsing", 0.21, 2.5)])
     0.1
     """
@@ -740,33 +785,39 @@ def figures(cells: dict, rows: dict[str, list[ArmRow]], fig_dir: Path, prefix: s
     ]
     if len(lam_panel) == 2:
         out.append(plot_curves(lam_panel, fig_dir / f"{prefix}_lambda.png"))
-    sp, dl = [], []
+    sp, dl, op = [], [], []
     for source in ("gold", "rm"):
         by_sp: dict[str, list] = {}
         by_dl: dict[str, list] = {}
+        by_op: dict[str, list] = {}
         for h in HORIZONS:
             for r in rows.get(f"{source}_lam{LAMBDA:g}_h{h}", []):
-                by_sp.setdefault(r.arm, []).append(
-                    (h, r.speedup or 0.0, min(r.boot_low, r.speedup or 0.0),
-                     max(r.boot_high, r.speedup or 0.0))
-                )  # fmt: skip
-                by_dl.setdefault(r.arm, []).append(
-                    (h, r.delta[0], r.delta[0] - _z(r.delta[1]), r.delta[0] + _z(r.delta[1]))
-                )
-        name = {"gold": "oracle reward", "rm": "learned RM"}[source]
-        if by_sp:
-            sp.append((f"{name}, λ={LAMBDA:g}", by_sp))
-            dl.append((f"{name}, λ={LAMBDA:g}", by_dl))
-    if sp:
-        out.append(
-            plot_vs_horizon(
-                sp, fig_dir / f"{prefix}_speedup.png", "speed-up over PPO (0: not reached)", 1.0
-            )
-        )
-        out.append(
-            plot_vs_horizon(dl, fig_dir / f"{prefix}_delta.png", "final gold − PPO's (Welch)", 0.0)
-        )
+                by_dl.setdefault(r.arm, []).append(_interval(h, r.delta))
+                if "right_opening" in r.held_out_delta:
+                    by_op.setdefault(r.arm, []).append(
+                        _interval(h, r.held_out_delta["right_opening"])
+                    )
+                if r.defined:  # PPO improved: the speed-up is defined
+                    x = r.speedup or 0.0
+                    by_sp.setdefault(r.arm, []).append(
+                        (h, x, min(r.boot_low, x), max(r.boot_high, x))
+                    )
+        name = f"{ {'gold': 'oracle reward', 'rm': 'learned RM'}[source] }, λ={LAMBDA:g}"
+        for acc, by in ((sp, by_sp), (dl, by_dl), (op, by_op)):
+            if by:
+                acc.append((name, by))
+    for panels, name, label, ref in (
+        (sp, "speedup", "speed-up over PPO (0: not reached)", 1.0),
+        (dl, "delta", "final gold − PPO's (Welch 95 %)", 0.0),
+        (op, "openings", "held-out right openings − PPO's (Welch 95 %)", 0.0),
+    ):
+        if panels:
+            out.append(plot_vs_horizon(panels, fig_dir / f"{prefix}_{name}.png", label, ref))
     return out
+
+
+def _interval(h: int, d: tuple[float, float]) -> tuple[int, float, float, float]:
+    return (h, d[0], d[0] - _z(d[1]), d[0] + _z(d[1]))
 
 
 def _z(h: float) -> float:
@@ -796,6 +847,8 @@ def analyze(
         rows, key=lambda c: (c.split("_")[0], c.split("_")[1], int(c[c.rindex("h") + 1 :]))
     ):
         text += [f"## {_cell_title(cell)}\n", cell_table(rows[cell]), ""]
+        text += [f"Held-out after training ({EVAL_PROMPTS} prompts, T = 1):\n"]
+        text += [held_out_table(rows[cell]), ""]
         share = parser_share(rows[cell])
         if share is not None:
             text.append(f"Parser cost: {100 * share:.1f} % of PPO's step.\n")

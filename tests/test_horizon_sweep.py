@@ -212,7 +212,7 @@ def test_sweep_end_to_end_and_resume(tmp_path):
         assert all(r["n_seeds"] == 2 and r["steps"] == 2 for r in rows)
     summary = (out / "summary.md").read_text()
     assert "## H=16, oracle reward, λ=0.95" in summary and "Start-up vs training" in summary
-    for name in ("gold_gold", "gold_rm", "lambda", "speedup", "delta"):
+    for name in ("gold_gold", "gold_rm", "lambda", "delta", "openings"):
         assert (out / f"horizon_sweep_{name}.png").stat().st_size > 1000
     run = out / "runs" / "gold_lam0.95_h16" / "fixed5" / "seed2"
     info = json.loads((run / "sweep_run.json").read_text())
