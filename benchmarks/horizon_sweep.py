@@ -687,6 +687,21 @@ def startup_table(cells: dict[str, dict[str, dict[int, dict]]]) -> tuple[str, di
     return "\n".join(lines), tot
 
 
+def arm_color(arm: str) -> str:
+    """One colour per arm in every panel and figure (matplotlib's tab10 in ``ALL_RULES`` order, then
+    the estimator arms), so a colour means the same arm everywhere.
+
+    >>> arm_color("ppo"), arm_color("fixed5") == arm_color("fixed5"), arm_color("parsing") != arm_color("entropy")
+    ('black', True, True)
+    """
+    if arm == BASELINE:
+        return "black"
+    order = [a for a in (*ALL_RULES, *ALL_ARMS) if a != BASELINE]
+    order = list(dict.fromkeys(order))
+    i = order.index(arm) if arm in order else len(order) + sum(map(ord, arm))
+    return f"C{i % 10}"
+
+
 def _band(ax, xs, seeds_curves, label, **style):
     stats = [mean_ci([c[i] for c in seeds_curves]) for i in range(len(xs))]
     mean = [s[0] for s in stats]
@@ -709,13 +724,14 @@ def plot_curves(panels: Sequence[tuple[str, dict[str, dict[int, dict]]]], path: 
         for arm, seeds in seeds_by_arm.items():
             curves = [smooth(m["gold"], SMOOTH) for m in seeds.values()]
             n = min(len(c) for c in curves)
-            style = {"color": "black", "linewidth": 2.0} if arm == BASELINE else {"linewidth": 1.1}
+            style = {"color": arm_color(arm), "linewidth": 2.0 if arm == BASELINE else 1.1}
             _band(ax, list(range(1, n + 1)), [c[:n] for c in curves], arm, **style)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(f"PPO step (trailing mean over {SMOOTH})", fontsize=8)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("gold of the step's rollouts", fontsize=8)
-    axes[0][0].legend(fontsize=7, ncol=2)
+    for ax in axes[0]:  # panels can hold different arms
+        ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=70)
     plt.close(fig)
@@ -744,7 +760,16 @@ def plot_vs_horizon(
             xs = [h * 2 ** (0.12 * (i - (len(arms) - 1) / 2)) for h, *_ in pts]
             ys = [p for _, p, _, _ in pts]
             err = [[p - lo for _, p, lo, _ in pts], [hi - p for _, p, _, hi in pts]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linewidth=1, label=arm)
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                marker="o",
+                capsize=3,
+                linewidth=1,
+                label=arm,
+                color=arm_color(arm),
+            )
         ax.axhline(ref, color="black", linestyle=":", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(HORIZONS), [str(h) for h in HORIZONS])
@@ -752,7 +777,8 @@ def plot_vs_horizon(
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(ylabel, fontsize=8)
-    axes[0][0].legend(fontsize=7)
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=70)
     plt.close(fig)
