@@ -403,9 +403,12 @@ def execute(
     runs: list[RunJob],
     workers: int,
     spacy_model: str | None,
+    wall_file: Path | None = None,
 ) -> list[str]:
     """Train every reward model and run that is not done yet, ``workers`` at a time (longest
-    first once its reward model exists). Returns the keys of the jobs that failed."""
+    first once its reward model exists). Returns the keys of the jobs that failed. ``wall_file``
+    records this invocation's wall time after every finished job (:func:`record_wall`), so a
+    killed invocation's time up to its last finished job still counts."""
     todo: list[tuple[str, object]] = [("rm", j) for j in rms if not _done(j.out(root), "rm")]
     todo += [("run", j) for j in runs if not _done(j.out(root), "run")]
     skipped = len(rms) + len(runs) - len(todo)
@@ -444,6 +447,8 @@ def execute(
                 if kind == "rm":
                     ready_rms.add(job.horizon)
                 left = len(todo) + len(running)
+                if wall_file is not None:
+                    record_wall(wall_file, t0, time.time() - t0, workers, failed, done=False)
                 print(
                     f"[sweep] {job.key}: {res['wall_s']:.0f}s; {left} left, "
                     f"{time.time() - t0:.0f}s elapsed",
@@ -884,7 +889,8 @@ def analyze(
     if wall:
         workers = wall["workers"]
         text.append(
-            f"Sweep wall time {wall['seconds']:.0f} s ({workers} workers): start-up "
+            f"Sweep wall time {wall['seconds']:.0f} s over {wall.get('sessions', 1)} "
+            f"invocation(s) ({workers} workers): start-up "
             f"{tot['startup_s']:.0f} s + worker imports {tot['import_s']:.0f} s over all runs = "
             f"{100 * (tot['startup_s'] + tot['import_s']) / (workers * wall['seconds']):.1f} % "
             f"of the workers' time.\n"
@@ -922,6 +928,36 @@ def write_curves(cells: dict, path: Path) -> None:
 def _wall(root: Path, tag: str) -> dict | None:
     f = root / f"sweep_wall{tag}.json"
     return json.loads(f.read_text()) if f.exists() else None
+
+
+def record_wall(
+    path: Path, start: float, seconds: float, workers: int, failed: list[str], done: bool
+) -> dict:
+    """Set the entry of the invocation that started at ``start`` in ``path`` (one entry per
+    invocation of the sweep on this output directory; ``done`` False while it runs or when it was
+    killed) and the total over all entries; returns the record.
+
+    >>> import tempfile; f = Path(tempfile.mkdtemp()) / "w.json"
+    >>> _ = record_wall(f, 1.0, 100.0, 2, [], False)   # killed after 100 s
+    >>> _ = record_wall(f, 9.0, 50.0, 2, [], False); r = record_wall(f, 9.0, 60.0, 2, [], True)
+    >>> r["seconds"], r["sessions"], [e["done"] for e in r["invocations"]]
+    (160.0, 2, [False, True])
+    """
+    rec = json.loads(path.read_text()) if path.exists() else {}
+    inv = [e for e in rec.get("invocations", []) if e["start"] != start]
+    if "invocations" not in rec and rec.get("seconds"):  # the older one-number record
+        inv.append({"start": 0.0, "seconds": rec["seconds"], "done": True})
+    inv.append({"start": start, "seconds": round(seconds, 1), "done": done})
+    inv.sort(key=lambda e: e["start"])
+    rec = {
+        "seconds": sum(e["seconds"] for e in inv),
+        "workers": workers,
+        "sessions": len(inv),
+        "failed": failed,
+        "invocations": inv,
+    }
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
 
 
 # --------------------------------------------------------------------------------------------------
@@ -994,15 +1030,12 @@ def main(argv: list[str] | None = None) -> None:
     if not args.analyze_only:
         _set_env(size)
         t0 = time.time()
-        failed = execute(root, size, rms, runs, args.workers or size.workers, spacy_model)
-        wall = time.time() - t0
-        prev = _wall(root, args.tag) or {"seconds": 0.0}
         workers = args.workers or size.workers
-        # a resumed sweep adds its time to the earlier sessions'
-        (root / f"sweep_wall{args.tag}.json").write_text(
-            json.dumps({"seconds": prev["seconds"] + wall, "workers": workers,
-                        "sessions": prev.get("sessions", 0) + 1, "failed": failed})
-        )  # fmt: skip
+        wall_file = root / f"sweep_wall{args.tag}.json"
+        failed = execute(root, size, rms, runs, workers, spacy_model, wall_file)
+        wall = time.time() - t0
+        # a resumed sweep adds its time to the earlier invocations' (killed ones included)
+        record_wall(wall_file, t0, wall, workers, failed, done=True)
         print(f"[sweep] {wall:.0f}s wall; failed: {failed or 'none'}", flush=True)
     fig_dir = Path(args.figures_dir).resolve() if args.figures_dir else root
     print(analyze(root, rms, runs, fig_dir, args.figures_prefix, args.tag))
