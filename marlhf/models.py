@@ -18,7 +18,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 
 def resolve_model_path(name_or_path: str) -> str:
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
-    shipped pretrained tiny model; anything else unchanged."""
+    shipped pretrained tiny model; ``tiny-rm-base`` -> the shipped reward-model base; anything else
+    unchanged."""
     if name_or_path == "tiny-base":
         from marlhf.tiny import ensure_tiny_base
 
@@ -27,6 +28,10 @@ def resolve_model_path(name_or_path: str) -> str:
         from marlhf.tiny import ensure_tiny
 
         return ensure_tiny()
+    if name_or_path == "tiny-rm-base":
+        from marlhf.tiny import ensure_tiny_rm_base
+
+        return ensure_tiny_rm_base()
     return name_or_path
 
 

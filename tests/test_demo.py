@@ -47,4 +47,4 @@ def test_demo_pipeline_end_to_end(tmp_path):
     assert (out / "training_curves.png").stat().st_size > 1000
     # a second run resumes: every stage is skipped
     again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count("already done") == 7, again.stdout
+    assert again.returncode == 0 and again.stdout.count("already done), skipped") == 8, again.stdout
