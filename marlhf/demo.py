@@ -112,9 +112,11 @@ PPO_FLAGS = [
     "equal",
 ]
 # With the learned RM (the default): tiny-rm-base's scores spread over several units, so PPO
-# standardises them with the RM's saved eval mean/std before its ±2.5 clip, and scores a response
-# cut at the length limit 1 lower (an RM trained on finished summaries misjudges cut ones).
-LEARNED_RM_PPO_FLAGS = ["--normalize_reward", "--no_eos_penalty", "-1"]
+# standardises them with the RM's saved eval mean/std before its ±2.5 clip, scores a response cut
+# at the length limit 1 lower (an RM trained on finished summaries misjudges cut ones) and keeps
+# closer to the SFT model (KL coefficient 0.2: at 0.05 both arms drifted to openers the RM
+# over-scores; docs/results.md, "A reward model that learns").
+LEARNED_RM_PPO_FLAGS = ["--normalize_reward", "--no_eos_penalty", "-1", "--kl_ctl", "0.2"]
 
 
 def _env() -> dict[str, str]:

@@ -585,48 +585,9 @@ def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
     return scorer
 
 
-def train(cfg: RewardStageConfig) -> Path:
-    from marlhf.data.collate import PairCollator
-    from marlhf.data.tokenize import build_pair_dataset
-    from marlhf.models import load_tokenizer
-
-    start(cfg.ds, cfg.optim.seed)
-    out = ensure_output_dir(cfg.log.output_dir)
-    tokenizer = load_tokenizer(cfg.model, padding_side="right")
-    train_ds = build_pair_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
-    eval_ds = build_pair_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
-    if len(eval_ds) == 0:
-        raise ValueError(
-            f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
-        )
-    _check_margins(train_ds, cfg)
-    collate = PairCollator(tokenizer.pad_token_id)
-
-    plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
+def _train_step_fn(cfg: RewardStageConfig, engine, train_ds, collate, scorer: Scorer, plan):
+    """The stage's ``train_step(micro_batch_indices, step) -> metrics`` for ``supervised_loop``."""
     pairs_per_step = plan.global_batch
-
-    scorer = _build_scorer(cfg, tokenizer)
-    model = build_reward_model(cfg)
-    engine, ds_json = build_train_engine(
-        model,
-        model_cfg=cfg.model,
-        ds=cfg.ds,
-        optim=cfg.optim,
-        total_steps=plan.total,
-        micro_batch_size=plan.micro,
-    )
-    run_config = write_run_config(out, cfg, ds_json)
-    if is_main():
-        log.info(
-            "RM (%s): %d train / %d eval pairs, %d steps/epoch, %d steps",
-            cfg.reward.rm_type,
-            len(train_ds),
-            len(eval_ds),
-            plan.steps_per_epoch,
-            plan.total,
-        )
-    termination = cfg.macro if scorer.segment else None
-    last_eval: tuple[dict, Any] | None = None  # (metrics, end-score stats) of the latest evaluation
 
     def train_step(micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
         """One optimizer step: the Bradley–Terry loss, mean over the global batch's pairs."""
@@ -667,6 +628,53 @@ def train(cfg: RewardStageConfig) -> Path:
             metrics["macro/segments_mean"] = float(sums[3] / (2 * pairs_per_step))
             metrics["macro/mean_len"] = float(sums[4] / sums[3].clamp(min=1))
         return metrics
+
+    return train_step
+
+
+def train(cfg: RewardStageConfig) -> Path:
+    from marlhf.data.collate import PairCollator
+    from marlhf.data.tokenize import build_pair_dataset
+    from marlhf.models import load_tokenizer
+
+    start(cfg.ds, cfg.optim.seed)
+    out = ensure_output_dir(cfg.log.output_dir)
+    tokenizer = load_tokenizer(cfg.model, padding_side="right")
+    train_ds = build_pair_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
+    eval_ds = build_pair_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
+    if len(eval_ds) == 0:
+        raise ValueError(
+            f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
+        )
+    _check_margins(train_ds, cfg)
+    collate = PairCollator(tokenizer.pad_token_id)
+
+    plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
+
+    scorer = _build_scorer(cfg, tokenizer)
+    model = build_reward_model(cfg)
+    engine, ds_json = build_train_engine(
+        model,
+        model_cfg=cfg.model,
+        ds=cfg.ds,
+        optim=cfg.optim,
+        total_steps=plan.total,
+        micro_batch_size=plan.micro,
+    )
+    run_config = write_run_config(out, cfg, ds_json)
+    if is_main():
+        log.info(
+            "RM (%s): %d train / %d eval pairs, %d steps/epoch, %d steps",
+            cfg.reward.rm_type,
+            len(train_ds),
+            len(eval_ds),
+            plan.steps_per_epoch,
+            plan.total,
+        )
+    termination = cfg.macro if scorer.segment else None
+    last_eval: tuple[dict, Any] | None = None  # (metrics, end-score stats) of the latest evaluation
+
+    train_step = _train_step_fn(cfg, engine, train_ds, collate, scorer, plan)
 
     def run_eval() -> dict[str, float]:
         nonlocal last_eval
