@@ -23,9 +23,9 @@ leaves SFT and RLHF something real to improve. The weights live in ``marlhf/data
 The demo's reward model starts from a third shipped model, ``tiny-rm-base``
 (``marlhf/data/bundled/tiny_rm_base``, 2 MB bf16, with its value head): tiny-base with two more
 layers and four key/value heads instead of one, trained further as an LM and then as a preference
-model on generated comparisons (held-out accuracy 0.81 against the labels, 0.90 against gold)::
+model on generated comparisons (held-out accuracy 0.81 against the labels, 0.92 against gold)::
 
-    python -m marlhf.tiny --rm_base OUT_DIR           # ~40 min on 1 thread of 2 loaded cores
+    python -m marlhf.tiny --rm_base OUT_DIR           # ~47 min on 1 thread of 2 loaded cores
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ RM_LM_FLAGS = (
 # RM_PMP_SEED + phase). First who did what (binding), then everything, then coverage and length
 # (complete vs missing vs verbose), then everything again, and last everything plus off-task word
 # salad (synthetic.OFF_TASK_KINDS), which PPO reached and the RM scored above correct summaries
-# when it had never seen any.
+# when it had never seen any, once at lr 3e-4 and once at 1e-4.
 _BINDING = ("complete", "reordered", "swapped", "hallucinated")
 _COVERAGE = ("complete", "reordered", "missing", "verbose")
 _ALL = ("complete", "reordered", "missing", "hallucinated", "swapped", "verbose", "rambling")
@@ -304,6 +304,7 @@ RM_PMP_PHASES: tuple[tuple[tuple[str, ...], int, float, int], ...] = (
     (_COVERAGE, 300, 3e-4, 6),
     (_ALL, 1600, 3e-4, 4),
     (_ALL + ("salad", "padded"), 800, 3e-4, 3),
+    (_ALL + ("salad", "padded"), 800, 1e-4, 3),
 )
 RM_PMP_SEED = 777
 # Before step 2 the single key/value head of tiny-base's multi-query attention is copied into
