@@ -22,7 +22,8 @@ class ModelConfig:
         metadata={
             "help": "Hub id (e.g. google/gemma-2b), local HF directory, `tiny` for the embedded "
             "tiny Gemma-architecture model built from the bundled corpus (random init), or "
-            "`tiny-base`: the same model shipped pretrained on generated posts (see marlhf.tiny)."
+            "`tiny-base`: the same model shipped pretrained on generated posts, or `tiny-rm-base`: "
+            "the shipped reward-model base (see marlhf.tiny)."
         },
     )
     tokenizer_name_or_path: str | None = field(

@@ -71,9 +71,16 @@ RM_FLAGS = [
 PPO_STEPS = 30
 
 
-def rm_flags(out: Path) -> list[str]:
-    """The reward-model stage's flags: its base model (the demo's SFT model) and ``RM_FLAGS``."""
-    return ["--model_name_or_path", str(out / "sft"), *RM_FLAGS]
+# The demo's reward model starts from tiny-rm-base (larger than the policy and preference-pretrained
+# on generated comparisons, see marlhf.tiny) with its value head; one gentle epoch on the bundled
+# comparisons is enough (later flags win over RM_FLAGS).
+RM_BASE_FLAGS = ["--model_name_or_path", "tiny-rm-base", "--init_value_head"]
+RM_BASE_FLAGS += ["--learning_rate", "1e-4", "--num_train_epochs", "1"]
+
+
+def rm_flags() -> list[str]:
+    """The reward-model stage's flags: ``RM_FLAGS`` then ``RM_BASE_FLAGS``."""
+    return [*RM_FLAGS, *RM_BASE_FLAGS]
 
 
 PPO_FLAGS = [
@@ -104,6 +111,12 @@ PPO_FLAGS = [
     "--value_function",
     "equal",
 ]
+# With the learned RM (the default): tiny-rm-base's scores spread over several units, so PPO
+# standardises them with the RM's saved eval mean/std before its ±2.5 clip, scores a response cut
+# at the length limit 1 lower (an RM trained on finished summaries misjudges cut ones) and keeps
+# closer to the SFT model (KL coefficient 0.2: at 0.05 both arms drifted to openers the RM
+# over-scores; docs/results.md, "A reward model that learns").
+LEARNED_RM_PPO_FLAGS = ["--normalize_reward", "--no_eos_penalty", "-1", "--kl_ctl", "0.2"]
 
 
 def _env() -> dict[str, str]:
@@ -210,7 +223,7 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
         Stage(
             "2/6 reward model",
             "rm",
-            ["-m", "marlhf.stages.reward", *rm_flags(out), *common, *seed]
+            ["-m", "marlhf.stages.reward", *rm_flags(), *common, *seed]
             + ["--output_dir", str(out / "rm")],
             out / "rm" / "reward_config.json",
         ),
@@ -232,6 +245,7 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
                 + ["--critic_model_name_or_path", str(out / "rm")]
                 + ["--termination_condition", "fixed", "--ngram", str(n)]
                 + ["--reward_source", args.reward_source, "--max_steps", str(args.ppo_steps)]
+                + (LEARNED_RM_PPO_FLAGS if args.reward_source == "rm" else [])
                 + ["--output_dir", str(out / name)],
                 out / name / "actor" / "model.safetensors",
             )

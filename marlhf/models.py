@@ -20,7 +20,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> str:
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
     shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
-    tasks (``marlhf.data.long_tasks``); anything else unchanged, once it is known to be loadable.
+    tasks (``marlhf.data.long_tasks``); ``tiny-rm-base`` -> the shipped reward-model base
+    (``marlhf.tiny``); anything else unchanged, once it is known to be loadable.
 
     Raises:
         FileNotFoundError (one line naming the model and what to do) for a local path that does not
@@ -41,6 +42,10 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         from marlhf.tiny import ensure_tiny
 
         return ensure_tiny()
+    if name_or_path == "tiny-rm-base":
+        from marlhf.tiny import ensure_tiny_rm_base
+
+        return ensure_tiny_rm_base()
     from marlhf.preflight import model_source_problem
 
     problem = model_source_problem(name_or_path, probe_network=False, tokenizer_only=tokenizer_only)

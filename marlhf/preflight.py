@@ -42,7 +42,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 REWARD_CONFIG_FILE = "reward_config.json"  # as marlhf.reward_model writes it
-EMBEDDED_MODELS = ("tiny", "tiny-base")
+EMBEDDED_MODELS = (
+    "tiny",
+    "tiny-base",
+    "tiny-rm-base",
+    "tiny-base-16",
+    "tiny-base-64",
+    "tiny-base-256",
+)
 _TRUE = ("1", "ON", "YES", "TRUE")
 # A hub repository id: "name" or "namespace/name"
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
@@ -110,7 +117,7 @@ def model_source_problem(
 
     Local directories must exist (and hold ``config.json`` unless ``tokenizer_only``); a hub id
     must be in the local cache when ``HF_HUB_OFFLINE`` is set, or when ``probe_network`` and the hub
-    cannot be reached. ``tiny``/``tiny-base`` are always available.
+    cannot be reached. The embedded models (``EMBEDDED_MODELS``) are always available.
     """
     if name in EMBEDDED_MODELS:
         return None

@@ -178,6 +178,10 @@ CONNECTIVES = frozenset(
 )
 SUMMARY_FILLERS = ("basically", "long story short", "so basically", "tldr")
 KINDS = ("complete", "reordered", "missing", "hallucinated", "swapped", "verbose", "rambling")
+# Off-task candidates, not in the bundled comparisons: only preference-model pretraining reads them
+# (generate_groups), so the reward model also sees text with no or few facts among post words, the
+# word salad a policy drifts to when it over-optimises a reward model that never saw any.
+OFF_TASK_KINDS = ("salad", "padded")
 POLICIES = {k: f"synthetic_{k}" for k in KINDS}
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -339,7 +343,21 @@ def _candidate(kind: str, facts, distractors, rng: random.Random) -> str:
         i = rng.randrange(len(phrases))
         rep = [phrases[i]] * rng.randint(2, 3)
         return _join(phrases + rep, rng) + " " + rng.choice(SUMMARY_FILLERS)
+    if kind in OFF_TASK_KINDS:
+        return _off_task(kind, phrases, distractors, rng)
     raise ValueError(f"unknown candidate kind {kind!r}")
+
+
+def _off_task(kind: str, phrases: list[str], distractors: list[str], rng: random.Random) -> str:
+    """``salad``: 4-16 words of the post's distractor sentences ("sorry" if it has none) in random order;
+    ``padded``: a ``complete`` or ``missing`` summary with 2-8 such words around it."""
+    pool = [w for d in distractors for w in d.rstrip(".").split()] or ["sorry"]
+    if kind == "salad":
+        return " ".join(rng.choice(pool) for _ in range(rng.randint(4, 16)))
+    keep = phrases if rng.random() < 0.5 else rng.sample(phrases, max(1, len(phrases) - 1))
+    words = [rng.choice(pool) for _ in range(rng.randint(2, 8))]
+    cut = rng.randint(0, len(words))
+    return " ".join([*words[:cut], _join(keep, rng), *words[cut:]])
 
 
 def _sigmoid(x: float) -> float:
@@ -408,4 +426,48 @@ def pretraining_rows(n: int, seed: int = 0) -> list[dict]:
         summary = _candidate(kind, facts, distractors, rng)
         prompt = prompt_of({"info": {"subreddit": sub, "post": post}})
         rows.append({"id": i, "prompt": prompt, "chosen": summary})
+    return rows
+
+
+def generate_groups(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[dict]:
+    """``n`` fresh posts, each with one candidate summary per kind of ``kinds`` and a
+    Bradley-Terry label for every pair of them: the K-wise comparisons of preference-model
+    pretraining (``marlhf.preference_pretraining``), labelled exactly as the comparisons of
+    :func:`generate` (one draw of ``P(A > B) = sigmoid(BETA * (g_A - g_B))`` per pair).
+
+    Rows ``{"prompt", "texts", "kinds", "pairs"}``; ``pairs`` lists ``(winner, loser)`` indices into
+    ``texts``; identical candidates (e.g. a two-fact ``reordered`` equal to ``complete``) are kept
+    once. Deterministic in ``(n, seed, kinds)``; the random stream (``"groups/{seed}"``) is not the
+    one of the bundled comparisons.
+
+    >>> g = generate_groups(1, seed=0)[0]
+    >>> len(g["texts"]) == len(g["kinds"]) and len(g["pairs"]) == len(g["texts"]) * (len(g["texts"]) - 1) // 2
+    True
+    >>> generate_groups(2, seed=0) == generate_groups(2, seed=0)
+    True
+    """
+    unknown = sorted(set(kinds) - set(KINDS) - set(OFF_TASK_KINDS))
+    if unknown:
+        raise ValueError(
+            f"generate_groups: unknown kinds {unknown}; choose from {KINDS + OFF_TASK_KINDS}"
+        )
+    rng = random.Random(f"groups/{seed}")
+    rows = []
+    for _ in range(n):
+        sub, _title, post, facts, distractors = _make_post(rng)
+        prompt = prompt_of({"info": {"subreddit": sub, "post": post}})
+        texts: list[str] = []
+        names: list[str] = []
+        for kind in kinds:
+            text = _candidate(kind, facts, distractors, rng)
+            if text not in texts:
+                texts.append(text)
+                names.append(kind)
+        gold = [gold_score(prompt, t) for t in texts]
+        pairs = []
+        for i in range(len(texts)):
+            for j in range(i + 1, len(texts)):
+                first = rng.random() < _sigmoid(BETA * (gold[i] - gold[j]))
+                pairs.append((i, j) if first else (j, i))
+        rows.append({"prompt": prompt, "texts": texts, "kinds": names, "pairs": pairs})
     return rows

@@ -108,6 +108,14 @@ class RewardConfig:
             "help": "Segment RM: at most this many chosen responses for the normaliser fit (0: all)."
         },
     )
+    init_value_head: bool = field(
+        default=False,
+        metadata={
+            "help": "Start from the value head saved with --model_name_or_path "
+            "(value_head.safetensors, e.g. tiny-rm-base's, preference-pretrained) instead of a "
+            "fresh one."
+        },
+    )
     num_padding_at_beginning: int = field(
         default=0,
         metadata={
@@ -457,6 +465,8 @@ def build_reward_model(cfg: RewardStageConfig):
         path, dtype=TORCH_DTYPES[m.dtype], config=hf_config, trust_remote_code=m.trust_remote_code
     )
     del keep
+    if cfg.reward.init_value_head:
+        load_value_head(model, path)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     if m.lora_dim:
@@ -464,6 +474,28 @@ def build_reward_model(cfg: RewardStageConfig):
         if m.gradient_checkpointing and m.only_optimize_lora:
             model.enable_input_require_grads()
     return model
+
+
+def load_value_head(model, path: str) -> None:
+    """Copy ``path``/value_head.safetensors (``{"weight": (1, hidden)}``) into ``model.v_head``."""
+    from safetensors.torch import load_file
+
+    from marlhf.reward_model import VALUE_HEAD_FILE
+
+    file = Path(path) / VALUE_HEAD_FILE
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"--init_value_head: {file} does not exist; --model_name_or_path must be a reward model "
+            "or a base shipped with its value head (tiny-rm-base), or drop --init_value_head"
+        )
+    weight = load_file(file).get("weight")
+    if weight is None or tuple(weight.shape) != tuple(model.v_head.weight.shape):
+        raise ValueError(
+            f"--init_value_head: {file} must hold 'weight' of shape "
+            f"{tuple(model.v_head.weight.shape)}, got {None if weight is None else tuple(weight.shape)}"
+        )
+    with torch.no_grad():
+        model.v_head.weight.copy_(weight.to(model.v_head.weight.dtype))
 
 
 def save_reward_checkpoint(

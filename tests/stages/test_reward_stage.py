@@ -222,6 +222,32 @@ def test_cli_flags_and_validation():
         parse_config(RewardStageConfig, ["--normalizer_max_samples", "-1"])
 
 
+def test_init_value_head_starts_from_the_saved_head(tmp_path):
+    """--init_value_head: build_reward_model copies value_head.safetensors of the base (a fresh,
+    random head otherwise); a base without one, or with a head of another width, is refused."""
+    from safetensors.torch import save_file
+
+    from marlhf.tiny import ensure_tiny_base
+
+    base = tmp_path / "base"
+    shutil.copytree(ensure_tiny_base(), base)
+    head = torch.linspace(-1, 1, 128).unsqueeze(0)
+    save_file({"weight": head}, base / "value_head.safetensors")
+    cfg = parse_config(RewardStageConfig, ["--model_name_or_path", str(base), "--init_value_head"])
+    assert cfg.reward.init_value_head
+    assert torch.equal(reward_stage.build_reward_model(cfg).v_head.weight.detach(), head)
+    fresh = parse_config(RewardStageConfig, ["--model_name_or_path", str(base)])
+    assert not torch.equal(reward_stage.build_reward_model(fresh).v_head.weight.detach(), head)
+    save_file({"weight": torch.zeros(1, 64)}, base / "value_head.safetensors")
+    with pytest.raises(
+        ValueError, match=r"value_head.safetensors must hold 'weight' of shape \(1, 128\)"
+    ):
+        reward_stage.build_reward_model(cfg)
+    (base / "value_head.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="--init_value_head: .*value_head.safetensors"):
+        reward_stage.build_reward_model(cfg)
+
+
 # --------------------------------------------------------------------------------------------------
 # end to end (subprocesses: DeepSpeed sets its process group up once per process)
 
