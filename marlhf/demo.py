@@ -119,6 +119,15 @@ PPO_FLAGS = [
 LEARNED_RM_PPO_FLAGS = ["--normalize_reward", "--no_eos_penalty", "-1", "--kl_ctl", "0.2"]
 
 
+def ppo_epochs(steps: int, prompts: int = 760, rollouts: int = 16) -> int:
+    """Passes over the demo's PPO prompts that ``steps`` steps of ``rollouts`` need (at least 1).
+
+    >>> ppo_epochs(30), ppo_epochs(47), ppo_epochs(48), ppo_epochs(200)
+    (1, 1, 2, 5)
+    """
+    return max(1, -(-steps // (prompts // rollouts)))
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "2")
@@ -180,7 +189,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ngram", type=int, default=5, help="MA-PPO macro-action length (fixed n-gram)"
     )
     ap.add_argument(
-        "--eval_prompts", type=int, default=128, help="held-out prompts for the comparison"
+        "--eval_prompts",
+        type=int,
+        default=300,
+        help="held-out prompts for the comparison (all 300 of the bundled task by default)",
     )
     ap.add_argument("--seed", type=int, default=1234, help="seed of every stage (and the data)")
     ap.add_argument(
@@ -245,6 +257,9 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
                 + ["--critic_model_name_or_path", str(out / "rm")]
                 + ["--termination_condition", "fixed", "--ngram", str(n)]
                 + ["--reward_source", args.reward_source, "--max_steps", str(args.ppo_steps)]
+                # enough passes over the 760 prompts for any --ppo_steps (one pass is 47 steps of
+                # 16; the constant learning rate makes the first 47 steps the same either way)
+                + ["--num_train_epochs", str(ppo_epochs(args.ppo_steps))]
                 + (LEARNED_RM_PPO_FLAGS if args.reward_source == "rm" else [])
                 + ["--output_dir", str(out / name)],
                 out / name / "actor" / "model.safetensors",
