@@ -1,0 +1,36 @@
+"""The installed package carries every bundled file (the task data and every shipped model), so a
+non-editable ``pip install .`` can run the demo and the long-horizon tasks as the checkout does."""
+
+import fnmatch
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _matches(path: str, glob: str) -> bool:
+    """setuptools' package-data glob: ``*`` stays within one path component."""
+    parts, pats = path.split("/"), glob.split("/")
+    return len(parts) == len(pats) and all(map(fnmatch.fnmatchcase, parts, pats))
+
+
+def test_glob_semantics():
+    assert _matches("data/bundled/x.jsonl", "data/bundled/*")
+    assert not _matches("data/bundled/tiny_base/config.json", "data/bundled/*")
+
+
+def test_package_data_covers_every_bundled_file():
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["marlhf"]
+    package = ROOT / "marlhf"
+    files = [p for p in (package / "data" / "bundled").rglob("*") if p.is_file()]
+    assert any(p.parent.name == "tiny_rm_base" for p in files)  # the walk sees the models
+    missing = [
+        str(p.relative_to(package))
+        for p in files
+        if not any(_matches(p.relative_to(package).as_posix(), g) for g in globs)
+        and p.name != ".gitignore"
+    ]
+    assert not missing, f"pyproject.toml package-data misses {missing}"
