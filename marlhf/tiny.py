@@ -225,15 +225,21 @@ HORIZON_FLAGS = {
 }  # fmt: skip
 
 
-def ensure_tiny_base() -> str:
-    """Path of the shipped pretrained tiny model (``--model_name_or_path tiny-base``)."""
-    missing = [f for f in BASE_FILES if not (BASE_DIR / f).is_file()]
+def _shipped(path: Path, files: Iterable[str], name: str, remake: str) -> str:
+    """``path`` of a shipped model once it holds ``files``; else an error naming what is missing
+    and the command that remakes it (``remake``, which writes to ``path``)."""
+    missing = [f for f in files if not (path / f).is_file()]
     if missing:
         raise FileNotFoundError(
-            f"{BASE_DIR}: the shipped tiny-base model lacks {', '.join(missing)}; rebuild it with "
-            f"`python -m marlhf.tiny --pretrain {BASE_DIR}`"
+            f"{path}: the shipped {name} model lacks {', '.join(missing)}; rebuild it with "
+            f"`python -m marlhf.tiny {remake}`"
         )
-    return str(BASE_DIR)
+    return str(path)
+
+
+def ensure_tiny_base() -> str:
+    """Path of the shipped pretrained tiny model (``--model_name_or_path tiny-base``)."""
+    return _shipped(BASE_DIR, BASE_FILES, "tiny-base", f"--pretrain {BASE_DIR}")
 
 
 def pretrain_base(
@@ -316,13 +322,7 @@ def ensure_horizon_base(name: str) -> str:
     if name not in HORIZON_BASES:
         raise ValueError(f"{name!r} is not a long-horizon base; known: {', '.join(HORIZON_BASES)}")
     path = HORIZON_BASE_DIRS[HORIZON_BASES[name]]
-    missing = [f for f in BASE_FILES if not (path / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"{path}: the shipped {name} model lacks {', '.join(missing)}; rebuild it with "
-            f"`python -m marlhf.tiny --pretrain {path} --horizon {HORIZON_BASES[name]}`"
-        )
-    return str(path)
+    return _shipped(path, BASE_FILES, name, f"--pretrain {path} --horizon {HORIZON_BASES[name]}")
 
 
 def _horizon_setup(work: Path, horizon: int):
@@ -485,13 +485,7 @@ RM_KV_HEADS = 4
 
 def ensure_tiny_rm_base() -> str:
     """Path of the shipped reward-model base (``tiny-rm-base``; the demo's RM stage starts from it)."""
-    missing = [f for f in RM_BASE_FILES if not (RM_BASE_DIR / f).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"{RM_BASE_DIR}: the shipped tiny-rm-base lacks {', '.join(missing)}; rebuild it with "
-            f"`python -m marlhf.tiny --rm_base {RM_BASE_DIR}`"
-        )
-    return str(RM_BASE_DIR)
+    return _shipped(RM_BASE_DIR, RM_BASE_FILES, "tiny-rm-base", f"--rm_base {RM_BASE_DIR}")
 
 
 def build_rm_init(out_dir: str | Path, extra_layers: int = RM_EXTRA_LAYERS, seed: int = 0) -> Path:
