@@ -121,7 +121,6 @@ from pathlib import Path
 from marlhf.data.synthetic import (
     ANIMAL_EVENTS,
     ANIMALS,
-    BETA,
     CONNECTIVES,
     DISTRACTORS,
     ENTITIES,
@@ -133,8 +132,8 @@ from marlhf.data.synthetic import (
     _fill,
     _join,
     _post_text,
-    _sigmoid,
     gold_score,
+    labelled_comparison,
     prompt_of,
 )
 
@@ -488,27 +487,15 @@ def generate(
         while texts[0] == texts[1]:  # e.g. "reordered" of a 1-fact side: make it a real comparison
             pair[1] = rng.choice([k for k in kinds if k != pair[0]])
             texts[1] = candidate(pair[1], post, rng)
-        row = {
-            "info": {
-                "id": f"t3_{task.family}{task.horizon}_{id_offset + i:06d}",
-                "post": post["post"],
-                "title": f"{task.family} {task.horizon}",
-                "subreddit": post["subreddit"],
-            },
-            "summaries": [
-                {"text": t, "policy": f"synthetic_{k}", "note": None}
-                for t, k in zip(texts, pair, strict=True)
-            ],
-            "choice": 0,
-            "worker": f"gold{rng.randrange(8)}",
-            "batch": f"{task.name}-v{LONG_TASKS_VERSION}",
-            "split": split,
-            "extra": {"confidence": None},
+        info = {
+            "id": f"t3_{task.family}{task.horizon}_{id_offset + i:06d}",
+            "post": post["post"],
+            "title": f"{task.family} {task.horizon}",
+            "subreddit": post["subreddit"],
         }
-        prompt = prompt_of(row)
-        g0, g1 = (score(prompt, t) for t in texts)
-        row["choice"] = 0 if rng.random() < _sigmoid(BETA * (g0 - g1)) else 1
-        rows.append(row)
+        policies = [f"synthetic_{k}" for k in pair]
+        batch = f"{task.name}-v{LONG_TASKS_VERSION}"
+        rows.append(labelled_comparison(info, texts, policies, batch, split, score, rng))
     return rows
 
 

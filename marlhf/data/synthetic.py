@@ -80,6 +80,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Callable, Sequence
 
 # Bradley-Terry sharpness of the synthetic labellers (see module docstring).
 BETA = 5.0
@@ -370,6 +371,35 @@ def prompt_of(row: dict) -> str:
     return f"POST\nSubreddit: r/{info['subreddit']}\n{info['post']}\nTL;DR: "
 
 
+def labelled_comparison(
+    info: dict,
+    texts: Sequence[str],
+    policies: Sequence[str],
+    batch: str,
+    split: str,
+    score: Callable[[str, str], float],
+    rng: random.Random,
+) -> dict:
+    """One ``comparisons`` row of two summaries of ``info``'s post, its ``choice`` drawn from the
+    Bradley–Terry model on ``score`` (``P(0 preferred) = sigmoid(BETA * (g0 - g1))``); draws the
+    worker id, then the label, from ``rng`` (the order the bundled file was generated in)."""
+    row = {
+        "info": info,
+        "summaries": [
+            {"text": t, "policy": k, "note": None} for t, k in zip(texts, policies, strict=True)
+        ],
+        "choice": 0,
+        "worker": f"gold{rng.randrange(8)}",
+        "batch": batch,
+        "split": split,
+        "extra": {"confidence": None},
+    }
+    prompt = prompt_of(row)
+    g0, g1 = (score(prompt, t) for t in texts)
+    row["choice"] = 0 if rng.random() < _sigmoid(BETA * (g0 - g1)) else 1
+    return row
+
+
 def generate(n: int, seed: int, split: str = "train", id_offset: int = 0) -> list[dict]:
     """``n`` synthetic comparisons in the ``openai/summarize_from_feedback`` comparisons schema.
 
@@ -385,27 +415,10 @@ def generate(n: int, seed: int, split: str = "train", id_offset: int = 0) -> lis
         if texts[0] == texts[1]:  # e.g. "swapped" on a 1-fact post; make it a real comparison
             kinds[1] = "missing" if len(facts) > 1 else "hallucinated"
             texts[1] = _candidate(kinds[1], facts, distractors, rng)
-        row = {
-            "info": {
-                "id": f"t3_syn{id_offset + i:06d}",
-                "post": post,
-                "title": title,
-                "subreddit": sub,
-            },
-            "summaries": [
-                {"text": t, "policy": POLICIES[k], "note": None}
-                for t, k in zip(texts, kinds, strict=True)
-            ],
-            "choice": 0,
-            "worker": f"gold{rng.randrange(8)}",
-            "batch": f"synthetic{SYNTHETIC_VERSION}",
-            "split": split,
-            "extra": {"confidence": None},
-        }
-        prompt = prompt_of(row)
-        g0, g1 = (gold_score(prompt, t) for t in texts)
-        row["choice"] = 0 if rng.random() < _sigmoid(BETA * (g0 - g1)) else 1
-        rows.append(row)
+        info = {"id": f"t3_syn{id_offset + i:06d}", "post": post, "title": title, "subreddit": sub}
+        policies = [POLICIES[k] for k in kinds]
+        batch = f"synthetic{SYNTHETIC_VERSION}"
+        rows.append(labelled_comparison(info, texts, policies, batch, split, gold_score, rng))
     return rows
 
 
