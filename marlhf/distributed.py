@@ -44,6 +44,17 @@ def init_distributed(local_rank: int = -1, timeout_s: int = 1800) -> None:
     deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
 
 
+def shutdown_distributed() -> None:
+    """Tear the process group down once every rank has finished (a no-op when none is set up).
+
+    Without it the group's communication threads are still joinable when the interpreter exits,
+    and a rank can abort ("terminate called without an active exception", SIGABRT) after its work
+    is done and saved, failing the launcher's run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()

@@ -30,14 +30,21 @@ from marlhf.checkpoint import (
 )
 from marlhf.cli import config_to_dict
 from marlhf.config import LoggingConfig, OptimConfig
-from marlhf.distributed import init_distributed, is_main, rank, world_size
+from marlhf.distributed import (
+    init_distributed,
+    is_main,
+    rank,
+    shutdown_distributed,
+    world_size,
+)
 from marlhf.tracking import Tracker
 
 
 def run_stage(train: Callable, cfg) -> None:
     """A stage's ``main``: ``train(cfg)``, with bad input (:class:`marlhf.data.schema.DataError`:
     the message names the file, row and field) reported as one message and exit status 2 instead of
-    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too."""
+    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. After a
+    successful ``train`` the ranks meet once more and the process group is torn down."""
     from marlhf.data.schema import DataError
 
     try:
@@ -47,6 +54,7 @@ def run_stage(train: Callable, cfg) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    shutdown_distributed()
 
 
 def setup_logging() -> None:

@@ -232,3 +232,22 @@ def test_stage_state_travels_with_the_checkpoint(tmp_path):
     )
     resumed()
     assert resumed.loaded == [{"last_eval": 6}]  # evaluated at steps 3 and 6 before step 8
+
+
+def test_run_stage_tears_the_process_group_down_after_success(monkeypatch):
+    """A finished stage destroys its process group: left alive, gloo's threads can abort a rank at
+    interpreter exit ("terminate called without an active exception") after the model is saved."""
+    from marlhf.distributed import init_distributed
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(var, "")  # restored (or removed) afterwards, whatever the set-up writes
+        monkeypatch.delenv(var)
+    seen = []
+
+    def train(cfg):
+        init_distributed()
+        seen.append(torch.distributed.is_initialized())
+
+    common.run_stage(train, None)
+    assert seen == [True]
+    assert not torch.distributed.is_initialized()
