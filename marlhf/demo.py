@@ -1,8 +1,9 @@
 """The embedded pipeline in one command: tiny model + bundled synthetic TL;DR data, on CPU.
 
-    SFT → reward model → vanilla PPO (fixed n=1) and MA-PPO (fixed n=5) → inference with rewards for
-    SFT, PPO and MA-PPO on held-out prompts → a comparison report (RM score, gold score, RM-judged win
-    rate, macro-action statistics, training curves as PNG).
+    SFT → two answers of the SFT model to every train prompt, compared by the simulated labeller →
+    reward model (bundled comparisons + those) → vanilla PPO (fixed n=1) and MA-PPO (fixed n=5) →
+    inference with rewards for SFT, PPO and MA-PPO on held-out prompts → a comparison report (RM
+    score, gold score, RM-judged win rate, macro-action statistics, training curves as PNG).
 
 Every stage runs as its own process, exactly as a user would run it (``python -m marlhf.stages.*``), and
 is skipped when its output already exists (the pipeline resumes); ``--fresh`` redoes everything.
@@ -68,19 +69,29 @@ RM_FLAGS = [
     "--eval_iters",
     "8",
 ]
-PPO_STEPS = 30
+# One pass over the 760 PPO prompts in rollouts of 16 (30 steps were too few for a gain above
+# seed noise; docs/results.md, "On-policy comparisons").
+PPO_STEPS = 47
 
 
 # The demo's reward model starts from tiny-rm-base (larger than the policy and preference-pretrained
-# on generated comparisons, see marlhf.tiny) with its value head; one gentle epoch on the bundled
-# comparisons is enough (later flags win over RM_FLAGS).
+# on generated comparisons, see marlhf.tiny) with its value head, and trains gently on the bundled
+# comparisons plus comparisons of the SFT model's own answers (later flags win over RM_FLAGS).
 RM_BASE_FLAGS = ["--model_name_or_path", "tiny-rm-base", "--init_value_head"]
-RM_BASE_FLAGS += ["--learning_rate", "1e-4", "--num_train_epochs", "1"]
+RM_BASE_FLAGS += ["--learning_rate", "1e-4", "--num_train_epochs", "2"]
+# Two answers of the SFT model to each train prompt, sampled as PPO samples (temperature 1), are
+# compared by the simulated labeller (marlhf.data.policy_comparisons), as real RLHF labels the
+# policy's own answers: an RM that saw only the generated kinds of summary over-scored errors the
+# policy makes (repeated facts, a stray first word), and PPO found them (docs/results.md).
+LABEL_SAMPLE_SEEDS = (1, 2)
+LABEL_TEMPERATURE = 1.0
 
 
-def rm_flags() -> list[str]:
-    """The reward-model stage's flags: ``RM_FLAGS`` then ``RM_BASE_FLAGS``."""
-    return [*RM_FLAGS, *RM_BASE_FLAGS]
+def rm_flags(pairs: Path | None = None) -> list[str]:
+    """The reward-model stage's flags: ``RM_FLAGS`` then ``RM_BASE_FLAGS`` (and the labelled pairs
+    of the SFT model's answers next to the bundled data)."""
+    extra = [] if pairs is None else ["--data_path", "synthetic-tldr", str(pairs)]
+    return [*RM_FLAGS, *RM_BASE_FLAGS, *extra]
 
 
 PPO_FLAGS = [
@@ -211,6 +222,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def labelling_stages(out: Path) -> list[Stage]:
+    """The SFT model's answers to every train prompt, twice, and the labeller's comparisons of them."""
+    labels = out / "labels"
+    samples = [labels / f"sft_seed{s}.jsonl" for s in LABEL_SAMPLE_SEEDS]
+    stages = [
+        Stage(
+            f"2/6 SFT answers to the train prompts for labelling (seed {s})",
+            f"label_samples{s}",
+            [str(ROOT / "inference" / "inference_with_rewards.py"), "--proj-path", str(out)]
+            + ["--dataset", "synthetic", "--model", str(out / "sft"), "--split", "train"]
+            + ["--num-samples", "0", "--batch-size", "64", "--max-new-tokens", "40"]
+            + ["--max-prompt-len", "160", "--temperature", str(LABEL_TEMPERATURE)]
+            + ["--seed", str(s), "--disable_progress_bar", "--output", str(path)],
+            path.with_suffix(".jsonl.summary.json"),
+        )
+        for s, path in zip(LABEL_SAMPLE_SEEDS, samples, strict=True)
+    ]
+    pairs = labels / "sft_pairs.jsonl"
+    stages.append(
+        Stage(
+            "2/6 labelled comparisons of the SFT answers",
+            "label_pairs",
+            ["-m", "marlhf.data.policy_comparisons", "--task", "synthetic-tldr", "--samples"]
+            + [*map(str, samples), "--output", str(pairs)],
+            pairs,
+        )
+    )
+    return stages
+
+
 def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
     """SFT, the reward model (and its held-out check), PPO (n=1) and MA-PPO (fixed n)."""
     common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
@@ -232,11 +273,12 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
             ],
             out / "sft" / "model.safetensors",
         ),
+        *labelling_stages(out),
         Stage(
             "2/6 reward model",
             "rm",
-            ["-m", "marlhf.stages.reward", *rm_flags(), *common, *seed]
-            + ["--output_dir", str(out / "rm")],
+            ["-m", "marlhf.stages.reward", *rm_flags(out / "labels" / "sft_pairs.jsonl")]
+            + [*common, *seed, "--output_dir", str(out / "rm")],
             out / "rm" / "reward_config.json",
         ),
         Stage(

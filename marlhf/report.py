@@ -291,6 +291,14 @@ def _rm_section(
             f"- Pearson r of its score with gold on the SFT policy's answers above: "
             f"{_fmt(quality['pearson_rm_gold_sft'])} ({len(scored)} answers)."
         )
+    pairs = out / "labels" / "sft_pairs.jsonl"
+    if pairs.exists():
+        quality["policy_pairs"] = sum(1 for line in open(pairs, encoding="utf-8") if line.strip())
+        lines.append(
+            f"- trained on the bundled comparisons and {quality['policy_pairs']} labelled "
+            "comparisons of the SFT model's own answers to train prompts (`labels/sft_pairs.jsonl`; "
+            "the RM stage's data split takes its share of them)."
+        )
     return (lines if len(lines) > 3 else []), quality
 
 

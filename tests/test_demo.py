@@ -1,5 +1,6 @@
-"""The README's demo command end to end (smaller step counts to bound CI time): SFT -> RM -> PPO and
-MA-PPO -> inference -> report."""
+"""The README's demo command end to end, with its default settings: SFT -> labelled comparisons of
+the SFT model's answers -> RM -> PPO and MA-PPO -> inference -> report; the reward model's quality
+and both arms' gold gains over SFT are asserted at the thresholds of issue 11."""
 
 import json
 import os
@@ -29,10 +30,6 @@ def test_demo_pipeline_end_to_end(tmp_path):
         "marlhf.demo",
         "--output_dir",
         str(out),
-        "--ppo_steps",
-        "3",
-        "--eval_prompts",
-        "16",
     ]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -46,12 +43,18 @@ def test_demo_pipeline_end_to_end(tmp_path):
     ):
         assert name in report, report
     assert (out / "training_curves.png").stat().st_size > 1000
-    # the RM stage does not depend on --ppo_steps: this is the demo's reward model. Measured
-    # 2026-11-24: 0.813 against the labels of the 300 held-out comparisons (their own agreement
-    # with gold: 0.881), 0.928 against the gold order; the SFT model's RM was at 0.63 / 0.62.
-    rm = json.loads((out / "report.json").read_text())["reward_model"]
-    assert rm["pairs"] == 300
-    assert rm["accuracy_vs_labels"] >= 0.80 and rm["accuracy_vs_gold_order"] >= 0.90, rm
+    # Measured 2026-11-24 (docs/results.md, "On-policy comparisons"): RM 0.8xx against the labels
+    # of the 300 held-out comparisons (their own agreement with gold: 0.881), 0.9xx against the gold
+    # order, r = 0.7x with gold on the SFT answers; gold over SFT, PPO +0.xxx [+0.xxx, +0.xxx],
+    # MA-PPO +0.xxx [+0.xxx, +0.xxx] (95 % bootstrap intervals over the 300 held-out prompts).
+    report_json = json.loads((out / "report.json").read_text())
+    rm = report_json["reward_model"]
+    assert rm["pairs"] == 300 and rm["policy_pairs"] > 1500, rm
+    assert rm["accuracy_vs_labels"] >= 0.80 and rm["pearson_rm_gold_sft"] >= 0.6, rm
+    assert rm["accuracy_vs_gold_order"] >= 0.85, rm
+    for arm in ("ppo", "mappo"):
+        gain, low, high, n = report_json["policies"][arm]["gain"]
+        assert n == 300 and low > 0, (arm, gain, low, high)
     # a second run resumes: every stage is skipped
     again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and again.stdout.count(": already done (") == 8, again.stdout
+    assert again.returncode == 0 and again.stdout.count(": already done (") == 11, again.stdout

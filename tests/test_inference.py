@@ -313,6 +313,34 @@ def test_synthetic_gold(assets, tmp_path):
     assert summary["gold_mean"] == pytest.approx(sum(r["gold"] for r in rows) / 3)
 
 
+def test_synthetic_answers_without_a_reward_model(assets, tmp_path):
+    """Sampling a synthetic task's train prompts for labelling needs no RM (gold scores them);
+    other datasets still require one, and so does --ref-scores."""
+    args = _args(
+        assets,
+        tmp_path,
+        dataset="synthetic",
+        reward_model=None,
+        split="train",
+        num_samples=3,
+        max_new_tokens=8,
+        max_prompt_len=256,
+        output=str(tmp_path / "train.jsonl"),
+    )
+    summary = run_inference(args)
+    rows = read_rows(str(tmp_path / "train.jsonl"))
+    assert len(rows) == 3 and summary["n"] == 3
+    for r in rows:
+        assert r["reward"] is None
+        assert r["gold"] == pytest.approx(gold_score(r["prompt"], r["response"]))
+    with pytest.raises(ValueError, match="--reward-model is required"):
+        run_inference(_args(assets, tmp_path, reward_model=None))
+    with pytest.raises(ValueError, match="needs --reward-model"):
+        run_inference(
+            _args(assets, tmp_path, dataset="synthetic", reward_model=None, ref_scores=True)
+        )
+
+
 def test_output_path_layout():
     cfg = InferenceConfig(
         proj_path="/p", dataset="summarize", model="/x/run1/checkpoints/step-100", temperature=0.7

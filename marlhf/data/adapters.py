@@ -638,6 +638,16 @@ def _row_split(row: dict) -> str | None:
     return None
 
 
+def bundled_file(adapter_name: str) -> Path | None:
+    """The file shipped with the package for a synthetic task (``synthetic-tldr``,
+    ``synthetic-facts-*``, ``synthetic-verdict-*``); None for the hub datasets."""
+    if adapter_name == "synthetic-tldr":
+        return BUNDLED_SYNTHETIC
+    if adapter_name in LONG_TASKS:
+        return long_task_file(adapter_name)
+    return None
+
+
 def load_examples(
     spec: str,
     split: str,
@@ -655,10 +665,9 @@ def load_examples(
     counts = counts if counts is not None else SourceCounts(spec)
     opts = {"webgpt_skip_ties": webgpt_skip_ties}
     adapter, local = parse_spec(spec)
-    if local is None and adapter is not None and adapter.name == "synthetic-tldr":
-        local = str(BUNDLED_SYNTHETIC)
-    if local is None and adapter is not None and adapter.name in LONG_TASKS:
-        local = str(long_task_file(adapter.name))
+    if local is None and adapter is not None:
+        bundled = bundled_file(adapter.name)
+        local = None if bundled is None else str(bundled)
     if local is None:
         return _load_hub(adapter, split, skip_bad_rows, max_samples, opts, counts)
     path = Path(local)

@@ -37,7 +37,8 @@ class InferenceConfig:
     reward_model: str | None = field(
         default=None,
         metadata={
-            "help": "Reward-model directory (stage 2). Optional for APPS.",
+            "help": "Reward-model directory (stage 2). Optional for APPS and for the synthetic tasks "
+            "(their answers are scored by gold).",
             "aliases": ("--reward-model",),
         },
     )

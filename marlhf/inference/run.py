@@ -65,8 +65,6 @@ def _select(cfg: InferenceConfig) -> tuple[list[Any], bool, int]:
         raise ValueError(f"--dataset {cfg.dataset}: no {cfg.split} examples")
     selected = select_prompts(examples, cfg.num_samples, cfg.seed)
     is_code = all("tests" in e.meta for e in selected)
-    if not cfg.reward_model and not is_code:
-        raise ValueError("--reward-model is required (only APPS can be scored without one)")
     if cfg.ref_scores:
         selected = [e for e in selected if e.chosen is not None and e.rejected is not None]
         if not selected:
@@ -155,6 +153,11 @@ def run_inference(args: InferenceArgs) -> dict:
     path = output_path(cfg)
     selected, is_code, n_bad = _select(cfg)
     gold = _want_gold(cfg, selected)
+    if not cfg.reward_model and not is_code and gold is None:
+        raise ValueError(
+            "--reward-model is required (only APPS, scored by its tests, and the synthetic tasks' "
+            "answers, scored by gold, can be generated without one)"
+        )
 
     settings = run_settings(cfg, args.macro, args.code)
     done = prepare_output(path, settings, cfg.overwrite)
