@@ -149,9 +149,46 @@ def build_tiny(out_dir: str | Path, texts: list[str] | None = None, seed: int = 
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    save_model_files(model, out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def save_model_files(model, out: Path) -> None:
+    """``model``'s config, generation config and weights in ``out``, the files ``save_pretrained``
+    writes in a single process (tied LM head left out, ``format: pt``). Written directly because,
+    once torch.distributed is initialised, transformers 5's ``save_pretrained`` writes weights and
+    config on global rank 0 only, and every rank that builds its own copy (`ensure_tiny`) needs them."""
+    from safetensors.torch import save_file
+
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    tensors = {k: v.detach().contiguous() for k, v in state.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records them
+    model.config.dtype = next(model.parameters()).dtype
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+
+
+def _publish(tmp: Path, target: Path, tries: int = 3) -> None:
+    """Rename the complete build ``tmp`` to ``target``, unless another process already did; an
+    incomplete ``target`` (without ``config.json``; older versions could leave one) is set aside."""
+    for _ in range(tries):
+        try:
+            os.rename(tmp, target)
+            return
+        except OSError:
+            if (target / "config.json").exists():  # another process won the race
+                return
+            broken = target.with_name(f".broken-{target.name}-{os.getpid()}")
+            try:
+                os.rename(target, broken)
+            except FileNotFoundError:  # another process set it aside first
+                continue
+            shutil.rmtree(broken, ignore_errors=True)
+    raise OSError(f"cannot publish the tiny model at {target}: it keeps changing under us")
 
 
 def ensure_tiny() -> str:
@@ -164,11 +201,7 @@ def ensure_tiny() -> str:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
     try:
         build_tiny(tmp, texts)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():  # someone else won the race only if it exists
-                raise
+        _publish(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -43,8 +43,11 @@ from marlhf.tracking import Tracker
 def run_stage(train: Callable, cfg) -> None:
     """A stage's ``main``: ``train(cfg)``, with bad input (:class:`marlhf.data.schema.DataError`:
     the message names the file, row and field) reported as one message and exit status 2 instead of
-    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. After a
+    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
+    waited for another rank's failed data build (:class:`marlhf.data.cache.BuilderFailed`) exits
+    with it, quietly (rank 0 names the failing rank, which reports its own error). After a
     successful ``train`` the ranks meet once more and the process group is torn down."""
+    from marlhf.data.cache import BuilderFailed
     from marlhf.data.schema import DataError
 
     try:
@@ -54,6 +57,12 @@ def run_stage(train: Callable, cfg) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    except BuilderFailed as e:
+        if os.environ.get("MARLHF_TRACEBACK"):
+            raise
+        if is_main():
+            print(f"error: the data build failed on {e}", file=sys.stderr)
+        raise SystemExit(2 if e.data_error else 1) from None
     shutdown_distributed()
 
 

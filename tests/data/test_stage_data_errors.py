@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_sft_stage_with_an_empty_phase_fails_clearly_every_time(tmp_path):
+def _env(tmp_path) -> dict:
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS="1",
@@ -26,6 +26,11 @@ def test_sft_stage_with_an_empty_phase_fails_clearly_every_time(tmp_path):
         MARLHF_HOME=str(tmp_path / "home"),
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
     )
+    return env
+
+
+def test_sft_stage_with_an_empty_phase_fails_clearly_every_time(tmp_path):
+    env = _env(tmp_path)
     cache = tmp_path / "data_cache"
     cmd = [sys.executable, "-m", "marlhf.stages.sft", "--model_name_or_path", "tiny"]
     cmd += ["--data_split", "0,5,5", "--max_samples", "50", "--data_output_path", str(cache)]
@@ -39,3 +44,31 @@ def test_sft_stage_with_an_empty_phase_fails_clearly_every_time(tmp_path):
         assert "no train SFT examples for phase 1 (SFT)" in run.stderr
         assert "phase 1 (SFT) has weight 0 in --data_split 0,5,5" in run.stderr
         assert not cache.exists() or not any(cache.iterdir())
+
+
+def test_two_ranks_on_a_fresh_home_and_bad_data_fail_once_and_clearly(tmp_path):
+    """Two ranks under the deepspeed launcher, first use of ``tiny`` (each rank builds a copy: every
+    copy must hold the weights, not only rank 0's) and data that leave the SFT phase empty: rank 0
+    reports the error once, rank 1 learns of it and exits instead of waiting, exit status 2."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2"]
+    cmd += ["--master_port", str(port), "--module", "marlhf.stages.sft"]
+    cmd += ["--model_name_or_path", "tiny", "--data_split", "0,5,5", "--max_samples", "50"]
+    cmd += ["--data_output_path", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out")]
+    cmd += ["--max_steps", "1", "--dist_timeout_s", "120"]
+    run = subprocess.run(
+        cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    text = run.stdout + run.stderr
+    assert run.returncode == 2, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert errors == ["error: no train SFT examples for phase 1 (SFT): the set would be empty, "
+                      "and an empty set is never cached"], errors  # fmt: skip
+    (model,) = (tmp_path / "home" / "tiny").glob("gemma-*")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (model / name).is_file(), sorted(p.name for p in model.iterdir())
