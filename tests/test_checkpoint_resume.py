@@ -22,8 +22,7 @@ import torch
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "stages"))
-from stage_env import stage_env  # noqa: E402
+from stage_env import stage_env  # noqa: E402  (tests/ is on sys.path: its conftest.py)
 
 STATE_FILE = "mp_rank_00_model_states.pt"  # ZeRO-0: model, optimizer and client state
 FLAGS = (

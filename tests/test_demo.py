@@ -3,26 +3,19 @@ the SFT model's answers -> RM -> PPO and MA-PPO -> inference -> report; the rewa
 and both arms' gold gains over SFT are asserted at the thresholds of issue 11."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_demo_pipeline_end_to_end(tmp_path):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        MARLHF_HOME=str(tmp_path / "home"),
-    )
+    env = stage_env(tmp_path / "home")
     out = tmp_path / "demo"
     cmd = [
         sys.executable,

@@ -5,13 +5,13 @@ which know nothing of the models. FIGURES below were measured on the shipped fil
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env
 
 from marlhf import tiny
 from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate, gold
@@ -148,16 +148,7 @@ def test_base_writes_answers_of_its_horizon_with_room_to_improve(horizon):
 
 @pytest.mark.slow
 def test_horizon_recipe_runs_and_writes_a_loadable_base(tmp_path):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        MARLHF_HOME=str(tmp_path / "home"),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = stage_env(tmp_path / "home")
     out = tmp_path / "base"
     cmd = [sys.executable, "-m", "marlhf.tiny", "--pretrain", str(out), "--horizon", "16"]
     cmd += ["--rows", "64", "--max_steps", "2", "--per_device_train_batch_size", "4"]

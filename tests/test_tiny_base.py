@@ -1,13 +1,13 @@
 """The shipped pretrained tiny model (`--model_name_or_path tiny-base`) and its recipe."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env
 
 from marlhf import tiny
 from marlhf.data.synthetic import gold_score, pretraining_rows, prompt_of
@@ -103,16 +103,7 @@ def test_pretraining_rows_are_deterministic_correct_and_apart_from_the_bundle():
 
 @pytest.mark.slow
 def test_pretrain_recipe_runs_and_writes_a_loadable_base(tmp_path):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        MARLHF_HOME=str(tmp_path / "home"),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = stage_env(tmp_path / "home")
     out = tmp_path / "base"
     cmd = [sys.executable, "-m", "marlhf.tiny", "--pretrain", str(out), "--rows", "64"]
     cmd += ["--max_steps", "2", "--per_device_train_batch_size", "4", "--disable_progress_bar"]

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from stage_env import stage_env
 
 pytestmark = pytest.mark.slow
 
@@ -16,17 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _env(tmp_path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        TOKENIZERS_PARALLELISM="false",
-        MARLHF_HOME=str(tmp_path / "home"),
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    return env
+    return stage_env(tmp_path / "home")
 
 
 def test_sft_stage_with_an_empty_phase_fails_clearly_every_time(tmp_path):

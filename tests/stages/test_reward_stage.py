@@ -5,7 +5,6 @@ subprocesses: learning on the bundled synthetic data, save -> load, resume, segm
 import doctest
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env
 
 import marlhf.stages.reward as reward_stage
 from marlhf.cli import parse_config
@@ -256,14 +256,7 @@ SEQ = "192"
 
 
 def _run(module: str, args: list[str], cache: Path) -> None:
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        DS_ACCELERATOR="cpu",
-        TOKENIZERS_PARALLELISM="false",
-    )
+    env = stage_env()
     cmd = [
         sys.executable,
         "-m",

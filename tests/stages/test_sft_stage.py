@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_env import stage_env
 
 pytestmark = pytest.mark.slow
 
@@ -49,18 +49,7 @@ class Env:
         self.cache = root / "data_cache"
 
     def environ(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            OMP_NUM_THREADS="1",
-            MKL_NUM_THREADS="1",
-            TOKENIZERS_PARALLELISM="false",
-            HF_HUB_OFFLINE="1",
-            HF_DATASETS_OFFLINE="1",
-            DS_ACCELERATOR="cpu",
-            MARLHF_HOME=str(self.home),
-            PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-        )
-        return env
+        return stage_env(self.home) | {"MKL_NUM_THREADS": "1"}
 
     def command(self, out: Path, *flags: str, launcher: str = "python") -> list[str]:
         args = [*COMMON, "--data_output_path", str(self.cache), "--output_dir", str(out), *flags]
