@@ -212,19 +212,27 @@ BASE_DIR = Path(__file__).resolve().parent / "data" / "bundled" / "tiny_base"
 BASE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 # The SFT-stage flags that pretrained the shipped base from `tiny` (the corpus path is added).
 PRETRAIN_ROWS = 20000
-PRETRAIN_FLAGS = (
-    "--data_split", "10,0,0",
-    "--max_seq_len", "192",
-    "--per_device_train_batch_size", "32",
-    "--per_device_eval_batch_size", "32",
-    "--learning_rate", "3e-3",
-    "--num_train_epochs", "2",
-    "--warmup_ratio", "0.03",
-    "--lr_scheduler_type", "cosine",
-    "--zero_stage", "0",
-    "--eval_iters", "4",
-    "--seed", "1234",
-)  # fmt: skip
+
+
+def lm_flags(max_seq_len: int, batch: int, lr: str, epochs: int) -> tuple[str, ...]:
+    """The SFT-stage flags of the embedded models' language-model recipes (all data in the SFT
+    phase, cosine schedule, 3 % warm-up, ZeRO-0, seed 1234)."""
+    return (
+        "--data_split", "10,0,0",
+        "--max_seq_len", str(max_seq_len),
+        "--per_device_train_batch_size", str(batch),
+        "--per_device_eval_batch_size", str(batch),
+        "--learning_rate", lr,
+        "--num_train_epochs", str(epochs),
+        "--warmup_ratio", "0.03",
+        "--lr_scheduler_type", "cosine",
+        "--zero_stage", "0",
+        "--eval_iters", "4",
+        "--seed", "1234",
+    )  # fmt: skip
+
+
+PRETRAIN_FLAGS = lm_flags(192, 32, "3e-3", 2)
 
 # The pretrained bases of the long-horizon tasks (``marlhf.data.long_tasks``): ``tiny-base-{16,64,256}``,
 # the shape and tokenizer of ``tiny-base``, pretrained further on both tasks of one horizon: 16 and 64
@@ -241,21 +249,9 @@ HORIZON_BASE_DIRS = {
 HORIZON_NEW_TOKENS = {16: 48, 64: 128, 256: 320}
 HORIZON_ROWS = {16: 6000, 64: 18000, 256: 12000}
 HORIZON_FLAGS = {
-    h: (
-        "--data_split", "10,0,0",
-        "--max_seq_len", str(seq),
-        "--per_device_train_batch_size", str(batch),
-        "--per_device_eval_batch_size", str(batch),
-        "--learning_rate", lr,
-        "--num_train_epochs", "1",
-        "--warmup_ratio", "0.03",
-        "--lr_scheduler_type", "cosine",
-        "--zero_stage", "0",
-        "--eval_iters", "4",
-        "--seed", "1234",
-    )
+    h: lm_flags(seq, batch, lr, 1)
     for h, seq, batch, lr in ((16, 192, 32, "2e-3"), (64, 320, 32, "2e-3"), (256, 800, 16, "2e-3"))
-}  # fmt: skip
+}
 
 
 def _shipped(path: Path, files: Iterable[str], name: str, remake: str) -> str:
@@ -479,19 +475,7 @@ RM_EXTRA_LAYERS = 2
 RM_LM_ROWS = (
     20000  # 1. posts with correct summaries: synthetic.pretraining_rows(RM_LM_ROWS, seed=1)
 )
-RM_LM_FLAGS = (
-    "--data_split", "10,0,0",
-    "--max_seq_len", "192",
-    "--per_device_train_batch_size", "32",
-    "--per_device_eval_batch_size", "32",
-    "--learning_rate", "1e-3",
-    "--num_train_epochs", "1",
-    "--warmup_ratio", "0.03",
-    "--lr_scheduler_type", "cosine",
-    "--zero_stage", "0",
-    "--eval_iters", "4",
-    "--seed", "1234",
-)  # fmt: skip
+RM_LM_FLAGS = lm_flags(192, 32, "1e-3", 1)
 # 2. (kinds, steps, lr, posts per step): each step reads `posts` fresh generated posts with one
 # candidate of each kind and a Bradley-Terry label for every pair (synthetic.generate_groups, seed
 # RM_PMP_SEED + phase). First who did what (binding), then everything, then coverage and length
