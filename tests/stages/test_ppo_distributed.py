@@ -51,6 +51,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ppo_weights import assert_same_update, initial_weights, saved_weights
 from stage_env import stage_env as _env
 
 from marlhf.tracking import read_metrics
@@ -313,36 +314,13 @@ def test_minibatches_are_the_same_rows(runs, step):
     assert uneven or case != "fixed"
 
 
-def _weights(out: Path) -> tuple[dict, dict]:
-    from transformers import AutoModelForCausalLM
-
-    from marlhf.reward_model import load_reward_model
-
-    actor = AutoModelForCausalLM.from_pretrained(out / "actor", dtype=torch.float32).state_dict()
-    if not (out / "critic").exists():  # a critic-free estimator
-        return (actor,)
-    critic, _ = load_reward_model(out / "critic", dtype=torch.float32)
-    return actor, critic.state_dict()
-
-
 def test_actor_and_critic_weights_agree(runs):
-    from transformers import AutoModelForCausalLM
-
-    from marlhf.reward_model import load_reward_model
-
     base, one, two, case = runs
-    init_actor = AutoModelForCausalLM.from_pretrained(base / "actor", dtype=torch.float32)
-    init_critic, _ = load_reward_model(base / "rm", dtype=torch.float32)
-    inits = (init_actor.state_dict(), init_critic.state_dict())
+    inits = initial_weights(base)
     if case in CRITIC_FREE:  # no critic was trained or saved
         assert not (one / "critic").exists() and not (two / "critic").exists()
         inits = inits[:1]
-    for init, ref, got in zip(inits, _weights(one), _weights(two), strict=True):
-        assert set(ref) == set(got)
-        step = max(float((ref[k] - init[k]).abs().max()) for k in ref)
-        diff = max(float((got[k] - ref[k]).abs().max()) for k in ref)
-        assert step > 1e-4  # the two PPO steps moved the weights
-        assert diff < 2e-2 * step, (diff, step)
+    assert_same_update(inits, saved_weights(one), saved_weights(two), rel=2e-2)
 
 
 def test_logged_metrics_agree(runs):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ppo_weights import assert_same_update, initial_weights, saved_weights
 from stage_env import stage_env as _env
 
 from marlhf.tracking import read_metrics
@@ -148,31 +149,9 @@ def test_reused_old_logprobs_give_ratio_one(runs):
     assert (ratio - 1).abs().max() < 1e-5
 
 
-def _weights(out: Path) -> tuple[dict, dict]:
-    from transformers import AutoModelForCausalLM
-
-    from marlhf.reward_model import load_reward_model
-
-    actor = AutoModelForCausalLM.from_pretrained(out / "actor", dtype=torch.float32).state_dict()
-    critic, _ = load_reward_model(out / "critic", dtype=torch.float32)
-    return actor, critic.state_dict()
-
-
 def test_same_weights_and_metrics(runs):
-    from transformers import AutoModelForCausalLM
-
-    from marlhf.reward_model import load_reward_model
-
     base, fast, ref, _ = runs
-    init_actor = AutoModelForCausalLM.from_pretrained(base / "actor", dtype=torch.float32)
-    init_critic, _ = load_reward_model(base / "rm", dtype=torch.float32)
-    inits = (init_actor.state_dict(), init_critic.state_dict())
-    for init, want, got in zip(inits, _weights(ref), _weights(fast), strict=True):
-        assert set(want) == set(got)
-        step = max(float((want[k] - init[k]).abs().max()) for k in want)
-        diff = max(float((got[k] - want[k]).abs().max()) for k in want)
-        assert step > 1e-4  # the two PPO steps moved the weights
-        assert diff < 1e-2 * step, (diff, step)
+    assert_same_update(initial_weights(base), saved_weights(ref), saved_weights(fast), rel=1e-2)
     a, b = read_metrics(ref / "metrics.jsonl"), read_metrics(fast / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
     for x, y in zip(a, b, strict=True):
