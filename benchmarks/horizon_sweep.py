@@ -17,8 +17,9 @@ Per horizon H, from the shipped base ``tiny-base-H`` (actor and reference, no SF
 are already trained on both tasks of their horizon):
 
 1. a reward model trained once with the reward stage from ``tiny-base-H`` on the task's generated
-   comparisons (its held-out accuracy is reported); it initialises every run's critic (as in
-   DeepSpeed-Chat) and is the reward of the ``rm`` runs;
+   comparisons and on labelled pairs of the base's own answers (``--rm_labels policy``, as the
+   demo's RM; ``task``: the generated comparisons only); its held-out accuracy is reported; it
+   initialises every run's critic (as in DeepSpeed-Chat) and is the reward of the ``rm`` runs;
 2. PPO (fixed n=1) and MA-PPO arms (fixed n=5, n=10, entropy with target length 5, randomized,
    parsing with spaCy's ``en_core_web_sm``) with the oracle reward (``--reward_source gold``),
    ``--seeds`` seeds each, every hyper-parameter shared (``PPO_FLAGS``);
@@ -190,7 +191,7 @@ class RMJob:
     max_steps: int = -1  # > 0: stop there (smoke tests)
     # "task": the task's generated comparisons only; "policy": also two answers of tiny-base-H per
     # train prompt, labelled like the task's comparisons (marlhf.data.policy_comparisons)
-    labels: str = "task"
+    labels: str = "policy"
 
     key = property(lambda self: f"rm h{self.horizon}")
     cost = property(lambda self: self.epochs * {16: 10, 64: 40, 256: 130}[self.horizon])
@@ -273,7 +274,7 @@ def plan(
     sources: Sequence[str] = ("gold", "rm"),
     ablation: bool = True,
     rm_max_steps: int = -1,
-    rm_labels: str = "task",
+    rm_labels: str = "policy",
 ) -> tuple[list[RMJob], list[RunJob]]:
     """The reward models and runs of a sweep. ``arms``/``steps`` replace the size's (every cell);
     ``ppo`` is always in a cell that has any arm."""
@@ -908,12 +909,21 @@ def analyze(
     cells = collect(root, runs)
     rows = {c: summarize_cell(a) for c, a in cells.items() if BASELINE in a}
     text = ["# Horizon sweep\n"]
-    rm_lines = ["| horizon | held-out pairwise accuracy | training s |", "|---|---|---|"]
+    rm_lines = [
+        "| horizon | data | held-out pairwise accuracy | training s |",
+        "|---|---|---|---|",
+    ]
     for j in rms:
         f = j.out(root) / "sweep_run.json"
         if f.exists():
             info = json.loads(f.read_text())
-            rm_lines.append(f"| {j.horizon} | {info['eval_accuracy']:.3f} | {info['wall_s']:.0f} |")
+            n = info.get("policy_pairs")
+            data = "task comparisons" + (
+                f" + {n} labelled pairs of the base's answers" if n else ""
+            )
+            rm_lines.append(
+                f"| {j.horizon} | {data} | {info['eval_accuracy']:.3f} | {info['wall_s']:.0f} |"
+            )
     text += ["## Reward models\n", "\n".join(rm_lines), ""]
     for cell in sorted(
         rows, key=lambda c: (c.split("_")[0], c.split("_")[1], int(c[c.rindex("h") + 1 :]))
@@ -1023,9 +1033,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--rm_labels",
         choices=("task", "policy"),
-        default="task",
-        help="the RM's data: the task's generated comparisons (task), or also two answers of "
-        "tiny-base-H per train prompt labelled like them (policy; as the demo's RM)",
+        default="policy",
+        help="the RM's data: also two answers of tiny-base-H per train prompt labelled like the "
+        "task's comparisons (policy, as the demo's RM; default), or the task's generated "
+        "comparisons only (task; session 3's sweep)",
     )
     ap.add_argument("--workers", type=int, default=None, help="processes (default: per size)")
     ap.add_argument("--spacy_model", default=None, help="spaCy pipeline of the parsing arm "
