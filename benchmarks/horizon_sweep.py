@@ -395,7 +395,7 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
     """Train one reward model or PPO run in this worker; returns (and writes) its timings."""
     from marlhf.cli import parse_config
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     first, _WORKER["first"] = _WORKER.get("first", False), False
     try:
         if kind == "rm":
@@ -423,6 +423,8 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
     except Exception:  # noqa: BLE001 - one failed run must not stop the sweep
         return {"error": traceback.format_exc()}
     result["wall_s"] = time.perf_counter() - t0
+    # this worker's CPU time for the job (its threads summed): on shared cores the steadier figure
+    result["cpu_s"] = time.process_time() - c0
     if kind == "run":
         # start-up: model loading, engine and data set-up, the final save (not the steps, not eval)
         result["startup_s"] = result["wall_s"] - result["train_s"] - result["eval_s"]
@@ -716,8 +718,8 @@ def startup_table(cells: dict[str, dict[str, dict[int, dict]]]) -> tuple[str, di
                 by_h.setdefault(m["sweep"]["horizon"], []).append(m["sweep"])
     lines = [
         "| horizon | runs | start-up s / run | training s / run | held-out eval s / run | "
-        "start-up share of the run |",
-        "|---|---|---|---|---|---|",
+        "start-up share of the run | CPU s / run (÷ wall) |",
+        "|---|---|---|---|---|---|---|",
     ]
     tot = {"startup_s": 0.0, "train_s": 0.0, "eval_s": 0.0, "wall_s": 0.0, "import_s": 0.0}
     for h in sorted(by_h):
@@ -725,8 +727,16 @@ def startup_table(cells: dict[str, dict[str, dict[int, dict]]]) -> tuple[str, di
         su, tr, ev = (
             statistics.fmean(r[k] for r in rs) for k in ("startup_s", "train_s", "eval_s")
         )
+        cpu = [r["cpu_s"] / r["wall_s"] for r in rs if "cpu_s" in r]  # runs before it: none
+        cpu_text = (
+            f"{statistics.fmean(r['cpu_s'] for r in rs if 'cpu_s' in r):.1f} "
+            f"({statistics.fmean(cpu):.2f})"
+            if cpu
+            else "n/a"
+        )
         lines.append(
-            f"| {h} | {len(rs)} | {su:.2f} | {tr:.1f} | {ev:.1f} | {100 * su / (su + tr + ev):.1f} % |"
+            f"| {h} | {len(rs)} | {su:.2f} | {tr:.1f} | {ev:.1f} | "
+            f"{100 * su / (su + tr + ev):.1f} % | {cpu_text} |"
         )
         for k in ("startup_s", "train_s", "eval_s", "wall_s"):
             tot[k] += sum(r[k] for r in rs)

@@ -244,3 +244,19 @@ def test_sweep_end_to_end_and_resume(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 jobs to run, 12 done already" in proc.stdout
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_startup_table_with_and_without_cpu_time():
+    """CPU seconds per run and their share of the wall time, where the runs recorded them."""
+    run = {"horizon": 16, "startup_s": 1.0, "train_s": 8.0, "eval_s": 1.0, "wall_s": 10.0}
+    cells = {
+        "gold_lam0.95_h16": {
+            "ppo": {1: {"sweep": {**run, "cpu_s": 9.0}}, 2: {"sweep": {**run, "cpu_s": 7.0}}}
+        },
+        "gold_lam0.95_h64": {"ppo": {1: {"sweep": {**run, "horizon": 64}}}},
+    }
+    table, tot = horizon_sweep.startup_table(cells)
+    lines = table.splitlines()
+    assert lines[2] == "| 16 | 2 | 1.00 | 8.0 | 1.0 | 10.0 % | 8.0 (0.80) |"
+    assert lines[3] == "| 64 | 1 | 1.00 | 8.0 | 1.0 | 10.0 % | n/a |"
+    assert tot["wall_s"] == 30.0 and tot["startup_s"] == 3.0
