@@ -151,6 +151,9 @@ def test_cli_refuses_no_pairs_and_other_tasks(tmp_path):
     with pytest.raises(SystemExit, match="no pair of different answers"):
         pc.main(["--samples", a, a, "--output", str(out)])
     assert not out.exists()
+    other = _samples(tmp_path / "other.jsonl", _task_rows("synthetic-tldr")[3:6], 1)
+    with pytest.raises(SystemExit, match="answer different prompts .*--num-samples 0"):
+        pc.main(["--samples", a, other, "--output", str(out)])
     with pytest.raises(SystemExit, match="not a synthetic task"):
         pc.main(
             ["--task", "openai/summarize_from_feedback", "--samples", a, a, "--output", str(out)]

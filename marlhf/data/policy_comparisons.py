@@ -8,7 +8,8 @@ bundled files: one Bradley–Terry draw on the gold difference per pair
 target.
 
 The answers come from two runs of the inference program on the task's **train** prompts with
-different sampling seeds (held-out prompts are refused, so the evaluation stays clean)::
+different sampling seeds (held-out prompts are refused, so the evaluation stays clean; keep
+``--num-samples 0``: the seed also draws which prompts a smaller sample takes)::
 
     python inference/inference_with_rewards.py --dataset synthetic --model SFT --split train \\
         --num-samples 0 --temperature 1.0 --seed 1 --output a.jsonl     # and --seed 2 -> b.jsonl
@@ -168,7 +169,12 @@ def main(argv: Sequence[str] | None = None) -> PairCounts:
     except (DataError, ValueError, OSError) as e:
         raise SystemExit(f"error: {e}") from None
     if not rows:
-        raise SystemExit(f"error: {args.samples}: no pair of different answers to label ({counts})")
+        hint = ""
+        if counts.unmatched:
+            hint = "; the files answer different prompts (sample with --num-samples 0)"
+        raise SystemExit(
+            f"error: {args.samples}: no pair of different answers to label ({counts}){hint}"
+        )
     write_rows(rows, args.output)
     print(
         f"{args.output}: {counts.pairs} labelled pairs ({counts.identical} identical and "
