@@ -242,9 +242,8 @@ class RunJob:
 
     def argv(self, root: Path, size: Size, spacy_model: str | None) -> list[str]:
         h = self.horizon
-        rm = RMJob(h, self.task, size.rm_epochs).out(
-            root
-        )  # the directory only (same for any labels)
+        # the RM's directory only (the same for any --rm_labels)
+        rm = RMJob(h, self.task, size.rm_epochs).out(root)
         arm = with_overrides(ALL_ARMS[self.arm], ARM_OVERRIDES.get(self.arm, {}))
         if self.arm == "parsing" and spacy_model:
             arm = with_overrides(arm, {"--spacy_model": spacy_model})
@@ -370,19 +369,24 @@ def _label_policy_answers(pairs: Path, meta: dict) -> int:
     """Two answers of ``tiny-base-H`` (T = 1, sampling seeds 1 and 2) to every train prompt of the
     task, labelled by Bradley–Terry draws on gold as the task's comparisons were; returns the number
     of pairs. Skipped when ``pairs`` exists."""
-    from marlhf.data.policy_comparisons import label_pairs, write_rows
+    from marlhf.data.policy_comparisons import (
+        SAMPLE_SEEDS,
+        SAMPLE_TEMPERATURE,
+        label_pairs,
+        write_rows,
+    )
     from marlhf.inference import InferenceArgs, InferenceConfig, run_inference
     from marlhf.macro import MacroConfig
 
     if not pairs.exists():
         h, name = meta["horizon"], f"synthetic-{meta['task']}-{meta['horizon']}"
         samples = []
-        for seed in (1, 2):
+        for seed in SAMPLE_SEEDS:
             path = pairs.with_name(f"answers_seed{seed}.jsonl")
             cfg = InferenceConfig(
                 proj_path=str(pairs.parent), dataset=name, model=f"tiny-base-{h}", split="train",
                 num_samples=0, batch_size=64, max_new_tokens=SEQ[h][1], max_prompt_len=SEQ[h][0],
-                temperature=1.0, seed=seed, output=str(path), disable_progress_bar=True,
+                temperature=SAMPLE_TEMPERATURE, seed=seed, output=str(path), disable_progress_bar=True,
             )  # fmt: skip
             run_inference(InferenceArgs(cfg, MacroConfig()))
             samples.append(path)
@@ -401,13 +405,13 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
         if kind == "rm":
             from marlhf.stages.reward import RewardStageConfig, train
 
-            if meta.get("labels") == "policy":
-                result_labels = _label_policy_answers(Path(meta["pairs"]), meta)
+            labelled = meta.get("labels") == "policy"
+            n_pairs = _label_policy_answers(Path(meta["pairs"]), meta) if labelled else None
             train(parse_config(RewardStageConfig, argv))
             cfg = json.loads((Path(out) / "reward_config.json").read_text())
             result = {"eval_accuracy": cfg.get("eval_accuracy")}
-            if meta.get("labels") == "policy":
-                result["policy_pairs"] = result_labels
+            if n_pairs is not None:
+                result["policy_pairs"] = n_pairs
         else:
             from marlhf.rl.config import PPOStageConfig
             from marlhf.rl.loop import train
@@ -727,13 +731,13 @@ def startup_table(cells: dict[str, dict[str, dict[int, dict]]]) -> tuple[str, di
         su, tr, ev = (
             statistics.fmean(r[k] for r in rs) for k in ("startup_s", "train_s", "eval_s")
         )
-        cpu = [r["cpu_s"] / r["wall_s"] for r in rs if "cpu_s" in r]  # runs before it: none
-        cpu_text = (
-            f"{statistics.fmean(r['cpu_s'] for r in rs if 'cpu_s' in r):.1f} "
-            f"({statistics.fmean(cpu):.2f})"
-            if cpu
-            else "n/a"
-        )
+        timed = [r for r in rs if "cpu_s" in r]  # runs of older sweeps recorded none
+        cpu_text = "n/a"
+        if timed:
+            cpu_s = statistics.fmean(r["cpu_s"] for r in timed)
+            cpu_text = (
+                f"{cpu_s:.1f} ({statistics.fmean(r['cpu_s'] / r['wall_s'] for r in timed):.2f})"
+            )
         lines.append(
             f"| {h} | {len(rs)} | {su:.2f} | {tr:.1f} | {ev:.1f} | "
             f"{100 * su / (su + tr + ev):.1f} % | {cpu_text} |"

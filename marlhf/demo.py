@@ -83,8 +83,11 @@ RM_BASE_FLAGS += ["--learning_rate", "1e-4", "--num_train_epochs", "2"]
 # compared by the simulated labeller (marlhf.data.policy_comparisons), as real RLHF labels the
 # policy's own answers: an RM that saw only the generated kinds of summary over-scored errors the
 # policy makes (repeated facts, a stray first word), and PPO found them (docs/results.md).
-LABEL_SAMPLE_SEEDS = (1, 2)
-LABEL_TEMPERATURE = 1.0
+
+
+def policy_pairs_file(out: Path) -> Path:
+    """The labelled comparisons of the SFT model's answers in the demo's output directory."""
+    return out / "labels" / "sft_pairs.jsonl"
 
 
 def rm_flags(pairs: Path | None = None) -> list[str]:
@@ -224,8 +227,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def labelling_stages(out: Path) -> list[Stage]:
     """The SFT model's answers to every train prompt, twice, and the labeller's comparisons of them."""
-    labels = out / "labels"
-    samples = [labels / f"sft_seed{s}.jsonl" for s in LABEL_SAMPLE_SEEDS]
+    from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
+
+    pairs = policy_pairs_file(out)
+    samples = [pairs.with_name(f"sft_seed{s}.jsonl") for s in SAMPLE_SEEDS]
     stages = [
         Stage(
             f"2/6 SFT answers to the train prompts for labelling (seed {s})",
@@ -233,13 +238,12 @@ def labelling_stages(out: Path) -> list[Stage]:
             [str(ROOT / "inference" / "inference_with_rewards.py"), "--proj-path", str(out)]
             + ["--dataset", "synthetic", "--model", str(out / "sft"), "--split", "train"]
             + ["--num-samples", "0", "--batch-size", "64", "--max-new-tokens", "40"]
-            + ["--max-prompt-len", "160", "--temperature", str(LABEL_TEMPERATURE)]
+            + ["--max-prompt-len", "160", "--temperature", str(SAMPLE_TEMPERATURE)]
             + ["--seed", str(s), "--disable_progress_bar", "--output", str(path)],
             path.with_suffix(".jsonl.summary.json"),
         )
-        for s, path in zip(LABEL_SAMPLE_SEEDS, samples, strict=True)
+        for s, path in zip(SAMPLE_SEEDS, samples, strict=True)
     ]
-    pairs = labels / "sft_pairs.jsonl"
     stages.append(
         Stage(
             "2/6 labelled comparisons of the SFT answers",
@@ -277,7 +281,7 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
         Stage(
             "2/6 reward model",
             "rm",
-            ["-m", "marlhf.stages.reward", *rm_flags(out / "labels" / "sft_pairs.jsonl")]
+            ["-m", "marlhf.stages.reward", *rm_flags(policy_pairs_file(out))]
             + [*common, *seed, "--output_dir", str(out / "rm")],
             out / "rm" / "reward_config.json",
         ),
@@ -364,6 +368,7 @@ def main(argv: list[str] | None = None) -> None:
         ngram=args.ngram,
         reward_source=args.reward_source,
         ref_scores=out / "results" / "rm_heldout.jsonl",
+        policy_pairs=policy_pairs_file(out),
         timings=timings,
     )
     print(f"[demo] 6/6 report: {report}  (total {time.time() - t_start:.0f}s)", flush=True)

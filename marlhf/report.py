@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import re
 import statistics
@@ -259,7 +260,7 @@ def _policy_table(stats: dict[str, dict]) -> list[str]:
 
 
 def _rm_section(
-    out: Path, rows: dict[str, list[dict]], ref_scores: Path | None
+    out: Path, rows: dict[str, list[dict]], ref_scores: Path | None, policy_pairs: Path | None
 ) -> tuple[list, dict]:
     """Lines on the reward model's quality and the figures behind them."""
     quality: dict = {}
@@ -291,13 +292,14 @@ def _rm_section(
             f"- Pearson r of its score with gold on the SFT policy's answers above: "
             f"{_fmt(quality['pearson_rm_gold_sft'])} ({len(scored)} answers)."
         )
-    pairs = out / "labels" / "sft_pairs.jsonl"
-    if pairs.exists():
-        quality["policy_pairs"] = sum(1 for line in open(pairs, encoding="utf-8") if line.strip())
+    if policy_pairs is not None and policy_pairs.exists():
+        with open(policy_pairs, encoding="utf-8") as f:
+            quality["policy_pairs"] = sum(1 for line in f if line.strip())
         lines.append(
             f"- trained on the bundled comparisons and {quality['policy_pairs']} labelled "
-            "comparisons of the SFT model's own answers to train prompts (`labels/sft_pairs.jsonl`; "
-            "the RM stage's data split takes its share of them)."
+            "comparisons of the SFT model's own answers to train prompts "
+            f"(`{os.path.relpath(policy_pairs, out)}`; the RM stage's data split takes its share "
+            "of them)."
         )
     return (lines if len(lines) > 3 else []), quality
 
@@ -368,11 +370,12 @@ def write_report(
     reward_source: str = "rm",
     ref_scores: Path | None = None,
     timings: dict[str, float | None] | None = None,
+    policy_pairs: Path | None = None,
 ) -> Path:
     """Write ``out/report.md`` (and the figures as ``out/report.json``); returns the report's path."""
     rows = {name: _rows(p) for name, p in results.items() if p.exists()}
     stats = policy_stats(rows)
-    rm_lines, quality = _rm_section(out, rows, ref_scores)
+    rm_lines, quality = _rm_section(out, rows, ref_scores, policy_pairs)
     lines = [
         "# ma-rlhf embedded pipeline: comparison report",
         "",

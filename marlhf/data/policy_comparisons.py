@@ -33,6 +33,10 @@ from pathlib import Path
 from marlhf.data.schema import DataError
 
 BATCH = "policy-samples"
+# How the answers to label are sampled (the demo and the horizon sweep): one inference run per seed
+# over all train prompts, at temperature 1 as PPO samples its rollouts.
+SAMPLE_SEEDS = (1, 2)
+SAMPLE_TEMPERATURE = 1.0
 
 
 @dataclass
