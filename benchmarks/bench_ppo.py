@@ -15,6 +15,11 @@ and response length, one PPO epoch, sampling at temperature 0.8 with no top-k / 
 setting). TRL has no stop token here, so its answers are always ``--response`` tokens; ours stop at
 EOS (the mean length is printed).
 
+With ``--rounds R`` (default 3) each length runs R times per system, alternating which system goes
+first, and a ratio is taken per round from two adjacent runs, so a drift of the machine's speed over
+the benchmark (a shared host's load, clock changes) falls on both systems alike; the printed ratio is
+the median over rounds, with the rounds' range.
+
 Prints, per length and system, the median seconds per PPO step over steps 2..N (step 1 is warm-up),
 wall and CPU (``process_time``: on a shared machine the CPU time is the steadier figure, since wall
 time also counts the time other processes held the cores), our split into generate / score /
@@ -114,9 +119,9 @@ def build_models(work: Path, gpu: str | None, arch: str) -> tuple[Path, Path]:
     return actor, work / "rm"
 
 
-def run_ours(args, work: Path, actor: Path, rm: Path, shape: dict) -> dict:
+def run_ours(args, work: Path, actor: Path, rm: Path, shape: dict, k: int = 0) -> dict:
     """Our stage at one shape (``response``, ``batch``, ``minibatch``): medians over steps 2..N."""
-    out = work / f"ours-{shape['response']}"
+    out = work / f"ours-{shape['response']}-r{k}"
     cmd = [
         sys.executable, "-m", "marlhf.stages.ppo",
         "--actor_model_name_or_path", str(actor), "--critic_model_name_or_path", str(rm),
@@ -153,11 +158,11 @@ def run_ours(args, work: Path, actor: Path, rm: Path, shape: dict) -> dict:
     return res
 
 
-def run_trl(args, work: Path, actor: Path, shape: dict) -> dict:
+def run_trl(args, work: Path, actor: Path, shape: dict, k: int = 0) -> dict:
     spec = {
         "actor": str(actor),
         "cache": str(work / "cache"),
-        "out": str(work / f"trl-{shape['response']}"),
+        "out": str(work / f"trl-{shape['response']}-r{k}"),
         "prompt": args.prompt,
         "steps": args.steps,
         "bf16": args.dtype == "bf16",
@@ -384,9 +389,44 @@ def _fmt_mem(res: dict, phases) -> str:
     return text
 
 
-def report(shape: dict, ours: dict, trl: dict | None) -> dict:
-    """Print one answer length's lines; returns the ratios."""
-    r, ratios = shape["response"], {}
+def merge_rounds(runs: list[dict]) -> dict:
+    """One system's rounds at one length -> one result: the median of each timing over rounds, the
+    largest peak memory, summed wall time and steps; the first error if any round failed."""
+    for res in runs:
+        if "error" in res:
+            return res
+    out = {}
+    for key, value in runs[0].items():
+        values = [res[key] for res in runs if key in res]
+        if key in ("wall_s", "steps", "total_s"):
+            out[key] = round(sum(values), 1)
+        elif "peak" in key:
+            out[key] = max(values)
+        elif isinstance(value, int | float):
+            out[key] = statistics.median(values)
+        else:
+            out[key] = value
+    out["rounds"] = len(runs)
+    return out
+
+
+def round_ratios(ours: list[dict], trl: list[dict]) -> dict:
+    """TRL / ours per round (adjacent runs): the median and range over rounds, wall and CPU."""
+    pairs = [
+        (o, t) for o, t in zip(ours, trl, strict=True) if "error" not in o and "error" not in t
+    ]
+    out = {}
+    for key, name in (("step_s", "wall"), ("cpu_step_s", "cpu")):
+        ratios = [t[key] / o[key] for o, t in pairs]
+        if ratios:
+            out[f"trl_over_ours_{name}"] = statistics.median(ratios)
+            out[f"trl_over_ours_{name}_rounds"] = ratios
+    return out
+
+
+def report(shape: dict, ours: dict, trl: dict | None, ratios: dict | None = None) -> dict:
+    """Print one answer length's lines (``ratios``: :func:`round_ratios`); returns the ratios."""
+    r, ratios = shape["response"], ratios or {}
     head = f"answer {r:>4} (rows {shape['batch']}, minibatch {shape['minibatch']})"
     if "error" in ours:
         print(f"{head}: ours FAILED:\n{ours['error']}")
@@ -408,14 +448,17 @@ def report(shape: dict, ours: dict, trl: dict | None) -> dict:
         f"(generate/score/train {split}); answers {trl['response_len_mean']:.0f}; "
         f"peak RSS MB generate/score/train {_fmt_mem(trl, TRL_PHASES)}"
     )
-    if "error" not in ours:
-        ratios = {
-            "trl_over_ours_wall": trl["step_s"] / ours["step_s"],
-            "trl_over_ours_cpu": trl["cpu_step_s"] / ours["cpu_step_s"],
-        }
+    if "error" not in ours and ratios:
+
+        def fmt(name: str) -> str:
+            per = ratios[f"trl_over_ours_{name}_rounds"]
+            spread = f" (rounds {min(per):.2f}-{max(per):.2f})" if len(per) > 1 else ""
+            return f"{ratios[f'trl_over_ours_{name}']:.2f}x{spread}"
+
+        n = len(ratios["trl_over_ours_wall_rounds"])
         print(
-            f"{head}: ours is {ratios['trl_over_ours_wall']:.2f}x TRL's speed (wall), "
-            f"{ratios['trl_over_ours_cpu']:.2f}x (CPU)"
+            f"{head}: ours is {fmt('wall')} TRL's speed (wall), {fmt('cpu')} (CPU)"
+            + (f"; median of {n} rounds" if n > 1 else "")
         )
     return ratios
 
@@ -445,6 +488,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt", type=int, default=160, help="--max_prompt_seq_len")
     p.add_argument("--steps", type=int, default=5, help="PPO steps per run (the first is warm-up)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="CPU fp32, GPU bf16")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="runs per system and length, alternating (ratios per round)",
+    )
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--workdir", default=None, help="keep models and outputs here")
     p.add_argument(
@@ -475,10 +524,20 @@ def main(argv: list[str] | None = None) -> dict:
     )
     results = []
     for shape in plan:
-        ours = run_ours(args, work, actor, rm, shape)
-        trl = None if args.skip_trl else run_trl(args, work, actor, shape)
+        ours_runs, trl_runs = [], []
+        for k in range(args.rounds):
+            # alternate which system goes first, so neither always runs on a warmer machine
+            order = ("ours", "trl") if k % 2 == 0 else ("trl", "ours")
+            for system in order:
+                if system == "ours":
+                    ours_runs.append(run_ours(args, work, actor, rm, shape, k))
+                elif not args.skip_trl:
+                    trl_runs.append(run_trl(args, work, actor, shape, k))
+        ours = merge_rounds(ours_runs)
+        trl = None if args.skip_trl else merge_rounds(trl_runs)
+        ratios = None if args.skip_trl else round_ratios(ours_runs, trl_runs)
         row = {**shape, "ours": ours, **({"trl": trl} if trl is not None else {})}
-        row.update(report(shape, ours, trl))
+        row.update(report(shape, ours, trl, ratios))
         results.append(row)
     load_after = os.getloadavg()
     wall = time.perf_counter() - t_start

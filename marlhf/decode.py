@@ -453,10 +453,12 @@ def sample(
     Runs under ``torch.inference_mode`` (no autograd bookkeeping per op: ~10 % of an eager CPU
     decode), ``torch.no_grad`` when compiled.
     ``stop_check_every``: steps between checks that every row has finished (each check syncs the host).
-    ``prompt_bucket``: prompts are left-padded further to a multiple of it, so batches whose prompt
-    lengths differ a little share one cache shape (and one CUDA graph); pass the maximum prompt length
-    to make every call the same shape. The cache of the last shape stays allocated for the next call
-    (``release_decoders()`` frees it).
+    ``prompt_bucket``: compiled steps only: prompts are left-padded further to a multiple of it, so
+    batches whose prompt lengths differ a little share one cache shape (and one CUDA graph); pass the
+    maximum prompt length to make every call the same shape. Eager steps ignore it: their window
+    covers the written slots only, so extra padding would only add masked work (a 160-token bucket
+    over 131-token prompts cost 7 % of a CPU rollout, issue #14). The cache of the last shape stays
+    allocated for the next call (``release_decoders()`` frees it).
     Returns response_ids: (B, A) long, A ≤ max_new_tokens, ``pad_id`` after each row's first EOS; with
     ``return_logprobs`` the tuple (response_ids, logprobs, entropy), the last two (B, A) float32: each
     token's log-probability and the entropy of the distribution it was drawn from, softmax(logits /
@@ -482,7 +484,7 @@ def _sample(
     device = input_ids.device
     if row_seeds is not None:
         row_seeds = row_seeds.to(device=device, dtype=torch.long)
-    if prompt_bucket > 1 and P % prompt_bucket:
+    if compile and prompt_bucket > 1 and P % prompt_bucket:
         extra = prompt_bucket - P % prompt_bucket
         input_ids = torch.nn.functional.pad(input_ids, (extra, 0), value=pad_id)
         attention_mask = torch.nn.functional.pad(attention_mask, (extra, 0), value=0)

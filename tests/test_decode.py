@@ -291,8 +291,21 @@ def test_reused_cache_gives_fresh_results():
         input_ids=second, attention_mask=mask2, do_sample=False, max_new_tokens=6, pad_token_id=PAD
     )[:, second.shape[1] :]
     assert got.tolist() == ref.tolist()
-    # the prompt bucket only adds masked padding: an unbucketed call decodes the same tokens
-    assert sample(model, second, mask2, prompt_bucket=1, **kw).tolist() == ref.tolist()
+    # wider left padding only adds masked slots: the same tokens
+    wide = torch.nn.functional.pad(second, (7, 0), value=PAD)
+    wide_mask = torch.nn.functional.pad(mask2, (7, 0), value=0)
+    assert sample(model, wide, wide_mask, **kw).tolist() == ref.tolist()
+
+
+def test_eager_steps_do_not_pad_to_the_bucket():
+    """An eager decoder's cache covers the batch's prompts and the new tokens, not the bucket: the
+    bucket only fixes a compiled step's shape (issue #14: padding is work)."""
+    model = _model("llama")
+    ids, mask = _prompts(P=9)
+    kw = dict(max_new_tokens=3, top_k=1, eos_ids=[], pad_id=PAD)
+    got = sample(model, ids, mask, prompt_bucket=64, **kw)
+    assert decode._DECODERS[model].L == 9 + 3
+    assert got.tolist() == sample(model, ids, mask, prompt_bucket=1, **kw).tolist()
 
 
 def test_decoder_cache_does_not_keep_model_alive():

@@ -14,6 +14,7 @@ The training loop (:mod:`marlhf.rl.loop`) reads as the algorithm; each step is a
 - :mod:`~marlhf.rl.update` — 5. update: PPO epochs of minibatches, policy and value losses;
 - :mod:`~marlhf.rl.state` — checkpoints, resume, the actor's EMA, the metric tracker;
 - :mod:`~marlhf.rl.response_logits` — the LM head at the response positions only (scoring, update);
+- :mod:`~marlhf.rl.length_groups` — rows of similar length per forward pass (scoring, update);
 - :mod:`~marlhf.rl.resources` — CPU time and peak memory per phase (``--log_phase_resources``).
 
 The math is pure (torch only, no DeepSpeed): :mod:`~marlhf.rl.gae`, :mod:`~marlhf.rl.losses`,

@@ -456,6 +456,23 @@ class PerfConfig:
             "and runs plain causal attention, exact for flush-left right-padded batches)."
         },
     )
+    length_groups: int = field(
+        default=4,
+        metadata={
+            "help": "Score and train in up to this many forward passes per batch, the rows sorted "
+            "by length and cut where padding costs most (marlhf.rl.length_groups): each row's "
+            "outputs are the one-pass ones up to float rounding, the padding is skipped. "
+            "1: one pass over the batch. Ignored with --score_all_positions."
+        },
+    )
+    length_group_call_tokens: float = field(
+        default=64.0,
+        metadata={
+            "help": "With --length_groups: a pass's fixed cost in padded positions; a batch is "
+            "split only where the padding saved exceeds it (64: one forward call of the tiny CPU "
+            "model costs about what 64 tokens do; raise it for GPUs and large models)."
+        },
+    )
     log_phase_resources: bool = field(
         default=False,
         metadata={
@@ -464,6 +481,21 @@ class PerfConfig:
             "allocated memory (mem/peak_cuda_mb/*). Used by benchmarks/bench_ppo.py."
         },
     )
+
+    def __post_init__(self) -> None:
+        if self.length_groups < 1:
+            raise ValueError(f"--length_groups must be >= 1, got {self.length_groups}")
+        if self.length_group_call_tokens < 0:
+            raise ValueError(
+                f"--length_group_call_tokens must be >= 0, got {self.length_group_call_tokens}"
+            )
+
+    @property
+    def grouping(self):
+        """The score and update passes' :class:`marlhf.rl.length_groups.Grouping`."""
+        from marlhf.rl.length_groups import Grouping
+
+        return Grouping(self.length_groups, self.length_group_call_tokens)
 
 
 @dataclass

@@ -300,6 +300,11 @@ def _cat_recorded(xs: list[torch.Tensor | None], width: int) -> torch.Tensor | N
     return torch.cat([pad_right(x, width, 0.0) for x in xs])
 
 
+def sequence_lengths(ro: Rollout) -> torch.Tensor:
+    """(B,) long: each row's tokens, prompt and response (its flush-left length)."""
+    return ro.attention_mask.sum(1)
+
+
 def slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     """Rows ``idx`` of ``ro``, cut to their longest sequence and response (at least one action)."""
     a = int(ro.action_mask[idx].sum(1).max().clamp(min=1))

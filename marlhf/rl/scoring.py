@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
+from marlhf.rl.length_groups import Grouping, grouped
 from marlhf.rl.models import eval_mode
 from marlhf.rl.rewards import normalize_scores, spread_segment_rewards
 from marlhf.rl.rollout import (
@@ -22,6 +23,8 @@ from marlhf.rl.rollout import (
     gather_response,
     pad_right,
     response_logprobs_and_entropy,
+    sequence_lengths,
+    slice_rollout,
 )
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ def policy_forward(
     with_entropy: bool = False,
     all_positions: bool = False,
     chunk_elements: int = SCORE_CHUNK_ELEMENTS,
+    groups: Grouping | None = None,
 ):
     """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy.
 
@@ -63,9 +67,10 @@ def policy_forward(
     (:func:`marlhf.rl.response_logits.logits_at`), the attention is plain causal, without the
     padding mask (the rows are flush-left: padding only follows a row's tokens, which no real token
     attends to), the temperature is applied block by block inside the chunked log-softmax
-    (`marlhf.logprobs`), and without grad the rows go through the model in chunks of at most
-    ``chunk_elements`` logits (B·A·V). ``all_positions`` is the reference path (the head at every
-    position, the padding mask passed, one pass): equal up to float rounding."""
+    (`marlhf.logprobs`), the rows go through the model in passes of rows of similar length
+    (``groups``, :mod:`marlhf.rl.length_groups`), and without grad in chunks of at most
+    ``chunk_elements`` logits (B·A·V). ``all_positions`` is the reference path (the head at
+    every position, the padding mask passed, one pass): equal up to float rounding."""
     if all_positions:
         logits = engine(
             input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
@@ -75,6 +80,16 @@ def policy_forward(
         return response_logprobs_and_entropy(
             logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy
         )
+    if groups is not None and groups.max_groups > 1:
+        return grouped(
+            lambda rows: policy_forward(
+                engine, slice_rollout(ro, rows), temperature, with_entropy=with_entropy,
+                chunk_elements=chunk_elements,
+            ),
+            sequence_lengths(ro),
+            (ro.response_ids.shape[1],) * 2,
+            groups,
+        )  # fmt: skip
     B, A = ro.response_ids.shape
     V = _vocab_size(engine.module)
     rows = B if torch.is_grad_enabled() or not V else max(1, chunk_elements // (A * V))
@@ -122,11 +137,36 @@ def _response_forward(
     return logp, ent
 
 
-def critic_forward(engine, ro: Rollout, *, all_positions: bool = False) -> torch.Tensor:
+def critic_forward(
+    engine, ro: Rollout, *, all_positions: bool = False, groups: Grouping | None = None
+) -> torch.Tensor:
     """V(s_j) for every response token j: the value at the position just before it. (B, A)
-    Plain causal attention unless ``all_positions`` (see :func:`policy_forward`)."""
+    Plain causal attention in passes of rows of similar length (``groups``), unless
+    ``all_positions`` (see :func:`policy_forward`)."""
+    if groups is not None and groups.max_groups > 1 and not all_positions:
+        return grouped(
+            lambda rows: critic_forward(engine, slice_rollout(ro, rows)),
+            sequence_lengths(ro),
+            ro.response_ids.shape[1],
+            groups,
+        )
     values = engine(input_ids=ro.sequences, attention_mask=_mask(ro, all_positions))
     return gather_response(values, ro.response_start, ro.response_ids.shape[1])
+
+
+def reward_forward(
+    engine, ro: Rollout, *, all_positions: bool = False, groups: Grouping | None = None
+) -> torch.Tensor:
+    """The reward model's value at every position, (B, T); passes as in :func:`critic_forward`.
+    Past a row's tokens the values are meaningless (what padding scores, or 0 when grouped)."""
+    if groups is not None and groups.max_groups > 1 and not all_positions:
+        return grouped(
+            lambda rows: reward_forward(engine, slice_rollout(ro, rows)),
+            sequence_lengths(ro),
+            ro.sequences.shape[1],
+            groups,
+        )
+    return engine(input_ids=ro.sequences, attention_mask=_mask(ro, all_positions))
 
 
 def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
@@ -146,19 +186,20 @@ def score(
     ``--recompute_old_logprobs``."""
     T = cfg.generation.temperature
     full = cfg.perf.score_all_positions
+    groups = None if full else cfg.perf.grouping
     critic = models.critic  # None: a critic-free estimator (values are 0)
     with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
         if ro.logprobs is not None and not cfg.perf.recompute_old_logprobs:
             old_logp, entropy = ro.logprobs, ro.entropy
         else:
             old_logp, entropy = policy_forward(
-                models.actor, ro, T, with_entropy=True, all_positions=full
+                models.actor, ro, T, with_entropy=True, all_positions=full, groups=groups
             )
         ref_logp, ref_ent = policy_forward(
-            models.ref, ro, T, with_entropy=need_entropy, all_positions=full
+            models.ref, ro, T, with_entropy=need_entropy, all_positions=full, groups=groups
         )
         values = (
-            critic_forward(critic, ro, all_positions=full)
+            critic_forward(critic, ro, all_positions=full, groups=groups)
             if critic is not None
             else torch.zeros_like(old_logp)
         )
@@ -170,7 +211,7 @@ def score(
         "values": values,
     }
     if models.reward is not None:
-        rm_values = models.reward(input_ids=ro.sequences, attention_mask=_mask(ro, full))
+        rm_values = reward_forward(models.reward, ro, all_positions=full, groups=groups)
         out["rm_values"] = rm_values
         out["scores"] = torch.gather(
             rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)

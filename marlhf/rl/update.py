@@ -101,6 +101,7 @@ def actor_step(
         cfg.generation.temperature,
         with_entropy=need_ent,
         all_positions=cfg.perf.score_all_positions,
+        groups=cfg.perf.grouping,
     )
     pg, pstats = policy_loss(
         logp,
@@ -145,7 +146,12 @@ def actor_step(
 
 def critic_step(models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig) -> dict:
     """One critic step on minibatch ``m``: the value loss clipped around the old values."""
-    values = critic_forward(models.critic, m.rollout, all_positions=cfg.perf.score_all_positions)
+    values = critic_forward(
+        models.critic,
+        m.rollout,
+        all_positions=cfg.perf.score_all_positions,
+        groups=cfg.perf.grouping,
+    )
     vl, vstats = value_loss(
         values,
         m.cut(exp.values),
