@@ -1,8 +1,8 @@
 """Issue #14: the fast paths of a PPO step give the reference path's results for the same seed.
 
 The default step takes log π_old and its entropy from the static decoder (which records them while
-sampling), applies the LM head at the response positions only and runs plain causal attention over
-the flush-left rows. ``--recompute_old_logprobs --score_all_positions`` is the reference path: a
+sampling), applies the LM head at the response positions only, runs plain causal attention over
+the flush-left rows and runs rows of similar length together (``marlhf.rl.length_groups``). ``--recompute_old_logprobs --score_all_positions`` is the reference path: a
 second actor forward pass for log π_old, the LM head at every position and the padding mask in the
 attention (the computation before #14). Both run the real stage (``tests/stages/ppo_record.py``
 records every step) for two PPO steps with the same seed, sampling at temperature 1 from the whole
@@ -47,6 +47,9 @@ FLAGS = (
     "--ppo_epochs", "2", "--entropy_coef", "0.01", "--whiten_advantages",
     "--actor_learning_rate", "1e-4", "--critic_learning_rate", "1e-4",
     "--max_steps", "2", "--seed", "7", "--disable_progress_bar",
+    # every split that saves padding is taken (the default weighs it against a pass's cost), so
+    # the score passes and minibatches run in several length groups (the reference: one pass)
+    "--length_group_call_tokens", "0",
 )  # fmt: skip
 EXPERIENCE = ("old_logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns")
 
