@@ -6,6 +6,7 @@ module imports it as ``from stage_env import stage_env``."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,3 +25,13 @@ def stage_env(home: Path | None = None) -> dict:
         env["MARLHF_HOME"] = str(home)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def run_stage(cmd: list[str], home: Path | None = None, timeout: int = 900):
+    """Run ``cmd`` (a stage's command line) in :func:`stage_env` from the repository root; fails the
+    test with the tail of its output unless it exits 0. Returns the completed process."""
+    proc = subprocess.run(
+        cmd, env=stage_env(home), capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc

@@ -473,6 +473,16 @@ class PerfConfig:
             "model costs about what 64 tokens do; raise it for GPUs and large models)."
         },
     )
+    reuse_critic_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "The update's first minibatch takes its critic forward pass from scoring: its "
+            "rows' values are computed once, with grad, and that minibatch's critic step (taken "
+            "before its actor step) backpropagates through them. Same weights, same rows: one "
+            "forward pass less per step, equal up to float rounding. Only on one rank and without "
+            "critic dropout; --no_reuse_critic_forward scores every value without grad."
+        },
+    )
     log_phase_resources: bool = field(
         default=False,
         metadata={

@@ -64,12 +64,14 @@ from marlhf.rl.scoring import (
     concat_scored,
     dense_rewards,
     gold_scorer,
+    kept_critic_values,
+    reuses_critic_forward,
     score,
     segment_rule,
     sequence_scores,
 )
 from marlhf.rl.state import TrainState, open_tracker, resume, save_checkpoint
-from marlhf.rl.update import ppo_update
+from marlhf.rl.update import first_minibatch_rows, ppo_update
 from marlhf.stages.common import ensure_output_dir, start
 
 log = logging.getLogger("marlhf.ppo")
@@ -113,8 +115,16 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     cfg, ppo, plan = run.cfg, run.cfg.ppo, run.plan
     clock = _Clock(PhaseResources() if cfg.perf.log_phase_resources else None)
     t = time.perf_counter()
+    # the update's first minibatch: its critic pass is run once, while scoring, and kept for it
+    first = None
+    if reuses_critic_forward(run.models, cfg):
+        first = first_minibatch_rows(plan.rollout_size * plan.world, cfg, state.shuffle)
     # 1. generate, 2. score (the forward passes), one generation batch at a time
-    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock)
+    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first)
+    kept = None
+    if first is not None:
+        with clock("time/score"):
+            kept = kept_critic_values(run.models, ro, scored, first, cfg)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
         scores, code_metrics = sequence_scores(
@@ -154,7 +164,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         # the rates this update is taken with (read before the engines step)
         lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
         upd = ppo_update(
-            run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None
+            run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None, kept
         )
         if state.ema is not None and train_actor:
             state.ema.update(run.models.actor.module)
@@ -198,9 +208,11 @@ def step_metrics(
     return {k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())}
 
 
-def collect_rollouts(run: Run, step: int, clock: _Clock):
+def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Tensor | None = None):
     """1.–2. This rank's rollout of step ``step``, scored: ``--generation_batches`` calls of generate
-    then score. Returns the concatenated rollout and scores, the prompts' metas and texts."""
+    then score. ``later_values``: rows (of the concatenated rollout) whose critic values scoring
+    leaves for :func:`~marlhf.rl.scoring.kept_critic_values`. Returns the concatenated rollout and
+    scores, the prompts' metas and texts."""
     cfg, plan = run.cfg, run.plan
     rollouts, scoreds, metas = [], [], []
     # the static decoder samples each row from (seed, step, its global row; stream 2, apart from
@@ -209,6 +221,7 @@ def collect_rollouts(run: Run, step: int, clock: _Clock):
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
     micro = step_prompts(plan, cfg.ppo.seed, step)
+    offset = 0  # the first row of generation batch j in the concatenated rollout
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
         sample_seeds = None
@@ -219,8 +232,13 @@ def collect_rollouts(run: Run, step: int, clock: _Clock):
             ro = generate(
                 run.models, batch, cfg, run.tokenizer, run.eos_ids, row_seeds=sample_seeds
             )
+        later = None
+        if later_values is not None:  # those of this generation batch's rows, local indices
+            inside = (later_values >= offset) & (later_values < offset + len(idx))
+            later = later_values[inside] - offset
+        offset += len(idx)
         with clock("time/score"):
-            scoreds.append(score(run.models, ro, cfg, run.need_entropy))
+            scoreds.append(score(run.models, ro, cfg, run.need_entropy, later))
         rollouts.append(ro)
         metas.extend(prompt_metas(batch, len(idx)))
     prompt_texts = [t for idx in micro for t in (run.prompts[i]["prompt"] for i in idx)]

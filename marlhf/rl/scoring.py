@@ -81,15 +81,14 @@ def policy_forward(
             logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy
         )
     if groups is not None and groups.max_groups > 1:
-        return grouped(
-            lambda rows: policy_forward(
-                engine, slice_rollout(ro, rows), temperature, with_entropy=with_entropy,
-                chunk_elements=chunk_elements,
+        return _by_length(
+            lambda r: policy_forward(
+                engine, r, temperature, with_entropy=with_entropy, chunk_elements=chunk_elements
             ),
-            sequence_lengths(ro),
+            ro,
             (ro.response_ids.shape[1],) * 2,
             groups,
-        )  # fmt: skip
+        )
     B, A = ro.response_ids.shape
     V = _vocab_size(engine.module)
     rows = B if torch.is_grad_enabled() or not V else max(1, chunk_elements // (A * V))
@@ -137,21 +136,29 @@ def _response_forward(
     return logp, ent
 
 
+def _by_length(forward, ro: Rollout, widths, groups: Grouping | None):
+    """``forward(rollout)`` over ``ro`` in passes of rows of similar length (``groups``), or in one
+    pass (None or one group): :func:`marlhf.rl.length_groups.grouped` over ``ro``'s rows, each
+    group cut to its own longest row (``slice_rollout``)."""
+    if groups is None or groups.max_groups == 1:
+        return forward(ro)
+    return grouped(
+        lambda rows: forward(slice_rollout(ro, rows)), sequence_lengths(ro), widths, groups
+    )
+
+
 def critic_forward(
     engine, ro: Rollout, *, all_positions: bool = False, groups: Grouping | None = None
 ) -> torch.Tensor:
     """V(s_j) for every response token j: the value at the position just before it. (B, A)
     Plain causal attention in passes of rows of similar length (``groups``), unless
     ``all_positions`` (see :func:`policy_forward`)."""
-    if groups is not None and groups.max_groups > 1 and not all_positions:
-        return grouped(
-            lambda rows: critic_forward(engine, slice_rollout(ro, rows)),
-            sequence_lengths(ro),
-            ro.response_ids.shape[1],
-            groups,
-        )
-    values = engine(input_ids=ro.sequences, attention_mask=_mask(ro, all_positions))
-    return gather_response(values, ro.response_start, ro.response_ids.shape[1])
+
+    def forward(r: Rollout) -> torch.Tensor:
+        values = engine(input_ids=r.sequences, attention_mask=_mask(r, all_positions))
+        return gather_response(values, r.response_start, r.response_ids.shape[1])
+
+    return _by_length(forward, ro, ro.response_ids.shape[1], None if all_positions else groups)
 
 
 def reward_forward(
@@ -159,14 +166,11 @@ def reward_forward(
 ) -> torch.Tensor:
     """The reward model's value at every position, (B, T); passes as in :func:`critic_forward`.
     Past a row's tokens the values are meaningless (what padding scores, or 0 when grouped)."""
-    if groups is not None and groups.max_groups > 1 and not all_positions:
-        return grouped(
-            lambda rows: reward_forward(engine, slice_rollout(ro, rows)),
-            sequence_lengths(ro),
-            ro.sequences.shape[1],
-            groups,
-        )
-    return engine(input_ids=ro.sequences, attention_mask=_mask(ro, all_positions))
+
+    def forward(r: Rollout) -> torch.Tensor:
+        return engine(input_ids=r.sequences, attention_mask=_mask(r, all_positions))
+
+    return _by_length(forward, ro, ro.sequences.shape[1], None if all_positions else groups)
 
 
 def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
@@ -176,14 +180,19 @@ def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
 
 @torch.inference_mode()
 def score(
-    models: Models, ro: Rollout, cfg: PPOStageConfig, need_entropy: bool
+    models: Models,
+    ro: Rollout,
+    cfg: PPOStageConfig,
+    need_entropy: bool,
+    later_values: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """The forward passes of one generation batch (see the module docstring for the keys), all
     with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
     entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
     autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
     rollout when the decoder recorded them (same weights, same dtype), unless
-    ``--recompute_old_logprobs``."""
+    ``--recompute_old_logprobs``. ``later_values``: (k,) long rows whose critic values are left
+    at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them)."""
     T = cfg.generation.temperature
     full = cfg.perf.score_all_positions
     groups = None if full else cfg.perf.grouping
@@ -198,11 +207,16 @@ def score(
         ref_logp, ref_ent = policy_forward(
             models.ref, ro, T, with_entropy=need_entropy, all_positions=full, groups=groups
         )
-        values = (
-            critic_forward(critic, ro, all_positions=full, groups=groups)
-            if critic is not None
-            else torch.zeros_like(old_logp)
-        )
+        if critic is None:
+            values = torch.zeros_like(old_logp)
+        elif later_values is None:
+            values = critic_forward(critic, ro, all_positions=full, groups=groups)
+        else:
+            values = torch.zeros_like(old_logp)
+            rest = _other_rows(ro.sequences.shape[0], later_values)
+            if len(rest):
+                part = critic_forward(critic, slice_rollout(ro, rest), groups=groups)
+                values[rest, : part.shape[1]] = part
     out = {
         "old_logprobs": old_logp,
         "entropy": entropy,
@@ -217,6 +231,47 @@ def score(
             rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)
         ).squeeze(1)
     return out
+
+
+def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
+    """The rows 0 … B−1 not in ``rows``, in order: (B − k,) long."""
+    keep = torch.ones(B, dtype=torch.bool)
+    keep[rows.cpu()] = False
+    return keep.nonzero()[:, 0]
+
+
+def reuses_critic_forward(models: Models, cfg: PPOStageConfig) -> bool:
+    """Whether the update's first minibatch takes its critic pass from scoring
+    (``--reuse_critic_forward``): on one rank (elsewhere the first minibatch holds other ranks'
+    rows), on the default path, with no dropout in the critic (scoring runs it without dropout,
+    the update with it)."""
+    from marlhf.distributed import world_size
+
+    if not cfg.perf.reuse_critic_forward or models.critic is None or world_size() != 1:
+        return False
+    if cfg.perf.score_all_positions:
+        return False
+    for m in models.critic.module.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p > 0:
+            return False
+        p = getattr(m, "attention_dropout", None)
+        if isinstance(p, float) and p > 0:
+            return False
+    return True
+
+
+def kept_critic_values(models: Models, ro: Rollout, scored: dict, rows: torch.Tensor, cfg):
+    """The critic's pass over ``rows`` of ``ro`` with grad, as the update's first minibatch runs it
+    (train mode: no dropout, see :func:`reuses_critic_forward`); writes its values into
+    ``scored["values"]`` (left at 0 there by :func:`score`) and returns
+    :class:`marlhf.rl.update.KeptValues` for the update."""
+    from marlhf.rl.update import KeptValues
+
+    values = critic_forward(models.critic, slice_rollout(ro, rows), groups=cfg.perf.grouping)
+    filled = scored["values"].clone()  # a normal tensor (scoring made an inference-mode one)
+    filled[rows, : values.shape[1]] = values.detach()
+    scored["values"] = filled
+    return KeptValues(rows, values)
 
 
 def concat_scored(scoreds: list[dict], seq_width: int, num_actions: int) -> dict:

@@ -8,6 +8,10 @@ generator is in the same state on every rank, so all ranks draw one shuffle: min
 trains on the ``r``-th slice. Every mean (losses and stats) is divided by the count over the whole
 minibatch, and the losses are multiplied by the world size because DeepSpeed averages gradients over
 ranks: the update is the one process's with the global minibatch, whatever the split.
+
+On one rank the first minibatch's critic pass is the scoring pass of its rows (same weights): the
+loop runs it once, with grad, while scoring (:func:`first_minibatch_rows` reads the shuffle ahead,
+:class:`KeptValues` carries the pass), and that minibatch's critic step comes first and uses it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,21 @@ class Minibatch:
         return x[self.idx, : self.rollout.response_ids.shape[1]]
 
 
+def _epoch_order(B: int, generator: torch.Generator) -> torch.Tensor:
+    """One epoch's shuffle of the global batch's B rows: (B,) long."""
+    return torch.randperm(B, generator=generator)
+
+
+def first_minibatch_rows(B: int, cfg: PPOStageConfig, generator: torch.Generator) -> torch.Tensor:
+    """This rank's rows of the update's first minibatch over a global batch of ``B`` rows, read
+    from a copy of ``generator`` (its state is left as it is): (mb,) long, the ``idx`` of the first
+    :class:`Minibatch` that :func:`minibatches` will yield."""
+    peek = torch.Generator(device=generator.device)
+    peek.set_state(generator.get_state())
+    mb, r = cfg.ppo.per_device_training_batch_size, rank()
+    return _epoch_order(B, peek)[r * mb : (r + 1) * mb]
+
+
 def minibatches(exp: Experience, cfg: PPOStageConfig, generator: torch.Generator):
     """``--ppo_epochs`` shuffles of the global batch, cut into global minibatches; yields this
     rank's :class:`Minibatch` of each."""
@@ -55,7 +74,7 @@ def minibatches(exp: Experience, cfg: PPOStageConfig, generator: torch.Generator
     mb = ppo.per_device_training_batch_size
     M = mb * ws
     for _ in range(ppo.ppo_epochs):
-        order = torch.randperm(B, generator=generator)
+        order = _epoch_order(B, generator)
         for s in range(0, B - M + 1, M):
             rows = order[s : s + M]  # the global minibatch
             idx = rows[r * mb : (r + 1) * mb]  # this rank's part of it
@@ -144,14 +163,28 @@ def actor_step(
     return stats
 
 
-def critic_step(models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig) -> dict:
-    """One critic step on minibatch ``m``: the value loss clipped around the old values."""
-    values = critic_forward(
-        models.critic,
-        m.rollout,
-        all_positions=cfg.perf.score_all_positions,
-        groups=cfg.perf.grouping,
-    )
+def critic_step(
+    models: Models,
+    exp: Experience,
+    m: Minibatch,
+    cfg: PPOStageConfig,
+    values: torch.Tensor | None = None,
+) -> dict:
+    """One critic step on minibatch ``m``: the value loss clipped around the old values.
+    ``values``: (mb, A') the critic's forward over ``m.rollout`` with its graph, if it was run
+    already (:class:`KeptValues`); else it is run here."""
+    if values is None:
+        values = critic_forward(
+            models.critic,
+            m.rollout,
+            all_positions=cfg.perf.score_all_positions,
+            groups=cfg.perf.grouping,
+        )
+    elif values.shape != m.rollout.action_mask.shape:
+        raise ValueError(
+            f"kept critic values {tuple(values.shape)} do not fit the first minibatch "
+            f"{tuple(m.rollout.action_mask.shape)}"
+        )
     vl, vstats = value_loss(
         values,
         m.cut(exp.values),
@@ -165,6 +198,15 @@ def critic_step(models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConf
     return {**vstats, "loss/value": vl.detach()}
 
 
+@dataclass
+class KeptValues:
+    """The critic's forward pass over the first minibatch's rows, run while scoring (with its graph),
+    for that minibatch's critic step: its critic is the scoring critic, so the pass is the same."""
+
+    rows: torch.Tensor  # (mb,) long  the rows (:func:`first_minibatch_rows`)
+    values: torch.Tensor  # (mb, A') float  V(s_j) over ``slice_rollout(rollout, rows)``, with grad
+
+
 def ppo_update(
     models: Models,
     exp: Experience,
@@ -172,16 +214,27 @@ def ppo_update(
     train_actor: bool,
     generator: torch.Generator,
     unsup_batches=None,
+    kept: KeptValues | None = None,
 ) -> dict[str, float]:
     """One experience batch's PPO epochs (see the module docstring); the actor trains only when
     ``train_actor`` (after ``--critic_warmup_steps``). ``unsup_batches`` (an iterator of SFT batches)
-    adds ``--unsup_coef`` × LM loss to the actor's loss. Returns the stats' global means."""
+    adds ``--unsup_coef`` × LM loss to the actor's loss. ``kept``: the first minibatch's critic
+    forward, run while scoring; that minibatch's critic step then uses it and comes before its
+    actor step (the two models are independent: the order changes nothing but which activations
+    are held at once). Returns the stats' global means."""
     sums: dict[str, float] = {}
     n = 0
     for m in minibatches(exp, cfg, generator):
-        stats = actor_step(models, exp, m, cfg, unsup_batches) if train_actor else {}
-        if models.critic is not None:  # critic-free estimators build none
+        stats: dict = {}
+        if kept is not None:  # the first minibatch
+            if not torch.equal(m.idx, kept.rows.to(m.idx.device)):
+                raise ValueError("the kept critic values are not the first minibatch's rows")
+            stats.update(critic_step(models, exp, m, cfg, values=kept.values))
+        if train_actor:
+            stats.update(actor_step(models, exp, m, cfg, unsup_batches))
+        if models.critic is not None and kept is None:  # critic-free estimators build none
             stats.update(critic_step(models, exp, m, cfg))
+        kept = None
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + float(v)
         n += 1

@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 import torch
+from engine_stub import Engine
 
 from marlhf.rl import length_groups as lg
 from marlhf.rl.rollout import Rollout, pack_flush_left, response_mask, sequence_lengths
@@ -89,15 +90,6 @@ def test_grouped_reassembles_rows_and_pads_with_zero():
     assert torch.equal(single, ref[0])
 
 
-class _Engine(torch.nn.Module):
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, **kwargs):
-        return self.module(**kwargs)
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from transformers import AutoModelForCausalLM
@@ -109,7 +101,7 @@ def models(tmp_path_factory):
     torch.manual_seed(0)
     actor = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     critic = RewardModel.from_pretrained(path, init_std=0.5)
-    return _Engine(actor), _Engine(critic)
+    return Engine(actor), Engine(critic)
 
 
 def _rollout(B=7, P=30, A=12, seed=0):

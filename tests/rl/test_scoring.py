@@ -1,27 +1,18 @@
 """Experience is scored with dropout off: on a model with dropout, the actor's log-probs equal the
-reference's (same weights) and the critic's values are its eval-mode values; modes are restored."""
+reference's (same weights) and the critic's values are its eval-mode values; modes are restored.
+The update's first minibatch reuses the scoring critic pass only where it is the same pass."""
 
 import copy
 
 import pytest
 import torch
+from engine_stub import Engine as _Engine
 
 from marlhf.models import set_model_dropout
 from marlhf.rl.config import PPOStageConfig
 from marlhf.rl.models import Models
 from marlhf.rl.rollout import Rollout, pack_flush_left, response_mask
 from marlhf.rl.scoring import critic_forward, policy_forward, score
-
-
-class _Engine(torch.nn.Module):
-    """What scoring uses of a DeepSpeed engine: ``module``, ``train``/``eval`` and the forward."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, **kwargs):
-        return self.module(**kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +74,26 @@ def test_experience_is_scored_with_dropout_off_and_modes_are_restored(dropout_mo
     models.actor.eval()
     score(models, ro, PPOStageConfig(), need_entropy=False)
     assert not actor.training and critic.training
+
+
+def test_critic_forward_is_reused_only_when_it_is_the_same_pass(dropout_models):
+    """The first minibatch's critic pass is taken from scoring on one rank, on the default path,
+    and only when the critic has no dropout (scoring runs it without, the update with)."""
+    from types import SimpleNamespace
+
+    from marlhf.models import set_model_dropout
+    from marlhf.rl.config import PerfConfig
+    from marlhf.rl.scoring import reuses_critic_forward
+
+    critic = copy.deepcopy(dropout_models[1])
+    models = SimpleNamespace(critic=_Engine(critic))
+
+    def cfg(**perf):
+        return PPOStageConfig(perf=PerfConfig(**perf))
+
+    assert not reuses_critic_forward(models, cfg())  # dropout 0.3
+    set_model_dropout(critic, 0.0)
+    assert reuses_critic_forward(models, cfg())
+    assert not reuses_critic_forward(models, cfg(reuse_critic_forward=False))
+    assert not reuses_critic_forward(models, cfg(score_all_positions=True))
+    assert not reuses_critic_forward(SimpleNamespace(critic=None), cfg())

@@ -2,7 +2,8 @@
 
 Run like the stage (``python tests/stages/ppo_record.py ARGS`` or under ``torchrun``); the program is
 unchanged, but every PPO step saves ``<output_dir>/record/step-<k>-rank-<r>.pt`` with what this rank
-generated, the experience the update saw and the rows of each minibatch this rank trained on.
+generated, the experience the update saw, the rows of each minibatch this rank trained on and the
+rows that went through the critic's forward passes (scoring and update).
 """
 
 from __future__ import annotations
@@ -18,9 +19,26 @@ import marlhf.stages.ppo as stage
 from marlhf.distributed import rank
 
 _generate, _ppo_update, _slice_rollout = loop.generate, loop.ppo_update, update.slice_rollout
+_setup = loop.setup
 _generated: list[dict] = []
 _parts: list[list[int]] = []
 _steps = [0]
+_critic_rows = [0]
+
+
+def setup(cfg):
+    run = _setup(cfg)
+    critic = run.models.critic
+    if critic is not None:  # count the rows of every critic forward pass
+        forward = critic.forward
+
+        def counted(*args, **kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            _critic_rows[0] += int(ids.shape[0])
+            return forward(*args, **kwargs)
+
+        critic.forward = counted
+    return run
 
 
 def generate(models, batch, cfg, tokenizer, eos_ids, **kwargs):
@@ -57,6 +75,7 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
         action_mask=exp.rollout.action_mask.cpu(),
         generated=list(_generated),
         minibatch_rows=list(_parts),
+        critic_rows=_critic_rows[0],
         stats=dict(exp.stats),
         update=dict(out),
     )
@@ -65,10 +84,12 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
     torch.save(record, path)
     _generated.clear()
     _parts.clear()
+    _critic_rows[0] = 0
     return out
 
 
 loop.generate, loop.ppo_update, update.slice_rollout = generate, ppo_update, slice_rollout
+loop.setup = setup
 
 if __name__ == "__main__":
     stage.main(sys.argv[1:])

@@ -44,18 +44,16 @@ from __future__ import annotations
 
 import math
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from ppo_weights import assert_same_update, initial_weights, saved_weights
-from stage_env import stage_env as _env
+from stage_env import run_stage
 
 from marlhf.tracking import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).with_name("ppo_record.py")
 pytestmark = pytest.mark.slow
 
@@ -197,15 +195,7 @@ def runs(models, request):
         ),
     }  # fmt: skip
     for out in (one, two):
-        proc = subprocess.run(
-            [*launch[out], *common, *batches[out], "--output_dir", str(out)],
-            env=_env(base / "home"),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=900,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        run_stage([*launch[out], *common, *batches[out], "--output_dir", str(out)], base / "home")
     return base, one, two, case
 
 

@@ -16,18 +16,16 @@ with π the initial actor teacher-forced on the recorded sequences, is 1 within 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from ppo_weights import assert_same_update, initial_weights, saved_weights
-from stage_env import stage_env as _env
+from stage_env import run_stage
 
 from marlhf.tracking import read_metrics
 
-ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path(__file__).with_name("ppo_record.py")
 pytestmark = pytest.mark.slow
 
@@ -91,16 +89,9 @@ def runs(models, request):
         "--data_output_path", str(base / "cache"), *CASES[case], *FLAGS,
     )  # fmt: skip
     fast, ref = base / case / "fast", base / case / "reference"
+    home = base / "home"
     for out, extra in ((fast, ()), (ref, REFERENCE)):
-        proc = subprocess.run(
-            [sys.executable, str(RECORD), *common, *extra, "--output_dir", str(out)],
-            env=_env(base / "home"),
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=900,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        run_stage([sys.executable, str(RECORD), *common, *extra, "--output_dir", str(out)], home)
     return base, fast, ref, case
 
 
@@ -162,3 +153,39 @@ def test_same_weights_and_metrics(runs):
         for k in x:
             if not k.startswith("time/"):
                 assert y[k] == pytest.approx(x[k], rel=1e-4, abs=2e-6), (x["step"], k)
+
+
+@pytest.fixture(scope="module")
+def reuse_runs(models) -> tuple[Path, Path, Path]:
+    """n = 5 with the first minibatch's critic pass taken from scoring (the default) and without."""
+    base = models
+    common = (
+        "--actor_model_name_or_path", str(base / "actor"),
+        "--critic_model_name_or_path", str(base / "rm"),
+        "--data_output_path", str(base / "cache"), *CASES["n5"], *FLAGS,
+    )  # fmt: skip
+    reused, recomputed = base / "reuse" / "reused", base / "reuse" / "recomputed"
+    home = base / "home"
+    for out, extra in ((reused, ()), (recomputed, ("--no_reuse_critic_forward",))):
+        run_stage([sys.executable, str(RECORD), *common, *extra, "--output_dir", str(out)], home)
+    return base, reused, recomputed
+
+
+def test_reused_critic_forward_saves_one_pass_and_changes_nothing(reuse_runs):
+    """``--reuse_critic_forward`` (default): the first minibatch's critic rows go through the critic
+    once per step instead of twice, and the run is the recomputing run's up to float rounding."""
+    base, reused, recomputed = reuse_runs
+    minibatch = int(FLAGS[FLAGS.index("--per_device_training_batch_size") + 1])
+    for step in (1, 2):
+        got, want = _record(reused, step), _record(recomputed, step)
+        assert want["critic_rows"] - got["critic_rows"] == minibatch, step
+        assert torch.equal(got["response_ids"], want["response_ids"])
+        assert got["minibatch_rows"] == want["minibatch_rows"]
+        valid = want["action_mask"]
+        for k in EXPERIENCE:
+            torch.testing.assert_close(got[k][valid], want[k][valid], rtol=0, atol=2e-5)
+        for k, v in want["update"].items():
+            assert got["update"][k] == pytest.approx(v, rel=1e-4, abs=2e-6), (step, k)
+    assert_same_update(
+        initial_weights(base), saved_weights(recomputed), saved_weights(reused), rel=1e-2
+    )
