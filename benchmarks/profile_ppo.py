@@ -127,6 +127,8 @@ def instrument(run, labels: Labels) -> None:
     gen = loop.generate
     loop.generate = labels.phase_wrap(labels.wrap(gen, "decode", "actor"), "generate")
     loop.score = labels.phase_wrap(loop.score, "score")
+    # the update's first minibatch's critic pass, run while scoring (--reuse_critic_forward)
+    loop.kept_critic_values = labels.phase_wrap(loop.kept_critic_values, "score")
     loop.ppo_update = labels.phase_wrap(loop.ppo_update, "train")
     for fn in ("segment", "token_rewards", "gather_experience", "estimate"):
         setattr(loop, fn, labels.phase_wrap(labels.wrap(getattr(loop, fn), fn, "-"), "macro"))
