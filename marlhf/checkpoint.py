@@ -3,7 +3,8 @@
 Layout of a run's ``output_dir``::
 
     output_dir/                    final model as a standard HF directory (+ run_config.json, ds_config.json)
-    output_dir/checkpoints/step-N/ HF directory of the model after optimizer step N (every --save_steps)
+    output_dir/checkpoints/step-N/ HF directory of the model after optimizer step N (every --save_steps),
+                                   written as .partial-step-N/ and renamed when complete
     output_dir/train_state/        DeepSpeed checkpoints (model, optimizer, scheduler) + our client
                                    state (step, epoch, data position, RNG, metrics) for --resume,
                                    each tag with the SHA-256 of its files (``checksums.json``)

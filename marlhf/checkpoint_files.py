@@ -51,6 +51,8 @@ _CHUNK = 8 << 20
 # Temporaries an interrupted save leaves behind: safetensors writes `.tmpXXXXXX` (Rust's tempfile
 # crate: ".tmp" + 6 characters) next to the target and renames it; `write_json` writes `X.json.tmp`.
 _STALE_TEMP = re.compile(r"^(\.tmp[A-Za-z0-9]{6}|.+\.json\.tmp)$")
+# a model checkpoint directory being written (:func:`staged_directory`), or one being replaced
+PARTIAL_PREFIX = ".partial-"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,15 +187,59 @@ def is_marked_incomplete(tag_dir: Path) -> bool:
 # stale temporaries
 
 
+@contextlib.contextmanager
+def staged_directory(path: str | Path) -> Iterator[Path]:
+    """A directory that appears whole or not at all: the block writes into ``.partial-<name>``
+    next to ``path`` (the path it is given); when the block ends without an error, that directory
+    is renamed to ``path`` (an existing ``path`` is moved aside to ``.partial-<name>.old`` first and
+    removed after). A run killed inside the block leaves ``path`` as it was (missing, or the
+    previous complete copy) and a ``.partial-`` directory, which :func:`clean_stale_temp_files`
+    removes at the next start; a block that raises removes its partial directory itself.
+    Rank 0 writes and renames; other ranks get ``path`` (they write nothing in it) and call
+    nothing collective here, so the block's own collectives line up on every rank."""
+    path = Path(path)
+    if not is_main():
+        yield path
+        return
+    parent = path.parent
+    tmp, old = parent / f"{PARTIAL_PREFIX}{path.name}", parent / f"{PARTIAL_PREFIX}{path.name}.old"
+    with naming_write_errors(path, "model checkpoint"):
+        parent.mkdir(parents=True, exist_ok=True)
+        for leftover in (tmp, old):
+            if leftover.exists():
+                shutil.rmtree(leftover)
+        tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def clean_stale_temp_files(run_dir: str | Path) -> list[Path]:
     """Delete the temporaries an interrupted save left in a run's output directory (rank 0; returns
     what was removed). Looked at: the run directory itself and its immediate subdirectories (the
     final model, PPO's ``actor/`` and ``critic/``), and everything under ``checkpoints/`` and
     ``train_state/``. Only names an interrupted save produces are touched (``.tmpXXXXXX`` of
-    safetensors, ``*.json.tmp``); nothing else in the directory is."""
+    safetensors, ``*.json.tmp``, and the ``.partial-*`` directories of :func:`staged_directory` in
+    the run directory and ``checkpoints/``); nothing else in the directory is."""
     run_dir = Path(run_dir)
     if not is_main() or not run_dir.is_dir():
         return []
+    removed = []
+    # model checkpoints an interrupted save was writing (or replacing): whole directories
+    for parent in (run_dir, run_dir / "checkpoints"):
+        if not parent.is_dir():
+            continue
+        for p in parent.iterdir():
+            if p.name.startswith(PARTIAL_PREFIX) and p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+                removed.append(p)
+                log.warning("removed %s, a model checkpoint an interrupted save left unfinished", p)
     candidates: list[Path] = []
     for p in run_dir.iterdir():
         if p.is_dir() and p.name in ("checkpoints", "train_state"):
@@ -202,7 +248,6 @@ def clean_stale_temp_files(run_dir: str | Path) -> list[Path]:
             candidates += [c for c in p.iterdir() if c.is_file()]
         else:
             candidates.append(p)
-    removed = []
     for p in candidates:
         if _STALE_TEMP.match(p.name) and p.is_file() and not p.is_symlink():
             size = p.stat().st_size

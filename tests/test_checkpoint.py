@@ -1,6 +1,7 @@
 """Resumable training state (``marlhf.checkpoint``): checksums written with every checkpoint and
 checked on resume, the fallback to the newest complete checkpoint when the latest one is damaged,
-unfinished or unnamed, stale temporaries of interrupted saves, and full disks.
+unfinished or unnamed, stale temporaries of interrupted saves, full disks, and model checkpoint
+directories that appear whole (written aside, then renamed; a kill mid-save leaves none).
 
 Driven in-process through the public functions (``save_train_state``, ``find_resume``,
 ``load_train_state``, ``write_json``, ``save_reward_model_state``) with a stand-in engine that
@@ -400,3 +401,59 @@ def test_full_disk_while_saving_a_causal_lm_names_the_directory(tmp_path, monkey
         save_hf_causal_lm(model, None, target, zero_stage=0, run_config={}, ds_config={})
     assert e.value.errno == errno.ENOSPC
     assert "no space left on device" in str(e.value) and str(target) in str(e.value)
+
+
+# --------------------------------------------------------------------------------------------------
+# model checkpoints written aside, then renamed (checkpoints/step-N appears whole)
+
+
+def test_staged_directory_appears_whole_and_replaces_the_old_copy(tmp_path):
+    from marlhf.checkpoint_files import staged_directory
+
+    path = tmp_path / "checkpoints" / "step-3"
+    with staged_directory(path) as where:
+        assert where != path and not path.exists()  # written elsewhere meanwhile
+        (where / "model.safetensors").write_bytes(b"new")
+    assert (path / "model.safetensors").read_bytes() == b"new"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step-3"]
+    # saved again (a resumed run): the old copy is replaced, nothing of it left
+    (path / "stale.bin").write_bytes(b"old")
+    with staged_directory(path) as where:
+        (where / "model.safetensors").write_bytes(b"newer")
+    assert sorted(p.name for p in path.iterdir()) == ["model.safetensors"]
+    assert (path / "model.safetensors").read_bytes() == b"newer"
+    # a save that fails leaves the previous complete copy and no partial directory
+    with pytest.raises(OSError, match="disk"):
+        with staged_directory(path) as where:
+            (where / "model.safetensors").write_bytes(b"half")
+            raise OSError("disk went away")
+    assert (path / "model.safetensors").read_bytes() == b"newer"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["step-3"]
+
+
+def test_a_save_killed_midway_leaves_no_step_directory_and_is_swept(tmp_path):
+    """A process killed (SIGKILL) inside the block: no ``step-N`` (or the previous one, intact), a
+    ``.partial-`` directory, removed at the next start by ``find_resume``."""
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    root = _run(tmp_path, steps=(3,))
+    path = run / "checkpoints" / "step-6"
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from marlhf.checkpoint_files import staged_directory\n"
+        "with staged_directory(Path(sys.argv[1])) as where:\n"
+        "    (where / 'config.json').write_text('{}')\n"
+        "    (where / 'model.safetensors').write_bytes(b'x' * 1000)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert not path.exists()
+    partial = run / "checkpoints" / ".partial-step-6"
+    assert (partial / "model.safetensors").exists()
+    assert find_resume(root, "auto") == (root, "step-3")
+    assert not partial.exists()

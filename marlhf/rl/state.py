@@ -16,6 +16,7 @@ Layout of ``--output_dir`` (what later stages and a resumed run read)::
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +33,7 @@ from marlhf.checkpoint import (
     set_rng_state,
     write_json,
 )
-from marlhf.checkpoint_files import naming_write_errors
+from marlhf.checkpoint_files import naming_write_errors, staged_directory
 from marlhf.distributed import is_main
 from marlhf.rl.rewards import AdaptiveKLController, FixedKLController
 from marlhf.stages.common import progress
@@ -186,21 +187,24 @@ def save_checkpoint(
     Every rank calls it."""
     out = Path(cfg.log.output_dir)
     step = state.step
-    root = out if final else out / "checkpoints" / f"step-{step}"
-    save_hf_causal_lm(
-        models.actor.module,
-        tokenizer,
-        root / "actor",
-        zero_stage=cfg.models.actor_zero_stage,
-        run_config=run_config,
-        ds_config=models.actor_ds,
-    )
-    if models.critic is not None:
-        _save_critic(models, tokenizer, root / "critic", cfg, run_config)
+    # checkpoints/step-N appears whole (written aside, then renamed): a kill mid-save leaves none
+    staged = nullcontext(out) if final else staged_directory(out / "checkpoints" / f"step-{step}")
+    with staged as root:
+        save_hf_causal_lm(
+            models.actor.module,
+            tokenizer,
+            root / "actor",
+            zero_stage=cfg.models.actor_zero_stage,
+            run_config=run_config,
+            ds_config=models.actor_ds,
+        )
+        if models.critic is not None:
+            _save_critic(models, tokenizer, root / "critic", cfg, run_config)
+        if state.ema is not None:
+            _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config)
     state_root = out / "train_state"
     extra = None
     if state.ema is not None:
-        _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config)
         shadow = state.ema.shadow
         extra = {"actor": {EMA_FILE: lambda path: torch.save(shadow, path)}}
     client = {

@@ -28,6 +28,7 @@ from marlhf.checkpoint import (
     set_rng_state,
     write_json,
 )
+from marlhf.checkpoint_files import staged_directory
 from marlhf.cli import config_to_dict
 from marlhf.config import LoggingConfig, OptimConfig
 from marlhf.distributed import (
@@ -259,7 +260,11 @@ def supervised_loop(
     engine.train()
 
     def checkpoint(step: int, path: Path, final: bool) -> None:
-        save_model(step, path, final)
+        if final:  # the run directory itself (it holds train_state/ and the logs too)
+            save_model(step, path, final)
+        else:  # checkpoints/step-N appears whole (written aside, then renamed)
+            with staged_directory(path) as where:
+                save_model(step, where, final)
         client = {"global_step": step, "rng": rng_state()}
         if stage_state is not None:
             client["stage"] = stage_state()
