@@ -135,10 +135,15 @@ def test_rows_cadence_and_checkpoints(tmp_path):
     assert [(r["step"], r["eval/loss"]) for r in rows if "eval/loss" in r] == [
         (5, -5.0), (10, -10.0), (12, -12.0)
     ]  # fmt: skip
-    # --save_steps 4: steps 4 and 8 under checkpoints/, the last into the run directory itself
+    # --save_steps 4: steps 4 and 8 under checkpoints/ (each written aside, then renamed), the
+    # last into the run directory itself
     ckpts = tmp_path / "run" / "checkpoints"
-    assert run.saves == [(4, ckpts / "step-4", False), (8, ckpts / "step-8", False),
-                         (12, tmp_path / "run", True)]  # fmt: skip
+    assert run.saves == [
+        (4, ckpts / ".partial-step-4", False),
+        (8, ckpts / ".partial-step-8", False),
+        (12, tmp_path / "run", True),
+    ]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-4", "step-8"]
     state = tmp_path / "run" / "train_state"
     assert json.loads((state / "latest.json").read_text())["tag"] == "step-12"
     assert sorted(p.name for p in (state / "model").iterdir()) == ["step-12", "step-4", "step-8"]
