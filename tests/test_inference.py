@@ -260,6 +260,22 @@ def test_prompt_selection_independent_of_batch_size(assets, tmp_path):
     assert ids_a == ids_b and len(set(ids_a)) == 4
 
 
+def test_prompt_seed_fixes_the_prompts_across_sampling_seeds(assets, tmp_path):
+    """With --num-samples, --seed draws the prompts too unless --prompt-seed fixes them: two
+    sampling seeds then answer the same prompts (what policy_comparisons pairs up)."""
+
+    def ids(name, **kw):
+        args = _args(assets, tmp_path / name, num_samples=3, max_new_tokens=1, **kw)
+        run_inference(args)
+        return [r["prompt_id"] for r in read_rows(output_path(args.inference))]
+
+    assert ids("a", seed=1) != ids("b", seed=2)  # the default: the seed picks the prompts
+    fixed = ids("c", seed=1, prompt_seed=5)
+    assert fixed == ids("d", seed=2, prompt_seed=5) == ids("e", seed=5)
+    with pytest.raises(ValueError, match="prompt_seed"):  # a resumed output keeps its prompts
+        run_inference(_args(assets, tmp_path / "c", num_samples=3, max_new_tokens=1, seed=1))
+
+
 def test_select_prompts_reference():
     import hashlib
     from types import SimpleNamespace

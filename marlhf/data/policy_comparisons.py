@@ -8,8 +8,9 @@ bundled files: one Bradley–Terry draw on the gold difference per pair
 target.
 
 The answers come from two runs of the inference program on the task's **train** prompts with
-different sampling seeds (held-out prompts are refused, so the evaluation stays clean; keep
-``--num-samples 0``: the seed also draws which prompts a smaller sample takes)::
+different sampling seeds (held-out prompts are refused, so the evaluation stays clean; with
+``--num-samples N`` pass one ``--prompt-seed`` to both, since by default the seed also draws which
+prompts are taken)::
 
     python inference/inference_with_rewards.py --dataset synthetic --model SFT --split train \\
         --num-samples 0 --temperature 1.0 --seed 1 --output a.jsonl     # and --seed 2 -> b.jsonl
@@ -175,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> PairCounts:
     if not rows:
         hint = ""
         if counts.unmatched:
-            hint = "; the files answer different prompts (sample with --num-samples 0)"
+            hint = (
+                "; the files answer different prompts (sample with --num-samples 0, or pass both "
+                "runs one --prompt-seed)"
+            )
         raise SystemExit(
             f"error: {args.samples}: no pair of different answers to label ({counts}){hint}"
         )

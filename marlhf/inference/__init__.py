@@ -7,9 +7,10 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
 
 1. **Prompts.** The ``--split`` (default eval) examples of ``--dataset`` are de-duplicated by
    ``prompt_id`` (comparison datasets list a post once per pair) and the ``--num-samples`` prompts
-   with the smallest ``sha256(f"{seed}:{prompt_id}")`` are kept, in that order. The choice depends
-   only on the set of prompts and the seed — not on the batch size, the file order or an earlier
-   run — and a smaller ``--num-samples`` gives a prefix of a larger one.
+   with the smallest ``sha256(f"{seed}:{prompt_id}")`` are kept, in that order (``seed``:
+   ``--prompt-seed``, else ``--seed``). The choice depends only on the set of prompts and the seed —
+   not on the batch size, the file order or an earlier run — and a smaller ``--num-samples`` gives a
+   prefix of a larger one.
 2. **Generation.** ``bos + prompt`` (cut from the left to ``--max-prompt-len``, as PPO does with
    ``truncate_left``) is left-padded and sampled with ``--temperature/--top-k/--top-p`` for at most
    ``--max-new-tokens``. The response is valid up to and including its first EOS

@@ -83,7 +83,19 @@ class InferenceConfig:
         default=2000,
         metadata={"help": "Validation prompts to use (0: all).", "aliases": ("--num-samples",)},
     )
-    seed: int = field(default=1234, metadata={"help": "Prompt selection and sampling seed."})
+    seed: int = field(
+        default=1234,
+        metadata={"help": "Sampling seed; also the prompt selection's unless --prompt-seed."},
+    )
+    prompt_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "Seed of the --num-samples prompt selection (default: --seed). Fix it to "
+            "answer the same prompts with several sampling seeds (e.g. the two answer files of "
+            "marlhf.data.policy_comparisons).",
+            "aliases": ("--prompt-seed",),
+        },
+    )
     split: str = field(
         default="eval", metadata={"help": "Dataset split.", "choices": ("eval", "train")}
     )
@@ -165,6 +177,11 @@ class InferenceConfig:
             raise ValueError(f"--split must be eval or train, got {self.split!r}")
         if self.ref_scores and not self.reward_model:
             raise ValueError("--ref-scores needs --reward-model")
+
+    @property
+    def selection_seed(self) -> int:
+        """The seed that ranks the prompts for --num-samples: --prompt-seed, else --seed."""
+        return self.seed if self.prompt_seed is None else self.prompt_seed
 
 
 @dataclass

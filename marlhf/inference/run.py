@@ -63,7 +63,7 @@ def _select(cfg: InferenceConfig) -> tuple[list[Any], bool, int]:
     examples, n_bad = load_examples(spec, cfg.split, skip_bad_rows=cfg.skip_bad_rows)
     if not examples:
         raise ValueError(f"--dataset {cfg.dataset}: no {cfg.split} examples")
-    selected = select_prompts(examples, cfg.num_samples, cfg.seed)
+    selected = select_prompts(examples, cfg.num_samples, cfg.selection_seed)
     is_code = all("tests" in e.meta for e in selected)
     if cfg.ref_scores:
         selected = [e for e in selected if e.chosen is not None and e.rejected is not None]
