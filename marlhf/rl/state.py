@@ -5,7 +5,9 @@ Layout of ``--output_dir`` (what later stages and a resumed run read)::
 
     actor/  critic/  [actor_ema/]                the final models (HF causal LM; reward model;
                                                  no critic with a critic-free estimator)
-    checkpoints/step-N/{actor,critic,actor_ema}  every --save_steps steps
+    checkpoints/step-N/{actor,critic,actor_ema}  every --save_steps steps (each checkpoint, and
+                                                 each final model, written as .partial-<name>/
+                                                 and renamed when complete)
     train_state/                                 DeepSpeed engine states (actor, critic), the step,
                                                  KL controller, shuffle and RNG states;
                                                  actor/step-N/ema.pt, the EMA of each kept
@@ -187,21 +189,26 @@ def save_checkpoint(
     Every rank calls it."""
     out = Path(cfg.log.output_dir)
     step = state.step
-    # checkpoints/step-N appears whole (written aside, then renamed): a kill mid-save leaves none
+    # written aside, then renamed, so a kill mid-save leaves nothing half-written: checkpoints/step-N
+    # as a whole, and each final model directory (actor/, critic/, actor_ema/) on its own
     staged = nullcontext(out) if final else staged_directory(out / "checkpoints" / f"step-{step}")
+    each = staged_directory if final else nullcontext
     with staged as root:
-        save_hf_causal_lm(
-            models.actor.module,
-            tokenizer,
-            root / "actor",
-            zero_stage=cfg.models.actor_zero_stage,
-            run_config=run_config,
-            ds_config=models.actor_ds,
-        )
+        with each(root / "actor") as where:
+            save_hf_causal_lm(
+                models.actor.module,
+                tokenizer,
+                where,
+                zero_stage=cfg.models.actor_zero_stage,
+                run_config=run_config,
+                ds_config=models.actor_ds,
+            )
         if models.critic is not None:
-            _save_critic(models, tokenizer, root / "critic", cfg, run_config)
+            with each(root / "critic") as where:
+                _save_critic(models, tokenizer, where, cfg, run_config)
         if state.ema is not None:
-            _save_ema(models, state.ema, tokenizer, root / "actor_ema", cfg, run_config)
+            with each(root / "actor_ema") as where:
+                _save_ema(models, state.ema, tokenizer, where, cfg, run_config)
     state_root = out / "train_state"
     extra = None
     if state.ema is not None:

@@ -322,6 +322,10 @@ def test_critic_checkpoints_carry_their_ds_config_and_both_lrs_are_logged(models
     run = tmp_path / "run"
     rows = _ppo(base, actor, rm, run, "--save_steps", "1", *rates, steps=2)
     ds = json.loads((run / "ds_config.json").read_text())
+    # every model directory was written aside and renamed: no partial one is left
+    assert not [
+        p for p in (*run.iterdir(), *(run / "checkpoints").iterdir()) if ".partial" in p.name
+    ]
     for d in (run / "critic", run / "checkpoints" / "step-1" / "critic"):
         assert json.loads((d / "ds_config.json").read_text()) == ds["critic"], d
         assert (
