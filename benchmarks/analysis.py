@@ -3,8 +3,8 @@
 Per-step curves of runs (``load_run``), the statistics over seeds (t-intervals, Welch's interval of a
 difference, a seed bootstrap) and MA-RLHF's training-speed measure: the first step at which an arm's
 smoothed mean gold curve reaches the baseline's final gold, and ``baseline steps / that step``.
-Standard library only (``load_run`` reads ``marlhf.tracking``), so tests import it directly
-(tests/test_ppo_vs_mappo.py, tests/test_horizon_sweep.py check it against hand-worked numbers).
+Standard library only (``load_run`` reads ``marlhf.runtime.tracking``), so tests import it directly
+(tests/benchmarks/test_ppo_vs_mappo.py, tests/benchmarks/test_horizon_sweep.py check it against hand-worked numbers).
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ _METRIC_KEYS = {
 
 def load_run(metrics_file: Path) -> dict[str, list[float]]:
     """Per-step metrics of one PPO run (its last logged value per step, so a resumed run counts once)."""
-    from marlhf.tracking import read_metrics
+    from marlhf.runtime.tracking import read_metrics
 
     by_step: dict[int, dict] = {}
     for row in read_metrics(metrics_file):

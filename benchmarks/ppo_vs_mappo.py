@@ -67,7 +67,7 @@ from benchmarks.analysis import (  # noqa: E402, F401 - re-exported for tests an
     t975,
     welch_diff_ci,
 )
-from marlhf.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
+from marlhf.pipeline.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # arms and sizes

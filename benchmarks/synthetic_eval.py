@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from marlhf.data.synthetic import gold_score, prompt_of  # noqa: E402
-from marlhf.models import resolve_model_path  # noqa: E402
-from marlhf.tiny import bundled_corpus_path  # noqa: E402
+from marlhf.models.load import resolve_model_path  # noqa: E402
+from marlhf.pipeline.recipes import bundled_corpus_path  # noqa: E402
 
 
 def held_out() -> list[dict]:
@@ -87,7 +87,7 @@ def eval_policy(model_dir: str, n: int, temperatures: list[float]) -> dict:
 def eval_rm(rm_dir: str, policy: str, n: int) -> dict:
     from transformers import AutoTokenizer
 
-    from marlhf.reward_model import load_reward_model
+    from marlhf.models.reward_model import load_reward_model
 
     tok = AutoTokenizer.from_pretrained(rm_dir)
     rm, _ = load_reward_model(rm_dir)

@@ -107,7 +107,7 @@ def test_round_trip_dict():
 
 
 def test_help_lists_the_choices_of_a_flag(capsys):
-    from marlhf.rl.config import PPOStageConfig
+    from marlhf.stages.ppo.config import PPOStageConfig
 
     with pytest.raises(SystemExit):
         parse_config(PPOStageConfig, ["--help"])

@@ -20,11 +20,11 @@ def _stage_config(stage: str):
 
         return SFTConfig
     if stage == "reward":
-        from marlhf.stages.reward import RewardStageConfig
+        from marlhf.stages.reward.train import RewardStageConfig
 
         return RewardStageConfig
     if stage == "ppo":
-        from marlhf.stages.ppo import PPOStageConfig
+        from marlhf.stages.ppo.config import PPOStageConfig
 
         return PPOStageConfig
     raise AssertionError(f"unknown stage {stage}")

@@ -51,11 +51,11 @@ from typing import Any
 
 import numpy as np
 
-from marlhf.code_reward import parse_json
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.long_tasks import data_file as long_task_file
 from marlhf.data.report import SourceCounts
 from marlhf.data.schema import DataError, Example
+from marlhf.rewards.code import parse_json
 
 log = logging.getLogger(__name__)
 

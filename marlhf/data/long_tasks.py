@@ -506,7 +506,7 @@ def data_file(name: str) -> Path:
         raise ValueError(
             f"--data_path: {name!r} is not a long synthetic task; known: {', '.join(TASKS)}"
         )
-    from marlhf.tiny import home
+    from marlhf.pipeline.recipes import home
 
     target = home() / "synthetic" / f"{name}-v{LONG_TASKS_VERSION}.jsonl"
     if target.is_file():

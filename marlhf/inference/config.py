@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.code_reward import CodeRewardConfig
-from marlhf.datasets import names_help
+from marlhf.data.names import names_help
 from marlhf.macro.config import MacroConfig
+from marlhf.rewards.code import CodeRewardConfig
 
 DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
 GOLD_CHOICES = ("auto", "on", "off")

@@ -44,7 +44,7 @@ def eot_ids(tokenizer: Any, cfg: InferenceConfig) -> list[int]:
 
 def same_vocab(a: Any, b: Any) -> bool:
     """Whether two tokenizers have the same vocabulary (so token ids can be shared)."""
-    from marlhf.preflight import same_tokenizer
+    from marlhf.models.checks import same_tokenizer
 
     return same_tokenizer(a, b)
 
@@ -64,7 +64,7 @@ class Models:
 def load_models(cfg: InferenceConfig, device: torch.device, need_policy: bool) -> Models:
     """The policy (left-padding tokenizer, eval mode) unless not needed, and the reward model."""
     from marlhf.config import ModelConfig
-    from marlhf.models import TORCH_DTYPES, load_causal_lm, load_tokenizer
+    from marlhf.models.load import TORCH_DTYPES, load_causal_lm, load_tokenizer
 
     dtype = dtype_name(cfg, device)
     policy = tok = rm = rm_tok = None
@@ -73,7 +73,7 @@ def load_models(cfg: InferenceConfig, device: torch.device, need_policy: bool) -
         tok = load_tokenizer(mcfg, padding_side="left")
         policy = load_causal_lm(mcfg, dtype=dtype).to(device).eval()
     if cfg.reward_model:
-        from marlhf.reward_model import load_reward_model
+        from marlhf.models.reward_model import load_reward_model
 
         rm, info = load_reward_model(cfg.reward_model, dtype=TORCH_DTYPES[dtype], device=device)
         rm.eval()

@@ -11,10 +11,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from marlhf.code_reward import CodeRewardConfig
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.naming import dataset_spec, sidecar
 from marlhf.macro.config import MacroConfig
+from marlhf.rewards.code import CodeRewardConfig
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -178,7 +178,7 @@ def summarize(rows: list[dict], pass_k: Sequence[int] = ()) -> dict:
         out["accuracy"] = sum(r["chosen_reward"] > r["rejected_reward"] for r in pairs) / len(pairs)
     code = [r for r in rows if "n_correct" in r]
     if code:
-        from marlhf.code_reward import pass_at_k
+        from marlhf.rewards.code import pass_at_k
 
         for k in pass_k:
             usable = [r for r in code if len(r["rewards"]) >= k]

@@ -147,7 +147,7 @@ def _code_rows(
 ) -> tuple[list[dict], list[float]]:
     """One row per APPS problem over its ``n`` programs, rewarded by the pass fraction of its tests;
     also the reward of every program."""
-    from marlhf.code_reward import code_reward, extract_code, parse_tests
+    from marlhf.rewards.code import code_reward, extract_code, parse_tests
 
     texts, lengths = s.texts, s.lengths
     suites = [parse_tests(e.meta["tests"]) for e in batch for _ in range(n)]

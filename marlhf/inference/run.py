@@ -91,7 +91,7 @@ def _tools(args: InferenceArgs, models: Models, is_code: bool) -> _Tools:
 
         tools.rule = build_termination(args.macro, models.tokenizer)
     if is_code and not cfg.ref_scores:
-        from marlhf.code_reward import CodeRewarder
+        from marlhf.rewards.code import CodeRewarder
 
         tools.rewarder = CodeRewarder.from_config(args.code)
     if models.reward_model is not None:

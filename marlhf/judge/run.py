@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from marlhf.datasets import canonical, names_help
+from marlhf.data.names import canonical, names_help
 from marlhf.judge import stats
 from marlhf.judge.cache import JudgeCache, cache_key
 from marlhf.judge.client import JudgeRequest, JudgeResult, RetryPolicy, Usage, run_requests
@@ -41,7 +41,7 @@ from marlhf.judge.pairing import Pair, align_results
 from marlhf.judge.parse import ParsedReply, combine, parse_reply, to_model
 from marlhf.judge.prompts import JudgeTemplate, get_template, render
 
-# Dataset name (marlhf.datasets, the names every tool shares) -> judge template.
+# Dataset name (marlhf.data.names, the names every tool shares) -> judge template.
 JUDGE_TEMPLATES = {
     "summarize": "summarize",
     "hh-rlhf": "hh-rlhf",

@@ -4,7 +4,7 @@ The choice depends **only on the set of prompts and the seed** — not on respon
 order — so the result files of two models over the same prompts give the same subset, and judging can
 pair them. Prompts are deduplicated (first row per prompt kept) and sorted before any random draw.
 
-``--dataset`` takes the dataset names every tool shares (:mod:`marlhf.datasets`, aliases included):
+``--dataset`` takes the dataset names every tool shares (:mod:`marlhf.data.names`, aliases included):
 
 - ``summarize`` (``tldr``): stratified by subreddit (``subreddit`` key, else ``Subreddit: r/NAME`` in the prompt,
   case-insensitive). Subreddits are visited in a seeded random order, round-robin, one prompt per
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from marlhf.datasets import DATASETS, canonical, names_help
+from marlhf.data.names import DATASETS, canonical, names_help
 
 _SUBREDDIT = re.compile(r"subreddit:\s*r/([A-Za-z0-9_]+)", re.I)
 

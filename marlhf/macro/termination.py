@@ -66,7 +66,7 @@ class TerminationInputs:
             seeded with ``row_seeds[b]``, so they depend on nothing else in the batch (not its other
             rows, its width or its split over ranks); the trainer derives them with `derive_row_seeds`.
         all_gather: ``(x, pad_value) -> x of every data-parallel rank, concatenated on dim 0`` (widths
-            right-padded with ``pad_value``; `marlhf.distributed.all_gather_padded`) | None — a rule
+            right-padded with ``pad_value``; `marlhf.runtime.distributed.all_gather_padded`) | None — a rule
             that chooses a batch-level value (``entropy`` with ``--target_macro_len``: tau) chooses it
             over all ranks' rows, so every rank segments as one process with the whole batch would.
             None: this batch is the whole batch. A collective: every rank calls the rule.

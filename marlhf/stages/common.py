@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from marlhf.batching import epoch_permutation, step_micro_batches, steps_per_epoch
-from marlhf.checkpoint import (
+from marlhf.cli import config_to_dict
+from marlhf.config import LoggingConfig, OptimConfig
+from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
+from marlhf.runtime.checkpoint import (
     find_resume,
     load_train_state,
     rng_state,
@@ -28,17 +30,15 @@ from marlhf.checkpoint import (
     set_rng_state,
     write_json,
 )
-from marlhf.checkpoint_files import staged_directory
-from marlhf.cli import config_to_dict
-from marlhf.config import LoggingConfig, OptimConfig
-from marlhf.distributed import (
+from marlhf.runtime.checkpoint_files import staged_directory
+from marlhf.runtime.distributed import (
     init_distributed,
     is_main,
     rank,
     shutdown_distributed,
     world_size,
 )
-from marlhf.tracking import Tracker
+from marlhf.runtime.tracking import Tracker
 
 
 def run_stage(train: Callable, cfg) -> None:
@@ -242,8 +242,8 @@ def supervised_loop(
 
     1. resume: engine, optimizer and scheduler, step, RNG and the stage's state from
        ``output_dir/train_state`` (``--resume``; a damaged or unfinished checkpoint is skipped for
-       the newest complete one, see ``marlhf.checkpoint.find_resume``); the data position is the
-       step itself (``marlhf.batching``);
+       the newest complete one, see ``marlhf.runtime.checkpoint.find_resume``); the data position is the
+       step itself (``marlhf.runtime.batching``);
     2. step ``s`` of epoch ``e`` trains on global batch ``s`` of the permutation seeded
        ``seed + e``;
     3. every ``--log_interval`` steps and at the last, the step's metrics plus ``lr`` (the rate the

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
-from marlhf.batching import padded_eval_shard
-from marlhf.checkpoint import save_hf_causal_lm
 from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
-from marlhf.distributed import all_reduce_sum, is_main, rank, world_size
-from marlhf.engine import build_train_engine
-from marlhf.lm_loss import lm_loss_sum
-from marlhf.models import apply_lora, load_causal_lm, load_tokenizer
+from marlhf.models.lm_loss import lm_loss_sum
+from marlhf.models.load import apply_lora, load_causal_lm, load_tokenizer
+from marlhf.runtime.batching import padded_eval_shard
+from marlhf.runtime.checkpoint import save_hf_causal_lm
+from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
+from marlhf.runtime.engine import build_train_engine
 from marlhf.stages.common import (
     ensure_output_dir,
     plan_steps,
@@ -93,7 +93,7 @@ def train(cfg: SFTConfig) -> Path:
     if (
         cfg.ds.zero_stage == 3
     ):  # load the weights partitioned across ranks (big models never fit whole)
-        from marlhf.engine import ds_config
+        from marlhf.runtime.engine import ds_config
 
         zero3 = ds_config(
             zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=plan.micro, inference=True

@@ -67,7 +67,7 @@ def test_answer_lengths_follow_the_horizon_in_tiny_tokens():
     """Reference answers in tokens of the policies' (tiny) tokenizer, 200 posts per task."""
     from transformers import AutoTokenizer
 
-    from marlhf.tiny import BASE_DIR
+    from marlhf.pipeline.recipes import BASE_DIR
 
     tok = AutoTokenizer.from_pretrained(BASE_DIR)
     bands = {16: (13, 20), 64: (55, 72), 256: (192, 256)}
@@ -242,7 +242,7 @@ def test_gold_scorer_for_data_paths():
 
 
 def test_ppo_stage_uses_the_task_gold_scorer():
-    from marlhf.rl.scoring import gold_scorer as _gold_scorer
+    from marlhf.stages.ppo.scoring import gold_scorer as _gold_scorer
 
     def cfg(*paths):
         return SimpleNamespace(data=SimpleNamespace(data_path=paths))

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from judge.fake_openai import FakeOpenAI, shown
+from tests.support.fake_openai import FakeOpenAI, shown
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-README-flag-secret-9999"

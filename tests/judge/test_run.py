@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from judge.fake_openai import FakeOpenAI, shown
 from marlhf.judge.cache import JudgeCache
 from marlhf.judge.client import RetryPolicy, run_requests
 from marlhf.judge.pairing import align_results
 from marlhf.judge.prompts import get_template
 from marlhf.judge.run import JudgeConfig, build_requests, main, run_judge
+from tests.support.fake_openai import FakeOpenAI, shown
 
 SECRET = "sk-test-DO-NOT-LEAK-4242"
 

