@@ -84,9 +84,18 @@ def _field_default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
+def _module_prog() -> str | None:
+    """``python -m PACKAGE`` when a package runs as ``python -m PACKAGE`` (its ``__main__``), where
+    argparse would name the program ``__main__.py``; None (argparse's default) otherwise."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    return f"python -m {name.removesuffix('.__main__')}" if name.endswith(".__main__") else None
+
+
 def build_parser(stage_cls: type, description: str | None = None) -> argparse.ArgumentParser:
     """An ``argparse`` parser with one flag per leaf field of ``stage_cls``'s parts."""
     parser = argparse.ArgumentParser(
+        prog=_module_prog(),
         description=description or (stage_cls.__doc__ or "").strip().splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,

@@ -41,7 +41,7 @@ def test_importing_the_package_does_not_import_deepspeed():
         f"marlhf.{pkg}.{p.stem}"
         for pkg, path in (("algo", ALGO), ("stages.ppo", PPO))
         for p in sorted(path.glob("*.py"))
-        if p.stem != "__init__"
+        if not p.stem.startswith("__")  # __main__ runs the stage
     ]
     modules += [
         "marlhf.runtime.length_groups",
