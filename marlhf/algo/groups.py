@@ -1,53 +1,19 @@
 """Groups: the ``--n_samples_per_prompt G`` responses to one prompt (GRPO, Dr. GRPO, RLOO, the
 leave-one-out prompt value of ``macro_mc``).
 
-A step's global rollout has R = rollout size x ranks rows (`marlhf.stages.ppo.experience.global_rows` numbers
-them); it holds R / G distinct prompts, and global row i answers the step's prompt i // G. So a group
+A step's global rollout has R = rollout size x ranks rows (`marlhf.runtime.rows.global_rows`
+numbers them); it holds R / G distinct prompts, and global row i answers the step's prompt i // G. So a group
 is G consecutive global rows, which may lie in different generation batches and on different ranks;
 the estimate runs on the gathered global batch, where row i is global row i again, so the group of
 row i is i // G there: the group statistics are those of one process with the whole batch.
 
 The static decoder seeds each row's sampling noise from (seed, step, global row), so the G samples of
 a prompt differ and do not depend on the split over ranks.
-
->>> import numpy as np
->>> perm = np.arange(100, 116)  # the epoch's prompt order
->>> # 8 rows per step (2 ranks x 2 batches x 2 rows), G = 4: step 0 takes prompts 100 and 101
->>> step_prompt_indices(perm, 0, batch=2, batches=2, world=2, rank=0, samples_per_prompt=4)
-[[100, 100], [101, 101]]
->>> step_prompt_indices(perm, 0, batch=2, batches=2, world=2, rank=1, samples_per_prompt=4)
-[[100, 100], [101, 101]]
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-
-from marlhf.stages.ppo.experience import global_rows
-
-
-def step_prompt_indices(
-    perm: np.ndarray,
-    step: int,
-    *,
-    batch: int,
-    batches: int,
-    world: int,
-    rank: int,
-    samples_per_prompt: int,
-) -> list[list[int]]:
-    """``rank``'s generation batches of step ``step`` (of its epoch): ``batches`` lists of ``batch``
-    prompt indices. Global row i of the step answers prompt ``perm[step · R/G + i // G]`` (R = batch ×
-    batches × world rows, G = ``samples_per_prompt``); with G = 1 these are the batches of
-    `marlhf.runtime.batching.step_micro_batches`."""
-    G = samples_per_prompt
-    R = batch * batches * world
-    if R % G:
-        raise ValueError(f"{R} rows per step are not a multiple of --n_samples_per_prompt {G}")
-    rows = global_rows(batch * batches, batch, rank, world).numpy()
-    idx = perm[step * (R // G) + rows // G]
-    return [[int(i) for i in idx[j * batch : (j + 1) * batch]] for j in range(batches)]
 
 
 def group_ids(n_rows: int, samples_per_prompt: int, device=None) -> torch.Tensor:

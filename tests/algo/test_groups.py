@@ -8,55 +8,13 @@ import pytest
 import torch
 
 import marlhf.algo.groups as groups
-from marlhf.algo.groups import group_ids, group_stats, step_prompt_indices
-from marlhf.runtime.batching import step_micro_batches
+from marlhf.algo.groups import group_ids, group_stats
 from marlhf.stages.ppo.config import GenerationConfig, PPOConfig, PPOStageConfig
 from marlhf.stages.ppo.prompts import plan_rollouts
 
 
 def test_doctests():
     assert doctest.testmod(groups).failed == 0
-
-
-@pytest.mark.parametrize(
-    "world,batch,batches,G", [(1, 8, 1, 4), (2, 2, 2, 4), (2, 4, 1, 2), (4, 1, 2, 8), (3, 2, 1, 3)]
-)
-def test_each_prompt_is_sampled_G_times_on_consecutive_global_rows(world, batch, batches, G):
-    """Whatever the split over ranks and generation batches, global row i of step s answers prompt
-    perm[s·R/G + i // G]: the union over ranks is one process's rollout, rank by global row."""
-    from marlhf.stages.ppo.experience import global_rows
-
-    R = world * batch * batches
-    perm = np.random.RandomState(0).permutation(100)
-    for step in (0, 3):
-        by_row = {}
-        for r in range(world):
-            idx = sum(
-                step_prompt_indices(
-                    perm, step, batch=batch, batches=batches, world=world, rank=r,
-                    samples_per_prompt=G,
-                ),
-                [],
-            )  # fmt: skip
-            for row, p in zip(
-                global_rows(batch * batches, batch, r, world).tolist(), idx, strict=True
-            ):
-                by_row[row] = p
-        assert sorted(by_row) == list(range(R))
-        one = [perm[step * (R // G) + i // G] for i in range(R)]
-        assert [by_row[i] for i in range(R)] == one
-        assert len(set(one)) == R // G  # R / G distinct prompts, G rows each
-
-
-def test_one_sample_per_prompt_is_the_usual_batching():
-    perm = np.random.RandomState(1).permutation(64)
-    for world, batch, batches in ((1, 4, 2), (2, 2, 2), (2, 3, 1)):
-        for r in range(world):
-            for step in (0, 2):
-                assert step_prompt_indices(
-                    perm, step, batch=batch, batches=batches, world=world, rank=r,
-                    samples_per_prompt=1,
-                ) == step_micro_batches(perm, step, batch, batches, world, r)  # fmt: skip
 
 
 def test_plan_counts_prompts_per_step_and_rejects_a_rollout_not_divisible_by_G():

@@ -70,7 +70,7 @@ class Experience:
 def segment(rule, ro: Rollout, scored: dict, row_seeds=None, all_gather=None) -> TerminationOutput:
     """Macro actions of every response by the termination rule (``macro_end`` (B, A) bool).
 
-    ``row_seeds`` ((B,) long, `marlhf.macro.termination.derive_row_seeds`) and ``all_gather``
+    ``row_seeds`` ((B,) long, `marlhf.runtime.rows.derive_row_seeds`) and ``all_gather``
     (`marlhf.runtime.distributed.all_gather_padded`) make the segments independent of the split over ranks
     (``randomized``: per-row draws; ``entropy``: tau over all ranks' rows)."""
     return rule(
@@ -282,18 +282,6 @@ def make_experience(
 
 # --------------------------------------------------------------------------------------------------
 # the global batch
-
-
-def global_rows(n_rows: int, block: int, rank: int, world: int) -> torch.Tensor:
-    """(n_rows,) long index in the global batch of each of ``rank``'s rows: they are generation
-    batches of ``block`` rows, and rank ``r``'s batch ``j`` is global batch ``j·world + r``
-    (`marlhf.runtime.batching.step_micro_batches`); ``gather_experience`` puts the rows in this order.
-
-    >>> global_rows(4, 2, rank=1, world=2).tolist()
-    [2, 3, 6, 7]
-    """
-    local = torch.arange(n_rows)
-    return (local // block * world + rank) * block + local % block
 
 
 def gather_experience(exp: Experience, pad_id: int, block: int) -> Experience:

@@ -29,18 +29,17 @@ from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.cli import config_to_dict
 from marlhf.config import DeepSpeedConfig, ModelConfig
 from marlhf.macro import build_termination
-from marlhf.macro.termination import derive_row_seeds
 from marlhf.models.load import load_tokenizer
 from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
 from marlhf.runtime.resources import PhaseResources
+from marlhf.runtime.rows import derive_row_seeds, global_rows
 from marlhf.stages.common import ensure_output_dir, start
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.experience import (
     Experience,
     estimate,
     gather_experience,
-    global_rows,
     segment,
     token_rewards,
 )

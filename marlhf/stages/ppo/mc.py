@@ -34,8 +34,8 @@ import torch
 
 from marlhf.algo.estimators import MCBoundaries, select_mc_boundaries
 from marlhf.algo.kl_rewards import sequence_rewards
-from marlhf.macro.termination import derive_row_seeds
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_sum, world_size
+from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.experience import Experience, segments_of
 from marlhf.stages.ppo.rollout import Rollout, end_index, generate, pack_flush_left
 

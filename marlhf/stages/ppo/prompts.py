@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.distributed import rank, world_size
+from marlhf.runtime.rows import step_prompt_indices
 from marlhf.stages.ppo.scoring import has_tests
 
 if TYPE_CHECKING:
@@ -108,12 +109,10 @@ def load_prompts(cfg: PPOStageConfig, tokenizer):
 
 def step_prompts(plan: RolloutPlan, seed: int, step: int) -> list[list[int]]:
     """This rank's generation batches of step ``step``: lists of prompt indices (each prompt G
-    times with ``--n_samples_per_prompt G``, :mod:`marlhf.algo.groups`)."""
+    times with ``--n_samples_per_prompt G``, :func:`marlhf.runtime.rows.step_prompt_indices`)."""
     epoch, step_in_epoch = divmod(step, plan.steps_per_epoch)
     perm = epoch_permutation(plan.n_prompts, seed, epoch)
     if plan.samples_per_prompt > 1:
-        from marlhf.algo.groups import step_prompt_indices
-
         return step_prompt_indices(
             perm,
             step_in_epoch,

@@ -176,33 +176,6 @@ def test_macro_ends_rebuild_the_segments_of_gathered_rows():
     assert torch.equal(build_segments(ends, ids >= 0).ids, ids)
 
 
-def test_global_rows_follow_the_batching_of_prompts():
-    """A rank's rows are numbered as in one process with the whole batch: with the identity
-    permutation, step 0's prompt indices (`step_micro_batches`) are the global row indices."""
-    import doctest
-
-    import numpy as np
-
-    import marlhf.stages.ppo.experience as experience
-    from marlhf.runtime.batching import step_micro_batches
-
-    for world, block, batches in ((1, 4, 2), (2, 2, 2), (3, 1, 4), (2, 3, 1)):
-        perm = np.arange(world * block * batches)
-        seen = []
-        for r in range(world):
-            idx = sum(step_micro_batches(perm, 0, block, batches, world, r), [])
-            assert experience.global_rows(block * batches, block, r, world).tolist() == idx
-            seen += idx
-        assert sorted(seen) == perm.tolist()
-    finder = doctest.DocTestFinder()
-    runner = doctest.DocTestRunner()
-    for test in finder.find(
-        experience.global_rows, "global_rows", globs={"global_rows": experience.global_rows}
-    ):
-        runner.run(test)
-    assert runner.failures == 0 and runner.tries == 1
-
-
 # --------------------------------------------------------------------------------------------------
 # the estimators wired into the experience (issue #12; #13 item 34)
 

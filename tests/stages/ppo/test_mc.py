@@ -160,7 +160,7 @@ def _experience(run, rows):
     """A rollout of PROMPTS[rows] (static decoder, seeds of their global rows) as experience with
     fixed 3-token macro actions."""
     from marlhf.macro import MacroConfig, build_termination
-    from marlhf.macro.termination import derive_row_seeds
+    from marlhf.runtime.rows import derive_row_seeds
     from marlhf.stages.ppo.experience import segment, token_rewards
     from marlhf.stages.ppo.rollout import generate
 
@@ -180,7 +180,7 @@ def _experience(run, rows):
 
 def _reference_value(run, exp, b, global_row, slot, position, step):
     """V̂ of (row b, slot) recomputed one continuation at a time."""
-    from marlhf.macro.termination import derive_row_seeds
+    from marlhf.runtime.rows import derive_row_seeds
     from marlhf.models.decode import sample
 
     tok, g, ppo = run.tokenizer, run.cfg.generation, run.cfg.ppo
