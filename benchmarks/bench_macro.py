@@ -153,7 +153,7 @@ def untrained_spacy_backend() -> SpacyBackend:
 def _tiny_tokenizer():
     from transformers import AutoTokenizer
 
-    from marlhf.pipeline.recipes import ensure_tiny
+    from marlhf.models.zoo import ensure_tiny
 
     return AutoTokenizer.from_pretrained(ensure_tiny())
 
@@ -174,7 +174,7 @@ def _rows(tokenizer, texts: list[str], B: int, A: int, sep: str) -> list[list[in
 
 def text_rows(tokenizer, B: int, A: int) -> list[list[int]]:
     """Posts, each followed by its summaries, of the bundled synthetic TL;DR data."""
-    from marlhf.pipeline.recipes import bundled_corpus_path
+    from marlhf.models.zoo import bundled_corpus_path
 
     texts = []
     with open(bundled_corpus_path(), encoding="utf-8") as f:

@@ -78,7 +78,7 @@ def build_models(work: Path, gpu: str | None, arch: str) -> tuple[Path, Path]:
     from transformers import AutoTokenizer
 
     from marlhf.models.reward_model import RewardModel, save_reward_model
-    from marlhf.pipeline.recipes import build_tiny
+    from marlhf.models.zoo import build_tiny
 
     actor = build_tiny(work / "actor")
     if gpu is not None:

@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
 
 from marlhf.data.synthetic import gold_score, prompt_of  # noqa: E402
 from marlhf.models.load import resolve_model_path  # noqa: E402
-from marlhf.pipeline.recipes import bundled_corpus_path  # noqa: E402
+from marlhf.models.zoo import bundled_corpus_path  # noqa: E402
 
 
 def held_out() -> list[dict]:

@@ -11,6 +11,13 @@ from typing import Any
 import torch
 
 from marlhf.config import ModelConfig
+from marlhf.models.zoo import (
+    HORIZON_BASES,
+    ensure_horizon_base,
+    ensure_tiny,
+    ensure_tiny_base,
+    ensure_tiny_rm_base,
+)
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +28,7 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
     shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
     tasks (``marlhf.data.long_tasks``); ``tiny-rm-base`` -> the shipped reward-model base
-    (``marlhf.tiny``); anything else unchanged, once it is known to be loadable.
+    (:mod:`marlhf.models.zoo`); anything else unchanged, once it is known to be loadable.
 
     Raises:
         FileNotFoundError (one line naming the model and what to do) for a local path that does not
@@ -29,22 +36,13 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         with ``tokenizer_only``), or a hub id missing from the local cache while
         ``HF_HUB_OFFLINE`` is set (see :func:`marlhf.models.checks.model_source_problem`).
     """
-    if name_or_path.startswith("tiny-base-"):
-        from marlhf.pipeline.recipes import HORIZON_BASES, ensure_horizon_base
-
-        if name_or_path in HORIZON_BASES:
-            return ensure_horizon_base(name_or_path)
+    if name_or_path in HORIZON_BASES:
+        return ensure_horizon_base(name_or_path)
     if name_or_path == "tiny-base":
-        from marlhf.pipeline.recipes import ensure_tiny_base
-
         return ensure_tiny_base()
     if name_or_path == "tiny":
-        from marlhf.pipeline.recipes import ensure_tiny
-
         return ensure_tiny()
     if name_or_path == "tiny-rm-base":
-        from marlhf.pipeline.recipes import ensure_tiny_rm_base
-
         return ensure_tiny_rm_base()
     from marlhf.models.checks import model_source_problem
 

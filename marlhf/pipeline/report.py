@@ -199,7 +199,7 @@ def _label_ceiling() -> float:
     """Fraction of the bundled held-out comparisons whose label agrees with the gold order: the
     best accuracy a reward model can reach against these labels."""
     from marlhf.data.synthetic import gold_score, prompt_of
-    from marlhf.pipeline.recipes import bundled_corpus_path
+    from marlhf.models.zoo import bundled_corpus_path
 
     hits = []
     with open(bundled_corpus_path()) as f:

@@ -67,7 +67,7 @@ def test_answer_lengths_follow_the_horizon_in_tiny_tokens():
     """Reference answers in tokens of the policies' (tiny) tokenizer, 200 posts per task."""
     from transformers import AutoTokenizer
 
-    from marlhf.pipeline.recipes import BASE_DIR
+    from marlhf.models.zoo import BASE_DIR
 
     tok = AutoTokenizer.from_pretrained(BASE_DIR)
     bands = {16: (13, 20), 64: (55, 72), 256: (192, 256)}

@@ -24,7 +24,7 @@ from marlhf.inference import (
 )
 from marlhf.macro.config import MacroConfig
 from marlhf.models.reward_model import RewardModel, load_reward_model, save_reward_model
-from marlhf.pipeline.recipes import build_tiny
+from marlhf.models.zoo import build_tiny
 from marlhf.rewards.code import CodeRewardConfig
 
 CORPUS = [

@@ -8,7 +8,7 @@ from marlhf.models.load import (
     merge_lora_state_dict,
     unwrap_peft,
 )
-from marlhf.pipeline.recipes import build_tiny, train_tokenizer
+from marlhf.models.zoo import build_tiny, train_tokenizer
 
 CORPUS = [
     "POST\nSubreddit: r/cats\nMy cat Tom is ten years old and gained weight.\nTL;DR: ",

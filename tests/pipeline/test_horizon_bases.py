@@ -14,8 +14,9 @@ import torch
 
 from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate, gold
 from marlhf.data.synthetic import prompt_of
+from marlhf.models import zoo
 from marlhf.models.load import resolve_model_path
-from marlhf.pipeline import recipes as tiny
+from marlhf.pipeline import recipes
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,12 +69,12 @@ def test_horizon_base_resolves_to_the_shipped_files(horizon):
     from transformers import AutoTokenizer
 
     path = Path(resolve_model_path(f"tiny-base-{horizon}"))
-    assert path == tiny.HORIZON_BASE_DIRS[horizon]
-    for name in (*tiny.BASE_FILES, "pretraining.json"):
+    assert path == zoo.HORIZON_BASE_DIRS[horizon]
+    for name in (*zoo.BASE_FILES, "pretraining.json"):
         assert (path / name).is_file(), name
     cfg = json.loads((path / "config.json").read_text())
-    for key, value in tiny.TINY_SHAPE.items():
-        want = tiny.HORIZON_MAX_POSITIONS if key == "max_position_embeddings" else value
+    for key, value in zoo.TINY_SHAPE.items():
+        want = recipes.HORIZON_MAX_POSITIONS if key == "max_position_embeddings" else value
         assert cfg[key] == want, key
     assert cfg["dtype"] == "float32"  # loads in fp32 like the stages expect
     with safe_open(path / "model.safetensors", "pt") as f:
@@ -83,24 +84,24 @@ def test_horizon_base_resolves_to_the_shipped_files(horizon):
     # the flags that ran are the recipe's (later flags win; --disable_progress_bar changes nothing)
     ran = _effective(record["sft_flags"])
     ran.pop("--disable_progress_bar", None)
-    assert ran == _effective(tiny.HORIZON_FLAGS[horizon])
-    rows = tiny.HORIZON_ROWS[horizon]
+    assert ran == _effective(recipes.HORIZON_FLAGS[horizon])
+    rows = recipes.HORIZON_ROWS[horizon]
     assert record["corpus"] == (
         f"marlhf.data.long_tasks.pretraining_rows({rows}, horizon={horizon}, seed=0)"
     )
     # the tiny tokenizer, shared by every embedded model
     shipped = AutoTokenizer.from_pretrained(path)
-    assert shipped.get_vocab() == AutoTokenizer.from_pretrained(tiny.BASE_DIR).get_vocab()
+    assert shipped.get_vocab() == AutoTokenizer.from_pretrained(zoo.BASE_DIR).get_vocab()
 
 
 def test_bundle_stays_under_16_mb():
-    bundle = Path(tiny.__file__).resolve().parents[1] / "data" / "bundled"
+    bundle = Path(zoo.__file__).resolve().parents[1] / "data" / "bundled"
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     assert size < BUNDLE_LIMIT, size
 
 
 def test_missing_horizon_base_names_the_rebuild_command(tmp_path, monkeypatch):
-    monkeypatch.setitem(tiny.HORIZON_BASE_DIRS, 64, tmp_path / "nothing")
+    monkeypatch.setitem(zoo.HORIZON_BASE_DIRS, 64, tmp_path / "nothing")
     with pytest.raises(FileNotFoundError, match="python -m marlhf.tiny --pretrain .* --horizon 64"):
         resolve_model_path("tiny-base-64")
     # not ours: a path or hub id like any other, which does not exist here (offline)
@@ -132,7 +133,7 @@ def test_base_writes_answers_of_its_horizon_with_room_to_improve(horizon):
     for family in ("facts", "verdict"):
         task = TASKS[f"synthetic-{family}-{horizon}"]
         prompts = _held_out(task.name, 16)
-        texts, lengths, ended = _sample(path, prompts, tiny.HORIZON_NEW_TOKENS[horizon])
+        texts, lengths, ended = _sample(path, prompts, recipes.HORIZON_NEW_TOKENS[horizon])
         golds = [gold(task)(p, t) for p, t in zip(prompts, texts, strict=True)]
         mean_gold, mean_len = sum(golds) / len(golds), sum(lengths) / len(lengths)
         figures[family] = (round(mean_gold, 3), round(mean_len, 1), ended)
@@ -158,7 +159,9 @@ def test_horizon_recipe_runs_and_writes_a_loadable_base(tmp_path):
     record = json.loads((out / "pretraining.json").read_text())
     assert record["steps"] == 2
     assert record["corpus"] == "marlhf.data.long_tasks.pretraining_rows(64, horizon=16, seed=0)"
-    assert record["base"] == f"tiny-base with max_position_embeddings {tiny.HORIZON_MAX_POSITIONS}"
+    assert (
+        record["base"] == f"tiny-base with max_position_embeddings {recipes.HORIZON_MAX_POSITIONS}"
+    )
     assert set(record["figures"]) == {
         "prompts_per_task",
         *(f"synthetic-{f}-16/{m}" for f in ("facts", "verdict") for m in ("greedy", "T1")),
@@ -166,5 +169,5 @@ def test_horizon_recipe_runs_and_writes_a_loadable_base(tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert model.config.max_position_embeddings == tiny.HORIZON_MAX_POSITIONS
+    assert model.config.max_position_embeddings == recipes.HORIZON_MAX_POSITIONS
     assert next(model.parameters()).dtype == torch.float32

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from marlhf.data import synthetic
+from marlhf.models import zoo
 from marlhf.pipeline import preference_pretraining as pmp
 
 
@@ -56,7 +57,7 @@ def test_group_batch_encodes_like_the_reward_stage(tmp_path):
 
     from marlhf.data.config import DataConfig
     from marlhf.data.tokenize import build_pair_dataset
-    from marlhf.pipeline.recipes import bundled_corpus_path, ensure_tiny_base
+    from marlhf.models.zoo import bundled_corpus_path, ensure_tiny_base
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_base())
     row = json.loads(open(bundled_corpus_path()).readline())
@@ -82,7 +83,7 @@ def test_pretrain_lowers_the_loss_on_a_fixed_group(monkeypatch):
     from transformers import AutoTokenizer
 
     from marlhf.models.reward_model import RewardModel, end_scores
-    from marlhf.pipeline.recipes import ensure_tiny_base
+    from marlhf.models.zoo import ensure_tiny_base
 
     tok = AutoTokenizer.from_pretrained(ensure_tiny_base())
     torch.manual_seed(0)
@@ -96,9 +97,7 @@ def test_pretrain_lowers_the_loss_on_a_fixed_group(monkeypatch):
             return float(pmp.kwise_bt_loss(end_scores(model(ids, mask), mask), pairs)[0])
 
     before = loss()
-    heldout = [
-        json.loads(line) for line in open(__import__("marlhf.tiny").tiny.bundled_corpus_path())
-    ][:4]
+    heldout = [json.loads(line) for line in open(zoo.bundled_corpus_path())][:4]
     records = pmp.pretrain(
         model, tok, [pmp.PMPPhase(synthetic.KINDS, steps=30, lr=1e-3, posts=1)], 0, heldout,
         eval_every=15, log=lambda r: None,

@@ -18,7 +18,7 @@ from marlhf.models.checks import (
     tokenizer_differences,
     tokenizer_signature,
 )
-from marlhf.pipeline.recipes import build_tiny, train_tokenizer
+from marlhf.models.zoo import build_tiny, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 POSTS = [

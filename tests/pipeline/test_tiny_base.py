@@ -9,15 +9,16 @@ import pytest
 import torch
 
 from marlhf.data.synthetic import gold_score, pretraining_rows, prompt_of
+from marlhf.models import zoo
 from marlhf.models.load import resolve_model_path
-from marlhf.pipeline import recipes as tiny
+from marlhf.pipeline import recipes
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _valid_prompts(n: int) -> list[str]:
-    with open(tiny.bundled_corpus_path()) as f:
+    with open(zoo.bundled_corpus_path()) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [prompt_of(r) for r in rows if r["split"] != "train"][:n]
 
@@ -40,16 +41,17 @@ def _greedy(model_dir: str, prompts: list[str]) -> tuple[list[str], float]:
 
 def test_tiny_base_resolves_to_the_shipped_files():
     path = Path(resolve_model_path("tiny-base"))
-    assert path == tiny.BASE_DIR
-    for name in tiny.BASE_FILES:
+    assert path == zoo.BASE_DIR
+    for name in zoo.BASE_FILES:
         assert (path / name).is_file(), name
     record = json.loads((path / "pretraining.json").read_text())
-    assert record["sft_flags"] == list(tiny.PRETRAIN_FLAGS)
+    assert record["sft_flags"] == list(recipes.PRETRAIN_FLAGS)
     assert (
-        record["corpus"] == f"marlhf.data.synthetic.pretraining_rows({tiny.PRETRAIN_ROWS}, seed=0)"
+        record["corpus"]
+        == f"marlhf.data.synthetic.pretraining_rows({recipes.PRETRAIN_ROWS}, seed=0)"
     )
     cfg = json.loads((path / "config.json").read_text())
-    for key, value in tiny.TINY_SHAPE.items():
+    for key, value in zoo.TINY_SHAPE.items():
         assert cfg[key] == value, key
     assert cfg["dtype"] == "float32"  # loads in fp32 like the stages expect, not bf16
 
@@ -58,8 +60,8 @@ def test_tiny_base_tokenizer_is_the_tiny_tokenizer(tmp_path):
     """The base was pretrained from `tiny`: its tokenizer must be the one `tiny` builds today."""
     from transformers import AutoTokenizer
 
-    built = AutoTokenizer.from_pretrained(tiny.build_tiny(tmp_path / "tiny"))
-    shipped = AutoTokenizer.from_pretrained(tiny.BASE_DIR)
+    built = AutoTokenizer.from_pretrained(zoo.build_tiny(tmp_path / "tiny"))
+    shipped = AutoTokenizer.from_pretrained(zoo.BASE_DIR)
     assert built.get_vocab() == shipped.get_vocab()
     text = "POST\nSubreddit: r/pets\nMy dog chewed the couch.\nTL;DR: "
     assert built(text)["input_ids"] == shipped(text)["input_ids"]
@@ -72,7 +74,7 @@ def test_tiny_base_summarises_and_stops_where_random_tiny_cannot(tmp_path):
     prompts = _valid_prompts(32)
     texts, ended = _greedy(resolve_model_path("tiny-base"), prompts)
     base_gold = sum(gold_score(p, t) for p, t in zip(prompts, texts, strict=True)) / len(prompts)
-    rand_texts, _ = _greedy(str(tiny.build_tiny(tmp_path / "random")), prompts)
+    rand_texts, _ = _greedy(str(zoo.build_tiny(tmp_path / "random")), prompts)
     rand_gold = sum(gold_score(p, t) for p, t in zip(prompts, rand_texts, strict=True)) / len(
         prompts
     )
@@ -83,7 +85,7 @@ def test_tiny_base_summarises_and_stops_where_random_tiny_cannot(tmp_path):
 
 
 def test_missing_base_names_the_rebuild_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(tiny, "BASE_DIR", tmp_path / "nothing")
+    monkeypatch.setattr(zoo, "BASE_DIR", tmp_path / "nothing")
     with pytest.raises(FileNotFoundError, match="python -m marlhf.tiny --pretrain"):
         resolve_model_path("tiny-base")
 
@@ -95,7 +97,7 @@ def test_pretraining_rows_are_deterministic_correct_and_apart_from_the_bundle():
     assert all(
         gold_score(r["prompt"], r["chosen"]) > 0.85 for r in rows
     )  # every fact, no invention
-    with open(tiny.bundled_corpus_path()) as f:
+    with open(zoo.bundled_corpus_path()) as f:
         bundled = {json.loads(line)["info"]["post"] for line in f if line.strip()}
     posts = {r["prompt"].split("\n")[2] for r in rows}
     assert not posts & bundled
@@ -109,7 +111,7 @@ def test_pretrain_recipe_runs_and_writes_a_loadable_base(tmp_path):
     cmd += ["--max_steps", "2", "--per_device_train_batch_size", "4", "--disable_progress_bar"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for name in (*tiny.BASE_FILES, "pretraining.json"):
+    for name in (*zoo.BASE_FILES, "pretraining.json"):
         assert (out / name).is_file(), name
     record = json.loads((out / "pretraining.json").read_text())
     assert record["steps"] == 2 and record["sft_flags"][-5:] == [
@@ -118,4 +120,4 @@ def test_pretrain_recipe_runs_and_writes_a_loadable_base(tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert model.config.num_hidden_layers == tiny.TINY_SHAPE["num_hidden_layers"]
+    assert model.config.num_hidden_layers == zoo.TINY_SHAPE["num_hidden_layers"]

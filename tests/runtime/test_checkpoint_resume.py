@@ -193,7 +193,7 @@ def _ppo(root: Path, actor: Path, rm: Path, out: Path) -> subprocess.CompletedPr
 
 def test_ppo_falls_back_when_the_critic_state_is_damaged(tmp_path):
     from marlhf.models.reward_model import RewardModel, save_reward_model
-    from marlhf.pipeline.recipes import build_tiny
+    from marlhf.models.zoo import build_tiny
     from marlhf.runtime.tracking import read_metrics
 
     actor = build_tiny(tmp_path / "actor")

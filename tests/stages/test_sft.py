@@ -161,7 +161,7 @@ def tiny_dir(env) -> str:
     """Build the tiny model once into the module's MARLHF_HOME (the runs find it there)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MARLHF_HOME", str(env.home))
-        from marlhf.pipeline.recipes import ensure_tiny
+        from marlhf.models.zoo import ensure_tiny
 
         return ensure_tiny()
 

@@ -139,7 +139,7 @@ def _write_apps(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from marlhf.pipeline.recipes import build_tiny
+    from marlhf.models.zoo import build_tiny
 
     base = tmp_path_factory.mktemp("apps")
     return base, build_tiny(base / "actor"), _write_apps(base / "apps")

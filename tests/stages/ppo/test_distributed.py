@@ -150,7 +150,7 @@ def models(tmp_path_factory) -> Path:
     from transformers import AutoTokenizer
 
     from marlhf.models.reward_model import RewardModel, save_reward_model
-    from marlhf.pipeline.recipes import build_tiny
+    from marlhf.models.zoo import build_tiny
 
     base = tmp_path_factory.mktemp("ppo_dp")
     actor = build_tiny(base / "actor")

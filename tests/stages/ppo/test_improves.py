@@ -90,8 +90,8 @@ def _rm_scores(rm_dir: Path, prompts: list[str], responses: list[str]) -> list[f
 
 def test_short_mappo_run_raises_rm_and_gold_over_sft(tmp_path):
     from marlhf.data.synthetic import prompt_of
+    from marlhf.models.zoo import bundled_corpus_path
     from marlhf.pipeline.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS
-    from marlhf.pipeline.recipes import bundled_corpus_path
 
     home, cache = tmp_path / "home", tmp_path / "cache"
     common = ["--data_output_path", str(cache), "--seed", "1234", "--disable_progress_bar"]

@@ -119,7 +119,7 @@ def setup():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from marlhf.models.reward_model import RewardModel
-    from marlhf.pipeline.recipes import BASE_DIR
+    from marlhf.models.zoo import BASE_DIR
 
     tok = AutoTokenizer.from_pretrained(BASE_DIR, padding_side="left")
     actor = AutoModelForCausalLM.from_pretrained(BASE_DIR, dtype=torch.float32)
@@ -180,8 +180,8 @@ def _experience(run, rows):
 
 def _reference_value(run, exp, b, global_row, slot, position, step):
     """V̂ of (row b, slot) recomputed one continuation at a time."""
-    from marlhf.runtime.rows import derive_row_seeds
     from marlhf.models.decode import sample
+    from marlhf.runtime.rows import derive_row_seeds
 
     tok, g, ppo = run.tokenizer, run.cfg.generation, run.cfg.ppo
     ro = exp.rollout

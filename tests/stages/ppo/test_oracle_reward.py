@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from marlhf.data.synthetic import gold_score
-from marlhf.pipeline.recipes import BASE_DIR
+from marlhf.models.zoo import BASE_DIR
 from marlhf.stages.ppo.config import PPOConfig
 from marlhf.stages.ppo.rollout import Rollout
 from marlhf.stages.ppo.scoring import sequence_scores

@@ -20,7 +20,7 @@ def dropout_models(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from marlhf.models.reward_model import RewardModel
-    from marlhf.pipeline.recipes import build_tiny
+    from marlhf.models.zoo import build_tiny
 
     path = build_tiny(tmp_path_factory.mktemp("tiny") / "actor")
     torch.manual_seed(0)

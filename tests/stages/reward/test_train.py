@@ -227,7 +227,7 @@ def test_init_value_head_starts_from_the_saved_head(tmp_path):
     random head otherwise); a base without one, or with a head of another width, is refused."""
     from safetensors.torch import save_file
 
-    from marlhf.pipeline.recipes import ensure_tiny_base
+    from marlhf.models.zoo import ensure_tiny_base
 
     base = tmp_path / "base"
     shutil.copytree(ensure_tiny_base(), base)

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from marlhf.pipeline import recipes as tiny
+from marlhf.models import zoo
 
 CORPUS = ["POST\nSubreddit: r/cats\nMy cat is old.\nTL;DR: ", "my cat is old"] * 20
 
@@ -21,7 +21,7 @@ def _tensors(path) -> dict[str, torch.Tensor]:
 
 
 def test_save_model_files_writes_what_save_pretrained_writes(tmp_path):
-    ours = tiny.build_tiny(tmp_path / "ours", CORPUS)
+    ours = zoo.build_tiny(tmp_path / "ours", CORPUS)
     model = AutoModelForCausalLM.from_pretrained(ours)
     model.save_pretrained(tmp_path / "hf")  # the independent reference (one process)
     a, b = _tensors(ours / "model.safetensors"), _tensors(tmp_path / "hf" / "model.safetensors")
@@ -37,12 +37,12 @@ def test_save_model_files_writes_what_save_pretrained_writes(tmp_path):
 
 def test_ensure_tiny_replaces_a_tokenizer_only_copy(tmp_path, monkeypatch):
     monkeypatch.setenv("MARLHF_HOME", str(tmp_path / "home"))
-    first = tiny.ensure_tiny()
+    first = zoo.ensure_tiny()
     good = {p.name for p in (tmp_path / "home" / "tiny").glob("*/*")}
     for p in list((tmp_path / "home" / "tiny").glob("*/*")):
         if not p.name.startswith("tokenizer"):
             p.unlink()  # what an older version left when a rank other than 0 won the race
-    assert tiny.ensure_tiny() == first
+    assert zoo.ensure_tiny() == first
     assert {p.name for p in (tmp_path / "home" / "tiny").glob("*/*")} == good
     assert not [p for p in (tmp_path / "home" / "tiny").iterdir() if p.name.startswith(".")]
     AutoModelForCausalLM.from_pretrained(first)
