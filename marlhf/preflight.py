@@ -1,9 +1,9 @@
 """``python -m marlhf.preflight STAGE [flags]``, the documented entry point of the pre-flight checks:
-forwards to :mod:`marlhf.models.checks`, where they live."""
+forwards to :mod:`marlhf.pipeline.preflight`, where they live."""
 
 import sys
 
-from marlhf.models.checks import main
+from marlhf.pipeline.preflight import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from marlhf.config import ModelConfig
+from marlhf.models.sources import model_source_problem, reward_dir_problem
 from marlhf.models.zoo import (
     HORIZON_BASES,
     ensure_horizon_base,
@@ -34,7 +35,7 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         FileNotFoundError (one line naming the model and what to do) for a local path that does not
         exist, a directory that is no model (no ``config.json``; a tokenizer directory is enough
         with ``tokenizer_only``), or a hub id missing from the local cache while
-        ``HF_HUB_OFFLINE`` is set (see :func:`marlhf.models.checks.model_source_problem`).
+        ``HF_HUB_OFFLINE`` is set (see :func:`marlhf.models.sources.model_source_problem`).
     """
     if name_or_path in HORIZON_BASES:
         return ensure_horizon_base(name_or_path)
@@ -44,8 +45,6 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         return ensure_tiny()
     if name_or_path == "tiny-rm-base":
         return ensure_tiny_rm_base()
-    from marlhf.models.checks import model_source_problem
-
     problem = model_source_problem(name_or_path, probe_network=False, tokenizer_only=tokenizer_only)
     if problem:
         raise FileNotFoundError(problem)
@@ -130,8 +129,6 @@ def load_causal_lm(
     name = path or cfg.model_name_or_path
     path = resolve_model_path(name)
     if os.path.isdir(path):
-        from marlhf.models.checks import reward_dir_problem
-
         problem = reward_dir_problem(path, want_reward=False)
         if problem:
             raise ValueError(problem)

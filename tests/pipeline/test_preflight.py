@@ -1,6 +1,7 @@
-"""Tests for marlhf.preflight: missing models and data are named before anything is loaded, reward-model
-directories are only accepted where a reward model belongs, and the models of a PPO run must share
-one tokenizer (checked by the preflight command and by the PPO stage itself)."""
+"""Tests for ``python -m marlhf.preflight`` (marlhf.pipeline.preflight) and the model checks:
+missing models and data are named before anything is loaded, reward-model directories are only
+accepted where a reward model belongs, and the models of a PPO run must share one tokenizer (checked
+by the preflight command and by the PPO stage itself)."""
 
 import os
 import subprocess
@@ -11,14 +12,10 @@ from pathlib import Path
 import pytest
 
 from marlhf.cli import parse_config
-from marlhf.models.checks import (
-    check_same_tokenizer,
-    main,
-    model_source_problem,
-    tokenizer_differences,
-    tokenizer_signature,
-)
+from marlhf.models.checks import check_same_tokenizer, tokenizer_differences, tokenizer_signature
+from marlhf.models.sources import model_source_problem
 from marlhf.models.zoo import build_tiny, train_tokenizer
+from marlhf.pipeline.preflight import main
 
 ROOT = Path(__file__).resolve().parents[2]
 POSTS = [
@@ -70,7 +67,7 @@ def test_offline_hub_model_not_cached(tmp_path, monkeypatch, capsys):
 
 
 def test_unreachable_hub_not_cached(tmp_path, monkeypatch):
-    import marlhf.models.checks as pf
+    import marlhf.models.sources as pf
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -98,7 +95,7 @@ def test_missing_local_paths_do_not_exist(tmp_path, monkeypatch, capsys):
 
 
 def test_local_looking_names():
-    from marlhf.models.checks import looks_local
+    from marlhf.models.sources import looks_local
 
     for name in ("/abs/model", "./m", "../m", "~/m", "a/b/c", "out/", "m o"):
         assert looks_local(name), name
