@@ -1,11 +1,10 @@
 """Loading tokenizers and causal LMs (hub id, local directory, or the embedded `tiny`), dtype, dropout,
-gradient checkpointing and LoRA (through peft)."""
+gradient checkpointing (LoRA: :mod:`marlhf.models.lora`)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import Any
 
 import torch
@@ -169,86 +168,3 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
     if hasattr(model, "config"):
         model.config.use_cache = False
-
-
-def lora_target_modules(model: torch.nn.Module, module_name: str) -> list[str]:
-    """Names of the Linear modules whose qualified name contains ``module_name`` (the original
-    DeepSpeed-Chat flag's meaning), excluding the output head."""
-    names = [
-        n
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and module_name in n and not n.endswith("lm_head")
-    ]
-    if not names:
-        raise ValueError(
-            f"--lora_module_name {module_name!r} matches no Linear module of the model"
-        )
-    return names
-
-
-def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
-    """Wrap ``model`` with peft LoRA adapters when ``--lora_dim > 0``."""
-    if cfg.lora_dim == 0:
-        return model
-    from peft import LoraConfig, get_peft_model
-
-    targets = lora_target_modules(model, cfg.lora_module_name)
-    pattern = "^(" + "|".join(re.escape(t) for t in targets) + ")$"
-    lcfg = LoraConfig(
-        r=cfg.lora_dim,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=pattern,
-        bias="none",
-    )
-    peft_model = get_peft_model(model, lcfg)
-    if not cfg.only_optimize_lora:
-        for n, p in peft_model.named_parameters():
-            if "lora_" not in n:
-                p.requires_grad_(True)
-    return peft_model
-
-
-def merge_lora_state_dict(
-    state: dict[str, torch.Tensor], scaling: float
-) -> dict[str, torch.Tensor]:
-    """Fold peft LoRA weights into plain weights: ``W + scaling · B @ A``; strip peft's prefixes.
-
-    ``state`` is a full (gathered) state dict of a peft-wrapped model with one adapter ("default").
-    The result has the keys of the unwrapped base model, so it saves as a normal HF checkpoint.
-    """
-    out: dict[str, torch.Tensor] = {}
-    lora_a = {
-        k[: -len(".lora_A.default.weight")]: v
-        for k, v in state.items()
-        if k.endswith(".lora_A.default.weight")
-    }
-    lora_b = {
-        k[: -len(".lora_B.default.weight")]: v
-        for k, v in state.items()
-        if k.endswith(".lora_B.default.weight")
-    }
-    for k, v in state.items():
-        if ".lora_A." in k or ".lora_B." in k:
-            continue
-        key = k
-        if key.endswith(".base_layer.weight"):
-            mod = key[: -len(".base_layer.weight")]
-            if mod in lora_a:
-                delta = (lora_b[mod].float() @ lora_a[mod].float()) * scaling
-                v = (v.float() + delta).to(v.dtype)
-            key = mod + ".weight"
-        key = key.replace(".base_layer.", ".")
-        # peft's wrapper prefix, at the start (a peft causal LM) or inside (a peft backbone of a reward model)
-        key = key.replace("base_model.model.", "")
-        out[key] = v
-    return out
-
-
-def unwrap_peft(model: torch.nn.Module) -> tuple[torch.nn.Module, float | None]:
-    """(base model, LoRA scaling) for a peft model; (model, None) otherwise."""
-    get_base = getattr(model, "get_base_model", None)
-    if get_base is None or not hasattr(model, "peft_config"):
-        return model, None
-    lcfg = model.peft_config["default"]
-    return get_base(), lcfg.lora_alpha / lcfg.r

@@ -74,42 +74,6 @@ def write_json(path: str | Path, data: Any) -> None:
         os.replace(tmp, path)
 
 
-# what a failed model save means for a resume (the training state of a step is saved after its model)
-_MODEL_THEN = "A resume starts from the last complete training state, before this model's step."
-
-
-def save_hf_causal_lm(
-    module: torch.nn.Module,
-    tokenizer,
-    path: str | Path,
-    *,
-    zero_stage: int,
-    run_config: dict,
-    ds_config: dict,
-) -> None:
-    """Save a (possibly peft-wrapped, possibly ZeRO-3-partitioned) causal LM as a plain HF directory:
-    LoRA weights are merged, so any stage or the inference script loads it with from_pretrained."""
-    from marlhf.models.load import merge_lora_state_dict, unwrap_peft
-
-    base, scaling = unwrap_peft(module)
-    state = gather_state_dict(module, zero_stage)
-    if is_main():
-        assert state is not None
-        if scaling is not None:
-            state = merge_lora_state_dict(state, scaling)
-        path = Path(path)
-        with naming_write_errors(path, "model checkpoint", _MODEL_THEN):
-            path.mkdir(parents=True, exist_ok=True)
-            base.save_pretrained(path, state_dict=state)
-            tokenizer.save_pretrained(path)
-            gen = getattr(base, "generation_config", None)
-            if gen is not None:
-                gen.save_pretrained(path)
-            write_json(path / "run_config.json", run_config)
-            write_json(path / "ds_config.json", ds_config)
-    barrier()
-
-
 def rng_state() -> dict[str, Any]:
     return {
         "python": random.getstate(),

@@ -21,9 +21,10 @@ from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.models.lm_loss import lm_loss_sum
-from marlhf.models.load import apply_lora, load_causal_lm, load_tokenizer
+from marlhf.models.load import load_causal_lm, load_tokenizer
+from marlhf.models.lora import apply_lora
+from marlhf.models.save import save_hf_causal_lm
 from marlhf.runtime.batching import padded_eval_shard
-from marlhf.runtime.checkpoint import save_hf_causal_lm
 from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
 from marlhf.runtime.engine import build_train_engine
 from marlhf.stages.common import (

@@ -1,13 +1,8 @@
 import torch
 
 from marlhf.config import ModelConfig
-from marlhf.models.load import (
-    apply_lora,
-    load_causal_lm,
-    load_tokenizer,
-    merge_lora_state_dict,
-    unwrap_peft,
-)
+from marlhf.models.load import load_causal_lm, load_tokenizer
+from marlhf.models.lora import apply_lora, merge_lora_state_dict, unwrap_peft
 from marlhf.models.zoo import build_tiny, train_tokenizer
 
 CORPUS = [

@@ -387,7 +387,7 @@ def test_full_disk_while_saving_a_causal_lm_names_the_directory(tmp_path, monkey
     from safetensors import SafetensorError
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from marlhf.runtime.checkpoint import save_hf_causal_lm
+    from marlhf.models.save import save_hf_causal_lm
 
     def full(*a, **kw):
         raise SafetensorError(

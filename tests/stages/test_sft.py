@@ -481,7 +481,7 @@ def test_lora_only_trains_and_saves_a_merged_plain_model(lora_run, tiny_dir):
     from transformers import AutoModelForCausalLM
 
     from marlhf.config import ModelConfig
-    from marlhf.models.load import apply_lora
+    from marlhf.models.lora import apply_lora
 
     out, _ = lora_run
     losses = train_losses(out)

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
-from marlhf.models.load import apply_lora, load_causal_lm, resolve_model_path
+from marlhf.models.load import load_causal_lm, resolve_model_path
+from marlhf.models.lora import apply_lora
 from marlhf.runtime.distributed import is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.stages.ppo.config import ActorCriticConfig, PPOConfig, PPOStageConfig

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.kl_rewards import AdaptiveKLController, FixedKLController
+from marlhf.models.save import save_hf_causal_lm
 from marlhf.runtime.checkpoint import (
     find_resume,
     gather_state_dict,
     load_train_state,
     rng_state,
-    save_hf_causal_lm,
     save_train_state,
     set_rng_state,
     write_json,
@@ -136,7 +136,7 @@ def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
 def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfig, run_config):
     """The critic as a reward-model directory (LoRA merged), with the run's and its DeepSpeed
     configs."""
-    from marlhf.models.load import merge_lora_state_dict
+    from marlhf.models.lora import merge_lora_state_dict
     from marlhf.models.reward_model import save_reward_model_state
 
     state = gather_state_dict(models.critic.module, cfg.models.critic_zero_stage)
@@ -160,7 +160,7 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfi
 def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config) -> None:
     """The actor's EMA as an HF model directory (LoRA merged) with the run's configs (its shadow for
     a resume goes into the train state: :func:`save_checkpoint`)."""
-    from marlhf.models.load import merge_lora_state_dict, unwrap_peft
+    from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
 
     like = gather_state_dict(models.actor.module, cfg.models.actor_zero_stage)
     if not is_main():

@@ -44,7 +44,8 @@ from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro import MacroConfig, TerminationInputs, build_termination
-from marlhf.models.load import TORCH_DTYPES, apply_lora, resolve_model_path
+from marlhf.models.load import TORCH_DTYPES, resolve_model_path
+from marlhf.models.lora import apply_lora
 from marlhf.models.reward_model import RM_TYPES
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.checkpoint import gather_state_dict, write_json
@@ -515,7 +516,7 @@ def save_reward_checkpoint(
     """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` as one
     reward-model directory that :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are
     merged into the backbone. Collective under ZeRO-3 (every rank calls it); rank 0 writes."""
-    from marlhf.models.load import merge_lora_state_dict, unwrap_peft
+    from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
     from marlhf.models.reward_model import save_reward_model_state
 
     _, scaling = unwrap_peft(module.backbone)

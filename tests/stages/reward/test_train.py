@@ -161,7 +161,7 @@ def _tiny_tokenizer():
 def test_saved_checkpoint_loads_with_identical_end_scores(tmp_path, lora):
     """Save (LoRA merged into the backbone) -> load_reward_model -> the in-memory model's scores."""
     from marlhf.config import ModelConfig
-    from marlhf.models.load import apply_lora
+    from marlhf.models.lora import apply_lora
 
     torch.manual_seed(1)
     model = RewardModel(_tiny_causal_lm().model)

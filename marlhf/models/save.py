@@ -1,0 +1,47 @@
+"""Saving a trained causal LM as a plain Hugging Face directory that every later stage and the
+inference script load with ``from_pretrained``: LoRA weights merged, ZeRO-3 partitions gathered, the
+run's config and DeepSpeed JSON beside the weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
+from marlhf.runtime.checkpoint import gather_state_dict, write_json
+from marlhf.runtime.checkpoint_files import naming_write_errors
+from marlhf.runtime.distributed import barrier, is_main
+
+# what a failed model save means for a resume (the training state of a step is saved after its model)
+_MODEL_THEN = "A resume starts from the last complete training state, before this model's step."
+
+
+def save_hf_causal_lm(
+    module: torch.nn.Module,
+    tokenizer,
+    path: str | Path,
+    *,
+    zero_stage: int,
+    run_config: dict,
+    ds_config: dict,
+) -> None:
+    """Save a (possibly peft-wrapped, possibly ZeRO-3-partitioned) causal LM as a plain HF directory:
+    LoRA weights are merged, so any stage or the inference script loads it with from_pretrained."""
+    base, scaling = unwrap_peft(module)
+    state = gather_state_dict(module, zero_stage)
+    if is_main():
+        assert state is not None
+        if scaling is not None:
+            state = merge_lora_state_dict(state, scaling)
+        path = Path(path)
+        with naming_write_errors(path, "model checkpoint", _MODEL_THEN):
+            path.mkdir(parents=True, exist_ok=True)
+            base.save_pretrained(path, state_dict=state)
+            tokenizer.save_pretrained(path)
+            gen = getattr(base, "generation_config", None)
+            if gen is not None:
+                gen.save_pretrained(path)
+            write_json(path / "run_config.json", run_config)
+            write_json(path / "ds_config.json", ds_config)
+    barrier()
