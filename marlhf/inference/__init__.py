@@ -14,8 +14,8 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
 2. **Generation.** ``bos + prompt`` (cut from the left to ``--max-prompt-len``, as PPO does with
    ``truncate_left``) is left-padded and sampled with ``--temperature/--top-k/--top-p`` for at most
    ``--max-new-tokens``. The response is valid up to and including its first EOS
-   (:func:`marlhf.stages.ppo.rollout.response_mask`).
-3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.stages.ppo.rollout.pack_flush_left`)
+   (:func:`marlhf.models.sequences.response_mask`).
+3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.models.sequences.pack_flush_left`)
    and the RM's value at the last valid token is the reward, exactly as PPO scores a rollout
    (EOS included; a response cut at the length limit is scored at its last token). An RM with a
    different vocabulary re-tokenises the text instead (``bos + prompt + response + eos``).

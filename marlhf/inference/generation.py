@@ -46,7 +46,7 @@ def generate(
     prompt_ids, prompt_mask: (B, P) left-padded. Returns (response_ids (B, A) long right-padded
     with ``pad_id`` after the first EOS, action_mask (B, A) bool, ends_with_eos (B,) bool), on CPU.
     """
-    from marlhf.stages.ppo.rollout import response_mask
+    from marlhf.models.sequences import response_mask
 
     device = next(model.parameters()).device
     out = model.generate(

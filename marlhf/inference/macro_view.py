@@ -32,7 +32,7 @@ def macro_items(
     (``ppl``, ``entropy``) get them from the policy itself."""
     from marlhf.macro import TerminationInputs
     from marlhf.macro.render import token_pieces
-    from marlhf.stages.ppo.rollout import pack_flush_left, response_logprobs_and_entropy
+    from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
 
     inputs = TerminationInputs(
         response_ids=response,

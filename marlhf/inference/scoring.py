@@ -27,7 +27,7 @@ def end_rewards(
     reward_model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """RM value at the last valid token: sequences, attention_mask (B, T) -> (B,) float32."""
-    from marlhf.stages.ppo.rollout import end_index
+    from marlhf.models.sequences import end_index
 
     values = reward_model(sequences, attention_mask.long())  # (B, T)
     idx = end_index(attention_mask).to(values.device)
@@ -48,7 +48,7 @@ def score_rollout(
     prompt_ids, prompt_mask: (B, P) left-padded; response_ids, action_mask: (B, A) right-padded.
     Returns (B,) float32.
     """
-    from marlhf.stages.ppo.rollout import pack_flush_left
+    from marlhf.models.sequences import pack_flush_left
 
     seq, mask, _ = pack_flush_left(prompt_ids, prompt_mask, response_ids, action_mask, pad_id)
     device = next(reward_model.parameters()).device

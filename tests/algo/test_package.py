@@ -27,13 +27,17 @@ def test_pure_modules_import_only_torch_and_the_standard_library():
     for name in PURE:
         used = _imports(ast.parse((ALGO / f"{name}.py").read_text()))
         assert used <= allowed, (name, used - allowed)
-    # the rollout's packing helpers too: its module top imports only torch (generation's engines
-    # and decoder are imported inside the functions that use them)
-    tree = ast.parse((PPO / "rollout.py").read_text())
-    top = _imports(
-        ast.Module(body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)])
-    )
-    assert top <= allowed, top - allowed
+    # the packing helpers of the rollout too, and the log-probabilities they read: torch only
+    models = ROOT / "marlhf" / "models"
+    assert _imports(ast.parse((models / "logprobs.py").read_text())) <= allowed
+    tree = ast.parse((models / "sequences.py").read_text())
+    own = {
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("marlhf")
+    }
+    assert own == {"marlhf.models.logprobs"}, own
+    assert _imports(tree) <= allowed | {"marlhf"}
 
 
 def test_importing_the_package_does_not_import_deepspeed():

@@ -34,10 +34,11 @@ import torch
 
 from marlhf.algo.estimators import MCBoundaries, select_mc_boundaries
 from marlhf.algo.kl_rewards import sequence_rewards
+from marlhf.models.sequences import end_index, pack_flush_left
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_sum, world_size
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.experience import Experience, segments_of
-from marlhf.stages.ppo.rollout import Rollout, end_index, generate, pack_flush_left
+from marlhf.stages.ppo.rollout import Rollout, generate
 
 if TYPE_CHECKING:
     from marlhf.stages.ppo.loop import Run

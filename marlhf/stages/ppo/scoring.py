@@ -15,17 +15,10 @@ import torch
 
 from marlhf.algo.kl_rewards import normalize_scores, spread_segment_rewards
 from marlhf.models.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
+from marlhf.models.sequences import end_index, gather_response, response_logprobs_and_entropy
 from marlhf.runtime.length_groups import Grouping, grouped
 from marlhf.stages.ppo.models import eval_mode
-from marlhf.stages.ppo.rollout import (
-    Rollout,
-    end_index,
-    gather_response,
-    pad_right,
-    response_logprobs_and_entropy,
-    sequence_lengths,
-    slice_rollout,
-)
+from marlhf.stages.ppo.rollout import Rollout, pad_right, sequence_lengths, slice_rollout
 
 if TYPE_CHECKING:
     from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig

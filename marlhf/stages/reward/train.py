@@ -277,7 +277,7 @@ class Scorer:
         """(2B, A) bool ends of the segments of every row."""
         ref_logprobs = ref_entropy = None
         if self.rule.needs & {"ref_logprobs", "ref_entropy"}:
-            from marlhf.stages.ppo.rollout import response_logprobs_and_entropy
+            from marlhf.models.sequences import response_logprobs_and_entropy
 
             logits = self.ref(
                 input_ids=batch["input_ids"],

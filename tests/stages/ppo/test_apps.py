@@ -272,7 +272,8 @@ EXPECTED = {
 
 def _injected_rollout(tokenizer, prompts, rows, responses):
     """A rollout whose responses are the given texts, each ended with EOS, after its row's prompt."""
-    from marlhf.stages.ppo.rollout import Rollout, pack_flush_left
+    from marlhf.models.sequences import pack_flush_left
+    from marlhf.stages.ppo.rollout import Rollout
 
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     p_ids = [prompts[i]["input_ids"] for i in rows]
