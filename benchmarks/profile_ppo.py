@@ -107,9 +107,8 @@ class Labels:
 
 def instrument(run, labels: Labels) -> None:
     """Label the engines' calls, the log-prob helpers and the phases of ``marlhf.stages.ppo.loop``."""
+    import marlhf.stages.ppo.forward as forward
     import marlhf.stages.ppo.loop as loop
-    import marlhf.stages.ppo.scoring as scoring
-    import marlhf.stages.ppo.update as update
 
     m = run.models
     for name in ("actor", "ref", "critic", "reward"):
@@ -120,7 +119,7 @@ def instrument(run, labels: Labels) -> None:
         if name in ("actor", "critic"):
             engine.backward = labels.wrap(engine.backward, "backward", name)
             engine.step = labels.wrap(engine.step, "optimizer", name)
-    for mod in (scoring, update):
+    for mod in (forward,):
         if hasattr(mod, "response_logprobs_and_entropy"):
             fn = mod.response_logprobs_and_entropy
             mod.response_logprobs_and_entropy = labels.wrap(fn, "logprobs/entropy")

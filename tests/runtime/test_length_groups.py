@@ -12,8 +12,8 @@ import torch
 
 from marlhf.models.sequences import pack_flush_left, response_mask
 from marlhf.runtime import length_groups as lg
+from marlhf.stages.ppo.forward import critic_forward, policy_forward, reward_forward
 from marlhf.stages.ppo.rollout import Rollout, sequence_lengths
-from marlhf.stages.ppo.scoring import critic_forward, policy_forward, reward_forward
 from tests.support.engine_stub import Engine
 
 

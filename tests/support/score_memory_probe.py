@@ -91,8 +91,8 @@ def model_case(V: int = 131072, B: int = 8, P: int = 32, A: int = 64) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from marlhf.models.sequences import pack_flush_left, response_mask
+    from marlhf.stages.ppo.forward import policy_forward
     from marlhf.stages.ppo.rollout import Rollout
-    from marlhf.stages.ppo.scoring import policy_forward
 
     torch.manual_seed(0)
     cfg = LlamaConfig(

@@ -26,8 +26,8 @@ from marlhf.algo.kl_rewards import kl_penalty
 from marlhf.algo.losses import agg_loss, entropy_bonus, policy_loss, policy_terms, value_loss
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.stages.ppo.experience import Experience
+from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward
 from marlhf.stages.ppo.rollout import Rollout, slice_rollout
-from marlhf.stages.ppo.scoring import critic_forward, policy_forward
 
 if TYPE_CHECKING:
     from marlhf.stages.ppo.config import PPOStageConfig
@@ -196,15 +196,6 @@ def critic_step(
     models.critic.backward(vl * m.world)
     models.critic.step()
     return {**vstats, "loss/value": vl.detach()}
-
-
-@dataclass
-class KeptValues:
-    """The critic's forward pass over the first minibatch's rows, run while scoring (with its graph),
-    for that minibatch's critic step: its critic is the scoring critic, so the pass is the same."""
-
-    rows: torch.Tensor  # (mb,) long  the rows (:func:`first_minibatch_rows`)
-    values: torch.Tensor  # (mb, A') float  V(s_j) over ``slice_rollout(rollout, rows)``, with grad
 
 
 def ppo_update(

@@ -10,9 +10,10 @@ import torch
 from marlhf.models.load import set_model_dropout
 from marlhf.models.sequences import pack_flush_left, response_mask
 from marlhf.stages.ppo.config import PPOStageConfig
+from marlhf.stages.ppo.forward import critic_forward, policy_forward
 from marlhf.stages.ppo.models import Models
 from marlhf.stages.ppo.rollout import Rollout
-from marlhf.stages.ppo.scoring import critic_forward, policy_forward, score
+from marlhf.stages.ppo.scoring import score
 from tests.support.engine_stub import Engine as _Engine
 
 
