@@ -61,6 +61,7 @@ from marlhf.stages.ppo.rollout import (
     resolve_backend,
 )
 from marlhf.stages.ppo.scoring import (
+    SequenceReward,
     concat_scored,
     dense_rewards,
     gold_scorer,
@@ -68,7 +69,6 @@ from marlhf.stages.ppo.scoring import (
     reuses_critic_forward,
     score,
     segment_rule,
-    sequence_scores,
 )
 from marlhf.stages.ppo.state import TrainState, open_tracker, resume, save_checkpoint
 from marlhf.stages.ppo.update import first_minibatch_rows, ppo_update
@@ -126,17 +126,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
             kept = kept_critic_values(run.models, ro, scored, first, cfg)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
-        scores, code_metrics = sequence_scores(
-            ro,
-            scored,
-            metas,
-            run.tokenizer,
-            ppo,
-            run.rewarder,
-            run.score_stats,
-            oracle=run.gold if ppo.reward_source == "gold" else None,
-            prompt_texts=prompt_texts,
-        )
+        scores, code_metrics = run.reward(ro, scored, metas, prompt_texts)
     # per-row randomness is drawn from (seed, step, the row's global index): split-independent, and
     # a resumed run redraws it without a saved generator state (streams 0 segments, 1 dense rewards)
     rows = global_rows(len(ro.prompt_ids), plan.generation_batch, rank(), plan.world)
@@ -152,7 +142,10 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     mc_stats: dict[str, float] = {}
     if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
         with clock("time/mc"):
-            exp, mc_stats = monte_carlo(run, state.step, exp, rows, metas, prompt_texts)
+            exp, mc_stats = monte_carlo(
+                run.models, cfg, run.tokenizer, run.eos_ids, run.reward,
+                state.step, exp, rows, metas, prompt_texts,
+            )  # fmt: skip
     with clock("time/macro"):
         # the global batch on every rank, then 4. estimate: advantages (and returns)
         exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)
@@ -283,6 +276,7 @@ class Run:
     gold: object | None  # the synthetic task's gold scorer (logged; the reward with `gold`)
     rewarder: object | None  # CodeRewarder with --reward_source code / rm+code
     score_stats: object | None  # the reward model's score mean/std (--normalize_reward)
+    reward: SequenceReward  # the step's sequence-level reward (--reward_source)
     run_config: dict
 
 
@@ -338,10 +332,12 @@ def setup(cfg: PPOStageConfig) -> Run:
             ppo.estimator,
         )
     score_stats = models.reward_info.get("score_stats") if models.reward_info else None
+    oracle = gold if ppo.reward_source == "gold" else None
+    reward = SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle)
     return Run(
         cfg, out, tokenizer, prompts, PromptCollator(tokenizer.pad_token_id), plan, models, rule,
         seg_rule, seg_norm, need_entropy, eos_token_ids(tokenizer, cfg.data), gold, rewarder,
-        score_stats, run_config,
+        score_stats, reward, run_config,
     )  # fmt: skip
 
 

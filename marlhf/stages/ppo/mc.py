@@ -39,9 +39,11 @@ from marlhf.runtime.distributed import all_gather_padded, all_reduce_sum, world_
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.experience import Experience, segments_of
 from marlhf.stages.ppo.rollout import Rollout, generate
+from marlhf.stages.ppo.scoring import SequenceReward
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.loop import Run
+    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.stages.ppo.models import Models
 
 MC_STREAM = 3  # the seed stream of the continuations (0 segments, 1 dense rewards, 2 responses)
 
@@ -147,27 +149,18 @@ def continued_rollout(
 
 
 @torch.no_grad()
-def score_continued(run: Run, full: Rollout, metas: list[dict], texts: list[str]) -> torch.Tensor:
+def score_continued(
+    reward_model, reward: SequenceReward, full: Rollout, metas: list[dict], texts: list[str]
+) -> torch.Tensor:
     """(J,) the sequence reward of each continued response: the step's reward (reward model, code,
-    gold), clipped, plus the no-EOS penalty — what the responses' ``outcome`` is."""
-    from marlhf.stages.ppo.scoring import sequence_scores
-
-    ppo = run.cfg.ppo
+    gold), clipped, plus the no-EOS penalty — what the responses' ``outcome`` is. ``reward_model``:
+    the reward model's engine (None without one)."""
+    ppo = reward.ppo
     scored = {}
-    if run.models.reward is not None:
-        rm = run.models.reward(input_ids=full.sequences, attention_mask=full.attention_mask.long())
+    if reward_model is not None:
+        rm = reward_model(input_ids=full.sequences, attention_mask=full.attention_mask.long())
         scored["scores"] = rm.gather(1, end_index(full.attention_mask)[:, None]).squeeze(1)
-    scores, _ = sequence_scores(
-        full,
-        scored,
-        metas,
-        run.tokenizer,
-        ppo,
-        run.rewarder,
-        run.score_stats,
-        oracle=run.gold if ppo.reward_source == "gold" else None,
-        prompt_texts=texts,
-    )
+    scores, _ = reward(full, scored, metas, texts)
     return sequence_rewards(
         scores,
         full.action_mask,
@@ -189,7 +182,11 @@ def _chunks(jobs: MCJobs, size: int, collective: bool) -> list[torch.Tensor | No
 
 
 def continuation_rewards(
-    run: Run,
+    models: Models,
+    cfg: PPOStageConfig,
+    tokenizer,
+    eos_ids: list[int],
+    reward: SequenceReward,
     step: int,
     ro: Rollout,
     jobs: MCJobs,
@@ -199,12 +196,11 @@ def continuation_rewards(
 ) -> torch.Tensor:
     """(J,) the sequence reward of every continuation of ``jobs`` (on the CPU), drawn in calls of
     ``--mc_generation_batch_size`` rows (see the module docstring)."""
-    cfg = run.cfg
     g, ppo = cfg.generation, cfg.ppo
-    pad = run.tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
     static = g.generation_backend == "static"
-    engines = (run.models.actor, run.models.reward)
+    engines = (models.actor, models.reward)
     zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
     device = ro.sequences.device
     out = torch.zeros(jobs.row.numel(), dtype=torch.float64)
@@ -220,34 +216,45 @@ def continuation_rewards(
             cfg, generation=replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
         )
         batch = prefix_batch(ro, rows, prefix, pad)
-        cont = generate(run.models, batch, call, run.tokenizer, run.eos_ids, row_seeds=seeds)
+        cont = generate(models, batch, call, tokenizer, eos_ids, row_seeds=seeds)
         full = continued_rollout(ro, rows, prefix, cont, g.max_answer_seq_len, pad)
         if dummy:
-            if run.models.reward is not None:
-                run.models.reward(
-                    input_ids=full.sequences, attention_mask=full.attention_mask.long()
-                )
+            if models.reward is not None:
+                models.reward(input_ids=full.sequences, attention_mask=full.attention_mask.long())
             continue
         r = rows.tolist()
-        rewards = score_continued(run, full, [metas[i] for i in r], [texts[i] for i in r])
+        rewards = score_continued(
+            models.reward, reward, full, [metas[i] for i in r], [texts[i] for i in r]
+        )
         out[idx] = rewards.double().cpu()
     return out
 
 
 def monte_carlo(
-    run: Run, step: int, exp: Experience, rows: torch.Tensor, metas: list[dict], texts: list[str]
+    models: Models,
+    cfg: PPOStageConfig,
+    tokenizer,
+    eos_ids: list[int],
+    reward: SequenceReward,
+    step: int,
+    exp: Experience,
+    rows: torch.Tensor,
+    metas: list[dict],
+    texts: list[str],
 ) -> tuple[Experience, dict[str, float]]:
     """This rank's experience (its own rows, before gathering) with ``macro_mc``'s Monte-Carlo
     values (``mc_positions``, ``mc_values``, ``mc_prompt_values``), and the step's ``mc/*`` metrics
     over all ranks. ``rows``: the rows' global indices; ``metas``/``texts``: their prompts'."""
-    ppo = run.cfg.ppo
+    ppo = cfg.ppo
     K, C = ppo.mc_rollouts, ppo.mc_max_boundaries
     boundaries = select_mc_boundaries(segments_of(exp), C)
     with_prompt = ppo.n_samples_per_prompt == 1
     cpu = MCBoundaries(*(x.cpu() for x in vars(boundaries).values()))
     jobs = continuation_jobs(cpu, K, with_prompt)
     keys = job_keys(jobs, rows.cpu(), C, K)
-    rewards = continuation_rewards(run, step, exp.rollout, jobs, keys, metas, texts)
+    rewards = continuation_rewards(
+        models, cfg, tokenizer, eos_ids, reward, step, exp.rollout, jobs, keys, metas, texts
+    )
     B, N = boundaries.positions.shape
     values, prompt_values = mc_means(rewards, jobs, B, N)
     device = exp.outcome.device

@@ -9,7 +9,9 @@ A scored rollout is a dict of tensors (``old_logprobs``, ``entropy``, ``ref_logp
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +22,8 @@ from marlhf.stages.ppo.models import eval_mode
 from marlhf.stages.ppo.rollout import Rollout, pad_right, slice_rollout
 
 if TYPE_CHECKING:
+    from marlhf.rewards.code import CodeRewarder
+    from marlhf.rewards.segment import ScoreStats
     from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
@@ -220,6 +224,35 @@ def sequence_scores(
         code, stats = _code_rewards(ro, metas, tokenizer, rewarder)
         scores = scores + code.to(scores.device)
     return scores, stats
+
+
+@dataclass(frozen=True)
+class SequenceReward:
+    """The step's sequence-level reward (``--reward_source``), built once by the loop and read by the
+    step and by ``macro_mc``'s continuations alike: ``reward(ro, scored, metas, prompt_texts)`` is
+    :func:`sequence_scores` with the run's tokenizer, reward settings, code rewarder, the reward
+    model's score statistics and (``--reward_source gold``) the oracle."""
+
+    tokenizer: Any
+    ppo: PPOConfig
+    rewarder: CodeRewarder | None = None
+    score_stats: ScoreStats | None = None
+    oracle: Callable[[str, str], float] | None = None
+
+    def __call__(
+        self, ro: Rollout, scored: dict, metas: list[dict], prompt_texts: list[str]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return sequence_scores(
+            ro,
+            scored,
+            metas,
+            self.tokenizer,
+            self.ppo,
+            self.rewarder,
+            self.score_stats,
+            oracle=self.oracle,
+            prompt_texts=prompt_texts,
+        )
 
 
 # --------------------------------------------------------------------------------------------------

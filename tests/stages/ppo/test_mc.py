@@ -130,6 +130,7 @@ def setup():
 
 def _run(setup, reward_source="rm", **ppo):
     from marlhf.data.synthetic import gold_score
+    from marlhf.stages.ppo.scoring import SequenceReward
     from marlhf.stages.ppo.config import (
         ActorCriticConfig,
         GenerationConfig,
@@ -150,10 +151,18 @@ def _run(setup, reward_source="rm", **ppo):
         ),
     )  # fmt: skip
     models = SimpleNamespace(actor=actor, reward=reward if reward_source == "rm" else None)
+    oracle = gold_score if reward_source == "gold" else None
     return SimpleNamespace(
-        cfg=cfg, models=models, tokenizer=tok, eos_ids=[tok.eos_token_id], rewarder=None,
-        score_stats=None, gold=gold_score,
+        cfg=cfg, models=models, tokenizer=tok, eos_ids=[tok.eos_token_id], gold=gold_score,
+        reward=SequenceReward(tok, cfg.ppo, oracle=oracle),
     )  # fmt: skip
+
+
+def _monte_carlo(run, step, exp, rows, metas, texts):
+    """The loop's call of :func:`mc.monte_carlo` with the run's parts."""
+    return mc.monte_carlo(
+        run.models, run.cfg, run.tokenizer, run.eos_ids, run.reward, step, exp, rows, metas, texts
+    )
 
 
 def _experience(run, rows):
@@ -218,7 +227,7 @@ def test_values_are_the_mean_rewards_of_independently_drawn_continuations(setup,
     run = _run(setup, reward_source, mc_rollouts=3, mc_max_boundaries=2)
     rows = [0, 1, 2, 3]
     exp = _experience(run, rows)
-    exp, stats = mc.monte_carlo(run, 5, exp, torch.tensor(rows), [{}] * 4, PROMPTS)
+    exp, stats = _monte_carlo(run, 5, exp, torch.tensor(rows), [{}] * 4, PROMPTS)
     pos = exp.mc_positions
     n_boundaries = int((pos >= 0).sum())
     assert n_boundaries > 0
@@ -236,12 +245,12 @@ def test_values_are_the_mean_rewards_of_independently_drawn_continuations(setup,
 def test_values_do_not_depend_on_the_split_or_the_call_size(setup):
     run = _run(setup, mc_rollouts=2, mc_max_boundaries=3, n_samples_per_prompt=2)
     rows = [0, 1, 2, 3]
-    whole, _ = mc.monte_carlo(run, 1, _experience(run, rows), torch.tensor(rows), [{}] * 4, PROMPTS)
+    whole, _ = _monte_carlo(run, 1, _experience(run, rows), torch.tensor(rows), [{}] * 4, PROMPTS)
     assert whole.mc_prompt_values is None  # G = 2: the group's leave-one-out mean instead
     # rows 2 and 3 alone (another rank's share), drawn one continuation per generate call
     run.cfg = replace(run.cfg, ppo=replace(run.cfg.ppo, mc_generation_batch_size=1))
     part = _experience(run, [2, 3])
-    part, stats = mc.monte_carlo(run, 1, part, torch.tensor([2, 3]), [{}] * 2, PROMPTS[2:])
+    part, stats = _monte_carlo(run, 1, part, torch.tensor([2, 3]), [{}] * 2, PROMPTS[2:])
     n = part.mc_positions.shape[1]
     assert torch.equal(part.mc_positions, whole.mc_positions[2:, :n])
     valid = part.mc_positions >= 0
@@ -250,5 +259,5 @@ def test_values_do_not_depend_on_the_split_or_the_call_size(setup):
     )
     assert stats["mc/continuations"] == 2 * int(valid.sum())
     # another step draws other continuations
-    other, _ = mc.monte_carlo(run, 2, _experience(run, rows), torch.tensor(rows), [{}] * 4, PROMPTS)
+    other, _ = _monte_carlo(run, 2, _experience(run, rows), torch.tensor(rows), [{}] * 4, PROMPTS)
     assert not torch.equal(other.mc_values, whole.mc_values)
