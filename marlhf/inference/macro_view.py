@@ -9,7 +9,10 @@ from typing import Any
 import torch
 
 from marlhf.inference.models import Models
+from marlhf.macro import TerminationInputs
 from marlhf.macro.config import MacroConfig
+from marlhf.macro.render import macro_groups, plot_length_histogram, render_html, token_pieces
+from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -30,10 +33,6 @@ def macro_items(
 ) -> list[dict]:
     """Macro actions of one batch for the HTML view. Rules that need reference-model quantities
     (``ppl``, ``entropy``) get them from the policy itself."""
-    from marlhf.macro import TerminationInputs
-    from marlhf.macro.render import token_pieces
-    from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
-
     inputs = TerminationInputs(
         response_ids=response,
         action_mask=action_mask,
@@ -74,8 +73,6 @@ def macro_items(
 
 
 def write_macro_view(path: str, items: list[dict], macro: MacroConfig) -> None:
-    from marlhf.macro.render import macro_groups, plot_length_histogram, render_html
-
     base = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
     title = f"Macro actions ({macro.termination_condition}, ngram={macro.ngram})"
     render_html(items, base + ".macro.html", title=title)

@@ -14,7 +14,7 @@ from typing import Any
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.naming import dataset_spec, sidecar
 from marlhf.macro.config import MacroConfig
-from marlhf.rewards.code import CodeRewardConfig
+from marlhf.rewards.code import CodeRewardConfig, pass_at_k
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -178,8 +178,6 @@ def summarize(rows: list[dict], pass_k: Sequence[int] = ()) -> dict:
         out["accuracy"] = sum(r["chosen_reward"] > r["rejected_reward"] for r in pairs) / len(pairs)
     code = [r for r in rows if "n_correct" in r]
     if code:
-        from marlhf.rewards.code import pass_at_k
-
         for k in pass_k:
             usable = [r for r in code if len(r["rewards"]) >= k]
             if usable:

@@ -16,6 +16,7 @@ from marlhf.inference.macro_view import macro_items
 from marlhf.inference.models import Models
 from marlhf.inference.prompts import batch_seed, left_pad, prompt_token_ids
 from marlhf.inference.scoring import TextScorer, score_rollout
+from marlhf.rewards.code import code_reward, extract_code, parse_tests
 
 
 def ref_rows(
@@ -147,8 +148,6 @@ def _code_rows(
 ) -> tuple[list[dict], list[float]]:
     """One row per APPS problem over its ``n`` programs, rewarded by the pass fraction of its tests;
     also the reward of every program."""
-    from marlhf.rewards.code import code_reward, extract_code, parse_tests
-
     texts, lengths = s.texts, s.lengths
     suites = [parse_tests(e.meta["tests"]) for e in batch for _ in range(n)]
     results = rewarder.score([extract_code(t) for t in texts], suites)

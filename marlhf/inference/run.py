@@ -10,6 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from marlhf.cli import parse_config
+from marlhf.data.adapters import load_examples
+from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.inference.config import InferenceArgs, InferenceConfig
 from marlhf.inference.macro_view import write_macro_view
 from marlhf.inference.models import Models, device_for, eot_ids, load_models, same_vocab
@@ -24,6 +29,8 @@ from marlhf.inference.results import (
 )
 from marlhf.inference.rows import generate_rows, ref_rows
 from marlhf.inference.scoring import TextScorer
+from marlhf.macro import build_termination
+from marlhf.rewards.code import CodeRewarder
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -32,8 +39,6 @@ def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]):
     """The gold scorer of ``--gold_score`` (``(prompt, response) -> float``) or None: ``auto`` scores
     when the prompts come from a synthetic task (``synthetic-tldr``, ``synthetic-facts-*``,
     ``synthetic-verdict-*``: `marlhf.data.long_tasks.gold_scorer_for`); ``on`` requires one."""
-    from marlhf.data.long_tasks import gold_scorer_for
-
     if cfg.gold_score == "off":
         return None
     prefixes = {e.prompt_id.split("/")[0] for e in examples}
@@ -50,15 +55,11 @@ def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]):
 
 
 def _progress(total: int, disable: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="inference", unit="prompt", disable=disable, file=sys.stderr)
 
 
 def _select(cfg: InferenceConfig) -> tuple[list[Any], bool, int]:
     """The selected prompts, whether they are code problems (APPS) and the bad rows skipped."""
-    from marlhf.data.adapters import load_examples
-
     spec = dataset_spec(cfg.dataset)
     examples, n_bad = load_examples(spec, cfg.split, skip_bad_rows=cfg.skip_bad_rows)
     if not examples:
@@ -87,12 +88,8 @@ def _tools(args: InferenceArgs, models: Models, is_code: bool) -> _Tools:
     cfg = args.inference
     tools = _Tools()
     if cfg.render_macro and not cfg.ref_scores:
-        from marlhf.macro import build_termination
-
         tools.rule = build_termination(args.macro, models.tokenizer)
     if is_code and not cfg.ref_scores:
-        from marlhf.rewards.code import CodeRewarder
-
         tools.rewarder = CodeRewarder.from_config(args.code)
     if models.reward_model is not None:
         budget = cfg.max_prompt_len + cfg.max_new_tokens
@@ -200,11 +197,9 @@ def run_inference(args: InferenceArgs) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Parse flags (see ``--help``), run, print the summary."""
-    import marlhf.inference
-    from marlhf.cli import parse_config
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    description = marlhf.inference.__doc__.strip().splitlines()[0]
+    # the package's first line describes the program (the package is imported before this module)
+    description = sys.modules[__package__].__doc__.strip().splitlines()[0]
     args = parse_config(InferenceArgs, argv, description=description)
     try:
         summary = run_inference(args)

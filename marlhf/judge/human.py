@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from marlhf.cli import parse_config
 from marlhf.judge import stats
-from marlhf.judge.pairing import Pair, align_results
+from marlhf.judge.pairing import Pair, PairingError, align_results, output_overwrites
 
 KEYS = {"1": "A", "2": "B", "3": "tie", "4": "skip"}
 
@@ -144,7 +145,6 @@ def run_human_eval(
     """Run the interactive loop (module doc); returns the summary of all answers so far."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    from marlhf.judge.pairing import PairingError, output_overwrites
 
     problem = output_overwrites(
         cfg.output, {"--model_name_a": cfg.model_name_a, "--model_name_b": cfg.model_name_b}
@@ -234,9 +234,6 @@ def _finish(cfg: HumanEvalConfig, out_path: Path, stdout: TextIO) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point of ``evaluation/human-eval.py``."""
-    from marlhf.cli import parse_config
-    from marlhf.judge.pairing import PairingError
-
     cfg = parse_config(HumanEvalStage, argv).human
     try:
         run_human_eval(cfg)

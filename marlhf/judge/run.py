@@ -33,11 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
+from marlhf.cli import parse_config
 from marlhf.data.names import canonical, names_help
 from marlhf.judge import stats
 from marlhf.judge.cache import JudgeCache, cache_key
 from marlhf.judge.client import JudgeRequest, JudgeResult, RetryPolicy, Usage, run_requests
-from marlhf.judge.pairing import Pair, align_results
+from marlhf.judge.pairing import Pair, PairingError, align_results, output_overwrites
 from marlhf.judge.parse import ParsedReply, combine, parse_reply, to_model
 from marlhf.judge.prompts import JudgeTemplate, get_template, render
 
@@ -212,8 +215,6 @@ def template_for(dataset: str) -> str:
 
 def check_output_path(cfg: JudgeConfig) -> None:
     """Refuse an ``--output`` (or its summary file) that is one of the input files."""
-    from marlhf.judge.pairing import output_overwrites
-
     problem = output_overwrites(
         cfg.output, {"--model_name_a": cfg.model_name_a, "--model_name_b": cfg.model_name_b}
     )
@@ -344,8 +345,6 @@ def _send(
     base_url = cfg.base_url or os.environ.get("OPENAI_BASE_URL") or None
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=est["requests_total"], desc="judging", unit="req", file=sys.stderr)
     try:
         results, usage = run_requests(
@@ -611,9 +610,6 @@ def no_verdict_problem(summary: dict[str, Any]) -> str | None:
 
 def main(argv: Sequence[str] | None = None, *, force_template: str | None = None) -> int:
     """CLI entry point of the judge scripts: 0 on success, 2 on bad input, 1 if nothing was judged."""
-    from marlhf.cli import parse_config
-    from marlhf.judge.pairing import PairingError
-
     cfg = parse_config(JudgeStage, argv).judge
     if force_template is not None and cfg.dataset is not None:
         if template_for(cfg.dataset) != force_template:

@@ -21,13 +21,18 @@ pair them. Prompts are deduplicated (first row per prompt kept) and sorted befor
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from marlhf.cli import parse_config
 from marlhf.data.names import DATASETS, canonical, names_help
+from marlhf.judge.pairing import PairingError, load_results
 
 _SUBREDDIT = re.compile(r"subreddit:\s*r/([A-Za-z0-9_]+)", re.I)
 
@@ -131,12 +136,6 @@ def sample_records(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point of ``evaluation/tools/sample_from_dataset.py``."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from marlhf.cli import parse_config
-    from marlhf.judge.pairing import PairingError, load_results
 
     cfg = parse_config(SampleStage, argv).sample
     try:

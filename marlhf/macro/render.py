@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,6 @@ def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None
     if len(pieces) != len(macro_end):
         raise ValueError(f"{len(pieces)} token pieces but {len(macro_end)} macro_end flags")
     if color is None:
-        import sys
-
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     out = []
     for m, (s, e) in enumerate(macro_groups(macro_end)):

@@ -13,6 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from marlhf.config import ModelConfig
+from marlhf.data.tokenize import bos_prefix
+from marlhf.models.load import load_tokenizer, resolve_model_path
+
 
 # --- tokenizers -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -29,8 +33,6 @@ class TokenizerSignature:
 
 
 def tokenizer_signature(tokenizer: Any, source: str | None = None) -> TokenizerSignature:
-    from marlhf.data.tokenize import bos_prefix
-
     vocab = dict(tokenizer.get_vocab())
     blob = json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")
     special = tuple((k, getattr(tokenizer, f"{k}_token_id", None)) for k in ("bos", "eos", "unk"))
@@ -101,9 +103,6 @@ def check_same_tokenizer(
         BOS, vocabulary hash), or a model whose embedding has fewer rows than the first tokenizer has
         tokens (its ``index out of range``).
     """
-    from marlhf.config import ModelConfig
-    from marlhf.models.load import load_tokenizer, resolve_model_path
-
     sigs: dict[str, TokenizerSignature] = {}
     problems = []
     (first_flag, first), *_ = models.items()

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from marlhf.rewards.segment import LocationNormalizer, ScoreStats
+from marlhf.runtime.checkpoint_files import naming_write_errors
 
 RM_TYPES = ("end", "segment")
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -363,8 +364,6 @@ def _write_reward_dir(
     """Write the files of a reward-model directory; ``reward_config.json`` last and atomically (a
     temporary renamed over it). A full disk raises ``OSError(ENOSPC)`` naming the directory."""
     from safetensors.torch import save_file
-
-    from marlhf.runtime.checkpoint_files import naming_write_errors
 
     with naming_write_errors(
         path, "reward-model checkpoint", "A resume starts from the last complete training state."

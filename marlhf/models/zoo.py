@@ -38,6 +38,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import torch
+
 from marlhf.runtime.home import home
 
 # Bump when the recipe below changes: the cache key includes it.
@@ -119,7 +121,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE):
 
 def build_tiny(out_dir: str | Path, texts: list[str] | None = None, seed: int = 0) -> Path:
     """Train the tokenizer, initialise the model from config and save both to ``out_dir``."""
-    import torch
     from transformers import GemmaConfig, GemmaForCausalLM, GenerationConfig
 
     texts = list(bundled_corpus()) if texts is None else texts

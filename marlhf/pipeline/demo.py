@@ -22,6 +22,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
+from marlhf.pipeline.report import write_report
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Settings sized for 2 CPU cores and a few minutes in all; the real recipes are in training/*/run_gemma.sh.
@@ -227,8 +230,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def labelling_stages(out: Path) -> list[Stage]:
     """The SFT model's answers to every train prompt, twice, and the labeller's comparisons of them."""
-    from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
-
     pairs = policy_pairs_file(out)
     samples = [pairs.with_name(f"sft_seed{s}.jsonl") for s in SAMPLE_SEEDS]
     stages = [
@@ -359,7 +360,6 @@ def main(argv: list[str] | None = None) -> None:
     timings = {
         s.key: _run(s, out / "logs", args.fresh) for s in [*training_stages(args, out), *infer]
     }
-    from marlhf.pipeline.report import write_report
 
     report = write_report(
         out,

@@ -35,6 +35,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from marlhf.data.collate import pad
+from marlhf.data.synthetic import generate_groups, gold_score, prompt_of
+from marlhf.data.tokenize import bos_prefix
+from marlhf.models.reward_model import end_scores
+
 
 @dataclasses.dataclass(frozen=True)
 class PMPPhase:
@@ -60,8 +65,6 @@ def kwise_bt_loss(scores: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tens
 
 def encode(tokenizer, prompt: str, text: str) -> list[int]:
     """``bos + prompt + response + eos`` as the reward stage encodes a comparison's response."""
-    from marlhf.data.tokenize import bos_prefix
-
     ids = tokenizer([prompt, text], add_special_tokens=False)["input_ids"]
     return [*bos_prefix(tokenizer), *ids[0], *ids[1], tokenizer.eos_token_id]
 
@@ -69,8 +72,6 @@ def encode(tokenizer, prompt: str, text: str) -> list[int]:
 def group_batch(tokenizer, groups: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids, attention_mask: (N, T)`` of every candidate of ``groups`` and their
     labelled ``pairs: (P, 2)`` as row indices of the batch."""
-    from marlhf.data.collate import pad
-
     seqs: list[list[int]] = []
     pairs: list[tuple[int, int]] = []
     for g in groups:
@@ -86,10 +87,6 @@ def group_batch(tokenizer, groups: list[dict]) -> tuple[torch.Tensor, torch.Tens
 def heldout_accuracy(model, tokenizer, rows: list[dict], batch: int = 32) -> dict[str, float]:
     """Pairwise accuracy of ``model`` (a :class:`~marlhf.models.reward_model.RewardModel`) on comparisons in
     the TL;DR schema: against their labels, and against the gold order (pairs of unequal gold)."""
-    from marlhf.data.collate import pad
-    from marlhf.data.synthetic import gold_score, prompt_of
-    from marlhf.models.reward_model import end_scores
-
     was_training = model.training
     model.eval()
     labels, gold = [], []
@@ -126,8 +123,6 @@ def pretrain(
     every ``eval_every`` steps and at the end of each phase, :func:`heldout_accuracy` on ``heldout``.
     Returns the logged records (``phase``, ``step``, running train pair accuracy, held-out figures,
     seconds)."""
-    from marlhf.data.synthetic import generate_groups
-
     torch.manual_seed(seed)
     records: list[dict] = []
     t0 = time.time()
@@ -141,7 +136,6 @@ def pretrain(
         for step in range(1, phase.steps + 1):
             chunk = groups[(step - 1) * phase.posts : step * phase.posts]
             ids, mask, pairs = group_batch(tokenizer, chunk)
-            from marlhf.models.reward_model import end_scores
 
             loss, acc = kwise_bt_loss(end_scores(model(ids, mask), mask), pairs)
             opt.zero_grad()

@@ -35,8 +35,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from marlhf.cli import parse_config
+from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
+from marlhf.stages.ppo.config import PPOStageConfig
+from marlhf.stages.reward.train import RewardStageConfig
+from marlhf.stages.sft import SFTConfig
 
 # --- data -----------------------------------------------------------------------------------------
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
@@ -44,8 +49,6 @@ _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow
 
 def data_problem(spec: str) -> str | None:
     """A ``--data_path`` entry that is a missing local path or no known dataset, else None."""
-    from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
-
     if os.path.exists(spec):
         return None
     if ":" in spec:
@@ -66,14 +69,9 @@ def data_problem(spec: str) -> str | None:
 # --- the command ----------------------------------------------------------------------------------
 def _stage_config(stage: str) -> type:
     if stage == "sft":
-        from marlhf.stages.sft import SFTConfig
-
         return SFTConfig
     if stage == "reward":
-        from marlhf.stages.reward.train import RewardStageConfig
-
         return RewardStageConfig
-    from marlhf.stages.ppo.config import PPOStageConfig
 
     return PPOStageConfig
 
@@ -142,8 +140,6 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise."""
-    from marlhf.cli import parse_config
-
     argv = list(sys.argv[1:] if argv is None else argv)
     stages = ("sft", "reward", "ppo")
     if not argv or argv[0] not in stages:

@@ -9,14 +9,24 @@ that describe them. Each recipe runs the project's own stages as a user would::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import torch
+
+from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
+from marlhf.data.long_tasks import gold as gold_of
+from marlhf.data.long_tasks import pretraining_rows as long_rows
+from marlhf.data.synthetic import pretraining_rows, prompt_of
+from marlhf.models.reward_model import VALUE_HEAD_FILE, RewardModel, save_reward_model
 from marlhf.models.zoo import (
     BASE_FILES,
     HORIZON_BASE_DIRS,
@@ -26,6 +36,8 @@ from marlhf.models.zoo import (
     ensure_horizon_base,
     ensure_tiny_base,
 )
+from marlhf.pipeline.preference_pretraining import PMPPhase, pretrain
+from marlhf.runtime.tracking import read_metrics
 
 # The SFT-stage flags that pretrained the shipped base from `tiny` (the corpus path is added).
 PRETRAIN_ROWS = 20000
@@ -82,10 +94,6 @@ def pretrain_base(
     (default: a temporary directory), then copies the model, its tokenizer and ``pretraining.json``
     (recipe and final eval perplexity) into ``out_dir``.
     """
-    import subprocess
-    import time
-
-    from marlhf.data.synthetic import pretraining_rows
 
     if horizon is not None:
         rows = HORIZON_ROWS[horizon] if rows is None else rows
@@ -144,8 +152,6 @@ def _horizon_setup(work: Path, horizon: int):
     ``HORIZON_START[horizon]`` whose config and tokenizer allow ``HORIZON_MAX_POSITIONS`` tokens
     (RoPE: the weights are unchanged), ``HORIZON_FLAGS[horizon]`` and
     ``long_tasks.pretraining_rows(rows, horizon)``."""
-    from marlhf.data.long_tasks import pretraining_rows as long_rows
-
     if horizon not in HORIZON_BASE_DIRS:
         raise ValueError(f"--horizon must be one of {sorted(HORIZON_BASE_DIRS)}, got {horizon}")
     start = work / "start"
@@ -168,7 +174,6 @@ def _horizon_setup(work: Path, horizon: int):
 def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
     """Store the weights in bf16 (they load as fp32: the config says float32) and measure the base:
     the ``pretraining.json`` entries of ``tiny-base-{horizon}``."""
-    import torch
     from safetensors.torch import load_file, save_file
 
     weights = out / "model.safetensors"
@@ -190,8 +195,6 @@ def generate_answers(
 ) -> tuple[list[str], list[int], int]:
     """Answers of a causal LM (left-padded batches; temperature 0: greedy, else pure sampling with
     the torch RNG as it stands), their token lengths without EOS, and how many ended with EOS."""
-    import torch
-
     kwargs = {"do_sample": False}
     if temperature > 0:
         kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0}
@@ -214,12 +217,7 @@ def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> d
     """Gold score (mean), verdict accuracy, EOS rate and answer tokens (mean, min, max) of a model on
     the first ``prompts`` held-out (``valid1``) prompts of both tasks at ``horizon``, greedy and
     sampled at temperature 1 (seed 0, at most ``HORIZON_NEW_TOKENS[horizon]`` new tokens)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
-    from marlhf.data.long_tasks import gold as gold_of
-    from marlhf.data.synthetic import prompt_of
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
@@ -286,7 +284,6 @@ RM_KV_HEADS = 4
 def build_rm_init(out_dir: str | Path, extra_layers: int = RM_EXTRA_LAYERS, seed: int = 0) -> Path:
     """tiny-base with ``extra_layers`` more decoder layers on top (seeded normal init, like the HF
     init of a new model), saved as a causal LM with tiny-base's tokenizer."""
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     base = ensure_tiny_base()
@@ -312,9 +309,6 @@ def _run_stage(module: str, args: list[str], out: Path, data: str) -> float:
     """``python -m module args`` writing ``out`` (log in ``out.log``); its wall time. A step whose
     ``out/recipe_step.json`` records the same module, arguments and ``data`` (what the data file
     holds) already ran in this work directory and is skipped, so an interrupted recipe resumes."""
-    import subprocess
-    import time
-
     signature = {"module": module, "args": args, "data": data}
     done = out / "recipe_step.json"
     if done.is_file():
@@ -345,10 +339,7 @@ def _write_jsonl(path: Path, rows: Iterable[dict]) -> Path:
 def _export_rm_base(rm_dir: Path, out: Path) -> None:
     """The backbone (bf16 weights, loaded as fp32), value head and tokenizer of a reward-model
     directory as a base-model directory that ``RewardModel``/``AutoModel`` load."""
-    import torch
     from safetensors.torch import load_file, save_file
-
-    from marlhf.models.reward_model import VALUE_HEAD_FILE
 
     out.mkdir(parents=True, exist_ok=True)
     for name in ("model.safetensors", VALUE_HEAD_FILE):
@@ -395,11 +386,7 @@ def preference_pretrain(start: Path, out: Path, phases=RM_PMP_PHASES, seed: int 
     """Step 2: a reward model on the backbone of ``start`` (value head seeded with ``seed``) trained
     through ``phases`` (see ``RM_PMP_PHASES``), saved as a reward-model directory ``out``; the
     logged records (held-out accuracy on the bundled comparisons after each phase)."""
-    import torch
     from transformers import AutoTokenizer
-
-    from marlhf.models.reward_model import RewardModel, save_reward_model
-    from marlhf.pipeline.preference_pretraining import PMPPhase, pretrain
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     start = expand_kv_heads(Path(start), Path(out).with_name(Path(out).name + "_init"), RM_KV_HEADS)
@@ -429,10 +416,6 @@ def pretrain_rm_base(
     3. Its backbone and value head (bf16, loaded as fp32) and tokenizer go to ``out_dir`` with
        ``pretraining.json`` (recipe, wall times, figures).
     """
-    import time
-
-    from marlhf.data.synthetic import pretraining_rows
-    from marlhf.runtime.tracking import read_metrics
 
     phases = RM_PMP_PHASES if phases is None else phases
     tmp = tempfile.mkdtemp(prefix="tiny-rm-base-") if workdir is None else None
@@ -477,8 +460,6 @@ def pretrain_rm_base(
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     ap = argparse.ArgumentParser(
         prog="python -m marlhf.tiny",
         description="Build the random tiny model (default) or pretrain tiny-base (--pretrain).",

@@ -38,7 +38,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from marlhf.data.synthetic import gold_score, prompt_of
 from marlhf.judge.stats import bootstrap_ci, win_rate
+from marlhf.models.zoo import bundled_corpus_path
 from marlhf.runtime.tracking import read_metrics
 
 # The first word of every well-formed summary of the synthetic task (see the module docstring).
@@ -198,9 +200,6 @@ def _rm_accuracy(path: Path) -> float | None:
 def _label_ceiling() -> float:
     """Fraction of the bundled held-out comparisons whose label agrees with the gold order: the
     best accuracy a reward model can reach against these labels."""
-    from marlhf.data.synthetic import gold_score, prompt_of
-    from marlhf.models.zoo import bundled_corpus_path
-
     hits = []
     with open(bundled_corpus_path()) as f:
         for line in f:

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from marlhf.macro.segments import build_segments
+
 # Tuning constant of the Huber loss in units of the residual scale: 95 % efficiency at the normal.
 HUBER_DELTA = 1.345
 # MAD / 0.6745 is a consistent estimate of the standard deviation of a normal.
@@ -61,8 +63,6 @@ def segment_readout(
         ``M`` the macro-action count of :func:`marlhf.macro.segments.build_segments` (the largest
         number of segments in the batch, at least 1).
     """
-    from marlhf.macro.segments import build_segments
-
     if values.dim() != 2 or macro_end.dim() != 2 or response_start.shape != values.shape[:1]:
         raise ValueError(
             f"segment_readout: expected values (B, T), response_start (B,), macro_end (B, A); got "

@@ -186,8 +186,6 @@ def skip_identity_allreduce(engine) -> bool:
     as it was: turn it off (about 7 % of a small model's backward on CPU). ZeRO stages 1–3 and the
     half-precision optimizers reduce into their own buffers there and keep it. Returns whether it
     was turned off."""
-    from marlhf.runtime.distributed import world_size
-
     fp32 = not (engine.bfloat16_enabled() or engine.fp16_enabled())
     if world_size() == 1 and engine.zero_optimization_stage() == 0 and fp32:
         engine.enable_backward_allreduce = False

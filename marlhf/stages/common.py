@@ -18,9 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from marlhf.cli import config_to_dict
 from marlhf.config import LoggingConfig, OptimConfig
+from marlhf.data.cache import BuilderFailed
+from marlhf.data.schema import DataError
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.checkpoint import (
     find_resume,
@@ -48,9 +51,6 @@ def run_stage(train: Callable, cfg) -> None:
     waited for another rank's failed data build (:class:`marlhf.data.cache.BuilderFailed`) exits
     with it, quietly (rank 0 names the failing rank, which reports its own error). After a
     successful ``train`` the ranks meet once more and the process group is torn down."""
-    from marlhf.data.cache import BuilderFailed
-    from marlhf.data.schema import DataError
-
     try:
         train(cfg)
     except DataError as e:
@@ -104,8 +104,6 @@ def start(ds_cfg, seed: int) -> None:
 
 def progress(total: int, initial: int, desc: str, disable: bool = False):
     """A tqdm bar on rank 0 (a no-op object elsewhere)."""
-    from tqdm.auto import tqdm
-
     return tqdm(
         total=total,
         initial=initial,

@@ -19,14 +19,16 @@ import torch
 
 from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.data.collate import SFTCollator
 from marlhf.data.config import DataConfig
+from marlhf.data.tokenize import build_sft_dataset
 from marlhf.models.lm_loss import lm_loss_sum
 from marlhf.models.load import load_causal_lm, load_tokenizer
 from marlhf.models.lora import apply_lora
 from marlhf.models.save import save_hf_causal_lm
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
-from marlhf.runtime.engine import build_train_engine
+from marlhf.runtime.engine import build_train_engine, ds_config
 from marlhf.stages.common import (
     ensure_output_dir,
     plan_steps,
@@ -78,9 +80,6 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
 
 
 def train(cfg: SFTConfig) -> Path:
-    from marlhf.data.collate import SFTCollator
-    from marlhf.data.tokenize import build_sft_dataset
-
     start(cfg.ds, cfg.optim.seed)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
@@ -94,8 +93,6 @@ def train(cfg: SFTConfig) -> Path:
     if (
         cfg.ds.zero_stage == 3
     ):  # load the weights partitioned across ranks (big models never fit whole)
-        from marlhf.runtime.engine import ds_config
-
         zero3 = ds_config(
             zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=plan.micro, inference=True
         )

@@ -89,7 +89,7 @@ def test_pretrain_lowers_the_loss_on_a_fixed_group(monkeypatch):
     torch.manual_seed(0)
     model = RewardModel.from_pretrained(ensure_tiny_base())
     group = synthetic.generate_groups(1, seed=9)[0]
-    monkeypatch.setattr(synthetic, "generate_groups", lambda n, seed, kinds: [group] * n)
+    monkeypatch.setattr(pmp, "generate_groups", lambda n, seed, kinds: [group] * n)
     ids, mask, pairs = pmp.group_batch(tok, [group])
 
     def loss():

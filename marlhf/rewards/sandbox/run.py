@@ -98,6 +98,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes.util
 import glob
 import importlib.machinery
 import importlib.util
@@ -508,8 +509,6 @@ def find_seccomp_bindings() -> dict | None:
         if spec is not None and spec.origin and os.path.isfile(spec.origin):
             found = {"name": name, "path": spec.origin}
             if name == "pyseccomp":
-                import ctypes.util
-
                 libs = {n: ctypes.util.find_library(n) for n in ("c", "seccomp")}
                 found["libs"] = {n: p for n, p in libs.items() if p}
             return found

@@ -11,6 +11,7 @@ from marlhf.config import DTYPES, SCHEDULERS, LoggingConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.rewards.code import CodeRewardConfig
+from marlhf.runtime.length_groups import Grouping
 
 
 @dataclass
@@ -503,8 +504,6 @@ class PerfConfig:
     @property
     def grouping(self):
         """The score and update passes' :class:`marlhf.runtime.length_groups.Grouping`."""
-        from marlhf.runtime.length_groups import Grouping
-
         return Grouping(self.length_groups, self.length_group_call_tokens)
 
 

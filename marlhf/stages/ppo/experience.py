@@ -20,6 +20,7 @@ from marlhf.algo.estimators import (
     MCValues,
     build_estimator,
 )
+from marlhf.algo.groups import group_ids, group_stats
 from marlhf.algo.kl_rewards import compose_rewards, kl_penalty, sequence_rewards
 from marlhf.algo.kl_rewards import token_rewards as kl_token_rewards
 from marlhf.algo.losses import masked_mean, masked_whiten
@@ -200,8 +201,6 @@ def estimate_advantages(
 
 def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -> EstimatorInputs:
     """What a critic-free estimator reads from the global batch ``exp``."""
-    from marlhf.algo.groups import group_ids
-
     mask = exp.rollout.action_mask
     G = ppo.n_samples_per_prompt
     mc = None
@@ -248,8 +247,6 @@ def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> E
     exp.stats = experience_stats(exp, segments, term)
     G = cfg.ppo.n_samples_per_prompt
     if G > 1 and exp.outcome is not None:
-        from marlhf.algo.groups import group_ids, group_stats
-
         exp.stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G)))
     return exp
 

@@ -28,8 +28,11 @@ import torch
 from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.cli import config_to_dict
 from marlhf.config import DeepSpeedConfig, ModelConfig
+from marlhf.data.collate import PromptCollator
 from marlhf.macro import build_termination
+from marlhf.macro.render import render_terminal, token_pieces
 from marlhf.models.load import load_tokenizer
+from marlhf.rewards.code import CodeRewarder
 from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
 from marlhf.runtime.resources import PhaseResources
@@ -283,8 +286,6 @@ class Run:
 def setup(cfg: PPOStageConfig) -> Run:
     """Process group and seeds, tokenizer, prompts and plan, the four models, the termination
     rules and the reward sources; writes run_config.json and ds_config.json."""
-    from marlhf.data.collate import PromptCollator
-
     mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
     start(DeepSpeedConfig(local_rank=mc.local_rank, dist_timeout_s=mc.dist_timeout_s), ppo.seed)
     out = ensure_output_dir(cfg.log.output_dir)
@@ -353,8 +354,6 @@ def _reward_sources(cfg: PPOStageConfig):
         )
     rewarder = None
     if ppo.reward_source in ("code", "rm+code"):
-        from marlhf.rewards.code import CodeRewarder
-
         rewarder = CodeRewarder.from_config(cfg.code)
     return gold, rewarder
 
@@ -398,8 +397,6 @@ class _Clock:
 
 def print_answer(tokenizer, ro: Rollout, exp: Experience, prompts: list[str]) -> None:
     """The first response of the step, its macro actions marked with ``|``."""
-    from marlhf.macro.render import render_terminal, token_pieces
-
     n = int(ro.action_mask[0].sum())
     ids = ro.response_ids[0, :n].tolist()
     ends = (exp.segment_ids[0, :n] != torch.roll(exp.segment_ids[0, :n], -1)).tolist()

@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
-from marlhf.models.load import load_causal_lm, resolve_model_path
+from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
+from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora
+from marlhf.models.reward_model import RewardModel, load_reward_model
 from marlhf.runtime.distributed import is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.stages.ppo.config import ActorCriticConfig, PPOConfig, PPOStageConfig
@@ -148,8 +150,6 @@ def build_reference(cfg: PPOStageConfig) -> object:
 
 def _load_critic(cfg: PPOStageConfig):
     """The critic's module (a RewardModel) and the reward_config.json it came with ({} if none)."""
-    from marlhf.models.reward_model import RewardModel, load_reward_model
-
     mc = cfg.models
     dtype = _DTYPES[mc.effective_dtype]
     critic_path = mc.critic_model_name_or_path or mc.actor_model_name_or_path
@@ -172,8 +172,6 @@ def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict,
     micro = ppo.per_device_training_batch_size
     critic, info = _load_critic(cfg)
     if mc.critic_dropout is not None:
-        from marlhf.models.load import set_model_dropout
-
         set_model_dropout(critic, mc.critic_dropout)
     if mc.critic_gradient_checkpointing:
         critic.gradient_checkpointing_enable({"use_reentrant": False})
@@ -196,8 +194,6 @@ def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict,
 def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None, dict]:
     """The frozen reward model's engine (None unless --reward_source uses it) and its
     reward_config.json (``critic_info`` when there is no reward model)."""
-    from marlhf.models.reward_model import RewardModel, load_reward_model
-
     mc = cfg.models
     if cfg.ppo.reward_source not in ("rm", "rm+code"):
         return None, critic_info
@@ -215,8 +211,6 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     LoRA and fresh value heads are initialised randomly). The four share one tokenizer: checked
     before any weights are loaded (`marlhf.models.checks.check_same_tokenizer`). The critic only when
     the estimator reads one (``--advantage_estimator gae``)."""
-    from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
-
     roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
     check_same_tokenizer(roles, trust_remote_code=cfg.models.trust_remote_code)
     actor, actor_ds = build_actor(cfg, total_updates)

@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from marlhf.data.collate import SFTCollator
+from marlhf.data.tokenize import build_prompt_dataset, build_sft_dataset
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.distributed import rank, world_size
 from marlhf.runtime.rows import step_prompt_indices
@@ -83,8 +85,6 @@ def load_prompts(cfg: PPOStageConfig, tokenizer):
     """The PPO split's tokenised prompts (left-padded by the collator later), and the number of
     over-long prompts dropped or truncated. With a code reward, problems without usable test cases
     are left out (APPS has a few)."""
-    from marlhf.data.tokenize import build_prompt_dataset
-
     g, ppo = cfg.generation, cfg.ppo
     prompts, dropped = build_prompt_dataset(
         cfg.data,
@@ -135,9 +135,6 @@ def prompt_metas(batch: dict, n: int) -> list[dict]:
 def sft_batches(cfg: PPOStageConfig, tokenizer, skip: int):
     """Endless SFT micro-batches for the pretraining-mix loss (``--unsup_coef``), this rank's shard,
     from the ``skip``-th on (the batches a resumed run already consumed)."""
-    from marlhf.data.collate import SFTCollator
-    from marlhf.data.tokenize import build_sft_dataset
-
     data = replace(cfg.data, data_path=cfg.ppo.unsup_data_path or cfg.data.data_path)
     ds = build_sft_dataset(data, tokenizer, "train", cfg.ppo.seed)
     collate = SFTCollator(tokenizer.pad_token_id)

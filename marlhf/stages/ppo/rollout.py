@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from marlhf.models.decode import sample
 from marlhf.models.sequences import pack_flush_left, response_mask
+from marlhf.runtime.distributed import world_size
 
 if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
@@ -85,8 +87,6 @@ def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id
     """Response tokens (B, A') from the actor's module, A' <= --max_answer_seq_len; the static
     backend also returns their log-probs and entropies (B, A') (None, None from ``hf``)."""
     if g.generation_backend == "static":
-        from marlhf.models.decode import sample
-
         return sample(
             actor.module,
             prompt_ids,
@@ -102,7 +102,6 @@ def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id
             prompt_bucket=g.max_prompt_seq_len,
             return_logprobs=True,
         )
-    from marlhf.runtime.distributed import world_size
 
     zero3 = actor.zero_optimization_stage() == 3
     out = actor.module.generate(

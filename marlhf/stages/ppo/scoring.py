@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from marlhf.algo.kl_rewards import normalize_scores, spread_segment_rewards
+from marlhf.data.long_tasks import gold_scorer_for
+from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
 from marlhf.models.sequences import end_index
+from marlhf.rewards.code import TestSuite, code_stats, parse_tests
+from marlhf.rewards.segment import segment_positions, segment_readout
+from marlhf.runtime.distributed import all_gather_padded, world_size
 from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward, reward_forward
 from marlhf.stages.ppo.models import eval_mode
 from marlhf.stages.ppo.rollout import Rollout, pad_right, slice_rollout
@@ -95,8 +100,6 @@ def reuses_critic_forward(models: Models, cfg: PPOStageConfig) -> bool:
     (``--reuse_critic_forward``): on one rank (elsewhere the first minibatch holds other ranks'
     rows), on the default path, with no dropout in the critic (scoring runs it without dropout,
     the update with it)."""
-    from marlhf.runtime.distributed import world_size
-
     if not cfg.perf.reuse_critic_forward or models.critic is None or world_size() != 1:
         return False
     if cfg.perf.score_all_positions:
@@ -147,15 +150,11 @@ def concat_scored(scoreds: list[dict], seq_width: int, num_actions: int) -> dict
 def gold_scorer(cfg: PPOStageConfig):
     """The synthetic task's true quality, logged when the prompts come from it (else None):
     ``synthetic-tldr`` or a long-horizon task (`marlhf.data.long_tasks.gold_scorer_for`)."""
-    from marlhf.data.long_tasks import gold_scorer_for
-
     return gold_scorer_for(cfg.data.data_path)
 
 
 def _test_suite(meta: dict):
     """The test cases of a prompt's problem (APPS ``input_output``); an empty suite if none."""
-    from marlhf.rewards.code import TestSuite, parse_tests
-
     raw = meta.get("tests") or meta.get("input_output")
     return parse_tests(raw) if raw else TestSuite((), ())
 
@@ -173,8 +172,6 @@ def _code_rewards(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Execution reward (B,) of each response against its task's test cases (sandboxed), and the
     batch's ``code/*`` metrics (:func:`marlhf.rewards.code.code_stats`)."""
-    from marlhf.rewards.code import code_stats
-
     texts = tokenizer.batch_decode(
         ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
         skip_special_tokens=True,
@@ -262,8 +259,6 @@ class SequenceReward:
 def segment_rule(models: Models, tokenizer):
     """The termination rule the segment reward model was trained with (its reward_config.json)
     and its location-aware normaliser (or None)."""
-    from marlhf.macro import MacroConfig, build_termination
-
     info = models.reward_info or {}
     if info.get("rm_type") != "segment":
         raise ValueError(
@@ -286,10 +281,6 @@ def dense_rewards(
     """Segment-PPO dense rewards (B, A): the segment RM's value at each of its segments' last
     tokens, location-normalised (``normalizer``), spread over the segment's tokens. ``seg_rule`` and
     ``normalizer``: from :func:`segment_rule`."""
-    from marlhf.macro import TerminationInputs, build_segments
-    from marlhf.rewards.segment import segment_positions, segment_readout
-    from marlhf.runtime.distributed import all_gather_padded
-
     if "rm_values" not in scored:
         raise ValueError("--dense_reward needs the segment reward model's per-token values")
     term = seg_rule(

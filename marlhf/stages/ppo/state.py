@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.kl_rewards import AdaptiveKLController, FixedKLController
+from marlhf.models.ema import EMA
+from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
+from marlhf.models.reward_model import save_reward_model_state
 from marlhf.models.save import save_hf_causal_lm
 from marlhf.runtime.checkpoint import (
     find_resume,
@@ -42,7 +45,6 @@ from marlhf.runtime.tracking import Tracker
 from marlhf.stages.common import progress
 
 if TYPE_CHECKING:
-    from marlhf.models.ema import EMA
     from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
@@ -89,8 +91,6 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         set_rng_state(client["rng"])
         log.info("resumed from %s/step-%d", found[0], state.step)
     if ppo.enable_ema:
-        from marlhf.models.ema import EMA
-
         state.ema = EMA(models.actor.module, ppo.ema_decay, zero3=cfg.models.actor_zero_stage == 3)
         # the tag actually loaded (load_train_state falls back past a checkpoint it cannot read)
         tag = f"step-{state.step}"
@@ -136,9 +136,6 @@ def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
 def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfig, run_config):
     """The critic as a reward-model directory (LoRA merged), with the run's and its DeepSpeed
     configs."""
-    from marlhf.models.lora import merge_lora_state_dict
-    from marlhf.models.reward_model import save_reward_model_state
-
     state = gather_state_dict(models.critic.module, cfg.models.critic_zero_stage)
     if not is_main():
         return
@@ -160,8 +157,6 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfi
 def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config) -> None:
     """The actor's EMA as an HF model directory (LoRA merged) with the run's configs (its shadow for
     a resume goes into the train state: :func:`save_checkpoint`)."""
-    from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
-
     like = gather_state_dict(models.actor.module, cfg.models.actor_zero_stage)
     if not is_main():
         return

@@ -24,6 +24,7 @@ import torch
 
 from marlhf.algo.kl_rewards import kl_penalty
 from marlhf.algo.losses import agg_loss, entropy_bonus, policy_loss, policy_terms, value_loss
+from marlhf.models.lm_loss import lm_loss_sum
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.stages.ppo.experience import Experience
 from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward
@@ -90,8 +91,6 @@ def minibatches(exp: Experience, cfg: PPOStageConfig, generator: torch.Generator
 def unsup_loss(actor, batches: Iterator[dict]) -> torch.Tensor:
     """The SFT LM loss of this rank's next pretraining-mix batch, divided by the SFT tokens of all
     ranks' batches (like the PPO terms)."""
-    from marlhf.models.lm_loss import lm_loss_sum
-
     sft = {k: v.to(actor.device) for k, v in next(batches).items()}
     logits = actor(input_ids=sft["input_ids"], attention_mask=sft["attention_mask"]).logits
     nll, count = lm_loss_sum(logits, sft["labels"])

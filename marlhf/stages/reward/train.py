@@ -42,11 +42,33 @@ import torch
 from marlhf.algo.bradley_terry import bt_loss, split_pair
 from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.data.collate import PairCollator
 from marlhf.data.config import DataConfig
+from marlhf.data.tokenize import build_pair_dataset, eot_ids
 from marlhf.macro import MacroConfig, TerminationInputs, build_termination
-from marlhf.models.load import TORCH_DTYPES, resolve_model_path
-from marlhf.models.lora import apply_lora
-from marlhf.models.reward_model import RM_TYPES
+from marlhf.models.load import (
+    TORCH_DTYPES,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model_path,
+    set_dropout_config,
+)
+from marlhf.models.lora import apply_lora, merge_lora_state_dict, unwrap_peft
+from marlhf.models.reward_model import (
+    RM_TYPES,
+    VALUE_HEAD_FILE,
+    RewardModel,
+    end_scores,
+    save_reward_model_state,
+)
+from marlhf.models.sequences import response_logprobs_and_entropy
+from marlhf.rewards.segment import (
+    ScoreStats,
+    fit_location_normalizer,
+    segment_positions,
+    segment_readout,
+    segment_score,
+)
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.checkpoint import gather_state_dict, write_json
 from marlhf.runtime.distributed import all_reduce_sum, barrier, is_main, rank, world_size
@@ -235,9 +257,6 @@ def response_scores(
     values at the last token of each segment (``macro_end: (2B, A) bool`` over ``responses``).
     ``values: (2B, T) float``.
     """
-    from marlhf.models.reward_model import end_scores
-    from marlhf.rewards.segment import segment_readout, segment_score
-
     if macro_end is None:
         return end_scores(values, attention_mask), None
     assert responses is not None
@@ -277,8 +296,6 @@ class Scorer:
         """(2B, A) bool ends of the segments of every row."""
         ref_logprobs = ref_entropy = None
         if self.rule.needs & {"ref_logprobs", "ref_entropy"}:
-            from marlhf.models.sequences import response_logprobs_and_entropy
-
             logits = self.ref(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
@@ -305,8 +322,6 @@ class Scorer:
 
     def scores(self, engine, batch: dict, generator: torch.Generator | None = None):
         """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch."""
-        from marlhf.models.reward_model import end_scores
-
         values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         if not self.segment:
             s = end_scores(values, batch["attention_mask"])
@@ -342,8 +357,6 @@ def evaluate(
     Returns ``({"eval/accuracy", "eval/chosen_mean", "eval/rejected_mean", "eval/score_std",
     "eval/loss"}, ScoreStats of the end scores of all 2N responses)``. Accuracy counts a tie as half.
     """
-    from marlhf.rewards.segment import ScoreStats
-
     cfg = scorer.cfg
     engine.eval()
     acc = torch.zeros(len(_SUMS), dtype=torch.float64)
@@ -403,8 +416,6 @@ def fit_normalizer(engine, dataset, collate, scorer: Scorer):
 
     Uses the first ``--normalizer_max_samples`` pairs of ``dataset`` (all with 0).
     """
-    from marlhf.rewards.segment import fit_location_normalizer, segment_positions, segment_readout
-
     cfg = scorer.cfg
     n = len(dataset)
     if cfg.reward.normalizer_max_samples:
@@ -442,9 +453,6 @@ def build_reward_model(cfg: RewardStageConfig):
     """A fresh value head on the backbone of ``--model_name_or_path`` (dropout, checkpointing, LoRA)."""
     from transformers import AutoConfig
 
-    from marlhf.models.load import set_dropout_config
-    from marlhf.models.reward_model import RewardModel
-
     m = cfg.model
     path = resolve_model_path(m.model_name_or_path)
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
@@ -481,8 +489,6 @@ def load_value_head(model, path: str) -> None:
     """Copy ``path``/value_head.safetensors (``{"weight": (1, hidden)}``) into ``model.v_head``."""
     from safetensors.torch import load_file
 
-    from marlhf.models.reward_model import VALUE_HEAD_FILE
-
     file = Path(path) / VALUE_HEAD_FILE
     if not file.is_file():
         raise FileNotFoundError(
@@ -516,9 +522,6 @@ def save_reward_checkpoint(
     """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` as one
     reward-model directory that :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are
     merged into the backbone. Collective under ZeRO-3 (every rank calls it); rank 0 writes."""
-    from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
-    from marlhf.models.reward_model import save_reward_model_state
-
     _, scaling = unwrap_peft(module.backbone)
     state = gather_state_dict(module, zero_stage)
     if is_main():
@@ -557,9 +560,6 @@ def _check_margins(dataset, cfg: RewardStageConfig) -> None:
 
 
 def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
-    from marlhf.data.tokenize import eot_ids
-    from marlhf.models.load import load_causal_lm
-
     scorer = Scorer(cfg, tokenizer.pad_token_id, eot_ids(cfg.data, tokenizer)[-1])
     if cfg.reward.rm_type != "segment":
         return scorer
@@ -610,10 +610,6 @@ class _RMRun:
 
 def _setup(cfg: RewardStageConfig) -> _RMRun:
     """Process group, data, step plan, scorer, engine and run config of a reward-model run."""
-    from marlhf.data.collate import PairCollator
-    from marlhf.data.tokenize import build_pair_dataset
-    from marlhf.models.load import load_tokenizer
-
     start(cfg.ds, cfg.optim.seed)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
@@ -740,8 +736,6 @@ def _stage_state(run: _RMRun) -> dict:
 
 
 def _load_stage_state(run: _RMRun, state: dict) -> None:
-    from marlhf.rewards.segment import ScoreStats
-
     saved = state.get("last_eval")
     if saved is not None:
         mean, std = saved["score_stats"]
