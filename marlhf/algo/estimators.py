@@ -1,5 +1,5 @@
 """Advantage estimators (``--advantage_estimator``): the critic's macro-action GAE and the critic-free
-estimators GRPO, Dr. GRPO, RLOO, REINFORCE++ and Monte-Carlo credit per macro action (issue #12 §1).
+estimators GRPO, Dr. GRPO, RLOO, REINFORCE++ and Monte-Carlo credit per macro action.
 
 Shapes: B rows (responses), A response tokens, M macro actions, N Monte-Carlo boundaries per row,
 G rows per group (the samples of one prompt). `action_mask: (B, A) bool` is true on a prefix of each row.
@@ -13,7 +13,7 @@ algorithm says (`marlhf.algo.kl_rewards.token_rewards`, `marlhf.algo.kl_rewards.
 What ``--kl_ctl`` means. In every estimator it stays what it always was here, the coefficient beta of
 the per-token KL reward `-beta * KL_t`; how the estimators use those rewards:
 
-- ``gae``: in the rewards of macro-action GAE with the critic, exactly as before.
+- ``gae``: in the rewards of macro-action GAE with the critic (MA-RLHF's own use).
 - ``reinforce_pp``: in the rewards of the discounted return-to-go, before the global whitening
   (REINFORCE++, Hu 2025; OpenRLHF and verl put the KL in the reward for it).
 - ``grpo``, ``dr_grpo``, ``rloo``: the group baseline applies to `scores` only (the KL is not part of

@@ -105,7 +105,7 @@ def agg_loss(
     """Reduce per-term losses `(B, A)` to a scalar (verl's ``loss_agg_mode`` names). A "term" is an entry
     where `weight` is true: a token, or a macro action's first token at the macro ratio level.
 
-    - ``token-mean``: `sum(terms) / num_terms` — every term weighs the same (today's default).
+    - ``token-mean``: `sum(terms) / num_terms` — every term weighs the same (the default).
     - ``seq-mean-token-sum``: `sum_i sum_t terms_{i,t} / num_seqs`.
     - ``seq-mean-token-mean``: `sum_i mean_t terms_{i,t} / num_seqs` — every sequence weighs the same
       (GRPO's and GSPO's published objectives).

@@ -16,8 +16,8 @@ w_k begins, the semi-MDP value: the only weighting whose baseline does not depen
 The sequence score. ``weighted`` is meant for the per-token KL rewards; the reward model's score is one
 number for the whole response and should enter its macro action whole. With ``--eos_own_macro`` a row
 that ends with EOS has the EOS token as a 1-token last macro action, so its score is whole anyway, but a
-truncated row's last macro action is an ordinary chunk and weighting would average the score into it
-(issue #13 item 34). Passing ``scores`` apart from the per-token ``rewards`` keeps it whole: it is added
+truncated row's last macro action is an ordinary chunk and weighting would average the score into it.
+Passing ``scores`` apart from the per-token ``rewards`` keeps it whole: it is added
 to the last macro action's reward after the weighting. With ``sum`` the result is bit-identical to
 passing the rewards with the score already on the last token (`marlhf.algo.kl_rewards.compose_rewards`).
 

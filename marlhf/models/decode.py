@@ -457,7 +457,7 @@ def sample(
     batches whose prompt lengths differ a little share one cache shape (and one CUDA graph); pass the
     maximum prompt length to make every call the same shape. Eager steps ignore it: their window
     covers the written slots only, so extra padding would only add masked work (a 160-token bucket
-    over 131-token prompts cost 7 % of a CPU rollout, issue #14). The cache of the last shape stays
+    over 131-token prompts cost 7 % of a CPU rollout). The cache of the last shape stays
     allocated for the next call (``release_decoders()`` frees it).
     Returns response_ids: (B, A) long, A ≤ max_new_tokens, ``pad_id`` after each row's first EOS; with
     ``return_logprobs`` the tuple (response_ids, logprobs, entropy), the last two (B, A) float32: each

@@ -10,7 +10,7 @@ the model's output embedding that gathers the hidden states of those positions f
 cost, the logits' memory and the log-softmax over them shrink by the prompt's share of the sequence,
 in the forward and in the backward pass (the gather's gradient scatters back into ``(B, T, H)``).
 
-Each kept logit is the head applied to the same hidden state as before: equal to the full path's
+Each kept logit is the head applied to the same hidden state as on the full path: equal to its
 logit up to float rounding (matrix products over fewer rows may round differently).
 
 >>> import torch

@@ -8,7 +8,7 @@ forward per group, each cut to its own longest row, and puts the per-row outputs
 order. Each row's outputs are those of the one-pass forward up to float rounding: a row attends to
 its own tokens only (causal attention over flush-left rows), whichever rows share its pass.
 With gradients on, the groups' graphs join in the reassembled output, so one backward pass covers
-them all and the loss is computed over the whole batch as before.
+them all and the loss is computed over the whole batch, as in one pass.
 
 For a fixed number of groups the best partition is contiguous in the sorted order (exchanging a
 longer row of an earlier group with a shorter row of a later one never adds padding), so a dynamic
@@ -18,8 +18,8 @@ rows in at most ``k`` groups.
 
 Each pass has a fixed cost (Python, kernel launches, a ZeRO-3 gather), counted as ``call_tokens``
 positions, so a batch is split only where that much padding goes (``--length_group_call_tokens``).
-Measured in the PPO stage on CPU (tiny Gemma, 1 thread, ``benchmarks/profile_ppo.py --ab``, issue
-#14), CPU seconds per step one pass → groups (at most 4, call cost 64): at 64-token answers score
+Measured in the PPO stage on CPU (tiny Gemma, 1 thread, ``benchmarks/profile_ppo.py --ab``),
+CPU seconds per step one pass → groups (at most 4, call cost 64): at 64-token answers score
 0.099 → 0.092, train 0.216 → 0.202; at 256, score 0.232 → 0.210, train 0.524 → 0.463; at 16 no
 change (with call cost 0 the 16-token step was 20 % slower: one-row passes).
 

@@ -432,14 +432,14 @@ class PPOConfig:
 
     @property
     def policy_loss_agg_mode(self) -> str:
-        """``--loss_agg_mode``, else the estimator's own, else token-mean (today's)."""
+        """``--loss_agg_mode``, else the estimator's own, else token-mean."""
         return self.loss_agg_mode or ESTIMATORS[self.estimator].loss_agg_mode or "token-mean"
 
 
 @dataclass
 class PerfConfig:
     """How a step is computed, not what it computes: the reference paths the fast ones are tested
-    against, and resource metrics (issue #14)."""
+    against, and resource metrics."""
 
     recompute_old_logprobs: bool = field(
         default=False,

@@ -166,7 +166,7 @@ def estimate_advantages(
     :func:`marlhf.algo.macro_gae.macro_advantages`), each token carrying its macro action's A_k and
     G_k; ``--termination_condition fixed --ngram 1`` is token-level PPO exactly. With
     ``--macro_reward_agg weighted`` the sequence score is passed apart from the KL rewards, so it
-    enters the last macro action whole (issue #13 item 34); with ``sum`` the call is today's. The
+    enters the last macro action whole; with ``sum`` it is on the last token already. The
     critic-free estimators (:mod:`marlhf.algo.estimators`) read the KL rewards, the outcome, the group
     of each row (:func:`marlhf.algo.groups.group_ids`) and ``macro_mc``'s Monte-Carlo values; their
     returns are None (``reinforce_pp``: its returns, for logging). Whitened over the batch's valid

@@ -1,4 +1,4 @@
-"""Monte-Carlo values at macro-action boundaries, for ``--advantage_estimator macro_mc`` (issue #12 §1).
+"""Monte-Carlo values at macro-action boundaries, for ``--advantage_estimator macro_mc``.
 
 At each chosen boundary of a response (:func:`marlhf.algo.estimators.select_mc_boundaries`, at most
 ``--mc_max_boundaries`` per response), the state is prompt ⧺ response[:p]. From it the current
