@@ -164,8 +164,9 @@ def test_registry_names_aliases_and_needs():
 
 @pytest.mark.parametrize("value_function", ["equal", "position", "unit", "start"])
 def test_gae_entry_is_bit_identical_to_the_trainers_path(value_function):
-    """Today's trainer: compose_rewards (score on the last token) then macro_advantages. The
-    estimator takes the score apart and must give the same bits with --macro_reward_agg sum."""
+    """The score on the last token (compose_rewards), then macro_advantages: the registry's gae,
+    which the trainer calls, takes the score apart and must give the same bits with
+    --macro_reward_agg sum."""
     g = torch.Generator().manual_seed(3)
     B, A = 6, 9
     lengths = torch.tensor([9, 4, 1, 0, 7, 9])

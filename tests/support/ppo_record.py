@@ -41,8 +41,8 @@ def setup(cfg):
     return run
 
 
-def generate(models, batch, cfg, tokenizer, eos_ids, **kwargs):
-    ro = _generate(models, batch, cfg, tokenizer, eos_ids, **kwargs)
+def generate(*args, **kwargs):
+    ro = _generate(*args, **kwargs)
     _generated.append(
         {
             "prompt_ids": list(ro.prompt_ids),

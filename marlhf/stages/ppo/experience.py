@@ -8,12 +8,14 @@ batch- or group-level statistics and still give the one-process result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from marlhf.algo.estimators import (
+    ESTIMATORS,
     EstimatorInputs,
     EstimatorOptions,
     MCBoundaries,
@@ -24,14 +26,15 @@ from marlhf.algo.groups import group_ids, group_stats
 from marlhf.algo.kl_rewards import compose_rewards, kl_penalty, sequence_rewards
 from marlhf.algo.kl_rewards import token_rewards as kl_token_rewards
 from marlhf.algo.losses import masked_mean, masked_whiten
-from marlhf.algo.macro_gae import macro_advantages, macro_stats
+from marlhf.algo.macro_gae import macro_stats
 from marlhf.macro import MacroSegments, TerminationInputs, build_segments
 from marlhf.runtime.distributed import all_gather_object, all_gather_padded, world_size
 from marlhf.stages.ppo.rollout import Rollout
 
 if TYPE_CHECKING:
-    from marlhf.macro.termination import TerminationOutput
+    from marlhf.macro.termination import TerminationOutput, TerminationRule
     from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.scoring import Scored
 
 
 @dataclass
@@ -68,7 +71,13 @@ class Experience:
 # 3. segment and reward (per row)
 
 
-def segment(rule, ro: Rollout, scored: dict, row_seeds=None, all_gather=None) -> TerminationOutput:
+def segment(
+    rule: TerminationRule,
+    ro: Rollout,
+    scored: Scored,
+    row_seeds: torch.Tensor | None = None,
+    all_gather: Callable | None = None,
+) -> TerminationOutput:
     """Macro actions of every response by the termination rule (``macro_end`` (B, A) bool).
 
     ``row_seeds`` ((B,) long, `marlhf.runtime.rows.derive_row_seeds`) and ``all_gather``
@@ -79,8 +88,8 @@ def segment(rule, ro: Rollout, scored: dict, row_seeds=None, all_gather=None) ->
             response_ids=ro.response_ids,
             action_mask=ro.action_mask,
             ends_with_eos=ro.ends_with_eos,
-            ref_logprobs=scored["ref_logprobs"],
-            ref_entropy=scored.get("ref_entropy"),
+            ref_logprobs=scored.ref_logprobs,
+            ref_entropy=scored.ref_entropy,
             row_seeds=row_seeds,
             all_gather=all_gather,
         )
@@ -103,7 +112,7 @@ def token_rewards(
     ``kl_rewards`` with ``outcome`` added on the last valid token."""
     mask = ro.action_mask
     segments = build_segments(term.macro_end, mask)
-    kl = kl_penalty(scored["old_logprobs"], scored["ref_logprobs"], ppo.kl_estimator) * mask
+    kl = kl_penalty(scored.old_logprobs, scored.ref_logprobs, ppo.kl_estimator) * mask
     clip = ppo.reward_clip if ppo.reward_clip > 0 else None
     rewards = compose_rewards(
         kl,
@@ -126,14 +135,14 @@ def token_rewards(
     )
     return Experience(
         rollout=ro,
-        old_logprobs=scored["old_logprobs"],
-        ref_logprobs=scored["ref_logprobs"],
-        values=scored["values"] * mask,
+        old_logprobs=scored.old_logprobs,
+        ref_logprobs=scored.ref_logprobs,
+        values=scored.values * mask,
         scores=scores,
         kl=kl,
         rewards=rewards,
         segment_ids=segments.ids,
-        entropy=scored["entropy"],
+        entropy=scored.entropy,
         fallback=term.fallback,
         kl_rewards=kl_rewards,
         outcome=outcome,
@@ -159,48 +168,36 @@ def segments_of(exp: Experience) -> MacroSegments:
 def estimate_advantages(
     exp: Experience, segments: MacroSegments, cfg: PPOStageConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The advantage estimator (``--advantage_estimator``): (advantages (B, A), returns (B, A) or
-    None) of the global batch ``exp``.
+    """The advantage estimator (``--advantage_estimator``, :mod:`marlhf.algo.estimators`):
+    (advantages (B, A), returns (B, A) or None) of the global batch ``exp``. This is the one place
+    advantages are made, every estimator through the registry.
 
     ``gae``: GAE over macro actions with the critic's values (MA-RLHF Sec. 3.2,
     :func:`marlhf.algo.macro_gae.macro_advantages`), each token carrying its macro action's A_k and
-    G_k; ``--termination_condition fixed --ngram 1`` is token-level PPO exactly. With
-    ``--macro_reward_agg weighted`` the sequence score is passed apart from the KL rewards, so it
-    enters the last macro action whole; with ``sum`` it is on the last token already. The
-    critic-free estimators (:mod:`marlhf.algo.estimators`) read the KL rewards, the outcome, the group
-    of each row (:func:`marlhf.algo.groups.group_ids`) and ``macro_mc``'s Monte-Carlo values; their
-    returns are None (``reinforce_pp``: its returns, for logging). Whitened over the batch's valid
-    tokens with ``--whiten_advantages``. This is the one place advantages are made."""
+    G_k; ``--termination_condition fixed --ngram 1`` is token-level PPO exactly. It reads the KL
+    rewards and the outcome apart, so the sequence score enters the last macro action whole with
+    ``--macro_reward_agg weighted`` (with ``sum`` the same bits as the score on the last token).
+    The critic-free estimators read the KL rewards, the outcome, the group of each row
+    (:func:`marlhf.algo.groups.group_ids`) and ``macro_mc``'s Monte-Carlo values; their returns are
+    None (``reinforce_pp``: its returns, for logging). Whitened over the batch's valid tokens with
+    ``--whiten_advantages``."""
     ppo, mcfg = cfg.ppo, cfg.macro
     mask = exp.rollout.action_mask
-    if ppo.estimator == "gae":
-        weighted = mcfg.macro_reward_agg == "weighted"
-        adv, ret = macro_advantages(
-            exp.kl_rewards if weighted else exp.rewards,
-            exp.values,
-            mask,
-            segments,
-            value_function=mcfg.value_function,
-            reward_agg=mcfg.macro_reward_agg,
-            gamma=ppo.gamma,
-            lam=ppo.lam,
-            scores=exp.outcome if weighted else None,
-        )
-    else:
-        options = EstimatorOptions(
-            gamma=ppo.gamma,
-            lam=ppo.lam,
-            value_function=mcfg.value_function,
-            reward_agg=mcfg.macro_reward_agg,
-        )
-        adv, ret = build_estimator(ppo.estimator, options)(estimator_inputs(exp, segments, ppo))
+    options = EstimatorOptions(
+        gamma=ppo.gamma,
+        lam=ppo.lam,
+        value_function=mcfg.value_function,
+        reward_agg=mcfg.macro_reward_agg,
+    )
+    adv, ret = build_estimator(ppo.estimator, options)(estimator_inputs(exp, segments, ppo))
     if ppo.whiten_advantages:
         adv = masked_whiten(adv, mask)
     return adv, ret
 
 
 def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -> EstimatorInputs:
-    """What a critic-free estimator reads from the global batch ``exp``."""
+    """What the estimator of ``--advantage_estimator`` reads from the global batch ``exp``: the
+    critic's values only for one that reads a critic."""
     mask = exp.rollout.action_mask
     G = ppo.n_samples_per_prompt
     mc = None
@@ -208,13 +205,17 @@ def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -
         pos = exp.mc_positions
         valid = pos >= 0
         macro = torch.where(valid, segments.ids.gather(1, pos.clamp(min=0)), -1)
-        mc = MCValues(MCBoundaries(pos, valid, macro), exp.mc_values, exp.mc_prompt_values)
+        mc = MCValues(
+            boundaries=MCBoundaries(positions=pos, mask=valid, macro_index=macro),
+            values=exp.mc_values,
+            prompt_values=exp.mc_prompt_values,
+        )
     return EstimatorInputs(
         kl_rewards=exp.kl_rewards,
         scores=exp.outcome,
         action_mask=mask,
         segments=segments,
-        values=None,
+        values=exp.values if ESTIMATORS[ppo.estimator].needs_critic else None,
         group_ids=group_ids(mask.shape[0], G, mask.device) if G > 1 else None,
         mc=mc,
     )
@@ -241,40 +242,36 @@ def experience_stats(
 
 
 def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> Experience:
-    """``exp`` (the global batch) with its advantages, returns and statistics."""
+    """4. ``exp`` (the global batch, :func:`gather_experience`) with its advantages, returns and
+    statistics."""
     segments = segments_of(exp)
-    exp.advantages, exp.returns = estimate_advantages(exp, segments, cfg)
-    exp.stats = experience_stats(exp, segments, term)
+    advantages, returns = estimate_advantages(exp, segments, cfg)
+    stats = experience_stats(exp, segments, term)
     G = cfg.ppo.n_samples_per_prompt
     if G > 1 and exp.outcome is not None:
-        exp.stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G)))
-    return exp
+        stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G)))
+    return replace(exp, advantages=advantages, returns=returns, stats=stats)
 
 
 def make_experience(
+    rule: TerminationRule,
     ro: Rollout,
-    scored: dict[str, torch.Tensor],
+    scored: Scored,
     scores: torch.Tensor,
-    rule,
-    cfg: PPOStageConfig,
+    ppo: PPOConfig,
     kl_coef: float,
+    *,
     row_seeds: torch.Tensor | None = None,
     dense: torch.Tensor | None = None,
-    gather=None,
-    all_gather=None,
-) -> Experience:
-    """Steps 3–4 in one call, as the training loop takes them: macro actions → rewards → (gather)
-    → advantages. ``scores``: (B,) final sequence rewards.
-
-    ``gather`` (``Experience -> Experience``; the trainer passes :func:`gather_experience` under
-    data parallelism) is applied before the estimate, the advantage whitening and the logged
-    statistics, so those are over the global batch, as in one process. ``row_seeds`` and
-    ``all_gather`` go to the termination rule (:func:`segment`)."""
+    all_gather: Callable | None = None,
+) -> tuple[TerminationOutput, Experience]:
+    """3. This rank's rows as experience: macro actions by the termination rule (:func:`segment`;
+    ``row_seeds`` and ``all_gather`` make them independent of the split over ranks), then the
+    per-token rewards (:func:`token_rewards`; ``scores``: (B,) sequence rewards, ``dense``: Segment-PPO's
+    dense rewards). The loop then gathers the global batch (:func:`gather_experience`) and
+    estimates it (:func:`estimate`)."""
     term = segment(rule, ro, scored, row_seeds, all_gather)
-    exp = token_rewards(ro, scored, scores, term, cfg.ppo, kl_coef, dense)
-    if gather is not None:
-        exp = gather(exp)
-    return estimate(exp, term, cfg)
+    return term, token_rewards(ro, scored, scores, term, ppo, kl_coef, dense)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -303,13 +300,13 @@ def gather_experience(exp: Experience, pad_id: int, block: int) -> Experience:
     prompt_ids = sum(all_gather_object(ro.prompt_ids), [])
     return Experience(
         rollout=Rollout(
-            rows(ro.sequences, pad_id),
-            rows(ro.attention_mask, False),
-            rows(ro.response_start, 0),
-            rows(ro.response_ids, pad_id),
-            rows(ro.action_mask, False),
-            rows(ro.ends_with_eos, False),
-            [prompt_ids[i] for i in order.tolist()],
+            sequences=rows(ro.sequences, pad_id),
+            attention_mask=rows(ro.attention_mask, False),
+            response_start=rows(ro.response_start, 0),
+            response_ids=rows(ro.response_ids, pad_id),
+            action_mask=rows(ro.action_mask, False),
+            ends_with_eos=rows(ro.ends_with_eos, False),
+            prompt_ids=[prompt_ids[i] for i in order.tolist()],
         ),
         old_logprobs=rows(exp.old_logprobs, 0.0),
         ref_logprobs=rows(exp.ref_logprobs, 0.0),

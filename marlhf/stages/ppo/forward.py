@@ -91,10 +91,14 @@ def policy_forward(
 def _rows(ro: Rollout, b0: int, b1: int) -> Rollout:
     """Rows b0..b1 of ``ro`` at the full widths (T, A)."""
     return Rollout(
-        ro.sequences[b0:b1], ro.attention_mask[b0:b1], ro.response_start[b0:b1],
-        ro.response_ids[b0:b1], ro.action_mask[b0:b1], ro.ends_with_eos[b0:b1],
-        ro.prompt_ids[b0:b1],
-    )  # fmt: skip
+        sequences=ro.sequences[b0:b1],
+        attention_mask=ro.attention_mask[b0:b1],
+        response_start=ro.response_start[b0:b1],
+        response_ids=ro.response_ids[b0:b1],
+        action_mask=ro.action_mask[b0:b1],
+        ends_with_eos=ro.ends_with_eos[b0:b1],
+        prompt_ids=ro.prompt_ids[b0:b1],
+    )
 
 
 def _response_forward(

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,7 +31,7 @@ from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.cli import config_to_dict
 from marlhf.config import DeepSpeedConfig, ModelConfig
 from marlhf.data.collate import PromptCollator
-from marlhf.macro import build_termination
+from marlhf.macro import TerminationRule, build_termination
 from marlhf.macro.render import render_terminal, token_pieces
 from marlhf.models.load import load_tokenizer
 from marlhf.rewards.code import CodeRewarder
@@ -43,8 +45,7 @@ from marlhf.stages.ppo.experience import (
     Experience,
     estimate,
     gather_experience,
-    segment,
-    token_rewards,
+    make_experience,
 )
 from marlhf.stages.ppo.mc import monte_carlo
 from marlhf.stages.ppo.models import Models, build_models
@@ -64,6 +65,7 @@ from marlhf.stages.ppo.rollout import (
     resolve_backend,
 )
 from marlhf.stages.ppo.scoring import (
+    Scored,
     SequenceReward,
     concat_scored,
     dense_rewards,
@@ -75,6 +77,12 @@ from marlhf.stages.ppo.scoring import (
 )
 from marlhf.stages.ppo.state import TrainState, open_tracker, resume, save_checkpoint
 from marlhf.stages.ppo.update import first_minibatch_rows, ppo_update
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+    from marlhf.rewards.segment import LocationNormalizer
 
 log = logging.getLogger("marlhf.ppo")
 
@@ -126,10 +134,10 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     kept = None
     if first is not None:
         with clock("time/score"):
-            kept = kept_critic_values(run.models, ro, scored, first, cfg)
+            scored, kept = kept_critic_values(run.models, ro, scored, first, cfg)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
-        scores, code_metrics = run.reward(ro, scored, metas, prompt_texts)
+        scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
     # per-row randomness is drawn from (seed, step, the row's global index): split-independent, and
     # a resumed run redraws it without a saved generator state (streams 0 segments, 1 dense rewards)
     rows = global_rows(len(ro.prompt_ids), plan.generation_batch, rank(), plan.world)
@@ -140,13 +148,15 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     with clock("time/macro"):
         # 3. segment: macro actions, per-token rewards
         seeds = derive_row_seeds(ppo.seed, state.step, rows)
-        term = segment(run.rule, ro, scored, seeds, all_gather_padded)
-        exp = token_rewards(ro, scored, scores, term, ppo, state.kl_ctl.value, dense)
+        term, exp = make_experience(
+            run.rule, ro, scored, scores, ppo, state.kl_ctl.value,
+            row_seeds=seeds, dense=dense, all_gather=all_gather_padded,
+        )  # fmt: skip
     mc_stats: dict[str, float] = {}
     if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
         with clock("time/mc"):
             exp, mc_stats = monte_carlo(
-                run.models, cfg, run.tokenizer, run.eos_ids, run.reward,
+                run.models, cfg, run.backend, run.tokenizer, run.eos_ids, run.reward,
                 state.step, exp, rows, metas, prompt_texts,
             )  # fmt: skip
     with clock("time/macro"):
@@ -180,7 +190,7 @@ def step_metrics(
     state: TrainState,
     metrics: dict,
     ro: Rollout,
-    scored: dict,
+    scored: Scored,
     scores: torch.Tensor,
     exp: Experience,
     prompt_texts: list[str],
@@ -188,7 +198,7 @@ def step_metrics(
     """``metrics`` with the step's score, KL coefficient, critic and gold metrics, averaged over
     ranks. ``metrics`` (experience and update stats) are over the global batch already (the same on
     every rank); the row means of this rank's rows (score, gold) average over ranks (equal counts)."""
-    raw_rm = scored.get("scores")
+    raw_rm = scored.rm_scores
     metrics["objective/score"] = (
         float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
     )
@@ -220,13 +230,14 @@ def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Ten
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
         sample_seeds = None
-        if cfg.generation.generation_backend == "static":
+        if run.backend == "static":
             rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
             sample_seeds = derive_row_seeds(cfg.ppo.seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro = generate(
-                run.models, batch, cfg, run.tokenizer, run.eos_ids, row_seeds=sample_seeds
-            )
+                run.models.actor, batch, cfg.generation, run.backend, run.tokenizer, run.eos_ids,
+                row_seeds=sample_seeds,
+            )  # fmt: skip
         later = None
         if later_values is not None:  # those of this generation batch's rows, local indices
             inside = (later_values >= offset) & (later_values < offset + len(idx))
@@ -260,27 +271,27 @@ def critic_metrics(exp: Experience) -> dict[str, float]:
 # set-up
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """What the loop reads, built once by :func:`setup`."""
 
     cfg: PPOStageConfig
     out: Path
-    tokenizer: object
-    prompts: object  # the tokenised PPO prompts (a datasets.Dataset)
-    collate: object  # PromptCollator: left-pads a list of prompts
+    tokenizer: PreTrainedTokenizerBase
+    prompts: Dataset  # the tokenised PPO prompts
+    collate: PromptCollator  # left-pads a list of prompts
     plan: RolloutPlan
     models: Models
-    rule: object  # the termination rule (marlhf.macro.build_termination)
-    seg_rule: object | None  # --dense_reward: the segment RM's own rule
-    seg_norm: object | None  # --dense_reward: its location normaliser
+    backend: str  # the rollouts' decoder: `hf` or `static` (--generation_backend, `auto` resolved)
+    rule: TerminationRule  # cuts responses into macro actions (--termination_condition)
+    seg_rule: TerminationRule | None  # --dense_reward: the segment RM's own rule
+    seg_norm: LocationNormalizer | None  # --dense_reward: its location normaliser
     need_entropy: bool  # a rule reads the reference's entropies
     eos_ids: list[int]
-    gold: object | None  # the synthetic task's gold scorer (logged; the reward with `gold`)
-    rewarder: object | None  # CodeRewarder with --reward_source code / rm+code
-    score_stats: object | None  # the reward model's score mean/std (--normalize_reward)
+    gold: Callable[[str, str], float] | None  # the synthetic task's gold scorer (logged)
+    rewarder: CodeRewarder | None  # the execution reward (--reward_source code / rm+code)
     reward: SequenceReward  # the step's sequence-level reward (--reward_source)
-    run_config: dict
+    run_config: dict  # run_config.json: the config as it ran (the backend resolved)
 
 
 def setup(cfg: PPOStageConfig) -> Run:
@@ -307,7 +318,7 @@ def setup(cfg: PPOStageConfig) -> Run:
             "(the static decoder has no synced_gpus mode)"
         )
     models = build_models(cfg, plan.total_updates)
-    g.generation_backend = resolve_backend(cfg, models.actor.module.config)  # `auto` -> hf/static
+    backend = resolve_backend(g, mc.actor_zero_stage, models.actor.module.config)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)
@@ -315,7 +326,8 @@ def setup(cfg: PPOStageConfig) -> Run:
         seg_rule is not None and "ref_entropy" in seg_rule.needs
     )
     gold, rewarder = _reward_sources(cfg)
-    run_config = config_to_dict(cfg)
+    # what ran: the config with the resolved backend (a copy; the config itself keeps `auto`)
+    run_config = config_to_dict(replace(cfg, generation=replace(g, generation_backend=backend)))
     if is_main():
         write_json(out / "run_config.json", run_config)
         ds = {"actor": models.actor_ds, "critic": models.critic_ds}
@@ -334,12 +346,25 @@ def setup(cfg: PPOStageConfig) -> Run:
         )
     score_stats = models.reward_info.get("score_stats") if models.reward_info else None
     oracle = gold if ppo.reward_source == "gold" else None
-    reward = SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle)
     return Run(
-        cfg, out, tokenizer, prompts, PromptCollator(tokenizer.pad_token_id), plan, models, rule,
-        seg_rule, seg_norm, need_entropy, eos_token_ids(tokenizer, cfg.data), gold, rewarder,
-        score_stats, reward, run_config,
-    )  # fmt: skip
+        cfg=cfg,
+        out=out,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        collate=PromptCollator(tokenizer.pad_token_id),
+        plan=plan,
+        models=models,
+        backend=backend,
+        rule=rule,
+        seg_rule=seg_rule,
+        seg_norm=seg_norm,
+        need_entropy=need_entropy,
+        eos_ids=eos_token_ids(tokenizer, cfg.data),
+        gold=gold,
+        rewarder=rewarder,
+        reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle),
+        run_config=run_config,
+    )
 
 
 def _reward_sources(cfg: PPOStageConfig):

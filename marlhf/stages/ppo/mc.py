@@ -156,11 +156,11 @@ def score_continued(
     gold), clipped, plus the no-EOS penalty — what the responses' ``outcome`` is. ``reward_model``:
     the reward model's engine (None without one)."""
     ppo = reward.ppo
-    scored = {}
+    rm_scores = None
     if reward_model is not None:
         rm = reward_model(input_ids=full.sequences, attention_mask=full.attention_mask.long())
-        scored["scores"] = rm.gather(1, end_index(full.attention_mask)[:, None]).squeeze(1)
-    scores, _ = reward(full, scored, metas, texts)
+        rm_scores = rm.gather(1, end_index(full.attention_mask)[:, None]).squeeze(1)
+    scores, _ = reward(full, rm_scores, metas, texts)
     return sequence_rewards(
         scores,
         full.action_mask,
@@ -184,6 +184,7 @@ def _chunks(jobs: MCJobs, size: int, collective: bool) -> list[torch.Tensor | No
 def continuation_rewards(
     models: Models,
     cfg: PPOStageConfig,
+    backend: str,
     tokenizer,
     eos_ids: list[int],
     reward: SequenceReward,
@@ -199,7 +200,7 @@ def continuation_rewards(
     g, ppo = cfg.generation, cfg.ppo
     pad = tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
-    static = g.generation_backend == "static"
+    static = backend == "static"
     engines = (models.actor, models.reward)
     zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
     device = ro.sequences.device
@@ -212,11 +213,9 @@ def continuation_rewards(
             rows, prefix, key = jobs.row[idx], jobs.prefix[idx], keys[idx]
         rows, prefix = rows.to(device), prefix.to(device)
         seeds = derive_row_seeds(ppo.seed, step, key, MC_STREAM) if static else None
-        call = replace(
-            cfg, generation=replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
-        )
+        call = replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
         batch = prefix_batch(ro, rows, prefix, pad)
-        cont = generate(models, batch, call, tokenizer, eos_ids, row_seeds=seeds)
+        cont = generate(models.actor, batch, call, backend, tokenizer, eos_ids, row_seeds=seeds)
         full = continued_rollout(ro, rows, prefix, cont, g.max_answer_seq_len, pad)
         if dummy:
             if models.reward is not None:
@@ -233,6 +232,7 @@ def continuation_rewards(
 def monte_carlo(
     models: Models,
     cfg: PPOStageConfig,
+    backend: str,
     tokenizer,
     eos_ids: list[int],
     reward: SequenceReward,
@@ -249,18 +249,36 @@ def monte_carlo(
     K, C = ppo.mc_rollouts, ppo.mc_max_boundaries
     boundaries = select_mc_boundaries(segments_of(exp), C)
     with_prompt = ppo.n_samples_per_prompt == 1
-    cpu = MCBoundaries(*(x.cpu() for x in vars(boundaries).values()))
+    cpu = MCBoundaries(
+        positions=boundaries.positions.cpu(),
+        mask=boundaries.mask.cpu(),
+        macro_index=boundaries.macro_index.cpu(),
+    )
     jobs = continuation_jobs(cpu, K, with_prompt)
     keys = job_keys(jobs, rows.cpu(), C, K)
     rewards = continuation_rewards(
-        models, cfg, tokenizer, eos_ids, reward, step, exp.rollout, jobs, keys, metas, texts
+        models,
+        cfg,
+        backend,
+        tokenizer,
+        eos_ids,
+        reward,
+        step,
+        exp.rollout,
+        jobs,
+        keys,
+        metas,
+        texts,
     )
     B, N = boundaries.positions.shape
     values, prompt_values = mc_means(rewards, jobs, B, N)
     device = exp.outcome.device
-    exp.mc_positions = boundaries.positions
-    exp.mc_values = values.to(device, exp.outcome.dtype)
-    exp.mc_prompt_values = prompt_values.to(device, exp.outcome.dtype) if with_prompt else None
+    exp = replace(
+        exp,
+        mc_positions=boundaries.positions,
+        mc_values=values.to(device, exp.outcome.dtype),
+        mc_prompt_values=prompt_values.to(device, exp.outcome.dtype) if with_prompt else None,
+    )
     counts = all_reduce_sum(
         torch.tensor([jobs.row.numel(), int(boundaries.mask.sum()), B], dtype=torch.float64)
     )

@@ -225,4 +225,12 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
                 cfg.ppo.estimator,
             )
     reward, reward_info = build_reward(cfg, critic_info)
-    return Models(actor, critic, ref, reward, reward_info, actor_ds, critic_ds)
+    return Models(
+        actor=actor,
+        critic=critic,
+        ref=ref,
+        reward=reward,
+        reward_info=reward_info,
+        actor_ds=actor_ds,
+        critic_ds=critic_ds,
+    )

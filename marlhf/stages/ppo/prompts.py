@@ -78,7 +78,16 @@ def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
         total = min(total, ppo.max_steps)
     minibatches = rollout_size // ppo.per_device_training_batch_size
     total_updates = max(1, total * ppo.ppo_epochs * minibatches // ppo.gradient_accumulation_steps)
-    return RolloutPlan(n_prompts, gen_bs, gen_batches, ws, spe, total, total_updates, G)
+    return RolloutPlan(
+        n_prompts=n_prompts,
+        generation_batch=gen_bs,
+        generation_batches=gen_batches,
+        world=ws,
+        steps_per_epoch=spe,
+        total=total,
+        total_updates=total_updates,
+        samples_per_prompt=G,
+    )
 
 
 def load_prompts(cfg: PPOStageConfig, tokenizer):

@@ -15,8 +15,7 @@ from marlhf.runtime.distributed import world_size
 
 if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
-    from marlhf.stages.ppo.config import GenerationConfig, PPOStageConfig
-    from marlhf.stages.ppo.models import Models
+    from marlhf.stages.ppo.config import GenerationConfig
 
 
 @dataclass
@@ -54,14 +53,15 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
 STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
 
 
-def resolve_backend(cfg: PPOStageConfig, model_config) -> str:
-    """``--generation_backend`` with ``auto`` resolved for the actor's config: ``static`` for a
-    full-attention model of :data:`STATIC_MODEL_TYPES` (no sliding window), unless the actor is
-    ZeRO-3 partitioned without ``--enable_zero3_generation_gather``; else ``hf``."""
-    g = cfg.generation
+def resolve_backend(g: GenerationConfig, actor_zero_stage: int, model_config) -> str:
+    """The decoder of the rollouts: ``--generation_backend``, with ``auto`` resolved for the
+    actor's config: ``static`` for a full-attention model of :data:`STATIC_MODEL_TYPES` (no sliding
+    window), unless the actor is ZeRO-3 partitioned (``actor_zero_stage``) without
+    ``--enable_zero3_generation_gather``; else ``hf``. The config keeps ``auto``: the loop carries
+    the resolved name."""
     if g.generation_backend != "auto":
         return g.generation_backend
-    if cfg.models.actor_zero_stage == 3 and not g.enable_zero3_generation_gather:
+    if actor_zero_stage == 3 and not g.enable_zero3_generation_gather:
         return "hf"
     text = (
         model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
@@ -83,10 +83,12 @@ def _zero3_gather(engine, enabled: bool):
     return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
 
 
-def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id, row_seeds):
+def _sample(
+    actor, prompt_ids, prompt_mask, g: GenerationConfig, backend: str, eos_ids, pad_id, row_seeds
+):
     """Response tokens (B, A') from the actor's module, A' <= --max_answer_seq_len; the static
     backend also returns their log-probs and entropies (B, A') (None, None from ``hf``)."""
-    if g.generation_backend == "static":
+    if backend == "static":
         return sample(
             actor.module,
             prompt_ids,
@@ -122,28 +124,28 @@ def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id
 
 @torch.no_grad()
 def generate(
-    models: Models,
+    actor,
     batch: dict,
-    cfg: PPOStageConfig,
+    g: GenerationConfig,
+    backend: str,
     tokenizer,
     eos_ids: list[int],
     row_seeds: torch.Tensor | None = None,
 ) -> Rollout:
-    """Sample one response per prompt of ``batch`` with the actor.
+    """Sample one response per prompt of ``batch`` with the ``actor`` engine, by the ``backend``
+    decoder (:func:`resolve_backend`), as ``g`` (``--max_answer_seq_len``, temperature, ...) says.
 
     ``row_seeds`` ((B,) long, static backend only): the static decoder's counter-based noise, so each
     row's response depends on its seed and prompt, not on the rows beside it; ``None`` draws from the
     global RNG. The ``hf`` backend (``model.generate``) always draws from the global RNG, one stream
     per rank, and left-pads to the local batch: its samples depend on how the batch is split."""
-    g = cfg.generation
-    actor = models.actor
     device = actor.device
     prompt_ids = batch["input_ids"].to(device)
     prompt_mask = batch["attention_mask"].to(device)
     actor.eval()
     with _zero3_gather(actor, g.enable_zero3_generation_gather):
         response_ids, logprobs, entropy = _sample(
-            actor, prompt_ids, prompt_mask, g, eos_ids, tokenizer.pad_token_id, row_seeds
+            actor, prompt_ids, prompt_mask, g, backend, eos_ids, tokenizer.pad_token_id, row_seeds
         )
     actor.train()
     if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
@@ -160,7 +162,17 @@ def generate(
         prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
     )
     prompt_id = list(batch["prompt_id"])
-    return Rollout(seq, att, start, response_ids, action_mask, ends, prompt_id, logprobs, entropy)
+    return Rollout(
+        sequences=seq,
+        attention_mask=att,
+        response_start=start,
+        response_ids=response_ids,
+        action_mask=action_mask,
+        ends_with_eos=ends,
+        prompt_ids=prompt_id,
+        logprobs=logprobs,
+        entropy=entropy,
+    )
 
 
 def pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
@@ -175,14 +187,15 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
     T = max(r.sequences.shape[1] for r in rollouts)
     A = max(r.response_ids.shape[1] for r in rollouts)
     return Rollout(
-        torch.cat([pad_right(r.sequences, T, pad_id) for r in rollouts]),
-        torch.cat([pad_right(r.attention_mask, T, False) for r in rollouts]),
-        torch.cat([r.response_start for r in rollouts]),
-        torch.cat([pad_right(r.response_ids, A, pad_id) for r in rollouts]),
-        torch.cat([pad_right(r.action_mask, A, False) for r in rollouts]),
-        torch.cat([r.ends_with_eos for r in rollouts]),
-        sum((r.prompt_ids for r in rollouts), []),
-        *(_cat_recorded([getattr(r, k) for r in rollouts], A) for k in ("logprobs", "entropy")),
+        sequences=torch.cat([pad_right(r.sequences, T, pad_id) for r in rollouts]),
+        attention_mask=torch.cat([pad_right(r.attention_mask, T, False) for r in rollouts]),
+        response_start=torch.cat([r.response_start for r in rollouts]),
+        response_ids=torch.cat([pad_right(r.response_ids, A, pad_id) for r in rollouts]),
+        action_mask=torch.cat([pad_right(r.action_mask, A, False) for r in rollouts]),
+        ends_with_eos=torch.cat([r.ends_with_eos for r in rollouts]),
+        prompt_ids=sum((r.prompt_ids for r in rollouts), []),
+        logprobs=_cat_recorded([r.logprobs for r in rollouts], A),
+        entropy=_cat_recorded([r.entropy for r in rollouts], A),
     )
 
 
@@ -203,13 +216,13 @@ def slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
     a = int(ro.action_mask[idx].sum(1).max().clamp(min=1))
     t = int(ro.attention_mask[idx].sum(1).max())
     return Rollout(
-        ro.sequences[idx, :t],
-        ro.attention_mask[idx, :t],
-        ro.response_start[idx],
-        ro.response_ids[idx, :a],
-        ro.action_mask[idx, :a],
-        ro.ends_with_eos[idx],
-        [ro.prompt_ids[i] for i in idx.tolist()],
-        None if ro.logprobs is None else ro.logprobs[idx, :a],
-        None if ro.entropy is None else ro.entropy[idx, :a],
+        sequences=ro.sequences[idx, :t],
+        attention_mask=ro.attention_mask[idx, :t],
+        response_start=ro.response_start[idx],
+        response_ids=ro.response_ids[idx, :a],
+        action_mask=ro.action_mask[idx, :a],
+        ends_with_eos=ro.ends_with_eos[idx],
+        prompt_ids=[ro.prompt_ids[i] for i in idx.tolist()],
+        logprobs=None if ro.logprobs is None else ro.logprobs[idx, :a],
+        entropy=None if ro.entropy is None else ro.entropy[idx, :a],
     )

@@ -2,15 +2,14 @@
 model) and the sequence-level reward of each response (reward model, code execution or the gold
 oracle, and Segment-PPO's dense segment rewards).
 
-A scored rollout is a dict of tensors (``old_logprobs``, ``entropy``, ``ref_logprobs``,
-``ref_entropy``, ``values`` (B, A); with a reward model ``rm_values`` (B, T) and ``scores`` (B,)).
+What the forward passes give is a :class:`Scored`; the sequence-level reward a (B,) tensor.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +32,19 @@ if TYPE_CHECKING:
     from marlhf.stages.ppo.models import Models
 
 
+@dataclass(frozen=True)
+class Scored:
+    """The forward passes over one rollout (B rows, A response tokens, T positions)."""
+
+    old_logprobs: torch.Tensor  # (B, A) log π_old(a_t | s_t) at the sampling temperature
+    entropy: torch.Tensor  # (B, A) entropy of π_old(· | s_t) at the sampling temperature
+    ref_logprobs: torch.Tensor  # (B, A) log π_ref(a_t | s_t)
+    values: torch.Tensor  # (B, A) critic V(s_t); 0 without a critic
+    ref_entropy: torch.Tensor | None = None  # (B, A) entropy of π_ref, when a rule reads it
+    rm_values: torch.Tensor | None = None  # (B, T) the reward model's value at every position
+    rm_scores: torch.Tensor | None = None  # (B,) its value at each row's last token (the score)
+
+
 @torch.inference_mode()
 def score(
     models: Models,
@@ -40,9 +52,8 @@ def score(
     cfg: PPOStageConfig,
     need_entropy: bool,
     later_values: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """The forward passes of one generation batch (see the module docstring for the keys), all
-    with dropout off (:func:`marlhf.stages.ppo.models.eval_mode`). ``need_entropy``: also the reference's
+) -> Scored:
+    """The forward passes of one generation batch (:class:`Scored`), all with dropout off (:func:`marlhf.stages.ppo.models.eval_mode`). ``need_entropy``: also the reference's
     entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
     autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
     rollout when the decoder recorded them (same weights, same dtype), unless
@@ -72,20 +83,19 @@ def score(
             if len(rest):
                 part = critic_forward(critic, slice_rollout(ro, rest), groups=groups)
                 values[rest, : part.shape[1]] = part
-    out = {
-        "old_logprobs": old_logp,
-        "entropy": entropy,
-        "ref_logprobs": ref_logp,
-        "ref_entropy": ref_ent,
-        "values": values,
-    }
+    rm_values = rm_scores = None
     if models.reward is not None:
         rm_values = reward_forward(models.reward, ro, all_positions=full, groups=groups)
-        out["rm_values"] = rm_values
-        out["scores"] = torch.gather(
-            rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)
-        ).squeeze(1)
-    return out
+        rm_scores = torch.gather(rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)).squeeze(1)
+    return Scored(
+        old_logprobs=old_logp,
+        entropy=entropy,
+        ref_logprobs=ref_logp,
+        values=values,
+        ref_entropy=ref_ent,
+        rm_values=rm_values,
+        rm_scores=rm_scores,
+    )
 
 
 def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
@@ -113,34 +123,35 @@ def reuses_critic_forward(models: Models, cfg: PPOStageConfig) -> bool:
     return True
 
 
-def kept_critic_values(models: Models, ro: Rollout, scored: dict, rows: torch.Tensor, cfg):
+def kept_critic_values(
+    models: Models, ro: Rollout, scored: Scored, rows: torch.Tensor, cfg: PPOStageConfig
+) -> tuple[Scored, KeptValues]:
     """The critic's pass over ``rows`` of ``ro`` with grad, as the update's first minibatch runs it
-    (train mode: no dropout, see :func:`reuses_critic_forward`); writes its values into
-    ``scored["values"]`` (left at 0 there by :func:`score`) and returns
-    :class:`marlhf.stages.ppo.forward.KeptValues` for the update."""
+    (train mode: no dropout, see :func:`reuses_critic_forward`): ``scored`` with those rows' values
+    (left at 0 by :func:`score`) filled in, and the pass
+    (:class:`marlhf.stages.ppo.forward.KeptValues`) for the update."""
     values = critic_forward(models.critic, slice_rollout(ro, rows), groups=cfg.perf.grouping)
-    filled = scored["values"].clone()  # a normal tensor (scoring made an inference-mode one)
+    filled = scored.values.clone()  # a normal tensor (scoring made an inference-mode one)
     filled[rows, : values.shape[1]] = values.detach()
-    scored["values"] = filled
-    return KeptValues(rows, values)
+    return replace(scored, values=filled), KeptValues(rows=rows, values=values)
 
 
-def concat_scored(scoreds: list[dict], seq_width: int, num_actions: int) -> dict:
-    """Concatenate the scored dicts of generation batches, right-padding per-token tensors with 0
+def concat_scored(scoreds: list[Scored], seq_width: int, num_actions: int) -> Scored:
+    """Concatenate the :class:`Scored` of generation batches, right-padding per-token tensors with 0
     to ``seq_width`` (``rm_values``) or ``num_actions`` (the rest)."""
     if len(scoreds) == 1:
         return scoreds[0]
-    scored: dict[str, torch.Tensor | None] = {}
-    for k in scoreds[0]:
-        vals = [s[k] for s in scoreds]
+    parts: dict[str, torch.Tensor | None] = {}
+    for f in fields(Scored):
+        vals = [getattr(s, f.name) for s in scoreds]
         if vals[0] is None:
-            scored[k] = None
+            parts[f.name] = None
         elif vals[0].dim() == 1:
-            scored[k] = torch.cat(vals)
+            parts[f.name] = torch.cat(vals)
         else:
-            width = seq_width if k == "rm_values" else num_actions
-            scored[k] = torch.cat([pad_right(v, width, 0.0) for v in vals])
-    return scored
+            width = seq_width if f.name == "rm_values" else num_actions
+            parts[f.name] = torch.cat([pad_right(v, width, 0.0) for v in vals])
+    return Scored(**parts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,7 +193,7 @@ def _code_rewards(
 
 def sequence_scores(
     ro: Rollout,
-    scored: dict[str, torch.Tensor],
+    rm_scores: torch.Tensor | None,
     metas: list[dict],
     tokenizer,
     ppo: PPOConfig,
@@ -191,8 +202,9 @@ def sequence_scores(
     oracle=None,
     prompt_texts: list[str] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The sequence-level reward of each response, (B,): the reward model's end score
-    (normalised with ``--normalize_reward``) plus, with a ``rewarder`` (``--reward_source code`` or
+    """The sequence-level reward of each response, (B,): the reward model's end score ``rm_scores``
+    ((B,), :attr:`Scored.rm_scores`; None without a reward model), normalised with
+    ``--normalize_reward``, plus, with a ``rewarder`` (``--reward_source code`` or
     ``rm+code``), the execution reward of the program against ``metas[b]``'s tests, plus, with an
     ``oracle`` (``--reward_source gold``: ``oracle(prompt, response_text) -> float``), the oracle's
     score of each response to ``prompt_texts[b]``. Returns the scores and the ``code/*`` metrics
@@ -211,9 +223,8 @@ def sequence_scores(
             device=scores.device,
         )
     stats: dict[str, float] = {}
-    raw_rm = scored.get("scores")
-    if raw_rm is not None:
-        rm = raw_rm
+    if rm_scores is not None:
+        rm = rm_scores
         if ppo.normalize_reward and score_stats is not None:
             rm = normalize_scores(rm, score_stats.mean, score_stats.std)
         scores = scores + rm
@@ -226,7 +237,7 @@ def sequence_scores(
 @dataclass(frozen=True)
 class SequenceReward:
     """The step's sequence-level reward (``--reward_source``), built once by the loop and read by the
-    step and by ``macro_mc``'s continuations alike: ``reward(ro, scored, metas, prompt_texts)`` is
+    step and by ``macro_mc``'s continuations alike: ``reward(ro, rm_scores, metas, prompt_texts)`` is
     :func:`sequence_scores` with the run's tokenizer, reward settings, code rewarder, the reward
     model's score statistics and (``--reward_source gold``) the oracle."""
 
@@ -237,11 +248,15 @@ class SequenceReward:
     oracle: Callable[[str, str], float] | None = None
 
     def __call__(
-        self, ro: Rollout, scored: dict, metas: list[dict], prompt_texts: list[str]
+        self,
+        ro: Rollout,
+        rm_scores: torch.Tensor | None,
+        metas: list[dict],
+        prompt_texts: list[str],
     ) -> tuple[torch.Tensor, dict[str, float]]:
         return sequence_scores(
             ro,
-            scored,
+            rm_scores,
             metas,
             self.tokenizer,
             self.ppo,
@@ -274,27 +289,27 @@ def dense_rewards(
     seg_rule,
     normalizer,
     ro: Rollout,
-    scored: dict,
+    scored: Scored,
     cfg: PPOStageConfig,
     seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Segment-PPO dense rewards (B, A): the segment RM's value at each of its segments' last
     tokens, location-normalised (``normalizer``), spread over the segment's tokens. ``seg_rule`` and
     ``normalizer``: from :func:`segment_rule`."""
-    if "rm_values" not in scored:
+    if scored.rm_values is None:
         raise ValueError("--dense_reward needs the segment reward model's per-token values")
     term = seg_rule(
         TerminationInputs(
             ro.response_ids,
             ro.action_mask,
             ro.ends_with_eos,
-            scored["ref_logprobs"],
-            scored.get("ref_entropy"),
+            scored.ref_logprobs,
+            scored.ref_entropy,
             row_seeds=seeds,
             all_gather=all_gather_padded,
         )
     )
-    seg_rewards, seg_mask = segment_readout(scored["rm_values"], ro.response_start, term.macro_end)
+    seg_rewards, seg_mask = segment_readout(scored.rm_values, ro.response_start, term.macro_end)
     if normalizer is not None:
         seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
     seg_ids = build_segments(term.macro_end, ro.action_mask).ids

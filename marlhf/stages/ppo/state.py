@@ -80,7 +80,9 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
     ppo = cfg.ppo
     state_root = out / "train_state"
     # the minibatch shuffle: one stream shared by all ranks (minibatches are drawn from the global batch)
-    state = TrainState(0, kl_controller(ppo), torch.Generator().manual_seed(ppo.seed), None)
+    state = TrainState(
+        step=0, kl_ctl=kl_controller(ppo), shuffle=torch.Generator().manual_seed(ppo.seed), ema=None
+    )
     found = find_resume(state_root, cfg.log.resume)
     if found is not None:
         client = load_train_state(_engines(models), *found)

@@ -85,7 +85,14 @@ def minibatches(exp: Experience, cfg: PPOStageConfig, generator: torch.Generator
             terms = policy_terms(whole, ppo.ratio_level, exp.segment_ids[rows])
             n_terms = terms.sum().clamp(min=1)
             n_seqs = terms.any(1).sum().clamp(min=1)
-            yield Minibatch(idx, slice_rollout(exp.rollout, idx), n_tokens, n_terms, ws, n_seqs)
+            yield Minibatch(
+                idx=idx,
+                rollout=slice_rollout(exp.rollout, idx),
+                num_tokens=n_tokens,
+                num_terms=n_terms,
+                world=ws,
+                num_seqs=n_seqs,
+            )
 
 
 def unsup_loss(actor, batches: Iterator[dict]) -> torch.Tensor:

@@ -306,8 +306,8 @@ def test_known_programs_get_documented_rewards_on_last_token(tiny, tmp_path, sch
     from marlhf.models.load import load_tokenizer
     from marlhf.rewards.code import CodeRewardConfig, CodeRewarder
     from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
-    from marlhf.stages.ppo.experience import make_experience
-    from marlhf.stages.ppo.scoring import sequence_scores
+    from marlhf.stages.ppo.scoring import Scored, sequence_scores
+    from tests.support.ppo_experience import loop_experience
 
     base, actor, data = tiny
     tokenizer = load_tokenizer(ModelConfig(model_name_or_path=str(actor)), padding_side="left")
@@ -334,24 +334,22 @@ def test_known_programs_get_documented_rewards_on_last_token(tiny, tmp_path, sch
     )
     B, A = ro.response_ids.shape
     # old - ref = 0.25 on every token: the k1 KL penalty is -0.1 * 0.25 per token
-    scored = {
-        "old_logprobs": torch.full((B, A), -1.0),
-        "ref_logprobs": torch.full((B, A), -1.25),
-        "values": torch.zeros(B, A),
-        "entropy": torch.zeros(B, A),
-        "ref_entropy": None,
-    }
+    scored = Scored(
+        old_logprobs=torch.full((B, A), -1.0),
+        ref_logprobs=torch.full((B, A), -1.25),
+        values=torch.zeros(B, A),
+        entropy=torch.zeros(B, A),
+        ref_entropy=None,
+    )
     t0 = time.monotonic()
     with CodeRewarder.from_config(cfg.code) as rewarder:
-        scores, stats = sequence_scores(ro, scored, metas, tokenizer, cfg.ppo, rewarder)
+        scores, stats = sequence_scores(ro, None, metas, tokenizer, cfg.ppo, rewarder)
     # the looping program is stopped by its 2 s budget; 9 programs on 2 workers stay well below 30 s
     assert time.monotonic() - t0 < 30.0
     expected = EXPECTED[scheme]
     assert scores.tolist() == pytest.approx(expected, abs=1e-6)
 
-    exp = make_experience(
-        ro, scored, scores, build_termination(cfg.macro, tokenizer), cfg, kl_coef=0.1
-    )
+    exp = loop_experience(build_termination(cfg.macro, tokenizer), ro, scored, scores, cfg, 0.1)
     for b, n in enumerate(lengths):
         assert exp.rewards[b, n - 1].item() == pytest.approx(-0.025 + expected[b], abs=1e-6)
         assert exp.rewards[b, : n - 1].tolist() == pytest.approx([-0.025] * (n - 1), abs=1e-6)

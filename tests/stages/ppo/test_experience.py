@@ -8,8 +8,9 @@ import torch
 from marlhf.algo.losses import policy_loss
 from marlhf.macro import MacroConfig, build_termination
 from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
-from marlhf.stages.ppo.experience import make_experience
 from marlhf.stages.ppo.rollout import Rollout
+from marlhf.stages.ppo.scoring import Scored
+from tests.support.ppo_experience import loop_experience
 
 
 def _rollout(B=3, A=6, seed=0):
@@ -29,13 +30,13 @@ def _rollout(B=3, A=6, seed=0):
         ends_with_eos=ends,
         prompt_ids=["a", "b", "c"],
     )
-    scored = {
-        "old_logprobs": -torch.rand(B, A, generator=g) * 3,
-        "ref_logprobs": -torch.rand(B, A, generator=g) * 3,
-        "values": torch.randn(B, A, generator=g),
-        "entropy": torch.rand(B, A, generator=g),
-        "ref_entropy": None,
-    }
+    scored = Scored(
+        old_logprobs=-torch.rand(B, A, generator=g) * 3,
+        ref_logprobs=-torch.rand(B, A, generator=g) * 3,
+        values=torch.randn(B, A, generator=g),
+        entropy=torch.rand(B, A, generator=g),
+        ref_entropy=None,
+    )
     scores = torch.tensor([3.0, -0.7, 1.2])  # 3.0 is clipped to 2.5
     return ro, scored, scores, lengths
 
@@ -48,11 +49,11 @@ def _token_ppo_reference(ro, scored, scores, lengths, kl_coef, clip, gamma, lam)
     for b in range(B):
         n = lengths[b]
         r = [
-            -kl_coef * (float(scored["old_logprobs"][b, t]) - float(scored["ref_logprobs"][b, t]))
+            -kl_coef * (float(scored.old_logprobs[b, t]) - float(scored.ref_logprobs[b, t]))
             for t in range(n)
         ]
         r[n - 1] += max(-clip, min(clip, float(scores[b])))
-        v = [float(scored["values"][b, t]) for t in range(n)]
+        v = [float(scored.values[b, t]) for t in range(n)]
         last = 0.0
         for t in reversed(range(n)):
             v_next = v[t + 1] if t + 1 < n else 0.0
@@ -70,24 +71,24 @@ def test_ngram_1_is_exactly_token_level_ppo():
         macro=MacroConfig(termination_condition="fixed", ngram=1),
     )
     rule = build_termination(cfg.macro)
-    exp = make_experience(ro, scored, scores, rule, cfg, kl_coef=0.1)
+    exp = loop_experience(rule, ro, scored, scores, cfg, 0.1)
     ref_adv, ref_ret = _token_ppo_reference(ro, scored, scores, lengths, 0.1, 2.5, 0.97, 0.9)
     m = ro.action_mask
     torch.testing.assert_close(exp.advantages[m].double(), ref_adv[m], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(exp.returns[m].double(), ref_ret[m], atol=1e-5, rtol=1e-5)
     # the same policy loss as a per-token loop, at token and macro ratio level (one-token macros)
-    new_logp = scored["old_logprobs"] + 0.3 * torch.randn_like(scored["old_logprobs"])
+    new_logp = scored.old_logprobs + 0.3 * torch.randn_like(scored.old_logprobs)
     total, count = 0.0, 0
     for b in range(3):
         for t in range(lengths[b]):
-            ratio = math.exp(float(new_logp[b, t]) - float(scored["old_logprobs"][b, t]))
+            ratio = math.exp(float(new_logp[b, t]) - float(scored.old_logprobs[b, t]))
             a = float(ref_adv[b, t])
             total += max(-a * ratio, -a * min(max(ratio, 0.8), 1.2))
             count += 1
     for level in ("token", "macro"):
         loss, _ = policy_loss(
             new_logp,
-            scored["old_logprobs"],
+            scored.old_logprobs,
             exp.advantages,
             m,
             cliprange=0.2,
@@ -103,10 +104,10 @@ def test_macro_actions_share_advantages_and_score_lands_on_last_valid_token():
         ppo=PPOConfig(kl_ctl=0.05),
         macro=MacroConfig(termination_condition="fixed", ngram=2, eos_own_macro=True),
     )
-    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.05)
+    exp = loop_experience(build_termination(cfg.macro), ro, scored, scores, cfg, 0.05)
     for b, n in enumerate(lengths):
         # the clipped score sits on the last valid token, never on padding
-        kl_last = -0.05 * (scored["old_logprobs"][b, n - 1] - scored["ref_logprobs"][b, n - 1])
+        kl_last = -0.05 * (scored.old_logprobs[b, n - 1] - scored.ref_logprobs[b, n - 1])
         expected = kl_last + max(-2.5, min(2.5, float(scores[b])))
         assert abs(float(exp.rewards[b, n - 1]) - float(expected)) < 1e-5
         assert torch.all(exp.rewards[b, n:] == 0)
@@ -135,19 +136,17 @@ def test_entropy_threshold_is_logged_with_the_hand_computed_value():
         ends_with_eos=torch.tensor([True, False]),
         prompt_ids=["a", "b"],
     )
-    scored = {
-        "old_logprobs": torch.full((B, A), -1.0),
-        "ref_logprobs": torch.full((B, A), -1.0),
-        "values": torch.zeros(B, A),
-        "entropy": torch.ones(B, A),
-        "ref_entropy": torch.tensor([[9.0, 0.5, 3.0, 1.0, 7.0], [8.0, 2.0, 0.7, 100.0, 100.0]]),
-    }
+    scored = Scored(
+        old_logprobs=torch.full((B, A), -1.0),
+        ref_logprobs=torch.full((B, A), -1.0),
+        values=torch.zeros(B, A),
+        entropy=torch.ones(B, A),
+        ref_entropy=torch.tensor([[9.0, 0.5, 3.0, 1.0, 7.0], [8.0, 2.0, 0.7, 100.0, 100.0]]),
+    )
     cfg = PPOStageConfig(
         macro=MacroConfig(termination_condition="entropy", target_macro_len=2.0),
     )
-    exp = make_experience(
-        ro, scored, torch.zeros(B), build_termination(cfg.macro), cfg, kl_coef=0.1
-    )
+    exp = loop_experience(build_termination(cfg.macro), ro, scored, torch.zeros(B), cfg, 0.1)
     # N = 8 tokens, target 2 -> 4 macro actions; 2 rows and 1 forced EOS boundary leave K = 1.
     # Candidates (j >= 1, not the forced EOS): 0.5, 3.0, 1.0 | 2.0, 0.7 -> the 2nd highest, 2.0.
     assert exp.stats["macro/entropy_threshold"] == 2.0
@@ -158,9 +157,7 @@ def test_entropy_threshold_is_logged_with_the_hand_computed_value():
     fixed = PPOStageConfig(
         macro=MacroConfig(termination_condition="entropy", entropy_threshold=0.8)
     )
-    exp = make_experience(
-        ro, scored, torch.zeros(B), build_termination(fixed.macro), fixed, kl_coef=0.1
-    )
+    exp = loop_experience(build_termination(fixed.macro), ro, scored, torch.zeros(B), fixed, 0.1)
     assert exp.stats["macro/entropy_threshold"] == 0.8
     assert exp.segment_ids.tolist() == [[0, 0, 1, 2, 3], [0, 1, 1, -1, -1]]  # 3.0, 1.0 | 2.0
 
@@ -181,7 +178,7 @@ def test_macro_ends_rebuild_the_segments_of_gathered_rows():
 
 
 def _kl_reward(scored, b, t, kl_coef):
-    return -kl_coef * (float(scored["old_logprobs"][b, t]) - float(scored["ref_logprobs"][b, t]))
+    return -kl_coef * (float(scored.old_logprobs[b, t]) - float(scored.ref_logprobs[b, t]))
 
 
 def test_weighted_macro_reward_keeps_a_truncated_rows_score_whole():
@@ -198,15 +195,15 @@ def test_weighted_macro_reward_keeps_a_truncated_rows_score_whole():
             macro_reward_agg="weighted",
         ),
     )
-    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.1)
+    exp = loop_experience(build_termination(cfg.macro), ro, scored, scores, cfg, 0.1)
     assert exp.segment_ids[1, :3].tolist() == [0, 0, 0]
     kl = sum(_kl_reward(scored, 1, t, 0.1) for t in range(3)) / 3
-    v = float(scored["values"][1, :3].mean())
+    v = float(scored.values[1, :3].mean())
     expected = kl + float(scores[1]) - v  # one macro action: A = R - V, the score not divided by 3
     torch.testing.assert_close(exp.advantages[1, :3], torch.full((3,), expected), atol=1e-5, rtol=0)
     # `sum` is unchanged: the score with the KL rewards of the macro action
     cfg.macro = MacroConfig(termination_condition="fixed", ngram=3, value_function="equal")
-    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.1)
+    exp = loop_experience(build_termination(cfg.macro), ro, scored, scores, cfg, 0.1)
     kl_sum = sum(_kl_reward(scored, 1, t, 0.1) for t in range(3))
     assert float(exp.advantages[1, 0]) == pytest.approx(kl_sum + float(scores[1]) - v, abs=1e-5)
 
@@ -226,13 +223,13 @@ def _grouped_rollout(B=4, A=5, seed=3):
         ends_with_eos=torch.tensor([True, False, True, True]),
         prompt_ids=["p", "p", "q", "q"],
     )
-    scored = {
-        "old_logprobs": -torch.rand(B, A, generator=g) * 3,
-        "ref_logprobs": -torch.rand(B, A, generator=g) * 3,
-        "values": torch.zeros(B, A),
-        "entropy": torch.rand(B, A, generator=g),
-        "ref_entropy": None,
-    }
+    scored = Scored(
+        old_logprobs=-torch.rand(B, A, generator=g) * 3,
+        ref_logprobs=-torch.rand(B, A, generator=g) * 3,
+        values=torch.zeros(B, A),
+        entropy=torch.rand(B, A, generator=g),
+        ref_entropy=None,
+    )
     return ro, scored, torch.tensor([0.5, 3.0, -1.0, 0.2]), lengths
 
 
@@ -252,7 +249,7 @@ def test_group_estimators_read_clipped_scores_kl_rewards_and_groups_of_G_rows(na
         reward_source="gold",  # a critic-free stage config needs a reward model path otherwise
     )
     cfg = PPOStageConfig(ppo=ppo, macro=MacroConfig(termination_condition="fixed", ngram=2))
-    exp = make_experience(ro, scored, scores, build_termination(cfg.macro), cfg, kl_coef=0.1)
+    exp = loop_experience(build_termination(cfg.macro), ro, scored, scores, cfg, 0.1)
     assert exp.returns is None
     r = [max(-2.5, min(2.5, float(s))) for s in scores]
     r = [x + (0.0 if e else -0.5) for x, e in zip(r, ro.ends_with_eos.tolist(), strict=True)]

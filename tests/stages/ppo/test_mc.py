@@ -130,13 +130,13 @@ def setup():
 
 def _run(setup, reward_source="rm", **ppo):
     from marlhf.data.synthetic import gold_score
-    from marlhf.stages.ppo.scoring import SequenceReward
     from marlhf.stages.ppo.config import (
         ActorCriticConfig,
         GenerationConfig,
         PPOConfig,
         PPOStageConfig,
     )
+    from marlhf.stages.ppo.scoring import SequenceReward
 
     tok, actor, reward = setup
     cfg = PPOStageConfig(
@@ -161,8 +161,9 @@ def _run(setup, reward_source="rm", **ppo):
 def _monte_carlo(run, step, exp, rows, metas, texts):
     """The loop's call of :func:`mc.monte_carlo` with the run's parts."""
     return mc.monte_carlo(
-        run.models, run.cfg, run.tokenizer, run.eos_ids, run.reward, step, exp, rows, metas, texts
-    )
+        run.models, run.cfg, "static", run.tokenizer, run.eos_ids, run.reward,
+        step, exp, rows, metas, texts,
+    )  # fmt: skip
 
 
 def _experience(run, rows):
@@ -172,15 +173,18 @@ def _experience(run, rows):
     from marlhf.runtime.rows import derive_row_seeds
     from marlhf.stages.ppo.experience import segment, token_rewards
     from marlhf.stages.ppo.rollout import generate
+    from marlhf.stages.ppo.scoring import Scored
 
     tok = run.tokenizer
     batch = tok([PROMPTS[i] for i in rows], return_tensors="pt", padding=True)
     batch = {**batch, "prompt_id": [str(i) for i in rows]}
     seeds = derive_row_seeds(run.cfg.ppo.seed, 0, torch.tensor(rows), stream=2)
-    ro = generate(run.models, batch, run.cfg, tok, run.eos_ids, row_seeds=seeds)
+    ro = generate(
+        run.models.actor, batch, run.cfg.generation, "static", tok, run.eos_ids, row_seeds=seeds
+    )
     A = ro.response_ids.shape[1]
-    scored = {k: torch.zeros(len(rows), A) for k in ("old_logprobs", "ref_logprobs", "entropy")}
-    scored["values"] = torch.zeros(len(rows), A)
+    zeros = torch.zeros(len(rows), A)
+    scored = Scored(old_logprobs=zeros, entropy=zeros, ref_logprobs=zeros, values=zeros)
     term = segment(
         build_termination(MacroConfig(termination_condition="fixed", ngram=3)), ro, scored
     )

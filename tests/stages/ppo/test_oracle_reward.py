@@ -50,7 +50,7 @@ def test_gold_oracle_scores_each_valid_response_against_its_own_prompt():
     ro = _rollout(tok, responses, eos=[True, False])
     scores, stats = sequence_scores(
         ro,
-        {},
+        None,
         [{}, {}],
         tok,
         PPOConfig(reward_source="gold"),
@@ -65,7 +65,7 @@ def test_gold_oracle_scores_each_valid_response_against_its_own_prompt():
     assert stats == {}
     # the same responses paired with the other prompts score differently: the prompt is used
     swapped, _ = sequence_scores(
-        ro, {}, [{}, {}], tok, PPOConfig(), oracle=gold_score, prompt_texts=PROMPTS[::-1]
+        ro, None, [{}, {}], tok, PPOConfig(), oracle=gold_score, prompt_texts=PROMPTS[::-1]
     )
     assert swapped.tolist() != pytest.approx(expected, abs=1e-3)
 
@@ -77,5 +77,5 @@ def test_oracle_needs_one_prompt_per_response():
     ro = _rollout(tok, ["my sister borrowed my car", "x"], eos=[True, True])
     with pytest.raises(ValueError, match="one prompt text per response"):
         sequence_scores(
-            ro, {}, [{}, {}], tok, PPOConfig(), oracle=gold_score, prompt_texts=PROMPTS[:1]
+            ro, None, [{}, {}], tok, PPOConfig(), oracle=gold_score, prompt_texts=PROMPTS[:1]
         )

@@ -62,14 +62,14 @@ def test_experience_is_scored_with_dropout_off_and_modes_are_restored(dropout_mo
     first = score(models, ro, PPOStageConfig(), need_entropy=False)
     second = score(models, ro, PPOStageConfig(), need_entropy=False)
     # KL at the first step (actor == reference) is zero
-    torch.testing.assert_close(first["old_logprobs"][mask], first["ref_logprobs"][mask])
+    torch.testing.assert_close(first.old_logprobs[mask], first.ref_logprobs[mask])
     for key in ("old_logprobs", "values", "entropy"):
-        assert torch.equal(first[key], second[key]), key
+        assert torch.equal(getattr(first, key), getattr(second, key)), key
     # the values are the critic's eval-mode values
     critic.eval()
     with torch.no_grad():
         expected = critic_forward(models.critic, ro)
-    torch.testing.assert_close(first["values"][mask], expected[mask])
+    torch.testing.assert_close(first.values[mask], expected[mask])
     # the modes are what they were: the update trains with the models' dropout
     models.critic.train()
     assert actor.training and critic.training
