@@ -18,11 +18,35 @@ when the parser is built.
 >>> cfg = parse_config(Stage, ["--ngram", "5", "--sizes", "2,3", "--no_eos"])
 >>> (cfg.part.ngram, cfg.part.sizes, cfg.part.eos)
 (5, (2, 3), False)
+
+Shared parts compose into a part as fields of their own type ("sub-parts"), so a flag is defined
+once and reused: the sub-part's fields become flags of the enclosing part, named with the field
+metadata's ``prefix`` (``actor_`` turns ``lora_dim`` into ``--actor_lora_dim``), only those listed
+in ``flags`` (the others keep their default), with the defaults of the sub-part's default instance
+(a stage may default a shared flag differently) and, per flag, a ``help`` text of the composition
+where the shared one does not fit. A sub-part's validation errors name its prefixed flags.
+
+>>> @dataclass
+... class Train:
+...     lr: float = field(default=1e-3, metadata={"help": "learning rate"})
+...     wd: float = field(default=0.0, metadata={"help": "weight decay"})
+>>> @dataclass
+... class Two:
+...     actor: Train = field(default_factory=Train, metadata={"prefix": "actor_"})
+...     critic: Train = field(default_factory=lambda: Train(lr=1e-2),
+...                           metadata={"prefix": "critic_", "flags": ("lr",)})
+>>> @dataclass
+... class Stage2:
+...     two: Two = field(default_factory=Two)
+>>> cfg = parse_config(Stage2, ["--actor_lr", "5e-4", "--actor_wd", "0.1"])
+>>> (cfg.two.actor.lr, cfg.two.actor.wd, cfg.two.critic.lr, cfg.two.critic.wd)
+(0.0005, 0.1, 0.01, 0.0)
 """
 
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import types
 import typing
@@ -92,6 +116,56 @@ def _module_prog() -> str | None:
     return f"python -m {name.removesuffix('.__main__')}" if name.endswith(".__main__") else None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Flag:
+    """One flag: its name, where its value goes (``part.sub.field``), the field and its type, its
+    default and its help text."""
+
+    name: str
+    dest: str
+    field: dataclasses.Field
+    tp: Any
+    default: Any
+    help: str
+
+
+def _sub_default(f: dataclasses.Field, tp: type) -> Any:
+    """A part field's default instance; None for a part with required fields (flags without a
+    default), which is built from the parsed flags alone."""
+    if any(
+        g.default is dataclasses.MISSING and g.default_factory is dataclasses.MISSING
+        for g in dataclasses.fields(tp)
+        if g.init
+    ):
+        return None
+    value = _field_default(f)
+    return tp() if value is dataclasses.MISSING else value
+
+
+def _flags(cls: type, default: Any, path: str, prefix: str = "", only=None, helps=None):
+    """The flags of part ``cls`` (default instance ``default``), sub-parts flattened (see the module
+    docstring): ``only`` the field names that are flags (None: all), ``helps`` texts by field name
+    (for the fields of nested sub-parts too)."""
+    for name, f, tp in _leaf_fields(cls):
+        if only is not None and name not in only:
+            continue
+        value = getattr(default, name) if default is not None else _field_default(f)
+        if _is_part(tp):
+            meta = f.metadata
+            own_helps = meta.get("help") if isinstance(meta.get("help"), dict) else {}
+            yield from _flags(
+                tp,
+                value if value is not dataclasses.MISSING else _sub_default(f, tp),
+                f"{path}.{name}",
+                prefix + meta.get("prefix", ""),
+                meta.get("flags"),
+                {**own_helps, **(helps or {})},  # the outer composition's texts win
+            )
+            continue
+        text = (helps or {}).get(name, f.metadata.get("help", ""))
+        yield _Flag(prefix + name, f"{path}.{name}", f, tp, value, str(text))
+
+
 def build_parser(stage_cls: type, description: str | None = None) -> argparse.ArgumentParser:
     """An ``argparse`` parser with one flag per leaf field of ``stage_cls``'s parts."""
     parser = argparse.ArgumentParser(
@@ -102,72 +176,72 @@ def build_parser(stage_cls: type, description: str | None = None) -> argparse.Ar
     )
     seen: dict[str, str] = {}
     post: dict[str, Any] = {}
-    for part_name, _pf, part_tp in _leaf_fields(stage_cls):
+    for part_name, pf, part_tp in _leaf_fields(stage_cls):
         if not _is_part(part_tp):
             raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
         group = parser.add_argument_group(
             part_name, (part_tp.__doc__ or "").strip().splitlines()[0] if part_tp.__doc__ else None
         )
-        for name, f, tp in _leaf_fields(part_tp):
-            flag = f"--{name}"
-            if flag in seen:
-                raise TypeError(f"flag {flag} defined by both {seen[flag]} and {part_name}")
-            seen[flag] = part_name
-            meta = dict(f.metadata)
-            aliases = tuple(meta.get("aliases", ()))
-            for a in aliases:
-                if a in seen:
-                    raise TypeError(f"alias {a} of {flag} already used by {seen[a]}")
-                seen[a] = part_name
-            help_text = str(meta.get("help", "")).replace("%", "%%")  # argparse formats help with %
-            default = _field_default(f)
-            kwargs: dict[str, Any] = {
-                "dest": f"{part_name}.{name}",
-                "help": help_text,
-                "metavar": name.upper(),
-            }
-            if default is dataclasses.MISSING:
-                kwargs["required"] = True
-            else:
-                kwargs["default"] = default
-            base, optional = _unwrap_optional(tp)
-            if "choices" in meta:
-                kwargs["choices"] = tuple(meta["choices"])
-                # --help lists the values (argparse shows only the metavar otherwise)
-                kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}"
-            if base is bool:
-                kwargs.pop("default", None)
-                group.add_argument(
-                    flag,
-                    *aliases,
-                    nargs="?",
-                    const=True,
-                    type=_bool_value,
-                    default=default,
-                    **{k: v for k, v in kwargs.items() if k in ("dest", "help", "metavar")},
-                )
-                group.add_argument(
-                    f"--no_{name}",
-                    dest=kwargs["dest"],
-                    action="store_false",
-                    help=argparse.SUPPRESS,
-                )
-                continue
-            if typing.get_origin(base) is tuple:
-                elem = typing.get_args(base)[0]
-                kwargs["nargs"] = "+"
-                kwargs["type"] = str
-                kwargs.pop("choices", None)
-                post[kwargs["dest"]] = _tuple_parser(elem, flag)
-            elif base in _SCALARS:
-                kwargs["type"] = base
-                if optional:
-                    kwargs["type"] = _optional(base)
-            else:
-                raise TypeError(f"unsupported field type {tp} for {flag}")
-            group.add_argument(flag, *aliases, **kwargs)
+        for flag in _flags(part_tp, _sub_default(pf, part_tp), part_name):
+            _add_flag(group, flag, part_name, seen, post)
     parser.set_defaults(_tuple_post=post)
     return parser
+
+
+def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> None:
+    """Add ``flag`` to ``group`` (a name defined twice is a programming error)."""
+    name, f, tp, default = f"--{flag.name}", flag.field, flag.tp, flag.default
+    if name in seen:
+        raise TypeError(f"flag {name} defined by both {seen[name]} and {part_name}")
+    seen[name] = part_name
+    meta = dict(f.metadata)
+    aliases = tuple(meta.get("aliases", ()))
+    for a in aliases:
+        if a in seen:
+            raise TypeError(f"alias {a} of {name} already used by {seen[a]}")
+        seen[a] = part_name
+    kwargs: dict[str, Any] = {
+        "dest": flag.dest,
+        "help": flag.help.replace("%", "%%"),  # argparse formats help with %
+        "metavar": flag.name.upper(),
+    }
+    if default is dataclasses.MISSING:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = default
+    base, optional = _unwrap_optional(tp)
+    if "choices" in meta:
+        kwargs["choices"] = tuple(meta["choices"])
+        # --help lists the values (argparse shows only the metavar otherwise)
+        kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}"
+    if base is bool:
+        kwargs.pop("default", None)
+        group.add_argument(
+            name,
+            *aliases,
+            nargs="?",
+            const=True,
+            type=_bool_value,
+            default=default,
+            **{k: v for k, v in kwargs.items() if k in ("dest", "help", "metavar")},
+        )
+        group.add_argument(
+            f"--no_{flag.name}", dest=kwargs["dest"], action="store_false", help=argparse.SUPPRESS
+        )
+        return
+    if typing.get_origin(base) is tuple:
+        elem = typing.get_args(base)[0]
+        kwargs["nargs"] = "+"
+        kwargs["type"] = str
+        kwargs.pop("choices", None)
+        post[kwargs["dest"]] = _tuple_parser(elem, name)
+    elif base in _SCALARS:
+        kwargs["type"] = base
+        if optional:
+            kwargs["type"] = _optional(base)
+    else:
+        raise TypeError(f"unsupported field type {tp} for {name}")
+    group.add_argument(name, *aliases, **kwargs)
 
 
 def _optional(base: type):
@@ -191,19 +265,39 @@ def parse_config(
     ns = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     values = vars(ns)
     post = values.pop("_tuple_post")
-    parts: dict[str, dict[str, Any]] = {}
     for dest, value in values.items():
-        part, name = dest.split(".", 1)
         if dest in post and isinstance(value, list):
-            value = post[dest](value)
-        parts.setdefault(part, {})[name] = value
-    hints = typing.get_type_hints(stage_cls)
+            values[dest] = post[dest](value)
     try:
-        built = {p: hints[p](**kw) for p, kw in parts.items()}
+        built = {
+            name: _build(tp, _sub_default(f, tp), values, name)
+            for name, f, tp in _leaf_fields(stage_cls)
+        }
         return stage_cls(**built)
     except ValueError as err:
         parser.error(str(err))
         raise  # unreachable: parser.error exits
+
+
+def _build(cls: type, default: Any, values: dict[str, Any], path: str, prefix: str = "") -> Any:
+    """Part ``cls`` from the parsed ``values`` (by dest), starting from its default instance (the
+    fields without a flag keep their default); a prefixed sub-part's errors name prefixed flags."""
+    kw: dict[str, Any] = {}
+    for name, f, tp in _leaf_fields(cls):
+        dest = f"{path}.{name}"
+        if _is_part(tp):
+            sub = getattr(default, name) if default is not None else _sub_default(f, tp)
+            kw[name] = _build(tp, sub, values, dest, prefix + f.metadata.get("prefix", ""))
+        elif dest in values:
+            kw[name] = values[dest]
+    try:
+        return cls(**kw) if default is None else dataclasses.replace(default, **kw)
+    except ValueError as err:
+        if not prefix:
+            raise
+        own = {f.name for f in dataclasses.fields(cls)}
+        text = re.sub(r"--(\w+)", lambda m: f"--{prefix}{m[1]}" if m[1] in own else m[0], str(err))
+        raise ValueError(text) from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -212,20 +306,17 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def config_from_dict(stage_cls: type[C], data: dict[str, Any]) -> C:
-    """Inverse of :func:`config_to_dict` (used when resuming and by later stages reading a run)."""
+    """Inverse of :func:`config_to_dict` (a run's ``run_config.json`` back into its config; keys the
+    config does not know are ignored, missing ones take their defaults)."""
     hints = typing.get_type_hints(stage_cls)
-    parts = {}
-    for part_name, part_tp in hints.items():
-        if part_name not in data:
+    kw = {}
+    for name, value in data.items():
+        if name not in hints:
             continue
-        kw = {}
-        part_hints = typing.get_type_hints(part_tp)
-        for name, value in data[part_name].items():
-            if name not in part_hints:
-                continue
-            base, _ = _unwrap_optional(part_hints[name])
-            if typing.get_origin(base) is tuple and isinstance(value, list):
-                value = tuple(value)
-            kw[name] = value
-        parts[part_name] = part_tp(**kw)
-    return stage_cls(**parts)
+        base, _ = _unwrap_optional(hints[name])
+        if _is_part(base) and isinstance(value, dict):
+            value = config_from_dict(base, value)
+        elif typing.get_origin(base) is tuple and isinstance(value, list):
+            value = tuple(value)
+        kw[name] = value
+    return stage_cls(**kw)

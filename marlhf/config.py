@@ -1,8 +1,10 @@
 """Typed configuration parts shared by the stages (model, optimisation, DeepSpeed, logging).
 
-Stage configs (``marlhf.stages.*``) compose these with the data, macro-action and PPO parts. Flag names
-follow the original MA-RLHF / DeepSpeed-Chat scripts so their command lines keep working. Validation
-raises ``ValueError`` naming the flag and never rewrites a value.
+Stage configs (``marlhf.stages.*``) compose these with the data, macro-action and PPO parts: SFT and
+the reward model whole, PPO the fields its four models share (with flag prefixes for the actor and
+the critic, :mod:`marlhf.cli`). Flag names follow the original MA-RLHF / DeepSpeed-Chat scripts so
+their command lines keep working. Validation raises ``ValueError`` naming the flag and never
+rewrites a value.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ class ModelConfig:
         metadata={"help": "LoRA is applied to Linear modules whose name contains this string."},
     )
     only_optimize_lora: bool = field(
-        default=False, metadata={"help": "Freeze everything but the LoRA weights."}
+        default=False,
+        metadata={"help": "Freeze everything but the LoRA weights (of a model with LoRA)."},
     )
 
     def __post_init__(self) -> None:
@@ -61,10 +64,14 @@ class ModelConfig:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.lora_dim < 0:
             raise ValueError(f"--lora_dim must be >= 0, got {self.lora_dim}")
-        if self.only_optimize_lora and self.lora_dim == 0:
-            raise ValueError("--only_optimize_lora needs --lora_dim > 0")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+    def check_lora(self) -> None:
+        """A stage that trains this one model: ``--only_optimize_lora`` needs LoRA (PPO's models
+        share the flag, and a model without LoRA trains whole)."""
+        if self.only_optimize_lora and self.lora_dim == 0:
+            raise ValueError("--only_optimize_lora needs --lora_dim > 0")
 
 
 @dataclass

@@ -138,11 +138,11 @@ def check_same_tokenizer(
 def ppo_model_roles(models_cfg: Any, reward_source: str) -> dict[str, str]:
     """flag -> model of stage 3 (``ActorCriticConfig``), actor first, with the stage's defaults
     (reference = actor, critic = actor when not given, reward model = critic)."""
-    actor = models_cfg.actor_model_name_or_path
+    actor = models_cfg.actor.model.model_name_or_path
     roles = {
         "--actor_model_name_or_path": actor,
         "--reference_model_name_or_path": models_cfg.reference_model_name_or_path or actor,
-        "--critic_model_name_or_path": models_cfg.critic_model_name_or_path or actor,
+        "--critic_model_name_or_path": models_cfg.critic.model.model_name_or_path or actor,
     }
     if reward_source in ("rm", "rm+code"):
         roles["--reward_model_name_or_path"] = (

@@ -128,7 +128,7 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         if p:
             problems.append(p)
     if stage == "ppo" and not problems:
-        trust = cfg.models.trust_remote_code
+        trust = cfg.models.shared.trust_remote_code
         try:
             check_same_tokenizer(
                 ppo_model_roles(cfg.models, cfg.ppo.reward_source), trust_remote_code=trust

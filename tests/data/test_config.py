@@ -37,7 +37,7 @@ def test_data_seed_defaults_to_the_stage_seed():
     [
         ("marlhf.stages.sft", "SFTConfig", lambda c: c.optim.seed),
         ("marlhf.stages.reward.train", "RewardStageConfig", lambda c: c.optim.seed),
-        ("marlhf.stages.ppo.config", "PPOStageConfig", lambda c: c.ppo.seed),
+        ("marlhf.stages.ppo.config", "PPOStageConfig", lambda c: c.ppo.optim.seed),
     ],
 )
 def test_every_stage_takes_data_seed(module, stage, seed_of):

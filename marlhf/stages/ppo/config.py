@@ -7,26 +7,79 @@ from dataclasses import dataclass, field
 from marlhf.algo.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estimator
 from marlhf.algo.kl_rewards import KL_ESTIMATORS
 from marlhf.algo.losses import LOSS_AGG_MODES, RATIO_LEVELS
-from marlhf.config import DTYPES, SCHEDULERS, LoggingConfig
+from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.runtime.length_groups import Grouping
+
+# the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
+# critic_), and those the models share (one flag each, as in SFT and RM)
+PER_MODEL_FLAGS = (
+    "model_name_or_path",
+    "gradient_checkpointing",
+    "dropout",
+    "lora_dim",
+    "lora_module_name",
+)
+
+
+@dataclass
+class TrainedModelConfig:
+    """How PPO trains one of its two models: composed twice into :class:`ActorCriticConfig`, its
+    flags prefixed ``actor_`` and ``critic_``. Each part holds the flags of a shared part that
+    differ between the two models; the settings they share come from ``ActorCriticConfig.shared``,
+    ``ActorCriticConfig.ds`` and ``PPOConfig.optim``
+    (:func:`marlhf.stages.ppo.models.model_config` and its siblings put them together)."""
+
+    model: ModelConfig = field(
+        default_factory=lambda: ModelConfig(model_name_or_path="", dropout=0.0),
+        metadata={"flags": PER_MODEL_FLAGS},
+    )
+    ds: DeepSpeedConfig = field(
+        default_factory=DeepSpeedConfig, metadata={"flags": ("zero_stage",)}
+    )
+    optim: OptimConfig = field(
+        default_factory=lambda: OptimConfig(learning_rate=1e-5),
+        metadata={"flags": ("learning_rate", "weight_decay")},
+    )
+
+
+# the fields of the shared parts that PPO's four models share (one flag each, as in SFT and RM)
+SHARED_MODEL_FLAGS = ("trust_remote_code", "dtype", "only_optimize_lora")
+SHARED_DEEPSPEED_FLAGS = ("offload", "local_rank", "dist_timeout_s", "deepspeed_config")
 
 
 @dataclass
 class ActorCriticConfig:
     """The four models: actor (from SFT) and critic (from the RM) train; reference and reward are frozen."""
 
-    actor_model_name_or_path: str = field(
-        default="tiny",
-        metadata={"help": "SFT checkpoint (HF directory or hub id) for the actor and reference."},
-    )
-    critic_model_name_or_path: str = field(
-        default="",
+    actor: TrainedModelConfig = field(
+        default_factory=lambda: TrainedModelConfig(
+            model=ModelConfig(model_name_or_path="tiny", dropout=0.0)
+        ),
         metadata={
-            "help": "Reward-model directory (stage 2) that initialises the critic (not needed by "
-            "the critic-free estimators, see --advantage_estimator)."
+            "prefix": "actor_",
+            "help": {
+                "model_name_or_path": "SFT checkpoint (HF directory or hub id) for the actor and "
+                "reference.",
+                "dropout": "Actor dropout during the PPO update (default 0: off, as in TRL and "
+                "OpenRLHF; with dropout the first minibatch's ratio is not 1 and clipping acts on "
+                "dropout noise). `none` keeps the model's own. Experience is always computed with "
+                "dropout off.",
+            },
+        },
+    )
+    critic: TrainedModelConfig = field(
+        default_factory=TrainedModelConfig,
+        metadata={
+            "prefix": "critic_",
+            "help": {
+                "model_name_or_path": "Reward-model directory (stage 2) that initialises the critic "
+                "(not needed by the critic-free estimators, see --advantage_estimator).",
+                "dropout": "Critic dropout during the PPO update (default 0: off); `none` keeps the "
+                "model's own. Values for experience are always computed with dropout off.",
+            },
         },
     )
     reward_model_name_or_path: str | None = field(
@@ -37,73 +90,52 @@ class ActorCriticConfig:
         default=None,
         metadata={"help": "Frozen reference policy (default: --actor_model_name_or_path)."},
     )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow model code from the hub."}
+    shared: ModelConfig = field(
+        default_factory=ModelConfig,
+        metadata={
+            "flags": SHARED_MODEL_FLAGS,
+            "help": {"only_optimize_lora": "Train only the LoRA weights of the models with LoRA."},
+        },
     )
-    dtype: str = field(default="fp32", metadata={"help": "Precision.", "choices": DTYPES})
     bf16: bool = field(default=False, metadata={"help": "Alias of --dtype bf16 (original flag)."})
-    actor_zero_stage: int = field(default=0, metadata={"help": "ZeRO stage of the actor."})
-    critic_zero_stage: int = field(default=0, metadata={"help": "ZeRO stage of the critic."})
-    offload: bool = field(default=False, metadata={"help": "ZeRO-Offload for actor and critic."})
+    ds: DeepSpeedConfig = field(
+        default_factory=DeepSpeedConfig,
+        metadata={
+            "flags": SHARED_DEEPSPEED_FLAGS,
+            "help": {"offload": "ZeRO-Offload for actor and critic."},
+        },
+    )
     offload_reference_model: bool = field(
         default=False,
         metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."},
     )
-    actor_dropout: float | None = field(
-        default=0.0,
-        metadata={
-            "help": "Actor dropout during the PPO update (default 0: off, as in TRL and OpenRLHF; "
-            "with dropout the first minibatch's ratio is not 1 and clipping acts on dropout noise). "
-            "`none` keeps the model's own. Experience is always computed with dropout off."
-        },
-    )
-    critic_dropout: float | None = field(
-        default=0.0,
-        metadata={
-            "help": "Critic dropout during the PPO update (default 0: off); `none` keeps the "
-            "model's own. Values for experience are always computed with dropout off."
-        },
-    )
-    actor_gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Actor activation checkpointing."}
-    )
-    critic_gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Critic activation checkpointing."}
-    )
-    actor_lora_dim: int = field(default=0, metadata={"help": "Actor LoRA rank (0: off)."})
-    actor_lora_module_name: str = field(
-        default="layers.", metadata={"help": "Actor LoRA target filter."}
-    )
-    critic_lora_dim: int = field(default=0, metadata={"help": "Critic LoRA rank (0: off)."})
-    critic_lora_module_name: str = field(
-        default="layers.", metadata={"help": "Critic LoRA target filter."}
-    )
-    only_optimize_lora: bool = field(default=False, metadata={"help": "Train only LoRA weights."})
-    local_rank: int = field(default=-1, metadata={"help": "Set by the deepspeed launcher."})
-    dist_timeout_s: int = field(default=1800, metadata={"help": "Collective timeout, seconds."})
-    deepspeed_config: str | None = field(
-        default=None,
-        metadata={"help": "DeepSpeed JSON merged over the generated configs (expert use)."},
-    )
 
     @property
     def effective_dtype(self) -> str:
-        return "bf16" if self.bf16 else self.dtype
+        return "bf16" if self.bf16 else self.shared.dtype
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"--dtype must be one of {DTYPES}")
-        if self.bf16 and self.dtype not in ("fp32", "bf16"):
-            raise ValueError(f"--bf16 contradicts --dtype {self.dtype}")
-        for name in ("actor_zero_stage", "critic_zero_stage"):
-            if getattr(self, name) not in (0, 1, 2, 3):
-                raise ValueError(f"--{name} must be 0..3")
-        if self.actor_lora_dim < 0 or self.critic_lora_dim < 0:
-            raise ValueError("--actor_lora_dim/--critic_lora_dim must be >= 0")
-        for name in ("actor_dropout", "critic_dropout"):
-            p = getattr(self, name)
-            if p is not None and not 0.0 <= p < 1.0:
-                raise ValueError(f"--{name} must be in [0, 1) or none, got {p}")
+        if self.bf16 and self.shared.dtype not in ("fp32", "bf16"):
+            raise ValueError(f"--bf16 contradicts --dtype {self.shared.dtype}")
+
+
+def ppo_optim(**overrides) -> OptimConfig:
+    """PPO's schedule and optimisation settings: an :class:`~marlhf.config.OptimConfig` whose
+    learning-rate schedule defaults to ``linear`` (``overrides``: its other fields)."""
+    return OptimConfig(**{"lr_scheduler_type": "linear", **overrides})
+
+
+# the optimisation flags the actor and critic share; each model's own are in TrainedModelConfig
+PPO_OPTIM_FLAGS = (
+    "lr_scheduler_type",
+    "num_warmup_steps",
+    "warmup_ratio",
+    "max_grad_norm",
+    "num_train_epochs",
+    "max_steps",
+    "gradient_accumulation_steps",
+    "seed",
+)
 
 
 @dataclass
@@ -182,24 +214,20 @@ class GenerationConfig:
 class PPOConfig:
     """The PPO algorithm, rewards and schedule."""
 
-    actor_learning_rate: float = field(default=1e-5, metadata={"help": "Actor peak LR."})
-    critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic peak LR."})
-    actor_weight_decay: float = field(default=0.0, metadata={"help": "Actor AdamW weight decay."})
-    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic AdamW weight decay."})
-    lr_scheduler_type: str = field(
-        default="linear", metadata={"help": "LR schedule.", "choices": SCHEDULERS}
+    optim: OptimConfig = field(
+        default_factory=ppo_optim,
+        metadata={
+            "flags": PPO_OPTIM_FLAGS,
+            "help": {
+                "num_train_epochs": "Passes over the PPO prompts.",
+                "max_steps": "Stop after N PPO steps (0: all epochs).",
+                "gradient_accumulation_steps": "Minibatches per optimizer step.",
+            },
+        },
     )
-    num_warmup_steps: int = field(default=0, metadata={"help": "LR warm-up (optimizer steps)."})
-    warmup_ratio: float = field(default=0.0, metadata={"help": "LR warm-up ratio (if no steps)."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
-    num_train_epochs: int = field(default=1, metadata={"help": "Passes over the PPO prompts."})
-    max_steps: int = field(default=0, metadata={"help": "Stop after N PPO steps (0: all epochs)."})
     ppo_epochs: int = field(default=1, metadata={"help": "Optimisation epochs over each rollout."})
     per_device_training_batch_size: int = field(
         default=4, metadata={"help": "PPO minibatch per device."}
-    )
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Minibatches per optimizer step."}
     )
     cliprange: float = field(default=0.2, metadata={"help": "Policy ratio clip."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Value clip around old values."})
@@ -340,15 +368,9 @@ class PPOConfig:
     unsup_data_path: tuple[str, ...] = field(
         default=(), metadata={"help": "SFT data for --unsup_coef (default: --data_path)."}
     )
-    seed: int = field(default=1234, metadata={"help": "Random seed."})
 
     def __post_init__(self) -> None:
-        for name in (
-            "ppo_epochs",
-            "per_device_training_batch_size",
-            "gradient_accumulation_steps",
-            "num_train_epochs",
-        ):
+        for name in ("ppo_epochs", "per_device_training_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
         if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
@@ -361,8 +383,6 @@ class PPOConfig:
             raise ValueError("--target_kl must be > 0")
         if not 0 < self.ema_decay < 1:
             raise ValueError("--ema_decay must be in (0, 1)")
-        if self.lr_scheduler_type not in SCHEDULERS:
-            raise ValueError(f"--lr_scheduler_type must be one of {SCHEDULERS}")
         self._check_estimator()
 
     def _check_estimator(self) -> None:
@@ -525,7 +545,7 @@ class PPOStageConfig:
         if (
             not ppo.needs_critic
             and ppo.reward_source in ("rm", "rm+code")
-            and not (mc.reward_model_name_or_path or mc.critic_model_name_or_path)
+            and not (mc.reward_model_name_or_path or mc.critic.model.model_name_or_path)
         ):
             raise ValueError(
                 f"--advantage_estimator {ppo.advantage_estimator} trains no critic, but "

@@ -29,7 +29,6 @@ import torch
 
 from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.cli import config_to_dict
-from marlhf.config import DeepSpeedConfig, ModelConfig
 from marlhf.data.collate import PromptCollator
 from marlhf.macro import TerminationRule, build_termination
 from marlhf.macro.render import render_terminal, token_pieces
@@ -48,7 +47,7 @@ from marlhf.stages.ppo.experience import (
     make_experience,
 )
 from marlhf.stages.ppo.mc import monte_carlo
-from marlhf.stages.ppo.models import Models, build_models
+from marlhf.stages.ppo.models import Models, build_models, model_config
 from marlhf.stages.ppo.prompts import (
     RolloutPlan,
     load_prompts,
@@ -143,11 +142,11 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     rows = global_rows(len(ro.prompt_ids), plan.generation_batch, rank(), plan.world)
     dense = None
     if ppo.dense_reward:
-        dense_seeds = derive_row_seeds(ppo.seed, state.step, rows, stream=1)
+        dense_seeds = derive_row_seeds(ppo.optim.seed, state.step, rows, stream=1)
         dense = dense_rewards(run.seg_rule, run.seg_norm, ro, scored, cfg, dense_seeds)
     with clock("time/macro"):
         # 3. segment: macro actions, per-token rewards
-        seeds = derive_row_seeds(ppo.seed, state.step, rows)
+        seeds = derive_row_seeds(ppo.optim.seed, state.step, rows)
         term, exp = make_experience(
             run.rule, ro, scored, scores, ppo, state.kl_ctl.value,
             row_seeds=seeds, dense=dense, all_gather=all_gather_padded,
@@ -225,14 +224,14 @@ def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Ten
     # ranks, and a resumed run redraws them without a saved generator state
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
-    micro = step_prompts(plan, cfg.ppo.seed, step)
+    micro = step_prompts(plan, cfg.ppo.optim.seed, step)
     offset = 0  # the first row of generation batch j in the concatenated rollout
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
         sample_seeds = None
         if run.backend == "static":
             rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
-            sample_seeds = derive_row_seeds(cfg.ppo.seed, step, rows_j, stream=2)
+            sample_seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro = generate(
                 run.models.actor, batch, cfg.generation, run.backend, run.tokenizer, run.eos_ids,
@@ -298,19 +297,14 @@ def setup(cfg: PPOStageConfig) -> Run:
     """Process group and seeds, tokenizer, prompts and plan, the four models, the termination
     rules and the reward sources; writes run_config.json and ds_config.json."""
     mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
-    start(DeepSpeedConfig(local_rank=mc.local_rank, dist_timeout_s=mc.dist_timeout_s), ppo.seed)
+    start(mc.ds, ppo.optim.seed)
     out = ensure_output_dir(cfg.log.output_dir)
-    tokenizer = load_tokenizer(
-        ModelConfig(
-            model_name_or_path=mc.actor_model_name_or_path, trust_remote_code=mc.trust_remote_code
-        ),
-        padding_side="left",
-    )
+    tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
     prompts, dropped = load_prompts(cfg, tokenizer)
     plan = plan_rollouts(len(prompts), cfg)
     if (
         g.generation_backend == "static"
-        and mc.actor_zero_stage == 3
+        and mc.actor.ds.zero_stage == 3
         and not g.enable_zero3_generation_gather
     ):
         raise ValueError(
@@ -318,7 +312,7 @@ def setup(cfg: PPOStageConfig) -> Run:
             "(the static decoder has no synced_gpus mode)"
         )
     models = build_models(cfg, plan.total_updates)
-    backend = resolve_backend(g, mc.actor_zero_stage, models.actor.module.config)
+    backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)

@@ -212,7 +212,7 @@ def continuation_rewards(
         else:
             rows, prefix, key = jobs.row[idx], jobs.prefix[idx], keys[idx]
         rows, prefix = rows.to(device), prefix.to(device)
-        seeds = derive_row_seeds(ppo.seed, step, key, MC_STREAM) if static else None
+        seeds = derive_row_seeds(ppo.optim.seed, step, key, MC_STREAM) if static else None
         call = replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
         batch = prefix_batch(ro, rows, prefix, pad)
         cont = generate(models.actor, batch, call, backend, tokenizer, eos_ids, row_seeds=seeds)

@@ -28,7 +28,12 @@ from marlhf.models.lora import apply_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model
 from marlhf.runtime.distributed import is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
-from marlhf.stages.ppo.config import ActorCriticConfig, PPOConfig, PPOStageConfig
+from marlhf.stages.ppo.config import (
+    ActorCriticConfig,
+    PPOConfig,
+    PPOStageConfig,
+    TrainedModelConfig,
+)
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 log = logging.getLogger("marlhf.ppo")
@@ -59,51 +64,36 @@ def eval_mode(*engines):
             engine.train(mode)
 
 
-def _model_cfg(
-    cfg: ActorCriticConfig, path: str, dropout, ckpt: bool, lora_dim: int, lora_name: str
-) -> ModelConfig:
-    return ModelConfig(
-        model_name_or_path=path,
-        trust_remote_code=cfg.trust_remote_code,
-        dtype=cfg.effective_dtype,
-        gradient_checkpointing=ckpt,
-        dropout=dropout,
-        lora_dim=lora_dim,
-        lora_module_name=lora_name,
-        only_optimize_lora=cfg.only_optimize_lora and lora_dim > 0,
+def model_config(mc: ActorCriticConfig, m: TrainedModelConfig) -> ModelConfig:
+    """How a trained model (``mc.actor`` or ``mc.critic``) is loaded: its own settings (path,
+    dropout, checkpointing, LoRA) with those the four models share (``--dtype``, ...)."""
+    return replace(
+        m.model,
+        trust_remote_code=mc.shared.trust_remote_code,
+        dtype=mc.effective_dtype,
+        only_optimize_lora=mc.shared.only_optimize_lora and m.model.lora_dim > 0,
     )
 
 
-def _optim(ppo: PPOConfig, lr: float, wd: float, micro: int) -> OptimConfig:
-    return OptimConfig(
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=ppo.gradient_accumulation_steps,
-        learning_rate=lr,
-        weight_decay=wd,
-        max_grad_norm=ppo.max_grad_norm,
-        lr_scheduler_type=ppo.lr_scheduler_type,
-        num_warmup_steps=ppo.num_warmup_steps,
-        warmup_ratio=ppo.warmup_ratio,
-        seed=ppo.seed,
+def optim_config(ppo: PPOConfig, m: TrainedModelConfig) -> OptimConfig:
+    """A trained model's optimizer: PPO's shared schedule with the model's own learning rate and
+    weight decay, on minibatches of ``--per_device_training_batch_size``."""
+    return replace(
+        ppo.optim,
+        per_device_train_batch_size=ppo.per_device_training_batch_size,
+        learning_rate=m.optim.learning_rate,
+        weight_decay=m.optim.weight_decay,
     )
 
 
-def _ds(mc: ActorCriticConfig, stage: int) -> DeepSpeedConfig:
-    return DeepSpeedConfig(
-        zero_stage=stage, offload=mc.offload, deepspeed_config=mc.deepspeed_config
-    )
+def ds_config_of(mc: ActorCriticConfig, m: TrainedModelConfig) -> DeepSpeedConfig:
+    """A trained model's DeepSpeed settings: the shared ones with the model's ZeRO stage."""
+    return replace(mc.ds, zero_stage=m.ds.zero_stage)
 
 
 def actor_model_config(mc: ActorCriticConfig) -> ModelConfig:
     """How the actor is loaded (the reference shares it, minus LoRA, checkpointing and dropout)."""
-    return _model_cfg(
-        mc,
-        mc.actor_model_name_or_path,
-        mc.actor_dropout,
-        mc.actor_gradient_checkpointing,
-        mc.actor_lora_dim,
-        mc.actor_lora_module_name,
-    )
+    return model_config(mc, mc.actor)
 
 
 def build_actor(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict]:
@@ -114,15 +104,15 @@ def build_actor(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict]:
     # ZeRO-3: load the weights partitioned across ranks (transformers reads only the ZeRO section)
     zero3 = (
         ds_config(zero_stage=3, dtype=mc.effective_dtype, micro_batch_size=micro, inference=True)
-        if mc.actor_zero_stage == 3
+        if mc.actor.ds.zero_stage == 3
         else None
     )
     actor = apply_lora(load_causal_lm(actor_cfg, ds_zero3_config=zero3), actor_cfg)
     return build_train_engine(
         actor,
         model_cfg=actor_cfg,
-        ds=_ds(mc, mc.actor_zero_stage),
-        optim=_optim(ppo, ppo.actor_learning_rate, ppo.actor_weight_decay, micro),
+        ds=ds_config_of(mc, mc.actor),
+        optim=optim_config(ppo, mc.actor),
         total_steps=total_updates,
         micro_batch_size=micro,
     )
@@ -133,7 +123,7 @@ def build_reference(cfg: PPOStageConfig) -> object:
     mc = cfg.models
     ref_cfg = replace(
         actor_model_config(mc),
-        model_name_or_path=mc.reference_model_name_or_path or mc.actor_model_name_or_path,
+        model_name_or_path=mc.reference_model_name_or_path or mc.actor.model.model_name_or_path,
         lora_dim=0,
         only_optimize_lora=False,
         gradient_checkpointing=False,
@@ -142,7 +132,7 @@ def build_reference(cfg: PPOStageConfig) -> object:
     engine, _ = build_eval_engine(
         load_causal_lm(ref_cfg),
         dtype=mc.effective_dtype,
-        zero_stage=mc.actor_zero_stage,
+        zero_stage=mc.actor.ds.zero_stage,
         offload=mc.offload_reference_model,
     )
     return engine
@@ -152,7 +142,7 @@ def _load_critic(cfg: PPOStageConfig):
     """The critic's module (a RewardModel) and the reward_config.json it came with ({} if none)."""
     mc = cfg.models
     dtype = _DTYPES[mc.effective_dtype]
-    critic_path = mc.critic_model_name_or_path or mc.actor_model_name_or_path
+    critic_path = mc.critic.model.model_name_or_path or mc.actor.model.model_name_or_path
     if (Path(critic_path) / "reward_config.json").exists():
         return load_reward_model(critic_path, dtype=dtype)
     if cfg.ppo.reward_source == "code":
@@ -171,20 +161,21 @@ def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict,
     mc, ppo = cfg.models, cfg.ppo
     micro = ppo.per_device_training_batch_size
     critic, info = _load_critic(cfg)
-    if mc.critic_dropout is not None:
-        set_model_dropout(critic, mc.critic_dropout)
-    if mc.critic_gradient_checkpointing:
+    if mc.critic.model.dropout is not None:
+        set_model_dropout(critic, mc.critic.model.dropout)
+    if mc.critic.model.gradient_checkpointing:
         critic.gradient_checkpointing_enable({"use_reentrant": False})
-    if mc.critic_lora_dim:
-        critic_lora = _model_cfg(
-            mc, "", None, False, mc.critic_lora_dim, mc.critic_lora_module_name
-        )
+    if mc.critic.model.lora_dim:
+        critic_lora = replace(
+            model_config(mc, mc.critic), model_name_or_path="", dropout=None,
+            gradient_checkpointing=False,
+        )  # fmt: skip
         critic.backbone = apply_lora(critic.backbone, critic_lora)
     engine, critic_ds = build_train_engine(
         critic,
         model_cfg=actor_model_config(mc),
-        ds=_ds(mc, mc.critic_zero_stage),
-        optim=_optim(ppo, ppo.critic_learning_rate, ppo.critic_weight_decay, micro),
+        ds=ds_config_of(mc, mc.critic),
+        optim=optim_config(ppo, mc.critic),
         total_steps=total_updates,
         micro_batch_size=micro,
     )
@@ -198,11 +189,13 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
     if cfg.ppo.reward_source not in ("rm", "rm+code"):
         return None, critic_info
     reward, info = load_reward_model(
-        mc.reward_model_name_or_path or mc.critic_model_name_or_path,
+        mc.reward_model_name_or_path or mc.critic.model.model_name_or_path,
         dtype=_DTYPES[mc.effective_dtype],
     )
     assert isinstance(reward, RewardModel)
-    engine, _ = build_eval_engine(reward, dtype=mc.effective_dtype, zero_stage=mc.critic_zero_stage)
+    engine, _ = build_eval_engine(
+        reward, dtype=mc.effective_dtype, zero_stage=mc.critic.ds.zero_stage
+    )
     return engine, info
 
 
@@ -212,7 +205,7 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     before any weights are loaded (`marlhf.models.checks.check_same_tokenizer`). The critic only when
     the estimator reads one (``--advantage_estimator gae``)."""
     roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
-    check_same_tokenizer(roles, trust_remote_code=cfg.models.trust_remote_code)
+    check_same_tokenizer(roles, trust_remote_code=cfg.models.shared.trust_remote_code)
     actor, actor_ds = build_actor(cfg, total_updates)
     ref = build_reference(cfg)
     if cfg.ppo.needs_critic:

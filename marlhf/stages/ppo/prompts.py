@@ -73,11 +73,13 @@ def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
             f"PPO split has {n_prompts} prompts, fewer than one rollout ({rollout_size} x {ws}"
             + (f" / {G} samples per prompt)" if G > 1 else ")")
         )
-    total = spe * ppo.num_train_epochs
-    if ppo.max_steps:
-        total = min(total, ppo.max_steps)
+    total = spe * ppo.optim.num_train_epochs
+    if ppo.optim.max_steps:
+        total = min(total, ppo.optim.max_steps)
     minibatches = rollout_size // ppo.per_device_training_batch_size
-    total_updates = max(1, total * ppo.ppo_epochs * minibatches // ppo.gradient_accumulation_steps)
+    total_updates = max(
+        1, total * ppo.ppo_epochs * minibatches // ppo.optim.gradient_accumulation_steps
+    )
     return RolloutPlan(
         n_prompts=n_prompts,
         generation_batch=gen_bs,
@@ -99,7 +101,7 @@ def load_prompts(cfg: PPOStageConfig, tokenizer):
         cfg.data,
         tokenizer,
         "train",
-        ppo.seed,
+        ppo.optim.seed,
         g.max_prompt_seq_len,
         phase=3,
         overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
@@ -145,7 +147,7 @@ def sft_batches(cfg: PPOStageConfig, tokenizer, skip: int):
     """Endless SFT micro-batches for the pretraining-mix loss (``--unsup_coef``), this rank's shard,
     from the ``skip``-th on (the batches a resumed run already consumed)."""
     data = replace(cfg.data, data_path=cfg.ppo.unsup_data_path or cfg.data.data_path)
-    ds = build_sft_dataset(data, tokenizer, "train", cfg.ppo.seed)
+    ds = build_sft_dataset(data, tokenizer, "train", cfg.ppo.optim.seed)
     collate = SFTCollator(tokenizer.pad_token_id)
     mb, ws = cfg.ppo.per_device_training_batch_size, world_size()
     spe = steps_per_epoch(len(ds), mb, 1, ws)
@@ -154,7 +156,7 @@ def sft_batches(cfg: PPOStageConfig, tokenizer, skip: int):
     i = skip
     while True:
         epoch, step = divmod(i, spe)
-        perm = epoch_permutation(len(ds), cfg.ppo.seed + 1, epoch)
+        perm = epoch_permutation(len(ds), cfg.ppo.optim.seed + 1, epoch)
         (idx,) = step_micro_batches(perm, step, mb, 1, ws, rank())
         yield collate([ds[j] for j in idx])
         i += 1

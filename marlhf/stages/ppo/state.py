@@ -81,7 +81,10 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
     state_root = out / "train_state"
     # the minibatch shuffle: one stream shared by all ranks (minibatches are drawn from the global batch)
     state = TrainState(
-        step=0, kl_ctl=kl_controller(ppo), shuffle=torch.Generator().manual_seed(ppo.seed), ema=None
+        step=0,
+        kl_ctl=kl_controller(ppo),
+        shuffle=torch.Generator().manual_seed(ppo.optim.seed),
+        ema=None,
     )
     found = find_resume(state_root, cfg.log.resume)
     if found is not None:
@@ -93,7 +96,9 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         set_rng_state(client["rng"])
         log.info("resumed from %s/step-%d", found[0], state.step)
     if ppo.enable_ema:
-        state.ema = EMA(models.actor.module, ppo.ema_decay, zero3=cfg.models.actor_zero_stage == 3)
+        state.ema = EMA(
+            models.actor.module, ppo.ema_decay, zero3=cfg.models.actor.ds.zero_stage == 3
+        )
         # the tag actually loaded (load_train_state falls back past a checkpoint it cannot read)
         tag = f"step-{state.step}"
         shadow = _load_ema(found[0], tag) if found is not None else None
@@ -138,10 +143,10 @@ def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
 def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfig, run_config):
     """The critic as a reward-model directory (LoRA merged), with the run's and its DeepSpeed
     configs."""
-    state = gather_state_dict(models.critic.module, cfg.models.critic_zero_stage)
+    state = gather_state_dict(models.critic.module, cfg.models.critic.ds.zero_stage)
     if not is_main():
         return
-    if cfg.models.critic_lora_dim:
+    if cfg.models.critic.model.lora_dim:
         lcfg = models.critic.module.backbone.peft_config["default"]
         state = merge_lora_state_dict(state, lcfg.lora_alpha / lcfg.r)
     save_reward_model_state(
@@ -159,7 +164,7 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfi
 def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config) -> None:
     """The actor's EMA as an HF model directory (LoRA merged) with the run's configs (its shadow for
     a resume goes into the train state: :func:`save_checkpoint`)."""
-    like = gather_state_dict(models.actor.module, cfg.models.actor_zero_stage)
+    like = gather_state_dict(models.actor.module, cfg.models.actor.ds.zero_stage)
     if not is_main():
         return
     base, scaling = unwrap_peft(models.actor.module)
@@ -196,7 +201,7 @@ def save_checkpoint(
                 models.actor.module,
                 tokenizer,
                 where,
-                zero_stage=cfg.models.actor_zero_stage,
+                zero_stage=cfg.models.actor.ds.zero_stage,
                 run_config=run_config,
                 ds_config=models.actor_ds,
             )

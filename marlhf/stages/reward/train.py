@@ -177,6 +177,9 @@ class RewardStageConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
 
+    def __post_init__(self) -> None:
+        self.model.check_lora()
+
 
 # --------------------------------------------------------------------------------------------------
 # pair batches -> responses -> scores

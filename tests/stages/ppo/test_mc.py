@@ -135,6 +135,7 @@ def _run(setup, reward_source="rm", **ppo):
         GenerationConfig,
         PPOConfig,
         PPOStageConfig,
+        ppo_optim,
     )
     from marlhf.stages.ppo.scoring import SequenceReward
 
@@ -147,7 +148,7 @@ def _run(setup, reward_source="rm", **ppo):
         ),
         ppo=PPOConfig(
             advantage_estimator="macro_mc", reward_source=reward_source, reward_clip=5.0,
-            no_eos_penalty=-0.25, seed=7, **ppo,
+            no_eos_penalty=-0.25, optim=ppo_optim(seed=7), **ppo,
         ),
     )  # fmt: skip
     models = SimpleNamespace(actor=actor, reward=reward if reward_source == "rm" else None)
@@ -178,7 +179,7 @@ def _experience(run, rows):
     tok = run.tokenizer
     batch = tok([PROMPTS[i] for i in rows], return_tensors="pt", padding=True)
     batch = {**batch, "prompt_id": [str(i) for i in rows]}
-    seeds = derive_row_seeds(run.cfg.ppo.seed, 0, torch.tensor(rows), stream=2)
+    seeds = derive_row_seeds(run.cfg.ppo.optim.seed, 0, torch.tensor(rows), stream=2)
     ro = generate(
         run.models.actor, batch, run.cfg.generation, "static", tok, run.eos_ids, row_seeds=seeds
     )
@@ -203,7 +204,7 @@ def _reference_value(run, exp, b, global_row, slot, position, step):
     rewards = []
     for k in range(ppo.mc_rollouts):
         key = (global_row * (ppo.mc_max_boundaries + 1) + slot) * ppo.mc_rollouts + k
-        seed = derive_row_seeds(ppo.seed, step, torch.tensor([key]), stream=3)
+        seed = derive_row_seeds(ppo.optim.seed, step, torch.tensor([key]), stream=3)
         cont = sample(
             run.models.actor.module, state, torch.ones_like(state),
             max_new_tokens=g.max_answer_seq_len - position, temperature=g.temperature,

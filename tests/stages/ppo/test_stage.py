@@ -329,7 +329,10 @@ def test_critic_checkpoints_carry_their_ds_config_and_both_lrs_are_logged(models
     for d in (run / "critic", run / "checkpoints" / "step-1" / "critic"):
         assert json.loads((d / "ds_config.json").read_text()) == ds["critic"], d
         assert (
-            json.loads((d / "run_config.json").read_text())["ppo"]["critic_learning_rate"] == 8e-5
+            json.loads((d / "run_config.json").read_text())["models"]["critic"]["optim"][
+                "learning_rate"
+            ]
+            == 8e-5
         )
     # 2 steps x 2 minibatches = 4 optimizer steps, linear decay from the peak, no warm-up: step 1's
     # update starts at optimizer step 0 (the peak), step 2's at optimizer step 2 (half the peak)
