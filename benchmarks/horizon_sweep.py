@@ -77,14 +77,13 @@ from benchmarks.analysis import (  # noqa: E402
     final_value,
     first_reach,
     load_run,
-    mean_ci,
     mean_curve,
     pm,
     smooth,
     speedup,
-    welch_diff_ci,
 )
 from benchmarks.ppo_vs_mappo import ALL_ARMS, with_overrides  # noqa: E402
+from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 HORIZONS = (16, 64, 256)
 TASKS = ("verdict", "facts")

@@ -34,6 +34,7 @@ if str(ROOT) not in sys.path:
 from marlhf.data.synthetic import gold_score, prompt_of  # noqa: E402
 from marlhf.models.load import resolve_model_path  # noqa: E402
 from marlhf.models.zoo import bundled_corpus_path  # noqa: E402
+from marlhf.stats import pearson  # noqa: E402
 
 
 def held_out() -> list[dict]:
@@ -63,13 +64,6 @@ def sample(model_dir: str, prompts: list[str], temperature: float, max_new_token
             )
         texts += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return texts
-
-
-def pearson(a: list[float], b: list[float]) -> float:
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    num = sum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True))
-    den = (sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b)) ** 0.5
-    return num / den if den else float("nan")
 
 
 def eval_policy(model_dir: str, n: int, temperatures: list[float]) -> dict:

@@ -37,9 +37,9 @@ from tqdm import tqdm
 
 from marlhf.cli import parse_config
 from marlhf.data.names import canonical, names_help
-from marlhf.judge import stats
 from marlhf.judge.cache import JudgeCache, cache_key
 from marlhf.judge.client import JudgeRequest, JudgeResult, RetryPolicy, Usage, run_requests
+from marlhf.judge.outcomes import format_summary, n_words, summarize
 from marlhf.judge.pairing import Pair, PairingError, align_results, output_overwrites
 from marlhf.judge.parse import ParsedReply, combine, parse_reply, to_model
 from marlhf.judge.prompts import JudgeTemplate, get_template, render
@@ -421,8 +421,8 @@ def collect(
             else:
                 j.unparseable += 1
         j.outcomes.append(outcome)
-        j.len_a.append(stats.n_words(pair.response_a))
-        j.len_b.append(stats.n_words(pair.response_b))
+        j.len_a.append(n_words(pair.response_a))
+        j.len_b.append(n_words(pair.response_b))
         rec = {
             "index": i // 2,
             "prompt_id": pair.prompt_id,
@@ -444,7 +444,7 @@ def _summary(
     cfg: JudgeConfig, template: JudgeTemplate, j: _Judged, usage: Usage, extra: dict[str, Any]
 ) -> dict[str, Any]:
     """Counts, win rate, CI, length control, position bias, usage and cost (module doc)."""
-    summary = stats.summarize(
+    summary = summarize(
         j.outcomes,
         j.len_a,
         j.len_b,
@@ -498,14 +498,13 @@ def _summary(
     )
     if template.criteria:
         summary["criteria"] = {
-            c: stats.summarize(v, seed=cfg.seed, n_boot=cfg.bootstrap)
-            for c, v in j.criteria.items()
+            c: summarize(v, seed=cfg.seed, n_boot=cfg.bootstrap) for c, v in j.criteria.items()
         }
     return summary
 
 
 def _print_report(cfg: JudgeConfig, summary: dict[str, Any], out_path: Path, log: TextIO) -> None:
-    print(stats.format_summary(summary, "a", "b"), file=log)
+    print(format_summary(summary, "a", "b"), file=log)
     print(f"a = {cfg.model_name_a}\nb = {cfg.model_name_b}", file=log)
     for c, s in summary.get("criteria", {}).items():
         wr = s["win_rate"]

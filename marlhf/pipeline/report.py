@@ -32,16 +32,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from marlhf.data.synthetic import gold_score, prompt_of
-from marlhf.judge.stats import bootstrap_ci, win_rate
+from marlhf.judge.outcomes import bootstrap_ci, win_rate
 from marlhf.models.zoo import bundled_corpus_path
 from marlhf.runtime.tracking import read_metrics
+from marlhf.stats import bootstrap_mean_ci, mean_sd, pearson
 
 # The first word of every well-formed summary of the synthetic task (see the module docstring).
 TASK_OPENER = "my"
@@ -51,12 +51,6 @@ _WORD = re.compile(r"[a-z0-9]+")
 def _rows(path: Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def _mean_sd(xs: list[float]) -> tuple[float, float]:
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
 def first_word(text: str) -> str:
@@ -70,21 +64,6 @@ def off_opener_share(responses: Sequence[str], opener: str = TASK_OPENER) -> flo
     if not responses:
         return float("nan")
     return statistics.fmean(float(first_word(r) != opener) for r in responses)
-
-
-def bootstrap_mean_ci(
-    xs: Sequence[float], *, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap ``(low, high)`` of the mean of ``xs`` (seeded ``random.Random``)."""
-    if not xs:
-        return float("nan"), float("nan")
-    rng = random.Random(seed)
-    n = len(xs)
-    stats = sorted(math.fsum(rng.choices(xs, k=n)) / n for _ in range(n_boot))
-    return (
-        stats[int(round((alpha / 2) * (n_boot - 1)))],
-        stats[int(round((1 - alpha / 2) * (n_boot - 1)))],
-    )
 
 
 def paired_gain(
@@ -102,18 +81,6 @@ def paired_gain(
         return float("nan"), float("nan"), float("nan"), 0
     lo, hi = bootstrap_mean_ci(diffs, seed=seed)
     return statistics.fmean(diffs), lo, hi, len(diffs)
-
-
-def pearson(a: Sequence[float], b: Sequence[float]) -> float:
-    """Pearson correlation of two equally long sequences (NaN when either is constant)."""
-    if len(a) != len(b):
-        raise ValueError(f"pearson: {len(a)} and {len(b)} values")
-    if len(a) < 2:
-        return float("nan")
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    num = math.fsum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True))
-    den = math.sqrt(math.fsum((x - ma) ** 2 for x in a) * math.fsum((y - mb) ** 2 for y in b))
-    return num / den if den else float("nan")
 
 
 def rm_judged(rows_a: list[dict], rows_b: list[dict], key: str = "reward") -> list[str]:
@@ -225,11 +192,11 @@ def policy_stats(rows: dict[str, list[dict]], base: str = "sft") -> dict[str, di
         golds = [float(r["gold"]) for r in rs if r.get("gold") is not None]
         st: dict = {
             "n": len(rs),
-            "rm": _mean_sd([float(r["reward"]) for r in rs if r.get("reward") is not None]),
-            "gold": _mean_sd(golds),
+            "rm": mean_sd([float(r["reward"]) for r in rs if r.get("reward") is not None]),
+            "gold": mean_sd(golds),
             "gold_ci": bootstrap_mean_ci(golds),
             "off_opener": off_opener_share([str(r.get("response", "")) for r in rs]),
-            "tokens": _mean_sd([float(r.get("response_tokens", 0)) for r in rs])[0],
+            "tokens": mean_sd([float(r.get("response_tokens", 0)) for r in rs])[0],
             "eos": statistics.fmean(float(bool(r.get("ends_with_eos"))) for r in rs)
             if rs
             else float("nan"),

@@ -5,68 +5,20 @@ from __future__ import annotations
 
 import csv
 import doctest
-import importlib.util
 import json
-import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import ppo_vs_mappo as exp
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load():
-    name = "benchmarks_ppo_vs_mappo"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "ppo_vs_mappo.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-exp = _load()
 
 
 def test_docstring_examples():
     result = doctest.testmod(exp)
     assert result.attempted > 0 and result.failed == 0
-
-
-def test_t975_table_values():
-    # standard table values
-    assert exp.t975(1) == 12.706
-    assert exp.t975(3) == 3.182
-    assert exp.t975(30) == 2.042
-    assert exp.t975(2.99) == 4.303  # floored: conservative
-    assert exp.t975(500) == 1.96
-    with pytest.raises(ValueError):
-        exp.t975(0.5)
-
-
-def test_mean_ci_hand_worked():
-    # [2, 4, 6, 8]: mean 5, sd sqrt(20/3) = 2.5820, se 1.2910, t_3 = 3.182 -> 4.1079
-    m, h = exp.mean_ci([2.0, 4.0, 6.0, 8.0])
-    assert m == 5.0
-    assert h == pytest.approx(3.182 * math.sqrt(20 / 3) / 2, abs=1e-12)
-    assert h == pytest.approx(4.1079, abs=1e-4)
-    m, h = exp.mean_ci([0.7])
-    assert m == 0.7 and math.isnan(h)
-    assert exp.mean_ci([3.0, 3.0, 3.0]) == (3.0, 0.0)
-
-
-def test_welch_diff_ci_hand_worked():
-    # a = [1,2,3]: var/n = 1/3; b = [2,4,6]: var/n = 4/3; sum 5/3
-    # df = (5/3)^2 / ((1/3)^2/2 + (4/3)^2/2) = 50/17 = 2.94 -> t_2 = 4.303
-    d, h = exp.welch_diff_ci([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
-    assert d == pytest.approx(-2.0)
-    assert h == pytest.approx(4.303 * math.sqrt(5 / 3), abs=1e-12)
-    assert h == pytest.approx(5.5551, abs=1e-4)
-    # zero spread on both sides: exact difference
-    assert exp.welch_diff_ci([1.0, 1.0], [0.5, 0.5]) == (0.5, 0.0)
 
 
 def test_smooth_matches_plain_loop():

@@ -242,41 +242,6 @@ def test_rejects_bad_arguments():
         )
 
 
-def test_bench_decode_smoke():
-    """The benchmark script runs end to end on tiny sizes and reports both backends."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
-    spec = importlib.util.spec_from_file_location("bench_decode", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    res = bench.main(
-        [
-            "--hidden",
-            "32",
-            "--layers",
-            "1",
-            "--vocab",
-            "64",
-            "--batch",
-            "2",
-            "--prompt",
-            "4",
-            "--new-tokens",
-            "3",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-            "--bandwidth",
-            "1e10",
-        ]
-    )
-    assert res["generate_tok_s"] > 0 and res["static_tok_s"] > 0
-    assert res["bound_ms_per_step"] > 0
-
-
 def test_reused_cache_gives_fresh_results():
     """A second call of the same shape reuses the cache; stale keys of the first call must not leak."""
     model = _model("llama")

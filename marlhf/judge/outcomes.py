@@ -16,8 +16,9 @@ each side and the win rate restricted to *length-matched* pairs, those whose len
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
+
+from marlhf.stats import bootstrap_mean_ci
 
 _SCORE = {"a": 1.0, "tie": 0.5, "b": 0.0}
 
@@ -49,12 +50,8 @@ def bootstrap_ci(
     scores = [_SCORE[o] for o in outcomes if o in _SCORE]
     if not scores:
         return None
-    rng = random.Random(seed)
-    n = len(scores)
-    stats = sorted(sum(rng.choices(scores, k=n)) / n for _ in range(n_boot))
-    lo = stats[int(round((alpha / 2) * (n_boot - 1)))]
-    hi = stats[int(round((1 - alpha / 2) * (n_boot - 1)))]
-    return lo, hi
+    # the scores are halves: every partial sum is exact, so fsum's and sum's means are the same
+    return bootstrap_mean_ci(scores, n_boot=n_boot, alpha=alpha, seed=seed)
 
 
 def n_words(text: str) -> int:

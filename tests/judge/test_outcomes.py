@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-import marlhf.judge.stats as stats_mod
-from marlhf.judge.stats import bootstrap_ci, counts, length_controlled, summarize, win_rate
+import marlhf.judge.outcomes as stats_mod
+from marlhf.judge.outcomes import bootstrap_ci, counts, length_controlled, summarize, win_rate
 
 
 def test_doctests():
