@@ -402,7 +402,8 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
     first, _WORKER["first"] = _WORKER.get("first", False), False
     try:
         if kind == "rm":
-            from marlhf.stages.reward.train import RewardStageConfig, train
+            from marlhf.stages.reward.config import RewardStageConfig
+            from marlhf.stages.reward.train import train
 
             labelled = meta.get("labels") == "policy"
             n_pairs = _label_policy_answers(Path(meta["pairs"]), meta) if labelled else None

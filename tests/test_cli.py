@@ -176,7 +176,7 @@ def test_one_source_per_flag():
     in config.py (or data/, macro/), and composed."""
     from marlhf.data.config import DataConfig
     from marlhf.stages.ppo.config import PPOStageConfig
-    from marlhf.stages.reward.train import RewardStageConfig
+    from marlhf.stages.reward.config import RewardStageConfig
     from marlhf.stages.sft import SFTConfig
 
     shared = (ModelConfig, OptimConfig, DeepSpeedConfig, LoggingConfig, DataConfig)

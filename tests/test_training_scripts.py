@@ -20,7 +20,7 @@ def _stage_config(stage: str):
 
         return SFTConfig
     if stage == "reward":
-        from marlhf.stages.reward.train import RewardStageConfig
+        from marlhf.stages.reward.config import RewardStageConfig
 
         return RewardStageConfig
     if stage == "ppo":

@@ -35,12 +35,16 @@ import dataclasses
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from marlhf.rewards.segment import LocationNormalizer, ScoreStats
+from marlhf.rewards.segment import (
+    LocationNormalizer,
+    ScoreStats,
+)
 from marlhf.runtime.checkpoint_files import naming_write_errors
 
 RM_TYPES = ("end", "segment")
@@ -430,3 +434,23 @@ def load_reward_model(
     if info.get("normalizer") is not None:
         info["normalizer"] = LocationNormalizer.from_dict(info["normalizer"])
     return model, info
+
+
+def load_value_head(model, path: str) -> None:
+    """Copy ``path``/value_head.safetensors (``{"weight": (1, hidden)}``) into ``model.v_head``."""
+    from safetensors.torch import load_file
+
+    file = Path(path) / VALUE_HEAD_FILE
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"--init_value_head: {file} does not exist; --model_name_or_path must be a reward model "
+            "or a base shipped with its value head (tiny-rm-base), or drop --init_value_head"
+        )
+    weight = load_file(file).get("weight")
+    if weight is None or tuple(weight.shape) != tuple(model.v_head.weight.shape):
+        raise ValueError(
+            f"--init_value_head: {file} must hold 'weight' of shape "
+            f"{tuple(model.v_head.weight.shape)}, got {None if weight is None else tuple(weight.shape)}"
+        )
+    with torch.no_grad():
+        model.v_head.weight.copy_(weight.to(model.v_head.weight.dtype))

@@ -1,6 +1,7 @@
-"""Saving a trained causal LM as a plain Hugging Face directory that every later stage and the
-inference script load with ``from_pretrained``: LoRA weights merged, ZeRO-3 partitions gathered, the
-run's config and DeepSpeed JSON beside the weights."""
+"""Saving a trained model as a directory every later stage and the inference script load: a causal
+LM as a plain Hugging Face directory (``from_pretrained``), a reward model as a reward-model
+directory (:func:`marlhf.models.reward_model.load_reward_model`); LoRA weights merged, ZeRO-3
+partitions gathered, the run's config and DeepSpeed JSON beside the weights."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
+from marlhf.models.reward_model import save_reward_model_state
 from marlhf.runtime.checkpoint import gather_state_dict, write_json
 from marlhf.runtime.checkpoint_files import naming_write_errors
 from marlhf.runtime.distributed import barrier, is_main
@@ -44,4 +46,43 @@ def save_hf_causal_lm(
                 gen.save_pretrained(path)
             write_json(path / "run_config.json", run_config)
             write_json(path / "ds_config.json", ds_config)
+    barrier()
+
+
+def save_reward_checkpoint(
+    module: torch.nn.Module,
+    tokenizer,
+    path: str | Path,
+    *,
+    zero_stage: int,
+    rm_type: str,
+    run_config: dict,
+    ds_config: dict,
+    score_stats=None,
+    normalizer=None,
+    termination=None,
+    extra: dict | None = None,
+) -> None:
+    """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` as one
+    reward-model directory that :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are
+    merged into the backbone. Collective under ZeRO-3 (every rank calls it); rank 0 writes."""
+    _, scaling = unwrap_peft(module.backbone)
+    state = gather_state_dict(module, zero_stage)
+    if is_main():
+        assert state is not None
+        if scaling is not None:
+            state = merge_lora_state_dict(state, scaling)
+        save_reward_model_state(
+            state,
+            module.config,
+            tokenizer,
+            path,
+            rm_type=rm_type,
+            score_stats=score_stats,
+            normalizer=normalizer,
+            termination=termination,
+            extra=extra,
+        )
+        write_json(Path(path) / "run_config.json", run_config)
+        write_json(Path(path) / "ds_config.json", ds_config)
     barrier()

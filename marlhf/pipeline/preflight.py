@@ -40,7 +40,7 @@ from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
 from marlhf.stages.ppo.config import PPOStageConfig
-from marlhf.stages.reward.train import RewardStageConfig
+from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.sft import SFTConfig
 
 # --- data -----------------------------------------------------------------------------------------

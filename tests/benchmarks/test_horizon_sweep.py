@@ -121,7 +121,7 @@ def test_summarize_cell_hand_worked(monkeypatch):
 def test_default_plan_and_command_lines_parse(tmp_path):
     from marlhf.cli import parse_config
     from marlhf.stages.ppo.config import PPOStageConfig
-    from marlhf.stages.reward.train import RewardStageConfig
+    from marlhf.stages.reward.config import RewardStageConfig
 
     size = horizon_sweep.SIZES["cpu"]
     rms, runs = horizon_sweep.plan(size, (16, 64, 256), size.seeds, "verdict")
@@ -157,7 +157,7 @@ def test_default_plan_and_command_lines_parse(tmp_path):
 def test_policy_labels_plan_and_pairs(tmp_path, monkeypatch):
     """``--rm_labels policy``: the RM also reads labelled pairs of the base's own answers."""
     from marlhf.cli import parse_config
-    from marlhf.stages.reward.train import RewardStageConfig
+    from marlhf.stages.reward.config import RewardStageConfig
 
     monkeypatch.setenv("MARLHF_HOME", str(tmp_path / "home"))
     size = horizon_sweep.SIZES["cpu"]

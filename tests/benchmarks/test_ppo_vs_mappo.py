@@ -155,7 +155,7 @@ def test_with_overrides():
 def test_command_lines_parse_into_valid_configs(size, tmp_path):
     from marlhf.cli import parse_config
     from marlhf.stages.ppo.config import PPOStageConfig
-    from marlhf.stages.reward.train import RewardStageConfig
+    from marlhf.stages.reward.config import RewardStageConfig
     from marlhf.stages.sft import SFTConfig
 
     sz = exp.SIZES[size]

@@ -35,8 +35,7 @@ def test_tiny_rm_base_ships_with_the_policy_tokenizer_and_more_layers():
 
 
 def test_tiny_rm_base_loads_as_a_reward_model_with_its_head():
-    from marlhf.models.reward_model import RewardModel
-    from marlhf.stages.reward.train import load_value_head
+    from marlhf.models.reward_model import RewardModel, load_value_head
 
     rm = RewardModel.from_pretrained(zoo.ensure_tiny_rm_base())
     load_value_head(rm, zoo.ensure_tiny_rm_base())

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,10 @@ import torch
 
 from marlhf.algo.bradley_terry import bt_loss, split_pair
 from marlhf.cli import parse_config
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config import ModelConfig
 from marlhf.data.collate import PairCollator
-from marlhf.data.config import DataConfig
 from marlhf.data.tokenize import build_pair_dataset, eot_ids
-from marlhf.macro import MacroConfig, TerminationInputs, build_termination
+from marlhf.macro import build_termination
 from marlhf.models.load import (
     TORCH_DTYPES,
     load_causal_lm,
@@ -53,25 +51,14 @@ from marlhf.models.load import (
     resolve_model_path,
     set_dropout_config,
 )
-from marlhf.models.lora import apply_lora, merge_lora_state_dict, unwrap_peft
+from marlhf.models.lora import apply_lora
 from marlhf.models.reward_model import (
-    RM_TYPES,
-    VALUE_HEAD_FILE,
     RewardModel,
-    end_scores,
-    save_reward_model_state,
+    load_value_head,
 )
-from marlhf.models.sequences import response_logprobs_and_entropy
-from marlhf.rewards.segment import (
-    ScoreStats,
-    fit_location_normalizer,
-    segment_positions,
-    segment_readout,
-    segment_score,
-)
-from marlhf.runtime.batching import padded_eval_shard
-from marlhf.runtime.checkpoint import gather_state_dict, write_json
-from marlhf.runtime.distributed import all_reduce_sum, barrier, is_main, rank, world_size
+from marlhf.models.save import save_reward_checkpoint
+from marlhf.rewards.segment import ScoreStats
+from marlhf.runtime.distributed import all_reduce_sum, is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.stages.common import (
     StepPlan,
@@ -83,373 +70,18 @@ from marlhf.stages.common import (
     to_device,
     write_run_config,
 )
+from marlhf.stages.reward.config import RewardStageConfig
+from marlhf.stages.reward.evaluate import evaluate, fit_normalizer
+from marlhf.stages.reward.scorer import Scorer
 
 log = logging.getLogger("marlhf.reward")
-
-NORMALIZER_SPLITS = ("train", "eval")
-
-
-@dataclass
-class RewardConfig:
-    """Reward-model objective: end or segment score, Bradley–Terry options, normaliser fit."""
-
-    rm_type: str = field(
-        default="end",
-        metadata={
-            "help": "`end`: score = value at the last token; `segment` (Segment-PPO): score = mean "
-            "of the values at the last token of each segment cut by --termination_condition.",
-            "choices": RM_TYPES,
-        },
-    )
-    use_margin: bool = field(
-        default=False,
-        metadata={
-            "help": "Subtract the data's `margin` column from the score gap (rows without one: 0)."
-        },
-    )
-    center_rewards_coef: float = field(
-        default=0.0,
-        metadata={"help": "Weight of the reward-centering penalty mean((r_c + r_r)^2) (0: off)."},
-    )
-    reference_model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Frozen SFT model whose entropies / log-probs the `entropy` / `ppl` rules read "
-            "(segment RM only); default: --model_name_or_path."
-        },
-    )
-    normalizer_split: str = field(
-        default="train",
-        metadata={
-            "help": "Segment RM: split whose chosen responses fit the location-aware normaliser.",
-            "choices": NORMALIZER_SPLITS,
-        },
-    )
-    normalizer_max_samples: int = field(
-        default=4096,
-        metadata={
-            "help": "Segment RM: at most this many chosen responses for the normaliser fit (0: all)."
-        },
-    )
-    init_value_head: bool = field(
-        default=False,
-        metadata={
-            "help": "Start from the value head saved with --model_name_or_path "
-            "(value_head.safetensors, e.g. tiny-rm-base's, preference-pretrained) instead of a "
-            "fresh one."
-        },
-    )
-    num_padding_at_beginning: int = field(
-        default=0,
-        metadata={
-            "help": "Accepted for compatibility with the original scripts and ignored: it skipped "
-            "OPT's leading padding token; the end score here is read from the attention mask, "
-            "which needs no such offset for any model."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        if self.rm_type not in RM_TYPES:
-            raise ValueError(f"--rm_type must be one of {RM_TYPES}, got {self.rm_type!r}")
-        if not math.isfinite(self.center_rewards_coef) or self.center_rewards_coef < 0:
-            raise ValueError(f"--center_rewards_coef must be >= 0, got {self.center_rewards_coef}")
-        if self.normalizer_split not in NORMALIZER_SPLITS:
-            raise ValueError(f"--normalizer_split must be one of {NORMALIZER_SPLITS}")
-        if self.normalizer_max_samples < 0:
-            raise ValueError(
-                f"--normalizer_max_samples must be >= 0, got {self.normalizer_max_samples}"
-            )
-        if self.num_padding_at_beginning < 0:
-            raise ValueError(
-                f"--num_padding_at_beginning must be >= 0, got {self.num_padding_at_beginning}"
-            )
-
-
-@dataclass
-class RewardStageConfig:
-    """Stage 2: reward-model training (Bradley–Terry on end or segment scores)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    log: LoggingConfig = field(default_factory=LoggingConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    macro: MacroConfig = field(default_factory=MacroConfig)
-
-    def __post_init__(self) -> None:
-        self.model.check_lora()
-
 
 # --------------------------------------------------------------------------------------------------
 # pair batches -> responses -> scores
 
 
-@dataclass
-class PairResponses:
-    """The response part of each row of a stacked pair batch (chosen rows, then rejected rows).
-
-    Fields:
-        response_start: (2B,) long — position of response token 0 in the full sequence.
-        response_ids: (2B, A) long — response tokens (end-of-conversation token included), pad after.
-        action_mask: (2B, A) bool — response tokens, a prefix of each row.
-        ends_with_eos: (2B,) bool — the response ends with the end-of-conversation token (not cut).
-    """
-
-    response_start: torch.Tensor
-    response_ids: torch.Tensor
-    action_mask: torch.Tensor
-    ends_with_eos: torch.Tensor
-
-
-def pair_responses(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    prompt_len: torch.Tensor,
-    pad_id: int,
-    eot_id: int,
-) -> PairResponses:
-    """Cut the responses out of a right-padded pair batch.
-
-    Args:
-        input_ids: (2B, T) long, right-padded; row i and row B + i share a prompt.
-        attention_mask: (2B, T).
-        prompt_len: (B,) long — where each pair's response starts (bos + prompt; see the collator).
-        pad_id: filler for ``response_ids`` past each response.
-        eot_id: last token id of the end-of-conversation token.
-
-    >>> ids = torch.tensor([[2, 7, 8, 9, 1], [2, 7, 5, 1, 0]])  # bos=2, prompt 7, eot=1, pad=0
-    >>> r = pair_responses(ids, (ids != 0).long(), torch.tensor([2]), pad_id=0, eot_id=1)
-    >>> r.response_start.tolist(), r.response_ids.tolist(), r.action_mask.int().tolist()
-    ([2, 2], [[8, 9, 1], [5, 1, 0]], [[1, 1, 1], [1, 1, 0]])
-    >>> r.ends_with_eos.tolist()
-    [True, True]
-    """
-    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
-        raise ValueError(
-            f"pair_responses: input_ids {tuple(input_ids.shape)} and attention_mask "
-            f"{tuple(attention_mask.shape)} must both be (2B, T)"
-        )
-    two_b, T = input_ids.shape
-    start = prompt_len.to(input_ids.device).long().repeat(2)  # (2B,) chosen rows, then rejected
-    if start.shape[0] != two_b:
-        raise ValueError(
-            f"pair_responses: prompt_len must be (B,) = ({two_b // 2},), got {tuple(prompt_len.shape)}"
-        )
-    length = attention_mask.long().sum(dim=1)  # right padding: valid tokens are 0..length-1
-    n_resp = (length - start).clamp(min=0)  # (2B,)
-    A = max(int(n_resp.max()), 1) if two_b else 1
-    j = torch.arange(A, device=input_ids.device).unsqueeze(0)  # (1, A)
-    action_mask = j < n_resp.unsqueeze(1)  # (2B, A)
-    pos = (start.unsqueeze(1) + j).clamp(max=T - 1)
-    response_ids = input_ids.gather(1, pos).masked_fill(~action_mask, pad_id)
-    last = response_ids.gather(1, (n_resp - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    ends = (n_resp > 0) & (last == eot_id)
-    return PairResponses(start, response_ids, action_mask, ends)
-
-
-def response_scores(
-    values: torch.Tensor,
-    attention_mask: torch.Tensor,
-    responses: PairResponses | None = None,
-    macro_end: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scores ``(2B,)`` of the rows of a pair batch, and the segment mask ``(2B, M)`` (segment RM).
-
-    End RM (``macro_end`` None): the value at the last non-padding token. Segment RM: the mean of the
-    values at the last token of each segment (``macro_end: (2B, A) bool`` over ``responses``).
-    ``values: (2B, T) float``.
-    """
-    if macro_end is None:
-        return end_scores(values, attention_mask), None
-    assert responses is not None
-    rewards, seg_mask = segment_readout(
-        values, responses.response_start, macro_end, responses.action_mask
-    )
-    return segment_score(rewards, seg_mask), seg_mask
-
-
 # --------------------------------------------------------------------------------------------------
 # the stage's moving parts
-
-
-@dataclass
-class Scorer:
-    """Everything needed to score a collated pair batch with the engine: the termination rule and the
-    frozen reference model of a segment RM (None for an end RM)."""
-
-    cfg: RewardStageConfig
-    pad_id: int
-    eot_id: int
-    rule: Any = None  # termination rule (segment RM)
-    ref: Any = None  # frozen reference engine (entropy / ppl rules)
-
-    @property
-    def segment(self) -> bool:
-        return self.rule is not None
-
-    def margin(self, batch: dict) -> torch.Tensor | None:
-        if not self.cfg.reward.use_margin:
-            return None
-        m = batch["margin"]
-        return torch.nan_to_num(m, nan=0.0)
-
-    @torch.no_grad()
-    def macro_end(self, batch: dict, responses: PairResponses, generator: torch.Generator | None):
-        """(2B, A) bool ends of the segments of every row."""
-        ref_logprobs = ref_entropy = None
-        if self.rule.needs & {"ref_logprobs", "ref_entropy"}:
-            logits = self.ref(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                use_cache=False,
-            ).logits
-            ref_logprobs, ref_entropy = response_logprobs_and_entropy(
-                logits,
-                batch["input_ids"],
-                responses.response_start,
-                responses.response_ids.shape[1],
-                with_entropy="ref_entropy" in self.rule.needs,
-            )
-        out = self.rule(
-            TerminationInputs(
-                response_ids=responses.response_ids,
-                action_mask=responses.action_mask,
-                ends_with_eos=responses.ends_with_eos,
-                ref_logprobs=ref_logprobs,
-                ref_entropy=ref_entropy,
-                generator=generator,
-            )
-        )
-        return out.macro_end
-
-    def scores(self, engine, batch: dict, generator: torch.Generator | None = None):
-        """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch."""
-        values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        if not self.segment:
-            s = end_scores(values, batch["attention_mask"])
-            return s, s, None
-        responses = pair_responses(
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["prompt_len"],
-            self.pad_id,
-            self.eot_id,
-        )
-        macro_end = self.macro_end(batch, responses, generator)
-        s, seg_mask = response_scores(values, batch["attention_mask"], responses, macro_end)
-        return s, end_scores(values, batch["attention_mask"]).detach(), seg_mask
-
-
-def _shard(n: int, batch: int, max_batches: int = 0) -> list[tuple[list[int], bool]]:
-    """This rank's evaluation batches as ``(indices, real)``, as many on every rank (ZeRO-3's
-    collective parameter gathers stay in step; see ``padded_eval_shard``)."""
-    return padded_eval_shard(n, batch, world_size(), rank(), max_batches)
-
-
-# Sums accumulated over evaluation batches, all-reduced as one float64 vector.
-_SUMS = ("pairs", "loss", "wins", "chosen", "rejected", "score_sq", "end", "end_sq")
-
-
-@torch.no_grad()
-def evaluate(
-    engine, dataset, collate, scorer: Scorer, max_batches: int
-) -> tuple[dict[str, float], Any]:
-    """Pairwise metrics over the eval split (all ranks) and the end-score statistics.
-
-    Returns ``({"eval/accuracy", "eval/chosen_mean", "eval/rejected_mean", "eval/score_std",
-    "eval/loss"}, ScoreStats of the end scores of all 2N responses)``. Accuracy counts a tie as half.
-    """
-    cfg = scorer.cfg
-    engine.eval()
-    acc = torch.zeros(len(_SUMS), dtype=torch.float64)
-    gen = torch.Generator().manual_seed(
-        cfg.optim.seed
-    )  # the `randomized` rule: the same cuts every eval
-    for idx, real in _shard(len(dataset), cfg.optim.per_device_eval_batch_size, max_batches):
-        batch = to_device(collate([dataset[i] for i in idx]), engine.device)
-        scores, ends, _ = scorer.scores(engine, batch, gen)
-        if not real:
-            continue
-        chosen, rejected = split_pair(scores.float())
-        n = chosen.shape[0]
-        loss = bt_loss(chosen, rejected, scorer.margin(batch), cfg.reward.center_rewards_coef)
-        wins = (chosen > rejected).double() + 0.5 * (chosen == rejected).double()
-        e = ends.double()
-        acc += torch.stack(
-            [
-                torch.tensor(float(n), dtype=torch.float64),
-                loss.double().cpu() * n,
-                wins.sum().cpu(),
-                chosen.double().sum().cpu(),
-                rejected.double().sum().cpu(),
-                scores.double().pow(2).sum().cpu(),
-                e.sum().cpu(),
-                e.pow(2).sum().cpu(),
-            ]
-        )
-    engine.train()
-    s = dict(zip(_SUMS, all_reduce_sum(acc).tolist(), strict=True))
-    n = max(s["pairs"], 1.0)
-    mean = (s["chosen"] + s["rejected"]) / (2 * n)
-    end_mean = s["end"] / (2 * n)
-    metrics = {
-        "eval/accuracy": s["wins"] / n,
-        "eval/chosen_mean": s["chosen"] / n,
-        "eval/rejected_mean": s["rejected"] / n,
-        "eval/score_std": math.sqrt(max(s["score_sq"] / (2 * n) - mean**2, 0.0)),
-        "eval/loss": s["loss"] / n,
-    }
-    stats = ScoreStats(mean=end_mean, std=math.sqrt(max(s["end_sq"] / (2 * n) - end_mean**2, 0.0)))
-    return metrics, stats
-
-
-def _gather_cat(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate a 1-d CPU tensor of any length over ranks (rank order)."""
-    if world_size() == 1:
-        return x
-    parts: list = [None] * world_size()
-    torch.distributed.all_gather_object(parts, x.cpu())
-    return torch.cat(parts)
-
-
-@torch.no_grad()
-def fit_normalizer(engine, dataset, collate, scorer: Scorer):
-    """Location-aware normaliser fitted over the segment rewards of chosen responses (all ranks).
-
-    Uses the first ``--normalizer_max_samples`` pairs of ``dataset`` (all with 0).
-    """
-    cfg = scorer.cfg
-    n = len(dataset)
-    if cfg.reward.normalizer_max_samples:
-        n = min(n, cfg.reward.normalizer_max_samples)
-    engine.eval()
-    rewards, positions = [], []
-    gen = torch.Generator().manual_seed(cfg.optim.seed)
-    for idx, real in _shard(n, cfg.optim.per_device_eval_batch_size):
-        batch = to_device(collate([dataset[i] for i in idx]), engine.device)
-        values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        responses = pair_responses(
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["prompt_len"],
-            scorer.pad_id,
-            scorer.eot_id,
-        )
-        macro_end = scorer.macro_end(batch, responses, gen)
-        r, mask = segment_readout(
-            values, responses.response_start, macro_end, responses.action_mask
-        )
-        if not real:
-            continue
-        half = r.shape[0] // 2  # chosen rows only
-        r, mask = r[:half], mask[:half]
-        rewards.append(r[mask].float().cpu())
-        positions.append(segment_positions(mask)[mask].float().cpu())
-    engine.train()
-    r = _gather_cat(torch.cat(rewards) if rewards else torch.zeros(0))
-    p = _gather_cat(torch.cat(positions) if positions else torch.zeros(0))
-    return fit_location_normalizer(r, p)
 
 
 def build_reward_model(cfg: RewardStageConfig):
@@ -486,65 +118,6 @@ def build_reward_model(cfg: RewardStageConfig):
         if m.gradient_checkpointing and m.only_optimize_lora:
             model.enable_input_require_grads()
     return model
-
-
-def load_value_head(model, path: str) -> None:
-    """Copy ``path``/value_head.safetensors (``{"weight": (1, hidden)}``) into ``model.v_head``."""
-    from safetensors.torch import load_file
-
-    file = Path(path) / VALUE_HEAD_FILE
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"--init_value_head: {file} does not exist; --model_name_or_path must be a reward model "
-            "or a base shipped with its value head (tiny-rm-base), or drop --init_value_head"
-        )
-    weight = load_file(file).get("weight")
-    if weight is None or tuple(weight.shape) != tuple(model.v_head.weight.shape):
-        raise ValueError(
-            f"--init_value_head: {file} must hold 'weight' of shape "
-            f"{tuple(model.v_head.weight.shape)}, got {None if weight is None else tuple(weight.shape)}"
-        )
-    with torch.no_grad():
-        model.v_head.weight.copy_(weight.to(model.v_head.weight.dtype))
-
-
-def save_reward_checkpoint(
-    module: torch.nn.Module,
-    tokenizer,
-    path: str | Path,
-    *,
-    zero_stage: int,
-    rm_type: str,
-    run_config: dict,
-    ds_config: dict,
-    score_stats=None,
-    normalizer=None,
-    termination=None,
-    extra: dict | None = None,
-) -> None:
-    """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` as one
-    reward-model directory that :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are
-    merged into the backbone. Collective under ZeRO-3 (every rank calls it); rank 0 writes."""
-    _, scaling = unwrap_peft(module.backbone)
-    state = gather_state_dict(module, zero_stage)
-    if is_main():
-        assert state is not None
-        if scaling is not None:
-            state = merge_lora_state_dict(state, scaling)
-        save_reward_model_state(
-            state,
-            module.config,
-            tokenizer,
-            path,
-            rm_type=rm_type,
-            score_stats=score_stats,
-            normalizer=normalizer,
-            termination=termination,
-            extra=extra,
-        )
-        write_json(Path(path) / "run_config.json", run_config)
-        write_json(Path(path) / "ds_config.json", ds_config)
-    barrier()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,17 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import marlhf.stages.reward.scorer as scorer
 import marlhf.stages.reward.train as reward_stage
 from marlhf.cli import parse_config
-from marlhf.macro import MacroConfig, build_termination
+from marlhf.macro import MacroConfig, TerminationInputs, build_termination
 from marlhf.models.reward_model import RewardModel, end_scores, load_reward_model
-from marlhf.stages.reward.train import (
-    RewardStageConfig,
-    Scorer,
-    pair_responses,
-    response_scores,
-    save_reward_checkpoint,
-)
+from marlhf.models.save import save_reward_checkpoint
+from marlhf.stages.reward.config import RewardConfig, RewardStageConfig
+from marlhf.stages.reward.scorer import Scorer, pair_responses, response_scores
 from tests.support.stage_env import stage_env
 
 transformers = pytest.importorskip("transformers")
@@ -33,7 +30,8 @@ PAD, EOS, BOS = 0, 1, 2
 
 
 def test_doctests():
-    assert doctest.testmod(reward_stage, raise_on_error=False).failed == 0
+    for module in (reward_stage, scorer):
+        assert doctest.testmod(module, raise_on_error=False).failed == 0
 
 
 def _pair_batch():
@@ -71,7 +69,7 @@ def test_segment_scores_are_means_of_values_at_segment_ends():
     rows, ids, mask, prompt_len = _pair_batch()
     resp = pair_responses(ids, mask, prompt_len, pad_id=PAD, eot_id=EOS)
     macro_end = build_termination(MacroConfig(termination_condition="fixed", ngram=2))(
-        reward_stage.TerminationInputs(resp.response_ids, resp.action_mask, resp.ends_with_eos)
+        TerminationInputs(resp.response_ids, resp.action_mask, resp.ends_with_eos)
     ).macro_end
     values = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
     scores, seg_mask = response_scores(values, mask, resp, macro_end)
@@ -215,9 +213,9 @@ def test_cli_flags_and_validation():
     assert cfg.reward.rm_type == "segment" and cfg.macro.ngram == 3 and cfg.reward.use_margin
     assert cfg.reward.num_padding_at_beginning == 1 and cfg.ds.zero_stage == 3
     with pytest.raises(ValueError, match="--center_rewards_coef"):
-        reward_stage.RewardConfig(center_rewards_coef=-1.0)
+        RewardConfig(center_rewards_coef=-1.0)
     with pytest.raises(ValueError, match="--rm_type"):
-        reward_stage.RewardConfig(rm_type="dense")
+        RewardConfig(rm_type="dense")
     with pytest.raises(SystemExit):
         parse_config(RewardStageConfig, ["--normalizer_max_samples", "-1"])
 
