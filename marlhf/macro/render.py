@@ -1,7 +1,7 @@
 """Show macro actions: coloured terminal text, a self-contained HTML page, a length histogram.
 
 Token pieces come from `token_pieces`, which uses the same character-offset computation as the parsing
-rule (`marlhf.macro.parsing.token_char_spans`), so what is shown is exactly what was segmented.
+rule (`marlhf.macro.parsing.spans.token_char_spans`), so what is shown is exactly what was segmented.
 
 >>> print(render_terminal(["The", " cat", " sat", "."], [False, True, False, True], color=False))
 The cat| sat.|
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from marlhf.macro.parsing import token_char_spans
+from marlhf.macro.parsing.spans import token_char_spans
 
 __all__ = [
     "macro_groups",
