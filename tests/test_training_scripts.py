@@ -81,7 +81,7 @@ def test_every_script_flag_is_accepted(path, capsys):
 
 
 def test_codegemma_apps_recipe_reaches_the_apps_adapter(monkeypatch):
-    from marlhf.data.adapters import load_examples, parse_spec
+    from marlhf.data.sources import load_examples, parse_spec
 
     stage, argv = script_flags(
         ROOT / "training/step3_rlhf_finetuning/training_scripts/run_codegemma_apps.sh"

@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from marlhf.data.adapters import bundled_file, parse_spec
 from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.schema import DataError
+from marlhf.data.sources import bundled_file, parse_spec
 from marlhf.data.synthetic import labelled_comparison, prompt_of
 
 BATCH = "policy-samples"

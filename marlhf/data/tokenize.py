@@ -42,13 +42,14 @@ from pathlib import Path
 
 import datasets
 
-from marlhf.data.adapters import BUNDLED_SYNTHETIC, TEMPLATES_VERSION, load_examples, parse_spec
+from marlhf.data.adapters import TEMPLATES_VERSION
 from marlhf.data.cache import cached
 from marlhf.data.config import DataConfig
 from marlhf.data.long_tasks import LONG_TASKS_VERSION
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.report import PhaseReport, SourceCounts, empty_set_error
 from marlhf.data.schema import Example
+from marlhf.data.sources import BUNDLED_SYNTHETIC, load_examples, parse_spec
 from marlhf.data.split import phase_indices
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from marlhf.cli import parse_config
-from marlhf.data.adapters import load_examples
 from marlhf.data.long_tasks import gold_scorer_for
+from marlhf.data.sources import load_examples
 from marlhf.inference.config import InferenceArgs, InferenceConfig
 from marlhf.inference.macro_view import write_macro_view
 from marlhf.inference.models import Models, device_for, eot_ids, load_models, same_vocab

@@ -254,7 +254,7 @@ def test_ppo_stage_uses_the_task_gold_scorer():
 
 
 def test_data_path_generates_once_and_loads_through_the_adapter(tmp_path, monkeypatch):
-    from marlhf.data.adapters import load_examples
+    from marlhf.data.sources import load_examples
     from marlhf.data.tokenize import _source_fingerprint
 
     monkeypatch.setenv("MARLHF_HOME", str(tmp_path))

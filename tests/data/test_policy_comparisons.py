@@ -9,9 +9,9 @@ import math
 import pytest
 
 from marlhf.data import policy_comparisons as pc
-from marlhf.data.adapters import bundled_file, load_examples
 from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.schema import DataError
+from marlhf.data.sources import bundled_file, load_examples
 from marlhf.data.synthetic import BETA, prompt_of
 
 

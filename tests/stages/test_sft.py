@@ -220,8 +220,8 @@ def test_hand_built_example_labels_mask_the_prompt(env, tiny_dir, tmp_path):
 def test_real_batch_loss_is_over_response_tokens_only(env, tiny_dir):
     """The first micro-batch the stage trains on (bundled data): ``lm_loss_sum`` with its labels
     equals a loop over response tokens, and the prompt gets no gradient."""
-    from marlhf.data.adapters import load_examples
     from marlhf.data.collate import SFTCollator
+    from marlhf.data.sources import load_examples
     from marlhf.data.split import phase_indices
     from marlhf.data.tokenize import build_sft_dataset
     from marlhf.models.lm_loss import lm_loss_sum

@@ -362,7 +362,7 @@ def test_rm_learns_preferences_and_tracks_gold_score(rm_dir):
     model (the labels agree with the gold score on 87 %); Pearson r with the gold score 0.066 over
     the 600 eval summaries and 0.115 between score gaps and gold gaps of the 300 pairs. The tiny RM
     is weak but clearly better than chance; the thresholds leave a margin."""
-    from marlhf.data.adapters import load_examples
+    from marlhf.data.sources import load_examples
     from marlhf.data.synthetic import gold_score
     from marlhf.runtime.tracking import read_metrics
 
