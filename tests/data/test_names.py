@@ -7,7 +7,7 @@ import pytest
 import marlhf.data.names as datasets
 from marlhf.cli import build_parser
 from marlhf.inference import InferenceArgs, InferenceConfig, dataset_spec, output_path
-from marlhf.judge.run import JudgeConfig, JudgeStage, template_for
+from marlhf.judge.config import JudgeConfig, JudgeStage, template_for
 from marlhf.judge.sampling import SampleConfig, SampleStage, sample_records
 
 NAMES = ("summarize", "hh-rlhf", "webgpt", "apps", "synthetic")

@@ -138,8 +138,8 @@ def test_dry_run_needs_no_key_or_server(tmp_path):
 
 def test_help_of_every_script_renders():
     from marlhf.cli import build_parser
+    from marlhf.judge.config import JudgeStage
     from marlhf.judge.human import HumanEvalStage
-    from marlhf.judge.run import JudgeStage
     from marlhf.judge.sampling import SampleStage
 
     for stage, flags in (
