@@ -140,6 +140,40 @@ def test_no_import_circles_between_packages():
     assert _cycles(packages) == []
 
 
+# The packages from the ground up (README, "Layout"): each imports only packages before it.
+LAYERS = (
+    "marlhf.config",
+    "marlhf.cli",
+    "marlhf.stats",
+    "marlhf.runtime",
+    "marlhf.macro",
+    "marlhf.algo",
+    "marlhf.rewards",
+    "marlhf.data",
+    "marlhf.models",
+    "marlhf.stages",
+    "marlhf.inference",
+    "marlhf.judge",
+    "marlhf.pipeline",
+)
+
+
+def test_packages_import_only_the_packages_below_them():
+    upward = []
+    for mod, targets in _graph().items():
+        src = _package_of(mod)
+        if src not in LAYERS:  # the package root and the forwarding entry points
+            continue
+        for t in targets:
+            dst = _package_of(t)
+            if dst in LAYERS and LAYERS.index(dst) > LAYERS.index(src):
+                upward.append(f"{mod} -> {t}")
+    assert upward == []
+    # every module is in a layer, or is an entry point forwarding to one
+    loose = {_package_of(m) for m in MODULES} - set(LAYERS) - {"marlhf"}
+    assert loose == {"marlhf.demo", "marlhf.preflight", "marlhf.tiny"}
+
+
 def test_cycle_finder_sees_a_circle():
     """The check above can fail: a three-module loop and a self-contained tail."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
