@@ -193,6 +193,57 @@ def test_imports_inside_functions_are_only_heavy_or_optional_dependencies():
     assert found == []
 
 
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside annotations (not evaluated: every module has ``from __future__
+    import annotations``)."""
+    out: set[int] = set()
+    for n in ast.walk(tree):
+        parts = [getattr(n, "annotation", None), getattr(n, "returns", None)]
+        for a in parts:
+            if a is not None:
+                out |= {id(x) for x in ast.walk(a)}
+    return out
+
+
+def _type_checking_only(tree: ast.Module) -> set[str]:
+    """Names imported under ``if TYPE_CHECKING:`` and bound nowhere else in the module."""
+    only, real = set(), set()
+    for node in tree.body:
+        guarded = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node):
+            if isinstance(n, ast.Import | ast.ImportFrom):
+                names = {a.asname or a.name.split(".")[0] for a in n.names}
+                (only if guarded else real).update(names)
+            elif not guarded and isinstance(n, ast.FunctionDef | ast.ClassDef):
+                real.add(n.name)
+            elif not guarded and isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                real.add(n.id)
+    return only - real
+
+
+def test_names_imported_for_type_checking_are_only_used_in_annotations():
+    """A name imported under TYPE_CHECKING does not exist when the code runs."""
+    found = []
+    for path in MODULES.values():
+        tree = ast.parse(path.read_text())
+        only, annotations = _type_checking_only(tree), _annotation_nodes(tree)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in only:
+                if id(n) not in annotations:
+                    found.append(f"{path.relative_to(ROOT)}:{n.lineno} uses {n.id}")
+    assert found == []
+
+
+def test_type_checking_check_sees_a_runtime_use():
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from m import EMA\n"
+        "def f(x: EMA) -> EMA:\n    return EMA(x)\n"
+    )
+    only, annotations = _type_checking_only(tree), _annotation_nodes(tree)
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in only]
+    assert only == {"EMA"} and sum(id(n) not in annotations for n in uses) == 1
+
+
 HISTORY = re.compile(
     r"(?<![:\w])#\d+\b|\bissues? #?\d|\bsessions? \d|\bthis session\b|\btoday'?s?\b|\bas before\b",
     re.IGNORECASE,

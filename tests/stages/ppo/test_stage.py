@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.pickles import pickled_modules
 from tests.support.stage_env import stage_env as _env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -355,6 +356,11 @@ def test_resuming_an_older_checkpoint_restores_that_checkpoints_ema(models, tmp_
     for step in (1, 2, 3):
         tag = full / "train_state" / "actor" / f"step-{step}"
         assert "ema.pt" in json.loads((tag / "checksums.json").read_text())["files"]
+    # no checkpoint file names a class or function of the package: moving a module cannot make an
+    # older checkpoint unreadable
+    saved = sorted((full / "train_state").rglob("*.pt"))
+    assert len(saved) >= 6 and "torch._utils" in set().union(*map(pickled_modules, saved))
+    assert not any(m.split(".")[0] == "marlhf" for p in saved for m in pickled_modules(p))
     cut = tmp_path / "cut"
     shutil.copytree(full, cut)
     (cut / "train_state" / "latest.json").write_text(json.dumps({"tag": "step-1", "step": 1}))
