@@ -245,7 +245,7 @@ def test_ppo_stage_uses_the_task_gold_scorer():
     from marlhf.stages.ppo.scoring import gold_scorer as _gold_scorer
 
     def cfg(*paths):
-        return SimpleNamespace(data=SimpleNamespace(data_path=paths))
+        return SimpleNamespace(data_path=paths)
 
     assert _gold_scorer(cfg("synthetic-facts-256")) is L.facts_gold
     assert _gold_scorer(cfg("synthetic-verdict-16")) is L.verdict_gold

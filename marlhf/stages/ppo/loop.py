@@ -91,7 +91,7 @@ def train(cfg: PPOStageConfig) -> Path:
     run = setup(cfg)
     state = resume(run.models, cfg, run.out)
     unsup = pretraining_mix(run, state)
-    tracker, bar = open_tracker(cfg, state, run.plan.total)
+    tracker, bar = open_tracker(cfg.log, state, run.plan.total)
     g = cfg.generation
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
@@ -126,14 +126,14 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     t = time.perf_counter()
     # the update's first minibatch: its critic pass is run once, while scoring, and kept for it
     first = None
-    if reuses_critic_forward(run.models, cfg):
-        first = first_minibatch_rows(plan.rollout_size * plan.world, cfg, state.shuffle)
+    if reuses_critic_forward(run.models, cfg.perf):
+        first = first_minibatch_rows(plan.rollout_size * plan.world, ppo, state.shuffle)
     # 1. generate, 2. score (the forward passes), one generation batch at a time
     ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first)
     kept = None
     if first is not None:
         with clock("time/score"):
-            scored, kept = kept_critic_values(run.models, ro, scored, first, cfg)
+            scored, kept = kept_critic_values(run.models, ro, scored, first, cfg.perf)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
         scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
@@ -143,7 +143,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     dense = None
     if ppo.dense_reward:
         dense_seeds = derive_row_seeds(ppo.optim.seed, state.step, rows, stream=1)
-        dense = dense_rewards(run.seg_rule, run.seg_norm, ro, scored, cfg, dense_seeds)
+        dense = dense_rewards(run.seg_rule, run.seg_norm, ro, scored, ppo, dense_seeds)
     with clock("time/macro"):
         # 3. segment: macro actions, per-token rewards
         seeds = derive_row_seeds(ppo.optim.seed, state.step, rows)
@@ -364,7 +364,7 @@ def setup(cfg: PPOStageConfig) -> Run:
 def _reward_sources(cfg: PPOStageConfig):
     """The gold scorer (or None) and the code rewarder (or None) of ``--reward_source``."""
     ppo = cfg.ppo
-    gold = gold_scorer(cfg)
+    gold = gold_scorer(cfg.data)
     if ppo.reward_source == "gold" and gold is None:
         raise ValueError(
             "--reward_source gold needs a synthetic task's prompts (--data_path synthetic-tldr, "

@@ -118,9 +118,8 @@ def build_actor(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict]:
     )
 
 
-def build_reference(cfg: PPOStageConfig) -> object:
+def build_reference(mc: ActorCriticConfig) -> object:
     """The reference policy: the same SFT weights (or --reference_model_name_or_path), frozen."""
-    mc = cfg.models
     ref_cfg = replace(
         actor_model_config(mc),
         model_name_or_path=mc.reference_model_name_or_path or mc.actor.model.model_name_or_path,
@@ -207,7 +206,7 @@ def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
     roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
     check_same_tokenizer(roles, trust_remote_code=cfg.models.shared.trust_remote_code)
     actor, actor_ds = build_actor(cfg, total_updates)
-    ref = build_reference(cfg)
+    ref = build_reference(cfg.models)
     if cfg.ppo.needs_critic:
         critic, critic_ds, critic_info = build_critic(cfg, total_updates)
     else:

@@ -26,9 +26,10 @@ from marlhf.stages.ppo.models import eval_mode
 from marlhf.stages.ppo.rollout import Rollout, pad_right, slice_rollout
 
 if TYPE_CHECKING:
+    from marlhf.data.config import DataConfig
     from marlhf.rewards.code import CodeRewarder
     from marlhf.rewards.segment import ScoreStats
-    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import PerfConfig, PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
 
@@ -105,14 +106,14 @@ def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
     return keep.nonzero()[:, 0]
 
 
-def reuses_critic_forward(models: Models, cfg: PPOStageConfig) -> bool:
+def reuses_critic_forward(models: Models, perf: PerfConfig) -> bool:
     """Whether the update's first minibatch takes its critic pass from scoring
     (``--reuse_critic_forward``): on one rank (elsewhere the first minibatch holds other ranks'
     rows), on the default path, with no dropout in the critic (scoring runs it without dropout,
     the update with it)."""
-    if not cfg.perf.reuse_critic_forward or models.critic is None or world_size() != 1:
+    if not perf.reuse_critic_forward or models.critic is None or world_size() != 1:
         return False
-    if cfg.perf.score_all_positions:
+    if perf.score_all_positions:
         return False
     for m in models.critic.module.modules():
         if isinstance(m, torch.nn.Dropout) and m.p > 0:
@@ -124,13 +125,13 @@ def reuses_critic_forward(models: Models, cfg: PPOStageConfig) -> bool:
 
 
 def kept_critic_values(
-    models: Models, ro: Rollout, scored: Scored, rows: torch.Tensor, cfg: PPOStageConfig
+    models: Models, ro: Rollout, scored: Scored, rows: torch.Tensor, perf: PerfConfig
 ) -> tuple[Scored, KeptValues]:
     """The critic's pass over ``rows`` of ``ro`` with grad, as the update's first minibatch runs it
     (train mode: no dropout, see :func:`reuses_critic_forward`): ``scored`` with those rows' values
     (left at 0 by :func:`score`) filled in, and the pass
     (:class:`marlhf.stages.ppo.forward.KeptValues`) for the update."""
-    values = critic_forward(models.critic, slice_rollout(ro, rows), groups=cfg.perf.grouping)
+    values = critic_forward(models.critic, slice_rollout(ro, rows), groups=perf.grouping)
     filled = scored.values.clone()  # a normal tensor (scoring made an inference-mode one)
     filled[rows, : values.shape[1]] = values.detach()
     return replace(scored, values=filled), KeptValues(rows=rows, values=values)
@@ -158,10 +159,10 @@ def concat_scored(scoreds: list[Scored], seq_width: int, num_actions: int) -> Sc
 # sequence-level rewards
 
 
-def gold_scorer(cfg: PPOStageConfig):
+def gold_scorer(data: DataConfig):
     """The synthetic task's true quality, logged when the prompts come from it (else None):
     ``synthetic-tldr`` or a long-horizon task (`marlhf.data.long_tasks.gold_scorer_for`)."""
-    return gold_scorer_for(cfg.data.data_path)
+    return gold_scorer_for(data.data_path)
 
 
 def _test_suite(meta: dict):
@@ -290,7 +291,7 @@ def dense_rewards(
     normalizer,
     ro: Rollout,
     scored: Scored,
-    cfg: PPOStageConfig,
+    ppo: PPOConfig,
     seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Segment-PPO dense rewards (B, A): the segment RM's value at each of its segments' last
@@ -313,4 +314,4 @@ def dense_rewards(
     if normalizer is not None:
         seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
     seg_ids = build_segments(term.macro_end, ro.action_mask).ids
-    return spread_segment_rewards(seg_rewards, seg_ids, cfg.ppo.dense_reward_mode)
+    return spread_segment_rewards(seg_rewards, seg_ids, ppo.dense_reward_mode)

@@ -45,7 +45,8 @@ from marlhf.runtime.tracking import Tracker
 from marlhf.stages.common import progress
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+    from marlhf.config import LoggingConfig
+    from marlhf.stages.ppo.config import ActorCriticConfig, PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
 log = logging.getLogger("marlhf.ppo")
@@ -128,11 +129,11 @@ def _load_ema(state_root: Path, tag: str) -> dict[str, torch.Tensor] | None:
     return None
 
 
-def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
+def open_tracker(log_cfg: LoggingConfig, state: TrainState, total: int):
     """The metrics tracker (dropping rows an interrupted run logged after the checkpoint) and the
     progress bar."""
-    tracker = Tracker(cfg.log, start_step=state.step)
-    bar = progress(total, state.step, "ma-ppo", cfg.log.disable_progress_bar)
+    tracker = Tracker(log_cfg, start_step=state.step)
+    bar = progress(total, state.step, "ma-ppo", log_cfg.disable_progress_bar)
     return tracker, bar
 
 
@@ -140,13 +141,13 @@ def open_tracker(cfg: PPOStageConfig, state: TrainState, total: int):
 # checkpoints
 
 
-def _save_critic(models: Models, tokenizer, critic_dir: Path, cfg: PPOStageConfig, run_config):
+def _save_critic(models: Models, tokenizer, critic_dir: Path, mc: ActorCriticConfig, run_config):
     """The critic as a reward-model directory (LoRA merged), with the run's and its DeepSpeed
     configs."""
-    state = gather_state_dict(models.critic.module, cfg.models.critic.ds.zero_stage)
+    state = gather_state_dict(models.critic.module, mc.critic.ds.zero_stage)
     if not is_main():
         return
-    if cfg.models.critic.model.lora_dim:
+    if mc.critic.model.lora_dim:
         lcfg = models.critic.module.backbone.peft_config["default"]
         state = merge_lora_state_dict(state, lcfg.lora_alpha / lcfg.r)
     save_reward_model_state(
@@ -207,7 +208,7 @@ def save_checkpoint(
             )
         if models.critic is not None:
             with each(root / "critic") as where:
-                _save_critic(models, tokenizer, where, cfg, run_config)
+                _save_critic(models, tokenizer, where, cfg.models, run_config)
         if state.ema is not None:
             with each(root / "actor_ema") as where:
                 _save_ema(models, state.ema, tokenizer, where, cfg, run_config)

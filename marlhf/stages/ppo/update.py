@@ -31,7 +31,7 @@ from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward
 from marlhf.stages.ppo.rollout import Rollout, slice_rollout
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
 
@@ -56,20 +56,19 @@ def _epoch_order(B: int, generator: torch.Generator) -> torch.Tensor:
     return torch.randperm(B, generator=generator)
 
 
-def first_minibatch_rows(B: int, cfg: PPOStageConfig, generator: torch.Generator) -> torch.Tensor:
+def first_minibatch_rows(B: int, ppo: PPOConfig, generator: torch.Generator) -> torch.Tensor:
     """This rank's rows of the update's first minibatch over a global batch of ``B`` rows, read
     from a copy of ``generator`` (its state is left as it is): (mb,) long, the ``idx`` of the first
     :class:`Minibatch` that :func:`minibatches` will yield."""
     peek = torch.Generator(device=generator.device)
     peek.set_state(generator.get_state())
-    mb, r = cfg.ppo.per_device_training_batch_size, rank()
+    mb, r = ppo.per_device_training_batch_size, rank()
     return _epoch_order(B, peek)[r * mb : (r + 1) * mb]
 
 
-def minibatches(exp: Experience, cfg: PPOStageConfig, generator: torch.Generator):
+def minibatches(exp: Experience, ppo: PPOConfig, generator: torch.Generator):
     """``--ppo_epochs`` shuffles of the global batch, cut into global minibatches; yields this
     rank's :class:`Minibatch` of each."""
-    ppo = cfg.ppo
     ws, r = world_size(), rank()
     B = exp.rollout.sequences.shape[0]
     mb = ppo.per_device_training_batch_size
@@ -221,7 +220,7 @@ def ppo_update(
     are held at once). Returns the stats' global means."""
     sums: dict[str, float] = {}
     n = 0
-    for m in minibatches(exp, cfg, generator):
+    for m in minibatches(exp, cfg.ppo, generator):
         stats: dict = {}
         if kept is not None:  # the first minibatch
             if not torch.equal(m.idx, kept.rows.to(m.idx.device)):

@@ -91,7 +91,7 @@ def test_critic_forward_is_reused_only_when_it_is_the_same_pass(dropout_models):
     models = SimpleNamespace(critic=_Engine(critic))
 
     def cfg(**perf):
-        return PPOStageConfig(perf=PerfConfig(**perf))
+        return PerfConfig(**perf)
 
     assert not reuses_critic_forward(models, cfg())  # dropout 0.3
     set_model_dropout(critic, 0.0)
