@@ -341,7 +341,7 @@ def _held_out(model_dir: Path, task: str, horizon: int) -> dict[str, float]:
         gold_scorer_for,
     )
     from marlhf.data.synthetic import prompt_of
-    from marlhf.pipeline.recipes import generate_answers
+    from marlhf.pipeline.figures import generate_answers
 
     name = f"synthetic-{task}-{horizon}"
     prompts = [prompt_of(r) for r in generate(name, EVAL_PROMPTS, 0, "valid1", N_TRAIN)]

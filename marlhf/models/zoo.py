@@ -217,6 +217,8 @@ HORIZON_BASE_DIRS = {
     for h in (16, 64, 256)
 }
 HORIZON_BASES = {f"tiny-base-{h}": h for h in HORIZON_BASE_DIRS}
+# Generation limit of each base: its tasks' longest answers plus room.
+HORIZON_NEW_TOKENS = {16: 48, 64: 128, 256: 320}
 
 
 def _shipped(path: Path, files: Iterable[str], name: str, remake: str) -> str:

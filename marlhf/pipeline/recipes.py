@@ -22,20 +22,20 @@ from pathlib import Path
 
 import torch
 
-from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
-from marlhf.data.long_tasks import gold as gold_of
 from marlhf.data.long_tasks import pretraining_rows as long_rows
-from marlhf.data.synthetic import pretraining_rows, prompt_of
+from marlhf.data.synthetic import pretraining_rows
 from marlhf.models.reward_model import VALUE_HEAD_FILE, RewardModel, save_reward_model
 from marlhf.models.zoo import (
     BASE_FILES,
     HORIZON_BASE_DIRS,
+    HORIZON_NEW_TOKENS,
     TINY_VERSION,
     build_tiny,
     bundled_corpus_path,
     ensure_horizon_base,
     ensure_tiny_base,
 )
+from marlhf.pipeline.figures import horizon_figures
 from marlhf.pipeline.preference_pretraining import PMPPhase, pretrain
 from marlhf.runtime.tracking import read_metrics
 
@@ -70,8 +70,6 @@ PRETRAIN_FLAGS = lm_flags(192, 32, "3e-3", 2)
 HORIZON_START = {16: "tiny-base", 64: "tiny-base", 256: "tiny-base-64"}
 # RoPE: raising the context adds no weights; a 256-task prompt + answer is under 800 tokens.
 HORIZON_MAX_POSITIONS = 1024
-# Generation limit of each base: its tasks' longest answers plus room.
-HORIZON_NEW_TOKENS = {16: 48, 64: 128, 256: 320}
 HORIZON_ROWS = {16: 6000, 64: 18000, 256: 12000}
 HORIZON_FLAGS = {
     h: lm_flags(seq, batch, lr, 1)
@@ -188,62 +186,6 @@ def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
         "sft_wall_s": round(wall_s, 1),
         "figures": horizon_figures(out, horizon),
     }
-
-
-def generate_answers(
-    model, tok, prompts: list[str], max_new_tokens: int, temperature: float, batch: int = 16
-) -> tuple[list[str], list[int], int]:
-    """Answers of a causal LM (left-padded batches; temperature 0: greedy, else pure sampling with
-    the torch RNG as it stands), their token lengths without EOS, and how many ended with EOS."""
-    kwargs = {"do_sample": False}
-    if temperature > 0:
-        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0}
-    answers, lengths, ended = [], [], 0
-    for i in range(0, len(prompts), batch):
-        enc = tok(prompts[i : i + batch], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = model.generate(
-                **enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, **kwargs
-            )
-        for row in out[:, enc["input_ids"].shape[1] :].tolist():
-            n = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
-            ended += n < len(row)
-            lengths.append(n)
-            answers.append(tok.decode(row[:n], skip_special_tokens=True))
-    return answers, lengths, ended
-
-
-def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> dict:
-    """Gold score (mean), verdict accuracy, EOS rate and answer tokens (mean, min, max) of a model on
-    the first ``prompts`` held-out (``valid1``) prompts of both tasks at ``horizon``, greedy and
-    sampled at temperature 1 (seed 0, at most ``HORIZON_NEW_TOKENS[horizon]`` new tokens)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    figures: dict = {"prompts_per_task": prompts}
-    for family in ("facts", "verdict"):
-        task = TASKS[f"synthetic-{family}-{horizon}"]
-        texts = [prompt_of(r) for r in generate(task, prompts, 0, "valid1", id_offset=N_TRAIN)]
-        for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
-            torch.manual_seed(0)
-            answers, lengths, ended = generate_answers(
-                model, tok, texts, HORIZON_NEW_TOKENS[horizon], temperature
-            )
-            pairs = list(zip(texts, answers, strict=True))
-            entry = {
-                "gold": round(sum(gold_of(task)(p, a) for p, a in pairs) / len(pairs), 3),
-                "eos_rate": round(ended / len(pairs), 3),
-                "tokens_mean": round(sum(lengths) / len(lengths), 1),
-                "tokens_min": min(lengths),
-                "tokens_max": max(lengths),
-            }
-            if family == "verdict":
-                right = sum(answer_verdict(a) == correct_verdict(p) for p, a in pairs)
-                entry["verdict_accuracy"] = round(right / len(pairs), 3)
-            figures[f"{task.name}/{mode}"] = entry
-    return figures
 
 
 # --- tiny-rm-base: the reward model's base --------------------------------------------------------

@@ -133,7 +133,7 @@ def test_base_writes_answers_of_its_horizon_with_room_to_improve(horizon):
     for family in ("facts", "verdict"):
         task = TASKS[f"synthetic-{family}-{horizon}"]
         prompts = _held_out(task.name, 16)
-        texts, lengths, ended = _sample(path, prompts, recipes.HORIZON_NEW_TOKENS[horizon])
+        texts, lengths, ended = _sample(path, prompts, zoo.HORIZON_NEW_TOKENS[horizon])
         golds = [gold(task)(p, t) for p, t in zip(prompts, texts, strict=True)]
         mean_gold, mean_len = sum(golds) / len(golds), sum(lengths) / len(lengths)
         figures[family] = (round(mean_gold, 3), round(mean_len, 1), ended)

@@ -69,7 +69,7 @@ def _at_t1(model_dir: str, prompts: list[str]) -> tuple[float, float, float]:
     """Mean gold, share of right openings and mean answer tokens at temperature 1 (seed 0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from marlhf.pipeline.recipes import generate_answers
+    from marlhf.pipeline.figures import generate_answers
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
