@@ -63,3 +63,12 @@ def test_every_dependency_is_imported_by_the_package():
         )
     ]
     assert unused == []
+
+
+def test_every_directory_of_modules_is_a_package():
+    """Every directory of modules is a regular package (an __init__.py): a namespace package would
+    merge with any same-named directory on sys.path."""
+    package = ROOT / "marlhf"
+    dirs = {p.parent for p in package.rglob("*.py")}
+    missing = sorted(str(d.relative_to(ROOT)) for d in dirs if not (d / "__init__.py").is_file())
+    assert missing == []
