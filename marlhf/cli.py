@@ -263,7 +263,15 @@ def parse_config(
     """
     parser = build_parser(stage_cls, description)
     ns = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    values = vars(ns)
+    return config_from_namespace(stage_cls, parser, ns)
+
+
+def config_from_namespace(
+    stage_cls: type[C], parser: argparse.ArgumentParser, ns: argparse.Namespace
+) -> C:
+    """The validated ``stage_cls`` of a namespace parsed by ``build_parser(stage_cls)`` (a program
+    that adds positional arguments to that parser removes them from ``ns`` first)."""
+    values = dict(vars(ns))
     post = values.pop("_tuple_post")
     for dest, value in values.items():
         if dest in post and isinstance(value, list):
@@ -320,3 +328,22 @@ def config_from_dict(stage_cls: type[C], data: dict[str, Any]) -> C:
             value = tuple(value)
         kw[name] = value
     return stage_cls(**kw)
+
+
+_UNSET = object()
+
+
+def given_dests(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> frozenset[str]:
+    """The destinations (``part.field``) that ``argv`` sets explicitly with ``parser`` (from
+    :func:`build_parser`): a flag given with any value, even the default, as opposed to those left
+    at their defaults; what a caller that fills the gaps from elsewhere (a run's saved
+    configuration) must not override."""
+    ns = argparse.Namespace(
+        **{a.dest: _UNSET for a in parser._actions if a.dest not in ("help", "_tuple_post")}
+    )
+    parser.parse_args(sys.argv[1:] if argv is None else list(argv), namespace=ns)
+    return frozenset(
+        k for k, v in vars(ns).items() if v is not _UNSET and "." in k and k != "_tuple_post"
+    )

@@ -12,10 +12,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from marlhf.cli import parse_config
+from marlhf.cli import build_parser, given_dests, parse_config
 from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.sources import load_examples
 from marlhf.inference.config import InferenceArgs, InferenceConfig
+from marlhf.inference.macro_rule import describe, resolve_macro
 from marlhf.inference.macro_view import write_macro_view
 from marlhf.inference.models import Models, device_for, eot_ids, load_models, same_vocab
 from marlhf.inference.naming import dataset_spec, output_path, sidecar
@@ -79,16 +80,22 @@ class _Tools:
     rewarder (APPS), the text scorer and whether policy and RM share token ids."""
 
     rule: Any = None
+    macro: Any = None  # the rule's MacroConfig and where it came from (resolve_macro)
+    macro_source: str = ""
     rewarder: Any = None
     scorer: TextScorer | None = None
     shared_ids: bool = False
 
 
-def _tools(args: InferenceArgs, models: Models, is_code: bool) -> _Tools:
+def _tools(
+    args: InferenceArgs, models: Models, is_code: bool, macro_given: frozenset[str] | None
+) -> _Tools:
     cfg = args.inference
     tools = _Tools()
     if cfg.render_macro and not cfg.ref_scores:
-        tools.rule = build_termination(args.macro, models.tokenizer)
+        tools.macro, tools.macro_source = resolve_macro(cfg.model, args.macro, macro_given)
+        log.info("macro actions: %s, from %s", describe(tools.macro), tools.macro_source)
+        tools.rule = build_termination(tools.macro, models.tokenizer)
     if is_code and not cfg.ref_scores:
         tools.rewarder = CodeRewarder.from_config(args.code)
     if models.reward_model is not None:
@@ -144,8 +151,12 @@ def _run_batches(
     return html_items, n_cut
 
 
-def run_inference(args: InferenceArgs) -> dict:
-    """Run the program; returns the summary (also written to ``<output>.summary.json``)."""
+def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None) -> dict:
+    """Run the program; returns the summary (also written to ``<output>.summary.json``).
+
+    ``macro_given``: the macro-action fields set on the command line, which replace those of the
+    rule the policy was trained with in the ``--render-macro`` view (None: the fields of
+    ``args.macro`` that differ from the defaults; `marlhf.inference.macro_rule`)."""
     cfg = args.inference
     path = output_path(cfg)
     selected, is_code, n_bad = _select(cfg)
@@ -168,7 +179,7 @@ def run_inference(args: InferenceArgs) -> dict:
     )
 
     models = load_models(cfg, device_for(cfg.gpu), need_policy=not cfg.ref_scores)
-    tools = _tools(args, models, is_code)
+    tools = _tools(args, models, is_code, macro_given)
     html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)
     if n_cut:
         log.warning(
@@ -177,7 +188,7 @@ def run_inference(args: InferenceArgs) -> dict:
             cfg.max_prompt_len,
         )
     if html_items:
-        write_macro_view(path, html_items[: cfg.render_macro], args.macro)
+        write_macro_view(path, html_items[: cfg.render_macro], tools.macro, tools.macro_source)
 
     rows = read_rows(path)
     summary = summarize(rows, cfg.pass_k if is_code else ())
@@ -201,8 +212,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     # the package's first line describes the program (the package is imported before this module)
     description = sys.modules[__package__].__doc__.strip().splitlines()[0]
     args = parse_config(InferenceArgs, argv, description=description)
+    parser = build_parser(InferenceArgs, description)
+    given = {d.split(".", 1)[1] for d in given_dests(parser, argv) if d.startswith("macro.")}
     try:
-        summary = run_inference(args)
+        summary = run_inference(args, frozenset(given))
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     print(json.dumps(summary, indent=2, sort_keys=True))

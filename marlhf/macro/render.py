@@ -77,13 +77,16 @@ def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None
     return "".join(out)
 
 
-def render_html(items: list[dict], path: str | os.PathLike, title: str = "Macro actions") -> Path:
+def render_html(
+    items: list[dict], path: str | os.PathLike, title: str = "Macro actions", subtitle: str = ""
+) -> Path:
     """Write a self-contained HTML page showing responses split into macro actions.
 
     Args:
         items: one dict per response with ``prompt`` (str), ``pieces`` (list[str], one per token),
             ``macro_end`` (list[bool], same length) and optionally ``reward`` (float).
         path: the .html file to write (parent folders are created).
+        subtitle: a line under the title (e.g. where the rule came from).
 
     Each macro action is a ``<span class="ma">`` with alternating background and a tooltip
     ``macro i, n tokens``; token pieces are HTML-escaped, whitespace kept (``white-space: pre-wrap``).
@@ -116,7 +119,9 @@ def render_html(items: list[dict], path: str | os.PathLike, title: str = "Macro 
         ".prompt{color:#555;white-space:pre-wrap;margin-bottom:.5em}"
         ".response{white-space:pre-wrap;font-family:monospace;line-height:1.6}"
         ".ma{border-radius:3px}.reward{color:#060;margin-top:.3em}"
+        ".sub{color:#555}"
         f"</style></head><body><h1>{html.escape(title)}</h1>\n"
+        + (f'<p class="sub">{html.escape(subtitle)}</p>\n' if subtitle else "")
         + "\n".join(blocks)
         + "\n</body></html>\n"
     )
