@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 DTYPES = ("fp32", "fp16", "bf16")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+TRACKERS = ("tensorboard", "wandb", "trackio", "none")
 
 
 @dataclass
@@ -190,9 +191,36 @@ class LoggingConfig:
             "or a checkpoint directory."
         },
     )
-    disable_progress_bar: bool = field(default=False, metadata={"help": "No tqdm bar."})
+    disable_progress_bar: bool = field(
+        default=False, metadata={"help": "No tqdm bar: one log line per step instead."}
+    )
+    report_to: tuple[str, ...] = field(
+        default=("tensorboard",),
+        metadata={
+            "help": "Where metrics go besides metrics.jsonl, comma-separated: tensorboard, wandb "
+            "(pip install wandb; WANDB_MODE=offline works without an account), trackio (pip "
+            "install trackio; local, $TRACKIO_DIR), or none.",
+            "choices": TRACKERS,
+        },
+    )
+    run_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "The run's name in the trackers (default: what ran, e.g. `MA-PPO n=5`, and the "
+            "output directory's name)."
+        },
+    )
+    tracker_project: str = field(
+        default="ma-rlhf", metadata={"help": "The wandb / trackio project the run is logged to."}
+    )
 
     def __post_init__(self) -> None:
+        bad = [t for t in self.report_to if t not in TRACKERS]
+        if bad or not self.report_to or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ValueError(
+                f"--report_to must be `none` or a comma-separated list of {TRACKERS[:-1]}, "
+                f"got {','.join(self.report_to)!r}"
+            )
         for name in ("save_steps", "eval_interval", "eval_iters"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0")

@@ -16,6 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from marlhf.macro.config import MacroConfig
+from marlhf.macro.naming import describe
+
+__all__ = ["describe", "resolve_macro", "trained_macro"]
 
 
 def trained_macro(model: str) -> tuple[MacroConfig, Path] | None:
@@ -74,19 +77,3 @@ def resolve_macro(
         return cfg, f"{path}"
     merged = dataclasses.replace(cfg, **{k: getattr(flags, k) for k in sorted(given)})
     return merged, f"{path} with {', '.join('--' + k for k in sorted(given))} from the command line"
-
-
-def describe(cfg: MacroConfig) -> str:
-    """A short name of the rule: ``fixed n=5``, ``randomized 1,2,3,5,10``, ``entropy tau=2``..."""
-    tc = cfg.termination_condition
-    if tc == "fixed":
-        return f"fixed n={cfg.ngram}"
-    if tc == "randomized":
-        return f"randomized {','.join(map(str, cfg.ngram_choices))}"
-    if tc == "parsing":
-        return f"parsing ({cfg.parser_backend}, cutoff {cfg.parsing_cutoff})"
-    if tc == "ppl":
-        return f"ppl (min {cfg.ppl_min_len}, max {cfg.ppl_max_len or 'unbounded'})"
-    if cfg.target_macro_len is not None:
-        return f"entropy (target length {cfg.target_macro_len:g})"
-    return f"entropy (tau={cfg.entropy_threshold:g})"

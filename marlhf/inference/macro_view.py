@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from marlhf.inference.macro_rule import describe
 from marlhf.inference.models import Models
 from marlhf.macro import TerminationInputs
 from marlhf.macro.config import MacroConfig
+from marlhf.macro.naming import describe
 from marlhf.macro.render import macro_groups, plot_length_histogram, render_html, token_pieces
 from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
 

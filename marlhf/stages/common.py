@@ -102,13 +102,46 @@ def start(ds_cfg, seed: int) -> None:
     logging.getLogger("marlhf").info("world size %d", world_size())
 
 
+class StepLines:
+    """The progress bar's stand-in when bars are off (``--disable_progress_bar``): one log line per
+    step, ``<desc> step N/T: k=v ...`` with the fields the bar would show (the fields come with
+    ``set_postfix`` after ``update``; a step without them is logged at the next update or close)."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool):
+        self.total, self.n, self.desc, self.enabled = total, initial, desc, enabled
+        self._pending = False
+        self._log = logging.getLogger("marlhf.progress")
+
+    def update(self, n: int = 1) -> None:
+        self._flush({})
+        self.n += n
+        self._pending = True
+
+    def set_postfix(self, **fields) -> None:
+        self._flush(fields)
+
+    def _flush(self, fields: dict) -> None:
+        if self._pending and self.enabled:
+            shown = " ".join(f"{k}={v}" for k, v in fields.items())
+            self._log.info(
+                "%s step %d/%d%s", self.desc, self.n, self.total, f": {shown}" * bool(shown)
+            )
+        self._pending = False
+
+    def close(self) -> None:
+        self._flush({})
+
+
 def progress(total: int, initial: int, desc: str, disable: bool = False):
-    """A tqdm bar on rank 0 (a no-op object elsewhere)."""
+    """A tqdm bar on rank 0 (a no-op object elsewhere); with ``disable``, one log line per step on
+    rank 0 instead (:class:`StepLines`)."""
+    if disable:
+        return StepLines(total, initial, desc, enabled=is_main())
     return tqdm(
         total=total,
         initial=initial,
         desc=desc,
-        disable=disable or not is_main(),
+        disable=not is_main(),
         dynamic_ncols=True,
         file=sys.stderr,
     )
@@ -223,6 +256,8 @@ def supervised_loop(
     save_model: Callable[[int, Path, bool], None],
     stage_state: Callable[[], dict] | None = None,
     load_stage_state: Callable[[dict], None] | None = None,
+    run_name: str | None = None,
+    run_config: dict | None = None,
 ) -> int:
     """Train a supervised stage (SFT, reward model) from its latest checkpoint to ``plan.total``
     optimizer steps; return the last step. The stage gives the algorithm:
@@ -253,7 +288,8 @@ def supervised_loop(
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
     global_step = _resume(engine, state_root, log_cfg.resume, logger, load_stage_state)
-    tracker = Tracker(log_cfg, start_step=global_step)  # drops rows logged after the checkpoint
+    # drops rows logged after the checkpoint
+    tracker = Tracker(log_cfg, start_step=global_step, run_name=run_name, config=run_config)
     bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
     engine.train()
 

@@ -154,6 +154,8 @@ def train(cfg: SFTConfig) -> Path:
         n_train=len(train_ds),
         seed=cfg.optim.seed,
         desc="sft",
+        run_name="SFT",
+        run_config=run_config,
         logger=log,
         train_step=train_step,
         evaluate=lambda: evaluate(engine, eval_ds, collate, cfg),

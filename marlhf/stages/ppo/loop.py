@@ -48,6 +48,7 @@ from marlhf.stages.ppo.experience import (
 )
 from marlhf.stages.ppo.mc import monte_carlo
 from marlhf.stages.ppo.models import Models, build_models, model_config
+from marlhf.stages.ppo.naming import run_label
 from marlhf.stages.ppo.prompts import (
     RolloutPlan,
     load_prompts,
@@ -91,7 +92,7 @@ def train(cfg: PPOStageConfig) -> Path:
     run = setup(cfg)
     state = resume(run.models, cfg, run.out)
     unsup = pretraining_mix(run, state)
-    tracker, bar = open_tracker(cfg.log, state, run.plan.total)
+    tracker, bar = open_tracker(cfg.log, state, run.plan.total, run_label(cfg), run.run_config)
     g = cfg.generation
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
@@ -114,7 +115,7 @@ def train(cfg: PPOStageConfig) -> Path:
     if run.rewarder is not None:
         run.rewarder.close()
     if is_main():
-        log.info("MA-PPO actor saved to %s", run.out / "actor")
+        log.info("%s actor saved to %s", run_label(cfg), run.out / "actor")
     return run.out
 
 
@@ -327,8 +328,9 @@ def setup(cfg: PPOStageConfig) -> Run:
         ds = {"actor": models.actor_ds, "critic": models.critic_ds}
         write_json(out / "ds_config.json", {k: v for k, v in ds.items() if v is not None})
         log.info(
-            "MA-PPO: %d prompts (%d over-long %s), %d steps, rollout %d/device (%d sample(s) "
+            "%s: %d prompts (%d over-long %s), %d steps, rollout %d/device (%d sample(s) "
             "per prompt), termination=%s, estimator=%s",
+            run_label(cfg),
             len(prompts),
             dropped,
             "dropped" if g.overlong_prompts == "drop" else "truncated",

@@ -129,11 +129,17 @@ def _load_ema(state_root: Path, tag: str) -> dict[str, torch.Tensor] | None:
     return None
 
 
-def open_tracker(log_cfg: LoggingConfig, state: TrainState, total: int):
-    """The metrics tracker (dropping rows an interrupted run logged after the checkpoint) and the
-    progress bar."""
-    tracker = Tracker(log_cfg, start_step=state.step)
-    bar = progress(total, state.step, "ma-ppo", log_cfg.disable_progress_bar)
+def open_tracker(
+    log_cfg: LoggingConfig,
+    state: TrainState,
+    total: int,
+    run_name: str | None = None,
+    run_config: dict | None = None,
+):
+    """The metrics tracker (dropping rows an interrupted run logged after the checkpoint), named
+    ``run_name`` (what runs: ``run_label``), and the progress bar."""
+    tracker = Tracker(log_cfg, start_step=state.step, run_name=run_name, config=run_config)
+    bar = progress(total, state.step, run_name or "ppo", log_cfg.disable_progress_bar)
     return tracker, bar
 
 

@@ -327,6 +327,8 @@ def train(cfg: RewardStageConfig) -> Path:
         n_train=len(run.train_ds),
         seed=cfg.optim.seed,
         desc="rm",
+        run_name=f"RM ({cfg.reward.rm_type})",
+        run_config=run.run_config,
         logger=log,
         train_step=functools.partial(_train_step, run),
         evaluate=functools.partial(_run_eval, run),
