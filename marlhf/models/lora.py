@@ -3,11 +3,38 @@ plain weights, so a saved model loads anywhere without peft."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import torch
 
 from marlhf.config import ModelConfig
+
+log = logging.getLogger("marlhf.lora")
+
+
+def parameter_counts(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameters of ``model``; a ZeRO-3 partitioned parameter counts whole
+    (its ``ds_numel``), so the counts do not depend on the partitioning."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = int(getattr(p, "ds_numel", p.numel()))
+        total += n
+        trainable += n if p.requires_grad else 0
+    return trainable, total
+
+
+def log_parameter_counts(model: torch.nn.Module, what: str) -> tuple[int, int]:
+    """Log ``<what>: trainable N / total M parameters (P %)`` and return the counts."""
+    trainable, total = parameter_counts(model)
+    log.info(
+        "%s: trainable %s / total %s parameters (%.2f %%)",
+        what,
+        f"{trainable:,}",
+        f"{total:,}",
+        100.0 * trainable / max(total, 1),
+    )
+    return trainable, total
 
 
 def lora_target_modules(model: torch.nn.Module, module_name: str) -> list[str]:
@@ -25,9 +52,11 @@ def lora_target_modules(model: torch.nn.Module, module_name: str) -> list[str]:
     return names
 
 
-def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
-    """Wrap ``model`` with peft LoRA adapters when ``--lora_dim > 0``."""
+def apply_lora(model: torch.nn.Module, cfg: ModelConfig, what: str = "model") -> torch.nn.Module:
+    """Wrap ``model`` with peft LoRA adapters when ``--lora_dim > 0``; log its trainable and total
+    parameters either way (``what`` names it in the line)."""
     if cfg.lora_dim == 0:
+        log_parameter_counts(model, what)
         return model
     from peft import LoraConfig, get_peft_model
 
@@ -45,6 +74,7 @@ def apply_lora(model: torch.nn.Module, cfg: ModelConfig) -> torch.nn.Module:
         for n, p in peft_model.named_parameters():
             if "lora_" not in n:
                 p.requires_grad_(True)
+    log_parameter_counts(peft_model, f"{what} with LoRA r={cfg.lora_dim} on {len(targets)} modules")
     return peft_model
 
 

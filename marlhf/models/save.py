@@ -15,6 +15,8 @@ from marlhf.runtime.checkpoint import gather_state_dict, write_json
 from marlhf.runtime.checkpoint_files import naming_write_errors
 from marlhf.runtime.distributed import barrier, is_main
 
+ADAPTER_DIR = "adapter"  # a LoRA run's peft adapter, next to the merged weights
+
 # what a failed model save means for a resume (the training state of a step is saved after its model)
 _MODEL_THEN = "A resume starts from the last complete training state, before this model's step."
 
@@ -29,16 +31,23 @@ def save_hf_causal_lm(
     ds_config: dict,
 ) -> None:
     """Save a (possibly peft-wrapped, possibly ZeRO-3-partitioned) causal LM as a plain HF directory:
-    LoRA weights are merged, so any stage or the inference script loads it with from_pretrained."""
+    LoRA weights are merged, so any stage or the inference script loads it with from_pretrained; a
+    peft model's adapter is saved as well, in ``<path>/adapter/`` (``adapter_config.json``,
+    ``adapter_model.safetensors``)."""
     base, scaling = unwrap_peft(module)
     state = gather_state_dict(module, zero_stage)
     if is_main():
         assert state is not None
+        path = Path(path)
+        peft_state = state
         if scaling is not None:
             state = merge_lora_state_dict(state, scaling)
-        path = Path(path)
         with naming_write_errors(path, "model checkpoint", _MODEL_THEN):
             path.mkdir(parents=True, exist_ok=True)
+            if (
+                scaling is not None
+            ):  # the adapter itself too, for peft users (PeftModel.from_pretrained)
+                module.save_pretrained(path / ADAPTER_DIR, state_dict=peft_state)
             base.save_pretrained(path, state_dict=state)
             tokenizer.save_pretrained(path)
             gen = getattr(base, "generation_config", None)

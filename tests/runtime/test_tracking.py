@@ -72,3 +72,69 @@ def test_non_finite_values_are_null_in_strict_json(tmp_path):
     assert "Infinity" not in line and "NaN" not in line
     row = json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert row["macro/entropy_threshold"] is None and row["loss"] is None and row["ok"] == 1.5
+
+
+# --------------------------------------------------------------------------------------------------
+# --report_to: wandb (offline) and trackio (local), run names
+
+
+def test_report_to_is_validated():
+    with pytest.raises(ValueError, match="--report_to"):
+        LoggingConfig(report_to=("tensorboard", "mlflow"))
+    with pytest.raises(ValueError, match="--report_to"):
+        LoggingConfig(report_to=("none", "wandb"))
+    assert LoggingConfig(report_to=("none",)).report_to == ("none",)
+
+
+def test_report_to_none_writes_only_the_jsonl(tmp_path):
+    tracker = Tracker(LoggingConfig(output_dir=str(tmp_path), report_to=("none",)))
+    tracker.log({"train/loss": 1.0}, 1)
+    tracker.close()
+    assert not (tmp_path / "tensorboard").exists()
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["train/loss"] == 1.0
+
+
+def test_missing_tracker_package_is_one_error_line(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with pytest.raises(ValueError, match="--report_to wandb: the wandb package is not installed"):
+        Tracker(LoggingConfig(output_dir=str(tmp_path), report_to=("wandb",)))
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_wandb_offline_logs_the_run_under_its_name(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = LoggingConfig(output_dir=str(tmp_path / "run"), report_to=("wandb",))
+    tracker = Tracker(cfg, run_name="MA-PPO n=5", config={"macro": {"ngram": 5}})
+    for s in (1, 2, 3):
+        tracker.log({"objective/score": 0.1 * s}, s)
+    tracker.close()
+    assert tracker.name == "MA-PPO n=5 run"
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    data = list(runs[0].glob("run-*.wandb"))
+    assert data and data[0].stat().st_size > 0
+    assert b"MA-PPO n=5 run" in data[0].read_bytes()
+
+
+def test_trackio_logs_locally(tmp_path, monkeypatch):
+    trackio = pytest.importorskip("trackio")
+    from trackio.sqlite_storage import SQLiteStorage
+
+    # trackio reads $TRACKIO_DIR at import: point its modules' copies at the test's directory
+    monkeypatch.setattr("trackio.utils.TRACKIO_DIR", tmp_path / "trackio")
+    monkeypatch.setattr("trackio.sqlite_storage.TRACKIO_DIR", tmp_path / "trackio")
+    cfg = LoggingConfig(
+        output_dir=str(tmp_path / "run"), report_to=("trackio",), tracker_project="marlhf-test"
+    )
+    tracker = Tracker(cfg, run_name="GRPO")
+    for s in (1, 2):
+        tracker.log({"objective/score": float(s)}, s)
+    tracker.close()
+    del trackio
+    logs = SQLiteStorage.get_logs(project="marlhf-test", run="GRPO run")
+    assert [r["objective/score"] for r in logs] == [1.0, 2.0]
+    assert list((tmp_path / "trackio").glob("marlhf-test*.db"))

@@ -477,6 +477,18 @@ def test_two_epochs_see_every_example_once_each(lora_run, env, tiny_dir):
     assert sum(tokens[:3]) == total and sum(tokens[3:]) == total
 
 
+def test_lora_console_one_line_per_step_counts_and_adapter(lora_run):
+    """Without bars, one line per step; the parameter counts logged; the adapter saved too."""
+    import re
+
+    out, proc = lora_run
+    steps = re.findall(r"sft step (\d+)/6: loss=", proc.stderr)
+    assert steps == [str(s) for s in range(1, 7)], proc.stderr[-3000:]
+    assert re.search(r"model with LoRA r=4 on \d+ modules: trainable [\d,]+ / total", proc.stderr)
+    assert (out / "adapter" / "adapter_config.json").exists()
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == 4
+
+
 def test_lora_only_trains_and_saves_a_merged_plain_model(lora_run, tiny_dir):
     from transformers import AutoModelForCausalLM
 

@@ -107,7 +107,7 @@ def build_actor(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict]:
         if mc.actor.ds.zero_stage == 3
         else None
     )
-    actor = apply_lora(load_causal_lm(actor_cfg, ds_zero3_config=zero3), actor_cfg)
+    actor = apply_lora(load_causal_lm(actor_cfg, ds_zero3_config=zero3), actor_cfg, "actor")
     return build_train_engine(
         actor,
         model_cfg=actor_cfg,
@@ -169,7 +169,7 @@ def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict,
             model_config(mc, mc.critic), model_name_or_path="", dropout=None,
             gradient_checkpointing=False,
         )  # fmt: skip
-        critic.backbone = apply_lora(critic.backbone, critic_lora)
+        critic.backbone = apply_lora(critic.backbone, critic_lora, "critic")
     engine, critic_ds = build_train_engine(
         critic,
         model_cfg=actor_model_config(mc),

@@ -114,7 +114,7 @@ def build_reward_model(cfg: RewardStageConfig):
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
     if m.lora_dim:
-        model.backbone = apply_lora(model.backbone, m)
+        model.backbone = apply_lora(model.backbone, m, "reward model")
         if m.gradient_checkpointing and m.only_optimize_lora:
             model.enable_input_require_grads()
     return model
