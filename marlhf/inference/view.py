@@ -21,7 +21,21 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import torch
+
+from marlhf.cli import build_parser, config_from_namespace, given_dests
+from marlhf.config import ModelConfig
+from marlhf.inference.config import InferenceConfig
+from marlhf.inference.macro_rule import describe, resolve_macro
+from marlhf.inference.macro_view import macro_items, write_macro_page, write_macro_view
+from marlhf.inference.models import Models, load_models
+from marlhf.inference.naming import sidecar
+from marlhf.inference.prompts import left_pad, prompt_token_ids
+from marlhf.inference.results import read_rows
+from marlhf.macro import build_termination
 from marlhf.macro.config import MacroConfig
+from marlhf.macro.render import macro_groups, render_terminal
+from marlhf.models.load import load_tokenizer
 
 log = logging.getLogger("marlhf.inference")
 
@@ -67,7 +81,6 @@ class ViewArgs:
 
 
 def _settings(path: str) -> dict:
-    from marlhf.inference.naming import sidecar
 
     meta = sidecar(path, "meta")
     if not os.path.exists(meta):
@@ -93,16 +106,6 @@ def _response_ids(tok, row: dict) -> list[int]:
 def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dict:
     """Cut the first ``cfg.num`` responses of ``path`` into macro actions; print and write them.
     Returns ``{"html": path or None, "rule": description, "source": ..., "items": [...]}``."""
-    import torch
-
-    from marlhf.inference.config import InferenceConfig
-    from marlhf.inference.macro_rule import describe, resolve_macro
-    from marlhf.inference.macro_view import macro_items, write_macro_page, write_macro_view
-    from marlhf.inference.models import Models, load_models
-    from marlhf.inference.prompts import left_pad, prompt_token_ids
-    from marlhf.inference.results import read_rows
-    from marlhf.macro import build_termination
-    from marlhf.macro.render import macro_groups, render_terminal
 
     rows = [r for r in read_rows(path) if r.get("response") is not None]
     if not rows:
@@ -114,8 +117,6 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
         raise ValueError(f"{path}: no .meta.json naming the policy; pass --model")
     macro, source = resolve_macro(model, flags, given)
     icfg = InferenceConfig(model=model, gpu=0, dtype="fp32")
-    from marlhf.config import ModelConfig
-    from marlhf.models.load import load_tokenizer
 
     tok = load_tokenizer(ModelConfig(model_name_or_path=model), padding_side="left")
     rule = build_termination(macro, tok)
@@ -161,7 +162,6 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Parse flags (see ``--help``), show every file."""
-    from marlhf.cli import build_parser, config_from_namespace, given_dests
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)

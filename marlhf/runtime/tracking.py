@@ -19,6 +19,8 @@ continues the same run (its id is derived from the output directory).
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
 import logging
 import math
@@ -72,8 +74,6 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
 
 
 def _import_tracker(name: str):
-    import importlib
-
     try:
         return importlib.import_module(name)
     except ImportError:
@@ -85,8 +85,6 @@ def _import_tracker(name: str):
 
 def _run_id(out: Path) -> str:
     """A stable id of the run in ``out`` (wandb's run id: a resumed run continues the same run)."""
-    import hashlib
-
     return hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:16]
 
 

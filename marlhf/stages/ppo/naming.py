@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.naming import describe
+from marlhf.stages.ppo.config import ActorCriticConfig
 
 _ESTIMATOR_NAMES = {
     "grpo": "GRPO",
@@ -52,6 +53,4 @@ def run_label(cfg) -> str:
 
 def _critic_free():
     """Doctest helper: models without a critic but with a reward model."""
-    from marlhf.stages.ppo.config import ActorCriticConfig
-
     return ActorCriticConfig(reward_model_name_or_path="rm")
