@@ -45,6 +45,7 @@ where the shared one does not fit. A sub-part's validation errors name its prefi
 
 import argparse
 import dataclasses
+import difflib
 import json
 import re
 import sys
@@ -108,9 +109,16 @@ def _field_default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
+# the program's name in usage and errors when a front end names it (``marlhf sft``)
+PROG: str | None = None
+
+
 def _module_prog() -> str | None:
-    """``python -m PACKAGE`` when a package runs as ``python -m PACKAGE`` (its ``__main__``), where
-    argparse would name the program ``__main__.py``; None (argparse's default) otherwise."""
+    """The name set in :data:`PROG` (the ``marlhf`` command sets ``marlhf SUB``); else ``python -m
+    PACKAGE`` when a package runs as ``python -m PACKAGE`` (its ``__main__``), where argparse would
+    name the program ``__main__.py``; None (argparse's default) otherwise."""
+    if PROG is not None:
+        return PROG
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     name = getattr(spec, "name", None) or ""
     return f"python -m {name.removesuffix('.__main__')}" if name.endswith(".__main__") else None
@@ -166,36 +174,270 @@ def _flags(cls: type, default: Any, path: str, prefix: str = "", only=None, help
         yield _Flag(prefix + name, f"{path}.{name}", f, tp, value, str(text))
 
 
+def _norm(flag: str) -> str:
+    """A flag's spelling-free form: ``--max-new-tokens`` and ``--max_new_tokens`` agree."""
+    return flag.replace("-", "_").lstrip("_")
+
+
+def load_config_file(path: str) -> dict:
+    """The mapping in a YAML (``.yaml``/``.yml``, needs PyYAML) or JSON file (ValueError naming
+    the file otherwise)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise ValueError(f"--config {path}: {err.strerror or err}") from None
+    try:
+        if path.endswith((".yaml", ".yml")):
+            try:
+                import yaml
+            except ImportError:
+                raise ValueError(
+                    f"--config {path}: reading YAML needs PyYAML (pip install pyyaml); or give "
+                    "the file as JSON"
+                ) from None
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, ValueError) as err:
+        if str(err).startswith("--config"):
+            raise
+        raise ValueError(
+            f"--config {path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'} ({err})"
+        ) from None
+    except Exception as err:  # yaml.YAMLError
+        raise ValueError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: must hold a mapping of flags to values")
+    return data
+
+
+def _flag_value(value: Any) -> str:
+    """A config file's value as the text of a flag (lists comma-joined, None as ``none``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(_flag_value(v) for v in value)
+    return str(value)
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with the conventions of every marlhf program:
+
+    - ``--a_b`` and ``--a-b`` are the same flag (whichever the program registered);
+    - ``--config FILE`` (YAML or JSON) gives flags from a file: a mapping of flag names (``lr: 1e-3``,
+      dashes or underscores) or, as ``run_config.json`` holds them, of parts to flags
+      (``{"optim": {"learning_rate": 1e-3}}``); flags on the command line win;
+    - an unknown flag gets "did you mean"; an error is two lines (what is wrong, where ``--help``
+      is), not the usage of every flag.
+    """
+
+    config_paths: frozenset[str] = frozenset()  # dotted fields of the config that are no flags
+
+    def __init__(self, *args, **kwargs):
+        if PROG is not None:  # the front end's name (``marlhf tiny``) wins
+            kwargs["prog"] = PROG
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        if "--config" not in self._option_string_actions:
+            self.add_argument(
+                "--config",
+                metavar="FILE",
+                help="YAML or JSON file of flags (a run's run_config.json reproduces the run); "
+                "flags on the command line override it.",
+            )
+
+    def _flags(self) -> dict[str, str]:
+        """normalised spelling -> registered option string."""
+        return {_norm(o): o for o in self._option_string_actions if o.startswith("--")}
+
+    def _by_dest(self) -> dict[str, str]:
+        return {
+            a.dest: a.option_strings[0]
+            for a in self._actions
+            if a.option_strings
+            and a.option_strings[0].startswith("--")
+            and a.help != argparse.SUPPRESS
+        }
+
+    def _respell(self, args: list[str]) -> list[str]:
+        flags, out, after = self._flags(), [], False
+        for a in args:
+            if a == "--":
+                after = True
+            if not after and a.startswith("--") and len(a) > 2:
+                key, eq, value = a.partition("=")
+                if key not in self._option_string_actions and _norm(key) in flags:
+                    a = flags[_norm(key)] + eq + value
+            out.append(a)
+        return out
+
+    def _config_args(self, path: str) -> list[str]:
+        """The flags a config file gives, as command-line tokens (``--flag=value``)."""
+        data, flags, dests = load_config_file(path), self._flags(), self._by_dest()
+        out: list[str] = []
+
+        def add(flag: str, value: Any, key: str) -> None:
+            action = self._option_string_actions[flag]
+            if isinstance(value, list | tuple) and not value:
+                return  # an empty list has no spelling on the command line: the default stays
+            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+                if bool(value) == isinstance(action, argparse._StoreTrueAction):
+                    out.append(flag)
+                return
+            out.append(f"{flag}={_flag_value(value)}")
+
+        def walk(prefix: str, mapping: dict) -> None:
+            for key, value in mapping.items():
+                dest = f"{prefix}{key}"
+                if dest in dests:
+                    add(dests[dest], value, dest)
+                elif isinstance(value, dict) and any(d.startswith(f"{dest}.") for d in dests):
+                    walk(f"{dest}.", value)  # a part (or sub-part) of run_config.json
+                elif dest in self.config_paths:
+                    continue  # a field of the config that is no flag (it keeps its default)
+                elif (
+                    not prefix and _norm(str(key)) in flags and flags[_norm(str(key))] != "--config"
+                ):
+                    add(flags[_norm(str(key))], value, str(key))
+                else:
+                    raise ValueError(
+                        f"--config {path}: {dest} is no flag of this program{self._hint(str(key))}"
+                    )
+
+        walk("", data)
+        return out
+
+    def _hint(self, key: str) -> str:
+        names = [f for f in self._flags() if f]
+        close = difflib.get_close_matches(_norm(key), names, n=1, cutoff=0.6)
+        return f" (did you mean --{close[0]}?)" if close else ""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = self._respell(list(sys.argv[1:] if args is None else args))
+        configs = [
+            a.partition("=")[2] if a.startswith("--config=") else args[i + 1]
+            for i, a in enumerate(args)
+            if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")
+        ]
+        if configs:
+            try:
+                given = [t for path in configs for t in self._config_args(path)]
+            except ValueError as err:
+                self.error(str(err))
+            args = given + args  # the command line's flags come later, so they win
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        """Two lines on stderr, exit status 2: the problem (with "did you mean" for an unknown
+        flag) and where the flags are listed."""
+        if message.startswith("unrecognized arguments: "):
+            unknown = message.removeprefix("unrecognized arguments: ").split()
+            flags = [u for u in unknown if u.startswith("-")]
+            if flags:
+                message = "; ".join(
+                    f"unknown flag {u.partition('=')[0]}{self._hint(u.partition('=')[0])}"
+                    for u in flags
+                )
+        self.exit(2, f"{self.prog}: error: {message}\nsee {self.prog} --help for the flags\n")
+
+
+# --help lists the flags by what they are about, in this order; a part's fields go to its part's
+# group unless the part names one per field (``HELP_GROUPS``, e.g. inference's single part)
+GROUP_ORDER = (
+    "model", "data", "generation", "algorithm", "macro actions", "optimisation", "logging",
+    "performance",
+)  # fmt: skip
+PART_GROUPS = {
+    "model": "model",
+    "models": "model",
+    "data": "data",
+    "generation": "generation",
+    "ppo": "algorithm",
+    "reward": "algorithm",
+    "macro": "macro actions",
+    "optim": "optimisation",
+    "log": "logging",
+    "ds": "performance",
+    "perf": "performance",
+    "code": "code rewards",
+}
+
+
+def _group_title(part_name: str, part_tp: type, name: str) -> str:
+    per_field = getattr(part_tp, "HELP_GROUPS", {})
+    return per_field.get(name) or PART_GROUPS.get(part_name, part_name)
+
+
+def _help_groups(parser: argparse.ArgumentParser, stage_cls: type) -> dict[str, Any]:
+    """One argparse group per title the stage's flags use, created in :data:`GROUP_ORDER`."""
+    titles: dict[str, str | None] = {}
+    for part_name, _pf, part_tp in _leaf_fields(stage_cls):
+        if not _is_part(part_tp):
+            raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
+        doc = (part_tp.__doc__ or "").strip().splitlines()[0] if part_tp.__doc__ else None
+        for name, _f, _tp in _leaf_fields(part_tp):
+            title = _group_title(part_name, part_tp, name)
+            # a whole part in its group: the part's docstring describes it
+            whole = not getattr(part_tp, "HELP_GROUPS", {})
+            if title not in titles or (whole and titles[title] is None):
+                titles[title] = doc if whole else None
+    rank = {t: i for i, t in enumerate(GROUP_ORDER)}
+    ordered = sorted(titles, key=lambda t: (rank.get(t, len(rank)), list(titles).index(t)))
+    return {t: parser.add_argument_group(t, titles[t]) for t in ordered}
+
+
 def build_parser(stage_cls: type, description: str | None = None) -> argparse.ArgumentParser:
     """An ``argparse`` parser with one flag per leaf field of ``stage_cls``'s parts."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=_module_prog(),
+        # the flags are listed by group in --help; the usage line does not repeat them all
+        usage="%(prog)s [-h] [--config FILE] [flags]",
         description=description or (stage_cls.__doc__ or "").strip().splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,
     )
     seen: dict[str, str] = {}
     post: dict[str, Any] = {}
+    groups = _help_groups(parser, stage_cls)
     for part_name, pf, part_tp in _leaf_fields(stage_cls):
         if not _is_part(part_tp):
             raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
-        group = parser.add_argument_group(
-            part_name, (part_tp.__doc__ or "").strip().splitlines()[0] if part_tp.__doc__ else None
-        )
         for flag in _flags(part_tp, _sub_default(pf, part_tp), part_name):
+            group = groups[_group_title(part_name, part_tp, flag.dest.split(".")[1])]
             _add_flag(group, flag, part_name, seen, post)
     parser.set_defaults(_tuple_post=post)
+    parser.config_paths = frozenset(_field_paths(stage_cls))
     return parser
+
+
+def _field_paths(cls: type, prefix: str = ""):
+    """Every field of a config as a dotted path (``models.critic.optim.weight_decay``)."""
+    for name, _f, tp in _leaf_fields(cls):
+        base, _ = _unwrap_optional(tp) if not _is_part(tp) else (tp, False)
+        yield f"{prefix}{name}"
+        if _is_part(base):
+            yield from _field_paths(base, f"{prefix}{name}.")
 
 
 def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> None:
     """Add ``flag`` to ``group`` (a name defined twice is a programming error)."""
-    name, f, tp, default = f"--{flag.name}", flag.field, flag.tp, flag.default
+    f, tp, default = flag.field, flag.tp, flag.default
+    meta = dict(f.metadata)
+    # ``flag``: the name every program uses for this (e.g. --model_name_or_path); the field's own
+    # spelling stays an alias
+    name = meta.get("flag", f"--{flag.name}")
     if name in seen:
         raise TypeError(f"flag {name} defined by both {seen[name]} and {part_name}")
     seen[name] = part_name
-    meta = dict(f.metadata)
-    aliases = tuple(meta.get("aliases", ()))
+    aliases = ((f"--{flag.name}",) if name != f"--{flag.name}" else ()) + tuple(
+        meta.get("aliases", ())
+    )
+    # a spelling with dashes for underscores is accepted anyway (Parser): not listed
+    kept: dict[str, str] = {_norm(name): name}
+    aliases = tuple(kept.setdefault(_norm(a), a) for a in aliases if _norm(a) not in kept)
     for a in aliases:
         if a in seen:
             raise TypeError(f"alias {a} of {name} already used by {seen[a]}")
@@ -235,10 +477,15 @@ def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> Non
         kwargs["type"] = str
         kwargs.pop("choices", None)
         post[kwargs["dest"]] = _tuple_parser(elem, name)
+        if meta.get("repeat"):  # --label a --label b: the values add up
+            kwargs["action"] = "extend"
+            kwargs["default"] = list(default)
     elif base in _SCALARS:
         kwargs["type"] = base
         if optional:
             kwargs["type"] = _optional(base)
+            if "choices" in kwargs:  # `none` is a value of an optional flag too
+                kwargs["choices"] = (*kwargs["choices"], None)
     else:
         raise TypeError(f"unsupported field type {tp} for {name}")
     group.add_argument(name, *aliases, **kwargs)
@@ -272,6 +519,7 @@ def config_from_namespace(
     """The validated ``stage_cls`` of a namespace parsed by ``build_parser(stage_cls)`` (a program
     that adds positional arguments to that parser removes them from ``ns`` first)."""
     values = dict(vars(ns))
+    values.pop("config", None)  # --config FILE: its flags are parsed already
     post = values.pop("_tuple_post")
     for dest, value in values.items():
         if dest in post and isinstance(value, list):

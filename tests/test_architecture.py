@@ -22,6 +22,8 @@ DEFERRED = {
     "vllm": "generation backend",
     "trl": "baseline in benchmarks",
     "wandb": "tracker",
+    "trackio": "tracker",
+    "yaml": "config files in YAML (pip install pyyaml)",
     "seccomp": "libseccomp's bindings (Debian python3-seccomp)",
     "pyseccomp": "libseccomp's bindings (pip)",
     "termios": "POSIX terminal (the human evaluation's key reader)",

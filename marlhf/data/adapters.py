@@ -20,7 +20,10 @@ one row into an ``Example`` with the original MA-RLHF / DeepSpeed-Chat prompt te
 ``codeparrot/apps``           APPS-paper prompt (question, starter code, call-based or stdin format);
                               chosen = first solution (None when there is none); ``meta`` holds the
                               ``input_output`` tests and ``fn_name``; no rejected; train / test.
-plain local files             columns ``prompt`` (+ ``chosen``, ``rejected``, ``margin``).
+plain local files             columns ``prompt`` (+ ``chosen``, ``rejected``, ``margin``); a prompt may be a
+                              list of messages (``{"role", "content"}``), the answers text or messages.
+``messages`` (local files)    a ``messages`` list ending with the assistant's answer (chosen), an
+                              optional ``rejected`` answer; the prompt's plain text is HH-style.
 ============================  =========================================================================
 
 Local paths (``.json``, ``.jsonl``, ``.parquet`` or a directory of them, optionally ``adapter:path``)
@@ -47,6 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from marlhf.data.chat import as_text, check_messages
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.schema import DataError, Example
 from marlhf.rewards.code import parse_json
@@ -264,11 +268,51 @@ def _apps(row: dict, where: str, options: dict) -> Example:
     )
 
 
+def _answer(row: dict, key: str, where: str) -> str:
+    """A response given as text or as messages (its last message, the assistant's)."""
+    value = row.get(key)
+    if isinstance(value, list):
+        msgs = check_messages(value, where, key)
+        if msgs[-1]["role"] != "assistant" or not msgs[-1]["content"].strip():
+            raise DataError(f'{where}: field "{key}" must end with a non-empty assistant message')
+        return msgs[-1]["content"]
+    return _text(row, key, where)
+
+
+def _messages(row: dict, where: str, options: dict) -> Example:
+    """A conversation: ``messages`` up to the last assistant message (the chosen answer); an
+    optional ``rejected`` answer (text or messages)."""
+    msgs = check_messages(row.get("messages"), where)
+    if len(msgs) < 2 or msgs[-1]["role"] != "assistant":
+        raise DataError(
+            f'{where}: field "messages" must hold a user turn and end with the assistant\'s answer'
+        )
+    prompt_msgs, chosen = msgs[:-1], msgs[-1]["content"]
+    if not chosen.strip():
+        raise DataError(f'{where}: field "messages" ends with an empty assistant message')
+    rejected = _answer(row, "rejected", where) if row.get("rejected") is not None else None
+    prompt = as_text(prompt_msgs)
+    pid = row.get("id")
+    return Example(
+        prompt=prompt,
+        chosen=chosen,
+        rejected=rejected,
+        margin=_number(row, "margin", where),
+        prompt_id=f"local/{pid}" if pid is not None else _hash_id("local", prompt),
+        meta={"messages": prompt_msgs},
+    )
+
+
 def _plain(row: dict, where: str, options: dict) -> Example:
-    prompt = _text(row, "prompt", where)
     cols = options.get("columns", frozenset())
-    chosen = _text(row, "chosen", where) if "chosen" in cols else None
-    rejected = _text(row, "rejected", where) if "rejected" in cols else None
+    meta: dict = {}
+    if isinstance(row.get("prompt"), list):  # conversational: the prompt as messages
+        meta["messages"] = check_messages(row["prompt"], where, "prompt")
+        prompt = as_text(meta["messages"])
+    else:
+        prompt = _text(row, "prompt", where)
+    chosen = _answer(row, "chosen", where) if "chosen" in cols else None
+    rejected = _answer(row, "rejected", where) if "rejected" in cols else None
     margin = _number(row, "margin", where)
     if margin is not None and not math.isfinite(margin):
         raise DataError(f'{where}: field "margin" must be finite, got {margin}')
@@ -279,7 +323,7 @@ def _plain(row: dict, where: str, options: dict) -> Example:
         rejected=rejected,
         margin=margin,
         prompt_id=f"local/{pid}" if pid is not None else _hash_id("local", prompt),
-        meta={},
+        meta=meta,
     )
 
 
@@ -343,6 +387,14 @@ ADAPTERS: dict[str, Adapter] = {
             hub_files={"train": "train.jsonl", "test": "test.jsonl"},
         ),
         Adapter(
+            "messages",
+            None,
+            None,
+            {"train": "train", "eval": None},
+            frozenset({"messages"}),
+            _messages,
+        ),
+        Adapter(
             "plain", None, None, {"train": "train", "eval": None}, frozenset({"prompt"}), _plain
         ),
     )
@@ -363,6 +415,7 @@ _DETECT = (
     "openai/webgpt_comparisons",
     "codeparrot/apps",
     "Dahoas/rm-static",
+    "messages",
     "plain",
 )
 

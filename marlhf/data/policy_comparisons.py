@@ -23,7 +23,6 @@ are not empty), so the reward-model stage reads it next to the bundled data:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -31,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlhf.cli import Parser
 from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.schema import DataError
 from marlhf.data.sources import bundled_file, parse_spec
@@ -154,7 +154,7 @@ def write_rows(rows: list[dict], output: str | Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> PairCounts:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--task", default="synthetic-tldr", help="the synthetic task the answers are for"
     )

@@ -82,6 +82,8 @@ def read_rows(path: str) -> list[dict]:
 def run_settings(cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfig) -> dict:
     """What the rows of an output depend on (compared with the sidecar when resuming)."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _FREE_SETTINGS}
+    if not settings.get("apply_chat_template"):  # off: the settings of files written before it
+        settings.pop("apply_chat_template", None)
     settings["dataset_spec"] = dataset_spec(cfg.dataset)
     settings["model_path"] = os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model
     if cfg.reward_model:

@@ -166,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(ViewArgs, (__doc__ or "").strip().splitlines()[0])
+    parser.usage = "%(prog)s [-h] [--config FILE] [flags] RESULTS.jsonl [RESULTS.jsonl ...]"
     parser.add_argument(
         "results", nargs="+", metavar="RESULTS.jsonl", help="inference result files"
     )

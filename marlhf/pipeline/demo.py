@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlhf.cli import Parser
 from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
 from marlhf.pipeline.report import write_report
 
@@ -194,7 +195,7 @@ def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--output_dir", default="output/demo")

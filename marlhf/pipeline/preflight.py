@@ -35,6 +35,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
@@ -142,6 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
     stages = ("sft", "reward", "ppo")
+    if argv and argv[0] in ("-h", "--help"):
+        print(
+            f"usage: {marlhf.cli.PROG or 'python -m marlhf.preflight'} "
+            f"{{{','.join(stages)}}} [stage flags...] [--config FILE]\n\n{__doc__.strip()}"
+        )
+        raise SystemExit(0)
     if not argv or argv[0] not in stages:
         print(
             f"usage: python -m marlhf.preflight {{{','.join(stages)}}} [stage flags...]",

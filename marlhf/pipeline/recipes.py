@@ -9,7 +9,6 @@ that describe them. Each recipe runs the project's own stages as a user would::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from marlhf.cli import Parser
 from marlhf.data.long_tasks import pretraining_rows as long_rows
 from marlhf.data.synthetic import pretraining_rows
 from marlhf.models.reward_model import VALUE_HEAD_FILE, RewardModel, save_reward_model
@@ -402,7 +402,7 @@ def pretrain_rm_base(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="python -m marlhf.tiny",
         description="Build the random tiny model (default) or pretrain tiny-base (--pretrain).",
     )

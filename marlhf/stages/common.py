@@ -24,6 +24,7 @@ from marlhf.cli import config_to_dict
 from marlhf.config import LoggingConfig, OptimConfig
 from marlhf.data.cache import BuilderFailed
 from marlhf.data.schema import DataError
+from marlhf.runtime import startup
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.checkpoint import (
     find_resume,
@@ -89,6 +90,7 @@ def seed_everything(seed: int) -> None:
 
 def start(ds_cfg, seed: int) -> None:
     """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds."""
+    startup.mark("imports")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     init_distributed(ds_cfg.local_rank, ds_cfg.dist_timeout_s)
     setup_logging()
@@ -100,6 +102,7 @@ def start(ds_cfg, seed: int) -> None:
         pass
     seed_everything(seed)
     logging.getLogger("marlhf").info("world size %d", world_size())
+    startup.mark("distributed")
 
 
 class StepLines:
@@ -314,6 +317,8 @@ def supervised_loop(
             perm, step_in_epoch, plan.micro, plan.accumulation, plan.world, rank()
         )
         metrics = train_step(micro_batches, global_step)
+        startup.mark("first step")
+        startup.report(logger)
         global_step += 1
         bar.update(1)
         shown = {k: f"{metrics[m]:{fmt}}" for k, (m, fmt) in _BAR_FIELDS.items() if m in metrics}

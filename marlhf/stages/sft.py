@@ -26,6 +26,7 @@ from marlhf.models.lm_loss import lm_loss_sum
 from marlhf.models.load import load_causal_lm, load_tokenizer
 from marlhf.models.lora import apply_lora
 from marlhf.models.save import save_hf_causal_lm
+from marlhf.runtime import startup
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
 from marlhf.runtime.engine import build_train_engine, ds_config
@@ -89,6 +90,7 @@ def train(cfg: SFTConfig) -> Path:
     train_ds = build_sft_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
     eval_ds = build_sft_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
     collate = SFTCollator(tokenizer.pad_token_id)
+    startup.mark("data")
 
     plan = plan_steps(len(train_ds), cfg.optim, "SFT split", "examples")
 
@@ -100,6 +102,7 @@ def train(cfg: SFTConfig) -> Path:
             zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=plan.micro, inference=True
         )
     model = apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
+    startup.mark("model")
     engine, ds_json = build_train_engine(
         model,
         model_cfg=cfg.model,
@@ -108,6 +111,7 @@ def train(cfg: SFTConfig) -> Path:
         total_steps=plan.total,
         micro_batch_size=plan.micro,
     )
+    startup.mark("engine")
     run_config = write_run_config(out, cfg, ds_json)
     if is_main():
         log.info(

@@ -142,9 +142,13 @@ PPO_OPTIM_FLAGS = (
 class GenerationConfig:
     """Rollout generation."""
 
-    max_prompt_seq_len: int = field(default=256, metadata={"help": "Prompt tokens (left-padded)."})
+    max_prompt_seq_len: int = field(
+        default=256,
+        metadata={"help": "Prompt tokens (left-padded).", "aliases": ("--max_prompt_len",)},
+    )
     max_answer_seq_len: int = field(
-        default=256, metadata={"help": "Maximum new tokens per response."}
+        default=256,
+        metadata={"help": "Maximum new tokens per response.", "aliases": ("--max_new_tokens",)},
     )
     overlong_prompts: str = field(
         default="drop",

@@ -34,6 +34,7 @@ from marlhf.macro import TerminationRule, build_termination
 from marlhf.macro.render import render_terminal, token_pieces
 from marlhf.models.load import load_tokenizer
 from marlhf.rewards.code import CodeRewarder
+from marlhf.runtime import startup
 from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
 from marlhf.runtime.resources import PhaseResources
@@ -96,6 +97,8 @@ def train(cfg: PPOStageConfig) -> Path:
     g = cfg.generation
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
+        startup.mark("first step")
+        startup.report(log)
         # 6. log and save
         tracker.log(metrics, state.step)
         bar.update(1)
@@ -302,6 +305,7 @@ def setup(cfg: PPOStageConfig) -> Run:
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
     prompts, dropped = load_prompts(cfg, tokenizer)
+    startup.mark("data")
     plan = plan_rollouts(len(prompts), cfg)
     if (
         g.generation_backend == "static"
@@ -313,6 +317,7 @@ def setup(cfg: PPOStageConfig) -> Run:
             "(the static decoder has no synced_gpus mode)"
         )
     models = build_models(cfg, plan.total_updates)
+    startup.mark("models + engines")
     backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here

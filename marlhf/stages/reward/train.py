@@ -58,6 +58,7 @@ from marlhf.models.reward_model import (
 )
 from marlhf.models.save import save_reward_checkpoint
 from marlhf.rewards.segment import ScoreStats
+from marlhf.runtime import startup
 from marlhf.runtime.distributed import all_reduce_sum, is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.stages.common import (
@@ -196,16 +197,20 @@ def _setup(cfg: RewardStageConfig) -> _RMRun:
             f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
         )
     _check_margins(train_ds, cfg)
+    startup.mark("data")
     plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
     scorer = _build_scorer(cfg, tokenizer)
+    model = build_reward_model(cfg)
+    startup.mark("model")
     engine, ds_json = build_train_engine(
-        build_reward_model(cfg),
+        model,
         model_cfg=cfg.model,
         ds=cfg.ds,
         optim=cfg.optim,
         total_steps=plan.total,
         micro_batch_size=plan.micro,
     )
+    startup.mark("engine")
     run_config = write_run_config(out, cfg, ds_json)
     if is_main():
         log.info(
