@@ -92,7 +92,7 @@ def test_messages_adapter_and_conversational_plain_rows(tmp_path):
 
 
 def test_sft_rm_and_ppo_data_use_the_template(tok, tmp_path):
-    data = write_hh(tmp_path / "hh.jsonl")
+    data = write_hh(tmp_path / "hh")
     cfg = DataConfig(
         data_path=(str(data),), data_split="1,1,1", data_output_path=str(tmp_path / "cache"),
         max_seq_len=128, apply_chat_template=True,

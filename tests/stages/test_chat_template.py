@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_sft_rm_ppo_and_inference_with_the_chat_template(tmp_path):
     model = build_chat_model(tmp_path / "chat")
-    data = write_hh(tmp_path / "hh.jsonl", n=40)
+    data = write_hh(tmp_path / "hh", n=40)
     common = [
         "--data_path", str(data), "--data_split", "1,1,1", "--apply_chat_template",
         "--data_output_path", str(tmp_path / "cache"), "--disable_progress_bar",

@@ -32,17 +32,20 @@ def build_chat_model(path: Path) -> Path:
 
 
 def write_hh(path: Path, n: int = 24) -> Path:
-    """HH-style rows (``\\n\\nHuman: ...\\n\\nAssistant:`` prompts, answers after a space)."""
+    """A dataset directory of HH-style rows (``\n\nHuman: ...\n\nAssistant:`` prompts, answers
+    after a space): ``n`` train rows and ``n`` eval rows."""
     import json
 
-    rows = []
-    for i in range(n):
-        q, a, b = (
-            ("My cat gained weight.", " Feed him less.", " Ignore it.")
-            if i % 2
-            else ("Our dog barks at night.", " Walk him.", " Shout.")
-        )
-        prompt = f"\n\nHuman: Hello {i}\n\nAssistant: Hi!\n\nHuman: {q}\n\nAssistant:"
-        rows.append({"prompt": prompt, "response": a, "chosen": a, "rejected": b})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "eval"):
+        rows = []
+        for i in range(n):
+            q, a, b = (
+                ("My cat gained weight.", " Feed him less.", " Ignore it.")
+                if i % 2
+                else ("Our dog barks at night.", " Walk him.", " Shout.")
+            )
+            prompt = f"\n\nHuman: Hello {split} {i}\n\nAssistant: Hi!\n\nHuman: {q}\n\nAssistant:"
+            rows.append({"prompt": prompt, "response": a, "chosen": a, "rejected": b})
+        (path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
