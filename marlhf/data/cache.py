@@ -82,7 +82,13 @@ def _build(path: Path, key: dict, build: Callable[[], datasets.Dataset]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        ds.save_to_disk(str(tmp))
+        was_on = datasets.is_progress_bar_enabled()  # a bar per save is noise in a run's log
+        datasets.disable_progress_bars()
+        try:
+            ds.save_to_disk(str(tmp))
+        finally:
+            if was_on:
+                datasets.enable_progress_bars()
         (tmp / "marlhf_cache_key.json").write_text(
             json.dumps(key, sort_keys=True, indent=1, default=str)
         )

@@ -33,6 +33,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -217,6 +218,11 @@ def _gathered(param: torch.Tensor) -> contextlib.AbstractContextManager:
     return deepspeed.zero.GatheredParameters([param], modifier_rank=0)
 
 
+def _no_load_report(record: logging.LogRecord) -> bool:
+    """A logging filter that drops transformers' LOAD REPORT table."""
+    return "LOAD REPORT" not in record.getMessage()
+
+
 def _load_backbone(
     path: str | os.PathLike, *, dtype: torch.dtype | None, **kwargs: Any
 ) -> nn.Module:
@@ -224,7 +230,15 @@ def _load_backbone(
 
     if dtype is not None:
         kwargs["dtype"] = dtype
-    backbone, loading = AutoModel.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    # transformers reports the causal LM's head as "UNEXPECTED" when a value head's backbone is
+    # loaded from it; the keys that matter (missing, mismatched) are checked here instead
+    # (a filter, not a level: transformers reads its logger's level to decide what else to check)
+    report = logging.getLogger("transformers.modeling_utils")
+    report.addFilter(_no_load_report)
+    try:
+        backbone, loading = AutoModel.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    finally:
+        report.removeFilter(_no_load_report)
     missing = sorted(loading.get("missing_keys", ()))
     mismatched = sorted(str(k) for k in loading.get("mismatched_keys", ()))
     if missing or mismatched:

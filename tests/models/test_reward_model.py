@@ -266,3 +266,14 @@ def test_peft_lora_wraps_the_reward_model(sft_dir):
     trainable = {n for n, p in lora.named_parameters() if p.requires_grad}
     assert any("lora_A" in n for n in trainable) and any("v_head" in n for n in trainable)
     assert not any("embed_tokens" in n for n in trainable)
+
+
+def test_value_head_from_a_causal_lm_prints_no_load_report(tmp_path, capfd, caplog):
+    """The causal LM's head is "unexpected" for a backbone; transformers' report of it is noise."""
+    from marlhf.models.reward_model import RewardModel
+    from marlhf.models.zoo import build_tiny
+
+    path = build_tiny(tmp_path / "lm", ["a cat sat on the mat"] * 10)
+    RewardModel.from_pretrained(path)
+    out = capfd.readouterr()
+    assert "LOAD REPORT" not in out.err + out.out + caplog.text

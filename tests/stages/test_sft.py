@@ -477,6 +477,31 @@ def test_two_epochs_see_every_example_once_each(lora_run, env, tiny_dir):
     assert sum(tokens[:3]) == total and sum(tokens[3:]) == total
 
 
+def test_run_config_given_back_as_config_reproduces_the_run(env, tiny_dir):
+    """--config <run>/run_config.json (and a new --output_dir) trains the same run again."""
+    first, again = env.root / "config_first", env.root / "config_again"
+    env.run(
+        first, "--max_steps", "2", "--learning_rate", "3e-3", "--per_device_train_batch_size", "3"
+    )
+    cmd = [sys.executable, "-m", "marlhf.stages.sft", "--config", str(first / "run_config.json"),
+           "--output_dir", str(again)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env.environ(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    cfg_a = json.loads((first / "run_config.json").read_text())
+    cfg_b = json.loads((again / "run_config.json").read_text())
+    cfg_a["log"].pop("output_dir"), cfg_b["log"].pop("output_dir")
+    assert cfg_a == cfg_b
+    strip = [
+        {k: v for k, v in r.items() if k not in ("time", "train/step_time_s")}
+        for r in metrics(first)
+    ]
+    assert strip == [
+        {k: v for k, v in r.items() if k not in ("time", "train/step_time_s")}
+        for r in metrics(again)
+    ]
+
+
 def test_lora_console_one_line_per_step_counts_and_adapter(lora_run):
     """Without bars, one line per step; the parameter counts logged; the adapter saved too."""
     import re
