@@ -510,6 +510,11 @@ def test_lora_console_one_line_per_step_counts_and_adapter(lora_run):
     steps = re.findall(r"sft step (\d+)/6: loss=", proc.stderr)
     assert steps == [str(s) for s in range(1, 7)], proc.stderr[-3000:]
     assert re.search(r"model with LoRA r=4 on \d+ modules: trainable [\d,]+ / total", proc.stderr)
+    # where the start-up went, once, after the first step
+    lines = re.findall(r"start-up [\d.]+ s wall, [\d.]+ s CPU: (.*) \(wall/CPU s\)", proc.stderr)
+    assert len(lines) == 1
+    phases = [p.rpartition(" ")[0] for p in lines[0].split(", ")]
+    assert phases == ["imports", "distributed", "data", "model", "engine", "first step"]
     assert (out / "adapter" / "adapter_config.json").exists()
     assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == 4
 
