@@ -11,7 +11,9 @@ DeepSpeed picks the accelerator (cuda, or cpu with the gloo backend) by itself.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import importlib
 import os
 import socket
 
@@ -41,7 +43,27 @@ def init_distributed(local_rank: int = -1, timeout_s: int = 1800) -> None:
     acc = deepspeed.get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
+    if acc.device_name() == "cpu" and os.environ["WORLD_SIZE"] == "1":
+        with _no_shm_op():
+            deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
+    else:
+        deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
+
+
+@contextlib.contextmanager
+def _no_shm_op():
+    """DeepSpeed's CPU backend without its shared-memory all-reduce op: a world of one process has
+    nothing to reduce, and loading the op (a probe of every op's compiler support, then a JIT
+    build or load under a file lock shared by every process of the machine) is most of a tiny
+    run's start-up (seconds idle; minutes while other processes hold the lock)."""
+    # the module, not the ``torch`` attribute that ``deepspeed.comm`` also has
+    ds_torch = importlib.import_module("deepspeed.comm.torch")
+    build = ds_torch.build_shm_op
+    ds_torch.build_shm_op = lambda: None
+    try:
+        yield
+    finally:
+        ds_torch.build_shm_op = build
 
 
 def shutdown_distributed() -> None:

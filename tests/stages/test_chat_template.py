@@ -3,6 +3,7 @@ tokenizer has a chat template, with HH-style data (multi-turn prompts)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -31,15 +32,28 @@ def test_sft_rm_ppo_and_inference_with_the_chat_template(tmp_path):
         *py, "marlhf.stages.ppo", "--actor_model_name_or_path", str(sft),
         "--critic_model_name_or_path", str(rm), "--max_steps", "1", "--max_prompt_seq_len", "96",
         "--max_answer_seq_len", "8", "--per_device_generation_batch_size", "2",
-        "--per_device_training_batch_size", "2", "--print_answers", "--print_answers_interval", "1", "--output_dir", str(ppo),
+        "--per_device_training_batch_size", "2", "--output_dir", str(ppo),
         *common,
     ])  # fmt: skip
-    assert "<|assistant|>" in proc.stdout + proc.stderr  # the prompt the actor answered
+    assert "PPO:" in proc.stderr
+    # every stage tokenised its data with the template: the cache entries say so, and PPO's
+    # prompts end where the template hands over to the assistant
+    import datasets
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    kinds = set()
+    for key_file in (tmp_path / "cache").glob("*/marlhf_cache_key.json"):
+        key = json.loads(key_file.read_text())
+        assert "chat_template" in key and key["data"]["apply_chat_template"] is True
+        kinds.add(key["kind"])
+        if key["kind"] == "prompt":
+            ids = datasets.load_from_disk(str(key_file.parent))[0]["input_ids"]
+            assert tok.decode(ids).rstrip().endswith("<|assistant|>")
+    assert kinds == {"sft", "pair", "prompt"}
     for out in (sft, rm, ppo):
         assert read_metrics(out / "metrics.jsonl"), out
     # the saved tokenizers keep the template, so inference renders the same prompts
-    from transformers import AutoTokenizer
-
     assert AutoTokenizer.from_pretrained(ppo / "actor").chat_template
     from marlhf.inference import InferenceArgs, InferenceConfig, read_rows, run_inference
     from marlhf.macro.config import MacroConfig
