@@ -41,3 +41,28 @@ def test_report_logs_once(caplog, monkeypatch):
         startup.mark("later")  # after the report: not a start-up phase
     assert sum("start-up" in r.getMessage() for r in caplog.records) == 1
     assert [n for n, _, _ in clock.phases] == ["imports"]
+
+
+def test_one_cpu_process_starts_without_the_shared_memory_op():
+    """A world of one initialises DeepSpeed without loading its shm all-reduce op (nothing to
+    reduce; loading it probes every op and waits on the machine-wide extension lock)."""
+    import subprocess
+    import sys
+
+    from tests.support.stage_env import stage_env
+
+    code = (
+        "import sys, torch\n"
+        "from marlhf.runtime.distributed import init_distributed, world_size\n"
+        "init_distributed()\n"
+        "ds = sys.modules['deepspeed.comm.torch']\n"
+        "print('world', world_size(), torch.distributed.is_initialized(),\n"
+        "      ds.build_shm_op.__name__)\n"
+        "torch.distributed.all_reduce(torch.ones(1))\n"
+        "torch.distributed.destroy_process_group()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=stage_env(), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "world 1 True build_shm_op" in proc.stdout  # DeepSpeed's own function is back
+    assert "shm_comm_op built" not in proc.stdout + proc.stderr
