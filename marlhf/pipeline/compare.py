@@ -33,11 +33,12 @@ from pathlib import Path
 
 from marlhf.cli import build_parser, config_from_dict, config_from_namespace
 from marlhf.inference.results import read_rows
-from marlhf.judge.stats import bootstrap_ci, win_rate
+from marlhf.judge.outcomes import bootstrap_ci, win_rate
 from marlhf.pipeline.report import paired_gain, rm_judged
 from marlhf.runtime.tracking import read_metrics
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.naming import run_label
+from marlhf.stats import mean_ci, percentile, welch_diff_ci
 
 # (metric key, title, file stem)
 METRICS = (
@@ -50,56 +51,7 @@ METRICS = (
 )
 
 
-# --- statistics over seeds ------------------------------------------------------------------------
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: float) -> float:
-    """Two-sided 95 % Student-t critical value (``df`` floored: conservative).
-
-    >>> t975(2), t975(4.7), t975(1000)
-    (4.303, 2.776, 1.96)
-    """
-    d = int(math.floor(df))
-    return _T975[d - 1] if 1 <= d <= len(_T975) else 1.96
-
-
-def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95 % t-interval (NaN for one value).
-
-    >>> m, h = mean_ci([1.0, 2.0, 3.0])
-    >>> m, round(h, 4)
-    (2.0, 2.4843)
-    """
-    if not xs:
-        return math.nan, math.nan
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, math.nan
-    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """``mean(a) - mean(b)`` and the half-width of its Welch 95 % interval.
-
-    >>> d, h = welch_diff_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
-    >>> d, round(h, 4)
-    (2.0, 2.4843)
-    """
-    d = statistics.fmean(a) - statistics.fmean(b)
-    if len(a) < 2 or len(b) < 2:
-        return d, math.nan
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0:
-        return d, 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return d, t975(df) * math.sqrt(va + vb)
-
-
+# --- curves (the statistics are marlhf.stats') ----------------------------------------------------
 def smooth(values: Sequence[float], window: int) -> list[float]:
     """Trailing moving average (the first points average what there is).
 
@@ -232,9 +184,9 @@ def reach(runs: Sequence[Run], key: str, target: float, window: int, n_boot: int
 
     rng = random.Random(seed)
     draws = [first([runs[rng.randrange(len(runs))] for _ in runs]) for _ in range(n_boot)]
-    hits = sorted(d for d in draws if d is not None)
-    lo = hits[int(round(0.025 * (len(hits) - 1)))] if hits else None
-    hi = hits[int(round(0.975 * (len(hits) - 1)))] if hits else None
+    hits = [d for d in draws if d is not None]
+    lo = percentile(hits, 0.025) if hits else None
+    hi = percentile(hits, 0.975) if hits else None
     return Reach(first(runs) if steps else None, lo, hi, len(hits) / n_boot)
 
 

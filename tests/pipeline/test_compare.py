@@ -13,6 +13,7 @@ import pytest
 import marlhf.pipeline.compare as compare_mod
 from marlhf.commands import main as marlhf
 from marlhf.pipeline.compare import CompareConfig, arms_of, compare, final_values, reach
+from marlhf.stats import t975
 
 
 def _run(path, golds, score=0.0):
@@ -55,7 +56,7 @@ def test_seeds_pooled_and_final_values_by_hand(runs):
     a, b = [1.4, 1.5, 1.6], [1.0, 1.2]
     va, vb = statistics.variance(a) / 3, statistics.variance(b) / 2
     df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 1)
-    want = compare_mod.t975(df) * math.sqrt(va + vb)
+    want = t975(df) * math.sqrt(va + vb)
     assert f"| MA-PPO | 0.400 ± {want:.3f}" in report
     for stem in ("gold", "reward", "kl", "macro_len"):
         assert (runs / "out" / f"{stem}.png").stat().st_size > 1000
