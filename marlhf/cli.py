@@ -366,9 +366,34 @@ PART_GROUPS = {
 }
 
 
-def _group_title(part_name: str, part_tp: type, name: str) -> str:
+# the shared parts a part composes (sub-parts) go to their own group: an actor's learning rate is
+# optimisation, its ZeRO stage performance
+CLASS_GROUPS = {
+    "ModelConfig": "model",
+    "OptimConfig": "optimisation",
+    "DeepSpeedConfig": "performance",
+    "DataConfig": "data",
+    "MacroConfig": "macro actions",
+    "LoggingConfig": "logging",
+}
+
+
+def _owner(stage_cls: type, dest: str) -> type:
+    """The config class that holds the field at ``dest`` (``models.actor.optim.learning_rate`` ->
+    OptimConfig)."""
+    cls = stage_cls
+    for name in dest.split(".")[:-1]:
+        cls, _ = _unwrap_optional(typing.get_type_hints(cls)[name])
+    return cls
+
+
+def _group_title(part_name: str, part_tp: type, name: str, owner: type | None = None) -> str:
     per_field = getattr(part_tp, "HELP_GROUPS", {})
-    return per_field.get(name) or PART_GROUPS.get(part_name, part_name)
+    if name in per_field:
+        return per_field[name]
+    if owner is not None and owner is not part_tp and owner.__name__ in CLASS_GROUPS:
+        return CLASS_GROUPS[owner.__name__]
+    return PART_GROUPS.get(part_name, part_name)
 
 
 def _help_groups(parser: argparse.ArgumentParser, stage_cls: type) -> dict[str, Any]:
@@ -378,10 +403,11 @@ def _help_groups(parser: argparse.ArgumentParser, stage_cls: type) -> dict[str, 
         if not _is_part(part_tp):
             raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
         doc = (part_tp.__doc__ or "").strip().splitlines()[0] if part_tp.__doc__ else None
-        for name, _f, _tp in _leaf_fields(part_tp):
-            title = _group_title(part_name, part_tp, name)
+        for flag in _flags(part_tp, _sub_default(_pf, part_tp), part_name):
+            owner = _owner(stage_cls, flag.dest)
+            title = _group_title(part_name, part_tp, flag.dest.split(".")[1], owner)
             # a whole part in its group: the part's docstring describes it
-            whole = not getattr(part_tp, "HELP_GROUPS", {})
+            whole = not getattr(part_tp, "HELP_GROUPS", {}) and owner is part_tp
             if title not in titles or (whole and titles[title] is None):
                 titles[title] = doc if whole else None
     rank = {t: i for i, t in enumerate(GROUP_ORDER)}
@@ -406,7 +432,8 @@ def build_parser(stage_cls: type, description: str | None = None) -> argparse.Ar
         if not _is_part(part_tp):
             raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
         for flag in _flags(part_tp, _sub_default(pf, part_tp), part_name):
-            group = groups[_group_title(part_name, part_tp, flag.dest.split(".")[1])]
+            owner = _owner(stage_cls, flag.dest)
+            group = groups[_group_title(part_name, part_tp, flag.dest.split(".")[1], owner)]
             _add_flag(group, flag, part_name, seen, post)
     parser.set_defaults(_tuple_post=post)
     parser.config_paths = frozenset(_field_paths(stage_cls))
