@@ -9,10 +9,10 @@ import json
 import pytest
 
 import marlhf.data.chat as chat
-from marlhf.data.adapters import load_examples
 from marlhf.data.chat import chat_examples, hh_messages, prompt_messages, render_prompt
 from marlhf.data.config import DataConfig
 from marlhf.data.schema import DataError, Example
+from marlhf.data.sources import load_examples
 from marlhf.data.tokenize import (
     IGNORE_INDEX,
     build_pair_dataset,
