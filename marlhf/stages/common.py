@@ -88,9 +88,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start(ds_cfg, seed: int) -> None:
-    """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds."""
+def start(ds_cfg, seed: int, progress_bars: bool = True) -> None:
+    """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds.
+    Without ``progress_bars`` (``--disable_progress_bar``) the libraries' bars are off too
+    (transformers' weight loading, datasets')."""
     startup.mark("imports")
+    if not progress_bars:
+        import datasets
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     init_distributed(ds_cfg.local_rank, ds_cfg.dist_timeout_s)
     setup_logging()

@@ -84,7 +84,7 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
 
 
 def train(cfg: SFTConfig) -> Path:
-    start(cfg.ds, cfg.optim.seed)
+    start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
     train_ds = build_sft_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)

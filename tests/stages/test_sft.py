@@ -509,6 +509,7 @@ def test_lora_console_one_line_per_step_counts_and_adapter(lora_run):
     out, proc = lora_run
     steps = re.findall(r"sft step (\d+)/6: loss=", proc.stderr)
     assert steps == [str(s) for s in range(1, 7)], proc.stderr[-3000:]
+    assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr  # no library bars
     assert re.search(r"model with LoRA r=4 on \d+ modules: trainable [\d,]+ / total", proc.stderr)
     # where the start-up went, once, after the first step
     lines = re.findall(r"start-up [\d.]+ s wall, [\d.]+ s CPU: (.*) \(wall/CPU s\)", proc.stderr)

@@ -301,7 +301,7 @@ def setup(cfg: PPOStageConfig) -> Run:
     """Process group and seeds, tokenizer, prompts and plan, the four models, the termination
     rules and the reward sources; writes run_config.json and ds_config.json."""
     mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
-    start(mc.ds, ppo.optim.seed)
+    start(mc.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
     prompts, dropped = load_prompts(cfg, tokenizer)

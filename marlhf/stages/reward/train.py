@@ -187,7 +187,7 @@ class _RMRun:
 
 def _setup(cfg: RewardStageConfig) -> _RMRun:
     """Process group, data, step plan, scorer, engine and run config of a reward-model run."""
-    start(cfg.ds, cfg.optim.seed)
+    start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
     train_ds = build_pair_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
