@@ -103,28 +103,10 @@ def _response_ids(tok, row: dict) -> list[int]:
     return ids
 
 
-def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dict:
-    """Cut the first ``cfg.num`` responses of ``path`` into macro actions; print and write them.
-    Returns ``{"html": path or None, "rule": description, "source": ..., "items": [...]}``."""
-
-    rows = [r for r in read_rows(path) if r.get("response") is not None]
-    if not rows:
-        raise ValueError(f"{path}: no response rows to show")
-    rows = rows[: cfg.num] if cfg.num else rows
-    settings = _settings(path)
-    model = cfg.model or settings.get("model_path") or settings.get("model")
-    if not model:
-        raise ValueError(f"{path}: no .meta.json naming the policy; pass --model")
-    macro, source = resolve_macro(model, flags, given)
-    icfg = InferenceConfig(model=model, gpu=0, dtype="fp32")
-
-    tok = load_tokenizer(ModelConfig(model_name_or_path=model), padding_side="left")
-    rule = build_termination(macro, tok)
-    models = Models(None, tok, None, None, torch.device("cpu"))
-    if rule.needs & {"ref_logprobs", "ref_entropy"}:
-        models = load_models(icfg, torch.device("cpu"), need_policy=True)
-    prompts = [r.get("prompt", "") for r in rows]
-    ids, _ = prompt_token_ids(tok, prompts, int(settings.get("max_prompt_len", 512)))
+def _batch(tok, rows: list[dict], max_prompt_len: int):
+    """The rows as a batch: prompt ids and mask (N, P) left-padded, response ids (N, A)
+    right-padded, action mask (N, A) bool and whether each response ends with EOS (N,)."""
+    ids, _ = prompt_token_ids(tok, [r.get("prompt", "") for r in rows], max_prompt_len)
     prompt_ids, prompt_mask = left_pad(ids, tok.pad_token_id)
     resp = [_response_ids(tok, r) or [tok.pad_token_id] for r in rows]
     A = max(len(r) for r in resp)
@@ -134,23 +116,48 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
         response[b, : len(r)] = torch.tensor(r)
         action_mask[b, : len(r)] = True
     ends = torch.tensor([r[-1] == tok.eos_token_id for r in resp])
-    rewards = [r.get("reward") for r in rows]
-    items = macro_items(
-        rule, models, prompt_ids, prompt_mask, response, action_mask, ends, prompts, rewards,
-        float(settings.get("temperature", 1.0)), int(settings.get("seed", 0)),
-    )  # fmt: skip
+    return prompt_ids, prompt_mask, response, action_mask, ends
+
+
+def _print_items(head: str, rows: list[dict], items: list[dict], color: str) -> None:
+    print(head)
+    on = {"auto": None, "always": True, "never": False}[color]
+    for n, it in enumerate(items):
+        extra = "" if it["reward"] is None else f"  reward {float(it['reward']):.4f}"
+        print(f"\n[{n}] {rows[n].get('prompt_id', '')}{extra}")
+        print(render_terminal(it["pieces"], it["macro_end"], color=on))
+
+
+def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dict:
+    """Cut the first ``cfg.num`` responses of ``path`` into macro actions; print and write them.
+    ``given``: the macro-action fields set on the command line (`resolve_macro`). Returns
+    ``{"html": path or None, "rule": description, "source": ..., "items": [...]}``."""
+    rows = [r for r in read_rows(path) if r.get("response") is not None]
+    if not rows:
+        raise ValueError(f"{path}: no response rows to show")
+    rows = rows[: cfg.num] if cfg.num else rows
+    settings = _settings(path)
+    model = cfg.model or settings.get("model_path") or settings.get("model")
+    if not model:
+        raise ValueError(f"{path}: no .meta.json naming the policy; pass --model")
+    macro, source = resolve_macro(model, flags, given)
+    tok = load_tokenizer(ModelConfig(model_name_or_path=model), padding_side="left")
+    rule = build_termination(macro, tok)
+    models = Models(None, tok, None, None, torch.device("cpu"))
+    if rule.needs & {"ref_logprobs", "ref_entropy"}:  # ppl / entropy read the policy
+        icfg = InferenceConfig(model=model, gpu=0, dtype="fp32")
+        models = load_models(icfg, torch.device("cpu"), need_policy=True)
+    batch = _batch(tok, rows, int(settings.get("max_prompt_len", 512)))
+    prompts, rewards = [r.get("prompt", "") for r in rows], [r.get("reward") for r in rows]
+    temperature, seed = float(settings.get("temperature", 1.0)), int(settings.get("seed", 0))
+    items = macro_items(rule, models, *batch, prompts, rewards, temperature, seed)
     lengths = [e - s for it in items for s, e in macro_groups(it["macro_end"])]
-    head = (
-        f"{path}: {len(items)} responses, macro actions {describe(macro)} (rule from {source}); "
-        f"mean length {sum(lengths) / max(len(lengths), 1):.2f} tokens"
-    )
     if cfg.terminal:
-        color = {"auto": None, "always": True, "never": False}[cfg.color]
-        print(head)
-        for n, it in enumerate(items):
-            extra = "" if it["reward"] is None else f"  reward {float(it['reward']):.4f}"
-            print(f"\n[{n}] {rows[n].get('prompt_id', '')}{extra}")
-            print(render_terminal(it["pieces"], it["macro_end"], color=color))
+        head = (
+            f"{path}: {len(items)} responses, macro actions {describe(macro)} (rule from "
+            f"{source}); mean length {sum(lengths) / max(len(lengths), 1):.2f} tokens"
+        )
+        _print_items(head, rows, items, cfg.color)
     html = None
     if (cfg.html or "").lower() != "none":
         if cfg.html:
@@ -162,7 +169,6 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     """Parse flags (see ``--help``), show every file."""
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(ViewArgs, (__doc__ or "").strip().splitlines()[0])

@@ -378,3 +378,39 @@ def test_resuming_an_older_checkpoint_restores_that_checkpoints_ema(models, tmp_
     data[len(data) // 2] ^= 0xFF
     ema.write_bytes(bytes(data))
     assert find_resume(full / "train_state", "auto") == (full / "train_state", "step-2")
+
+
+def test_runs_named_after_what_ran_one_line_per_step_and_compared(models, tmp_path):
+    """PPO (n=1) and MA-PPO (n=5) runs: the log names them, prints one line per step without
+    bars, and ``marlhf compare`` pools each arm's seeds into one report with its figures."""
+    from marlhf.commands import main as marlhf
+
+    base, actor, rm = models
+    runs = {}
+    for n, seed in ((1, 1), (1, 2), (5, 1), (5, 2)):
+        out = tmp_path / f"n{n}_s{seed}"
+        cmd = [sys.executable, "-m", "marlhf.stages.ppo", "--actor_model_name_or_path", str(actor),
+               "--critic_model_name_or_path", str(rm), "--data_output_path", str(base / "cache"),
+               "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
+               "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
+               "--max_steps", "2", "--ngram", str(n), "--seed", str(seed), "--data_seed", "1",
+               "--output_dir", str(out), "--disable_progress_bar", "--report_to", "none"]  # fmt: skip
+        proc = subprocess.run(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT,
+                              timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[out] = proc.stderr
+    label = {1: "PPO", 5: "MA-PPO n=5"}
+    for out, err in runs.items():
+        n = int(out.name[1])
+        assert f"{label[n]}: " in err  # the start-up line names the algorithm
+        steps = [line for line in err.splitlines() if f"{label[n]} step " in line]
+        assert len(steps) == 2 and "score=" in steps[0] and "macro=" in steps[0]
+        assert not (out / "tensorboard").exists()  # --report_to none
+    report = tmp_path / "cmp"
+    assert marlhf(["compare", str(tmp_path / "n1_s*"), str(tmp_path / "n5_s*"),
+                   "--output", str(report), "--final_window", "1"]) == 0  # fmt: skip
+    text = (report / "report.md").read_text()
+    assert "- **PPO**:" in text and "- **MA-PPO n=5**:" in text  # arms named from run_config.json
+    assert "| PPO | 2 |" in text and "| MA-PPO n=5 | 2 |" in text  # two seeds pooled per arm
+    for stem in ("reward", "kl", "entropy", "length", "macro_len"):
+        assert (report / f"{stem}.png").exists(), stem
