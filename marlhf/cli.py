@@ -462,9 +462,6 @@ def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> Non
     aliases = ((f"--{flag.name}",) if name != f"--{flag.name}" else ()) + tuple(
         meta.get("aliases", ())
     )
-    # a spelling with dashes for underscores is accepted anyway (Parser): not listed
-    kept: dict[str, str] = {_norm(name): name}
-    aliases = tuple(kept.setdefault(_norm(a), a) for a in aliases if _norm(a) not in kept)
     for a in aliases:
         if a in seen:
             raise TypeError(f"alias {a} of {name} already used by {seen[a]}")

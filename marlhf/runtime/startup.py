@@ -73,6 +73,12 @@ def mark(name: str) -> None:
         CLOCK.mark(name)
 
 
+def first_step(logger) -> None:
+    """End the start-up with the first training step and log the line (once per process)."""
+    mark("first step")
+    report(logger)
+
+
 def report(logger) -> None:
     """Log the start-up line once (the first call; later calls do nothing)."""
     if not CLOCK.reported and CLOCK.phases:

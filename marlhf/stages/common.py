@@ -253,6 +253,14 @@ def _resume(
     return client["global_step"]
 
 
+def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: int) -> bool:
+    """Whether step ``step`` ends with an evaluation: every ``--eval_interval`` steps (0: at each
+    epoch's end) and at the last step."""
+    if log_cfg.eval_interval:
+        return step % log_cfg.eval_interval == 0 or step == total
+    return step % steps_per_epoch == 0 or step == total
+
+
 def supervised_loop(
     engine,
     plan: StepPlan,
@@ -299,7 +307,6 @@ def supervised_loop(
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
     global_step = _resume(engine, state_root, log_cfg.resume, logger, load_stage_state)
-    # drops rows logged after the checkpoint
     tracker = Tracker(log_cfg, start_step=global_step, run_name=run_name, config=run_config)
     bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
     engine.train()
@@ -325,8 +332,7 @@ def supervised_loop(
             perm, step_in_epoch, plan.micro, plan.accumulation, plan.world, rank()
         )
         metrics = train_step(micro_batches, global_step)
-        startup.mark("first step")
-        startup.report(logger)
+        startup.first_step(logger)
         global_step += 1
         bar.update(1)
         shown = {k: f"{metrics[m]:{fmt}}" for k, (m, fmt) in _BAR_FIELDS.items() if m in metrics}
@@ -339,12 +345,7 @@ def supervised_loop(
                 "train/epoch": epoch + (step_in_epoch + 1) / spe,
             }
             tracker.log(metrics, global_step)
-        end_of_epoch = global_step % spe == 0
-        if (
-            (log_cfg.eval_interval and global_step % log_cfg.eval_interval == 0)
-            or (not log_cfg.eval_interval and end_of_epoch)
-            or global_step == total
-        ):
+        if _eval_due(log_cfg, global_step, spe, total):
             metrics = evaluate()
             tracker.log(metrics, global_step)
             if is_main():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -109,15 +110,20 @@ def test_wandb_offline_logs_the_run_under_its_name(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = LoggingConfig(output_dir=str(tmp_path / "run"), report_to=("wandb",))
     tracker = Tracker(cfg, run_name="MA-PPO n=5", config={"macro": {"ngram": 5}})
+    run = tracker.wandb
+    assert (run.name, dict(run.config)) == ("MA-PPO n=5 run", {"macro": {"ngram": 5}})
     for s in (1, 2, 3):
         tracker.log({"objective/score": 0.1 * s}, s)
     tracker.close()
-    assert tracker.name == "MA-PPO n=5 run"
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1
-    data = list(runs[0].glob("run-*.wandb"))
-    assert data and data[0].stat().st_size > 0
-    assert b"MA-PPO n=5 run" in data[0].read_bytes()
+    assert len(runs) == 1 and runs[0].name.endswith(run.id)  # the run id the output dir gives
+    # wandb's service writes the run file on its own schedule: wait for it (bounded)
+    data = runs[0] / f"run-{run.id}.wandb"
+    for _ in range(120):
+        if data.exists() and b"objective/score" in data.read_bytes():
+            break
+        time.sleep(0.5)
+    assert b"MA-PPO n=5 run" in data.read_bytes() and b"objective/score" in data.read_bytes()
 
 
 def test_trackio_logs_locally(tmp_path, monkeypatch):

@@ -97,8 +97,7 @@ def train(cfg: PPOStageConfig) -> Path:
     g = cfg.generation
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
-        startup.mark("first step")
-        startup.report(log)
+        startup.first_step(log)
         # 6. log and save
         tracker.log(metrics, state.step)
         bar.update(1)
