@@ -8,13 +8,13 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install docs clean
 
-$(VENV)/.installed: requirements.txt pyproject.toml setup.py
+$(VENV)/.installed: requirements.txt requirements-docs.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements.txt -r requirements-docs.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -29,6 +29,9 @@ test: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts
 	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation scripts
+
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf output
