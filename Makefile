@@ -8,7 +8,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: demo test lint install docs clean
+.PHONY: demo test lint install clean
 
 $(VENV)/.installed: requirements.txt requirements-docs.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -30,6 +30,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts
 	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation scripts
 
+.PHONY: docs
 docs: $(VENV)/.installed
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
