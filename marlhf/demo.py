@@ -348,12 +348,34 @@ def inference_stages(args: argparse.Namespace, out: Path) -> tuple[list[Stage], 
     return stages, results
 
 
+def lock_and_clear(out: Path, fresh: bool) -> None:
+    """Take the demo's lock on ``out`` (one demo per directory: two would write the same label
+    files and stage directories; :mod:`marlhf.run_lock`), then with ``fresh`` empty it (but the
+    lock). A directory in use stops the demo with one line naming the holder (exit status 2)."""
+    import uuid
+
+    from marlhf.run_lock import LOCK_FILE, OutputDirInUse, acquire
+
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        acquire(out, uuid.uuid4().hex)
+    except OutputDirInUse as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if fresh:
+        for p in out.iterdir():
+            if p.name == LOCK_FILE:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.output_dir).resolve()
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    lock_and_clear(out, args.fresh)
     t_start = time.time()
     infer, results = inference_stages(args, out)
     timings = {

@@ -317,21 +317,84 @@ def ppo_model_roles(models_cfg: Any, reward_source: str) -> dict[str, str]:
     return roles
 
 
+def model_flag(models_cfg: Any, role: str) -> str:
+    """How a message names the model of ``role`` (critic, reward, reference) of stage 3: its flag
+    and value, or, when the flag was not given, the flag of the model it defaults to."""
+    actor = models_cfg.actor_model_name_or_path
+    critic = models_cfg.critic_model_name_or_path
+    given = {
+        "critic": critic,
+        "reward": models_cfg.reward_model_name_or_path,
+        "reference": models_cfg.reference_model_name_or_path,
+    }[role]
+    if given:
+        return f"--{role}_model_name_or_path {given}"
+    if role == "reward" and critic:
+        return (
+            f"--critic_model_name_or_path {critic} (the reward model's default: "
+            "--reward_model_name_or_path not given)"
+        )
+    return (
+        f"--actor_model_name_or_path {actor} (the {role} model's default: "
+        f"--{role}_model_name_or_path not given)"
+    )
+
+
+def is_reward_dir(name: str) -> bool:
+    """Whether ``name`` is a reward-model directory (stage 2's output)."""
+    return os.path.isfile(os.path.join(name, REWARD_CONFIG_FILE))
+
+
+def critic_head(models_cfg: Any, reward_source: str) -> str:
+    """Whether the critic loads its reward model's value head (``trained``) or gets a new one on
+    the backbone of its model (``fresh``): ``--critic_value_head``, where ``auto`` keeps the head
+    of a reward-model directory and gives any other model a fresh one when the run has no reward
+    model (``--reward_source gold`` or ``code``)."""
+    name = models_cfg.critic_model_name_or_path or models_cfg.actor_model_name_or_path
+    mode = models_cfg.critic_value_head
+    if mode != "auto":
+        return mode
+    if is_reward_dir(name) or reward_source not in ("gold", "code"):
+        return "trained"
+    return "fresh"
+
+
+def critic_problem(models_cfg: Any, reward_source: str) -> str | None:
+    """Why the critic cannot start from its model (a trained head asked of a model that is no
+    reward-model directory), naming the flag actually given (or the actor's, the critic's
+    default) and the two ways out; None when it can."""
+    name = models_cfg.critic_model_name_or_path or models_cfg.actor_model_name_or_path
+    if critic_head(models_cfg, reward_source) == "fresh" or is_reward_dir(name):
+        return None
+    where = os.path.abspath(name) if os.path.isdir(name) else name
+    if looks_local(name) and not os.path.exists(name):
+        what = f"{os.path.abspath(os.path.expanduser(name))} does not exist"
+    else:
+        what = f"not a reward-model directory (no {REWARD_CONFIG_FILE} in {where})"
+    return (
+        f"{model_flag(models_cfg, 'critic')}: {what}, so the critic has no trained value head to "
+        "start from. Pass the output of stage 2 as --critic_model_name_or_path, or start the "
+        "critic from a model's backbone with a fresh value head: --critic_value_head fresh"
+    )
+
+
 # --- data -----------------------------------------------------------------------------------------
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
 
 
-def data_problem(spec: str) -> str | None:
-    """A ``--data_path`` entry that is a missing local path or no known dataset, else None."""
-    from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
+def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
+    """A ``--data_path`` entry that is a missing local path or no known dataset, or a local file
+    whose columns (renamed by ``--data_columns``) fit no known schema; else None."""
+    from marlhf.data.adapters import ADAPTERS, ALIASES, columns_problem, get_adapter
 
+    mapping = {theirs: ours for ours, theirs in (m.split("=", 1) for m in data_columns)}
     if os.path.exists(spec):
-        return None
+        return columns_problem(spec, mapping)
     if ":" in spec:
         head, rest = spec.split(":", 1)
         if ALIASES.get(head, head) in ADAPTERS:
             if os.path.exists(rest):
-                return None
+                return columns_problem(spec, mapping)
             return f"--data_path {spec}: {os.path.abspath(os.path.expanduser(rest))} does not exist"
     if looks_local(spec) or spec.lower().endswith(_DATA_SUFFIXES):
         return f"--data_path {spec}: {os.path.abspath(os.path.expanduser(spec))} does not exist"
@@ -357,10 +420,13 @@ def _stage_config(stage: str) -> type:
     return PPOStageConfig
 
 
-def _model_checks(stage: str, cfg: Any) -> list[tuple[str, str, str]]:
+def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], list[str]]:
     """(flag, model, kind) to check; kind: ``causal`` (no reward-model dir), ``reward`` (must be
-    one), ``model`` (any model directory) or ``tokenizer``."""
+    one), ``model`` (any model directory) or ``tokenizer``; and the problems of flags that cannot
+    work together (a critic with a trained head from a model that has none, no reward model with
+    ``--reward_source rm``)."""
     out: list[tuple[str, str, str]] = []
+    problems: list[str] = []
     if stage in ("sft", "reward"):
         m = cfg.model
         out.append(
@@ -373,23 +439,41 @@ def _model_checks(stage: str, cfg: Any) -> list[tuple[str, str, str]]:
         )
         if ref:
             out.append(("--reference_model_name_or_path", ref, "causal"))
-        return out
+        return out, problems
     mc, source = cfg.models, cfg.ppo.reward_source
-    roles = ppo_model_roles(mc, source)
-    out.append(("--actor_model_name_or_path", roles["--actor_model_name_or_path"], "causal"))
+    out.append(("--actor_model_name_or_path", mc.actor_model_name_or_path, "causal"))
     if mc.reference_model_name_or_path:
         out.append(("--reference_model_name_or_path", mc.reference_model_name_or_path, "causal"))
-    critic = roles["--critic_model_name_or_path"]
-    out.append(("--critic_model_name_or_path", critic, "model" if source == "code" else "reward"))
-    if "--reward_model_name_or_path" in roles and mc.reward_model_name_or_path:
-        out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
-    return out
+    # the critic and reward model (one not given defaults to the actor, checked above)
+    problem = None
+    if cfg.ppo.needs_critic:
+        problem = critic_problem(mc, source)
+        if problem:
+            problems.append(problem)
+        elif mc.critic_model_name_or_path and critic_head(mc, source) == "fresh":
+            out.append(("--critic_model_name_or_path", mc.critic_model_name_or_path, "model"))
+    if source in ("rm", "rm+code"):
+        reward = mc.reward_model_name_or_path or mc.critic_model_name_or_path
+        if not reward:
+            problems.append(
+                f"--reward_source {source} needs a reward model: pass the output of stage 2 as "
+                "--reward_model_name_or_path"
+            )
+        elif mc.reward_model_name_or_path or problem is None:  # else the critic's problem says it
+            flag = (
+                "--reward_model_name_or_path"
+                if mc.reward_model_name_or_path
+                else ("--critic_model_name_or_path")
+            )
+            out.append((flag, reward, "reward"))
+    return out, problems
 
 
 def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     """Every problem with the models and data of a parsed stage config (empty: all in place)."""
-    problems = []
-    for flag, name, kind in _model_checks(stage, cfg):
+    problems: list[str] = []
+    checks, combined = _model_checks(stage, cfg)
+    for flag, name, kind in checks:
         if kind == "reward" and not os.path.isdir(name):
             # reward models are read from local directories only
             p = (
@@ -404,8 +488,13 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
             p = reward_dir_problem(name, flag, want_reward=kind == "reward")
         if p:
             problems.append(p)
+    problems += combined
     for spec in cfg.data.data_path:
-        p = data_problem(spec)
+        p = data_problem(spec, getattr(cfg.data, "data_columns", ()))
+        if p:
+            problems.append(p)
+    if not problems:
+        p = _context_problem(stage, cfg)
         if p:
             problems.append(p)
     if stage == "ppo" and not problems:
@@ -417,6 +506,24 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         except (ValueError, OSError) as e:
             problems.append(str(e))
     return problems
+
+
+def _context_problem(stage: str, cfg: Any) -> str | None:
+    """The sequence-length flags against the context of the stage's models
+    (:mod:`marlhf.model_context`)."""
+    from marlhf.model_context import context_problem
+
+    if stage in ("sft", "reward"):
+        models = {"--model_name_or_path": cfg.model.model_name_or_path}
+        if stage == "reward" and cfg.reward.reference_model_name_or_path:
+            models["--reference_model_name_or_path"] = cfg.reward.reference_model_name_or_path
+        return context_problem(models, {"--max_seq_len": cfg.data.max_seq_len})
+    g = cfg.generation
+    lengths = {
+        "--max_prompt_seq_len": g.max_prompt_seq_len,
+        "--max_answer_seq_len": g.max_answer_seq_len,
+    }
+    return context_problem(ppo_model_roles(cfg.models, cfg.ppo.reward_source), lengths)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

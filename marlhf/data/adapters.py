@@ -397,16 +397,97 @@ def get_adapter(name: str) -> Adapter:
     return ADAPTERS[name]
 
 
+def known_schemas() -> str:
+    """The column sets a local file is recognised by, each with its adapters, for messages."""
+    by_columns: dict[frozenset[str], list[str]] = {}
+    for a in ADAPTERS.values():
+        by_columns.setdefault(a.columns, []).append(a.name)
+    parts = []
+    for cols, names in by_columns.items():
+        shown = names if len(names) <= 3 else [*names[:2], f"{len(names) - 2} more"]
+        extra = " (+ chosen, rejected, margin)" if cols == ADAPTERS["plain"].columns else ""
+        parts.append(f"{'/'.join(sorted(cols))}{extra}: {', '.join(shown)}")
+    return "; ".join(parts)
+
+
+def schema_help(cols: Iterable[str], source: str) -> str:
+    """Why no schema matches a file's columns ``cols``, the known schemas and the two ways out."""
+    return (
+        f"{source}: no known dataset schema in its columns {sorted(cols)}. Known schemas (columns: "
+        f"adapters): {known_schemas()}. Map your columns onto one with --data_columns (e.g. "
+        "--data_columns prompt=query,chosen=response), or force an adapter with 'adapter:path' "
+        f"(adapters and aliases: {', '.join(sorted(ADAPTERS) + sorted(ALIASES))})"
+    )
+
+
 def detect_adapter(columns: Iterable[str], source: str) -> Adapter:
     """The adapter whose schema matches ``columns`` (a local file's columns)."""
     cols = frozenset(columns)
     for name in _DETECT:
         if ADAPTERS[name].columns <= cols:
             return ADAPTERS[name]
-    raise DataError(
-        f"{source}: cannot tell the dataset schema from columns {sorted(cols)}; expected e.g. "
-        "prompt/chosen/rejected, or force one with 'adapter:path'"
+    raise DataError(schema_help(cols, source))
+
+
+def peek_columns(path: Path, max_rows: int = 200) -> frozenset[str] | None:
+    """The columns of the first rows of a local data file, or of a directory's first train file
+    (None: no file to read, or rows that do not parse: the stage reports those by line)."""
+    if path.is_dir():
+        files = _split_files(path, "train")
+        if not files:
+            return None
+        path = files[0]
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return frozenset(pq.read_schema(path).names)
+        if path.suffix == ".json" and path.read_text(errors="replace").lstrip().startswith("["):
+            rows = json.loads(path.read_text())[:max_rows]
+        else:
+            with open(path, encoding="utf-8-sig", errors="replace") as f:
+                lines = [ln for ln in (next(f, "") for _ in range(max_rows)) if ln.strip()]
+            rows = [json.loads(ln) for ln in lines]
+    except (OSError, ValueError, ImportError):
+        return None
+    return frozenset(k for r in rows if isinstance(r, dict) for k in r)
+
+
+def columns_problem(spec: str, mapping: dict[str, str] | None = None) -> str | None:
+    """Why a local ``--data_path`` entry's columns (renamed by ``mapping``, ``{theirs: ours}``)
+    fit no schema (or not the adapter it forces), listing the schemas; None when they fit or
+    cannot be read here."""
+    adapter, local = parse_spec(spec)
+    if local is None:
+        return None
+    cols = peek_columns(Path(local))
+    if not cols:
+        return None
+    cols = frozenset((mapping or {}).get(c, c) for c in cols)
+    if adapter is None:
+        if any(ADAPTERS[name].columns <= cols for name in _DETECT):
+            return None
+        return f"--data_path {schema_help(cols, spec)}"
+    if adapter.columns <= cols:
+        return None
+    missing = ", ".join(sorted(adapter.columns - cols))
+    return (
+        f"--data_path {spec}: the {adapter.name} adapter needs the columns {missing}, not in "
+        f"{sorted(cols)}; map them with --data_columns (e.g. --data_columns prompt=query)"
     )
+
+
+def rename_columns(rows: list[dict], mapping: dict[str, str]) -> list[dict]:
+    """``rows`` with their columns renamed by ``mapping`` (``{their name: ours}``, as
+    ``--data_columns`` gives it); rows without those columns are left as they are."""
+    if not mapping:
+        return rows
+    out = []
+    for row in rows:
+        if isinstance(row, dict) and any(k in row for k in mapping):
+            row = {mapping.get(k, k): v for k, v in row.items()}
+        out.append(row)
+    return out
 
 
 # --- reading rows --------------------------------------------------------------------------------
@@ -656,14 +737,16 @@ def load_examples(
     max_samples: int = 0,
     webgpt_skip_ties: bool = False,
     counts: SourceCounts | None = None,
+    columns: dict[str, str] | None = None,
 ) -> tuple[list[Example], int]:
     """All ``Example``s of one ``data_path`` entry's ``split`` ("train" or "eval"), in file order,
     and the number of bad rows skipped (always 0 unless ``skip_bad_rows``). ``counts``, when given,
-    receives the files read and how many rows each step kept (see ``marlhf.data.report``)."""
+    receives the files read and how many rows each step kept (see ``marlhf.data.report``).
+    ``columns`` (``{their name: ours}``, ``--data_columns``) renames a local file's columns first."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     counts = counts if counts is not None else SourceCounts(spec)
-    opts = {"webgpt_skip_ties": webgpt_skip_ties}
+    opts = {"webgpt_skip_ties": webgpt_skip_ties, "rename": dict(columns or {})}
     adapter, local = parse_spec(spec)
     if local is None and adapter is not None:
         bundled = bundled_file(adapter.name)
@@ -698,6 +781,10 @@ def _load_files(
     n_bad = 0
     for f in files:
         raw = _read_local(f, skip_bad_rows)
+        if options.get("rename"):
+            rows = rename_columns(list(raw.rows), options["rename"])
+            names = frozenset(options["rename"].get(c, c) for c in raw.columns)
+            raw = RawRows(rows, raw.label, names, raw.bad)
         counts.files.append(str(f))
         counts.rows_read += len(raw.rows) + len(raw.bad)
         split_filter = None

@@ -91,7 +91,10 @@ class JudgeConfig:
     sk: str | None = field(
         default=None,
         repr=False,
-        metadata={"help": "API key (compatibility flag; prefer OPENAI_API_KEY). Never logged."},
+        metadata={
+            "help": "API key (compatibility flag; it shows in the process list: set "
+            "OPENAI_API_KEY instead, a warning says so). Never logged."
+        },
     )
     base_url: str | None = field(
         default=None,
@@ -609,12 +612,21 @@ def no_verdict_problem(summary: dict[str, Any]) -> str | None:
     )
 
 
+SK_WARNING = (
+    "warning: --sk puts the API key on the command line, where every user of this machine sees it "
+    "(ps, /proc/<pid>/cmdline) and the shell history keeps it; set OPENAI_API_KEY in the "
+    "environment instead (export OPENAI_API_KEY=..., or read it from a file you alone can read)"
+)
+
+
 def main(argv: Sequence[str] | None = None, *, force_template: str | None = None) -> int:
     """CLI entry point of the judge scripts: 0 on success, 2 on bad input, 1 if nothing was judged."""
     from marlhf.cli import parse_config
     from marlhf.judge.pairing import PairingError
 
     cfg = parse_config(JudgeStage, argv).judge
+    if cfg.sk:
+        print(SK_WARNING, file=sys.stderr)
     if force_template is not None and cfg.dataset is not None:
         if template_for(cfg.dataset) != force_template:
             print(

@@ -28,6 +28,17 @@ class ActorCriticConfig:
             "the critic-free estimators, see --advantage_estimator)."
         },
     )
+    critic_value_head: str = field(
+        default="auto",
+        metadata={
+            "help": "Where the critic's value head comes from: `trained` (the head of the reward "
+            "model --critic_model_name_or_path names), `fresh` (a new head on the backbone of "
+            "that model, a reward model or any causal LM such as the actor's base), or `auto`: "
+            "`trained` for a reward-model directory, `fresh` for a causal LM when the run has no "
+            "reward model (--reward_source gold or code). The critic defaults to the actor's model.",
+            "choices": ("auto", "trained", "fresh"),
+        },
+    )
     reward_model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Frozen reward model (default: --critic_model_name_or_path)."},
@@ -99,6 +110,8 @@ class ActorCriticConfig:
                 raise ValueError(f"--{name} must be 0..3")
         if self.actor_lora_dim < 0 or self.critic_lora_dim < 0:
             raise ValueError("--actor_lora_dim/--critic_lora_dim must be >= 0")
+        if self.critic_value_head not in ("auto", "trained", "fresh"):
+            raise ValueError("--critic_value_head must be auto, trained or fresh")
         for name in ("actor_dropout", "critic_dropout"):
             p = getattr(self, name)
             if p is not None and not 0.0 <= p < 1.0:
@@ -192,7 +205,14 @@ class PPOConfig:
     warmup_ratio: float = field(default=0.0, metadata={"help": "LR warm-up ratio (if no steps)."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping."})
     num_train_epochs: int = field(default=1, metadata={"help": "Passes over the PPO prompts."})
-    max_steps: int = field(default=0, metadata={"help": "Stop after N PPO steps (0: all epochs)."})
+    max_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Train exactly N PPO steps, looping over the prompts as often as needed (each "
+            "pass in a new order, seeded --seed + pass); it wins over --num_train_epochs. 0: "
+            "--num_train_epochs passes."
+        },
+    )
     ppo_epochs: int = field(default=1, metadata={"help": "Optimisation epochs over each rollout."})
     per_device_training_batch_size: int = field(
         default=4, metadata={"help": "PPO minibatch per device."}

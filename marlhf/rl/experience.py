@@ -351,3 +351,22 @@ _OPTIONAL_ROWS = {
     "mc_values": 0.0,
     "mc_prompt_values": 0.0,
 }
+
+
+def check_experience(exp: Experience, step: int) -> None:
+    """Stop the run (:class:`marlhf.finite.NonFiniteError`) when a sequence reward, a critic
+    value, a per-token reward, an advantage or a return of the step is NaN or infinite, before
+    the update: a reward model or critic with a broken head would otherwise turn every weight
+    into NaN. ``exp``: the global batch (every rank decides alike)."""
+    from marlhf.finite import check_finite
+
+    check_finite(
+        step,
+        {
+            "the sequence reward (objective/score)": exp.scores,
+            "the critic's values": exp.values,
+            "the per-token reward": exp.rewards,
+            "the advantages": exp.advantages,
+            "the returns": exp.returns,
+        },
+    )
