@@ -334,8 +334,9 @@ def model_flag(models_cfg: Any, role: str) -> str:
             f"--critic_model_name_or_path {critic} (the reward model's default: "
             "--reward_model_name_or_path not given)"
         )
+    who = "the critic's" if role == "critic" else f"the {role} model's"
     return (
-        f"--actor_model_name_or_path {actor} (the {role} model's default: "
+        f"--actor_model_name_or_path {actor} ({who} default: "
         f"--{role}_model_name_or_path not given)"
     )
 
@@ -444,28 +445,26 @@ def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], lis
     out.append(("--actor_model_name_or_path", mc.actor_model_name_or_path, "causal"))
     if mc.reference_model_name_or_path:
         out.append(("--reference_model_name_or_path", mc.reference_model_name_or_path, "causal"))
-    # the critic and reward model (one not given defaults to the actor, checked above)
-    problem = None
-    if cfg.ppo.needs_critic:
+    # the critic and the reward model (a critic not given is the actor, checked above)
+    head = critic_head(mc, source) if cfg.ppo.needs_critic else None
+    if head and mc.critic_model_name_or_path:
+        kind = "reward" if head == "trained" else "model"
+        out.append(("--critic_model_name_or_path", mc.critic_model_name_or_path, kind))
+    elif head:
         problem = critic_problem(mc, source)
         if problem:
             problems.append(problem)
-        elif mc.critic_model_name_or_path and critic_head(mc, source) == "fresh":
-            out.append(("--critic_model_name_or_path", mc.critic_model_name_or_path, "model"))
     if source in ("rm", "rm+code"):
-        reward = mc.reward_model_name_or_path or mc.critic_model_name_or_path
-        if not reward:
+        if mc.reward_model_name_or_path:
+            out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
+        elif not mc.critic_model_name_or_path:
             problems.append(
                 f"--reward_source {source} needs a reward model: pass the output of stage 2 as "
                 "--reward_model_name_or_path"
             )
-        elif mc.reward_model_name_or_path or problem is None:  # else the critic's problem says it
-            flag = (
-                "--reward_model_name_or_path"
-                if mc.reward_model_name_or_path
-                else ("--critic_model_name_or_path")
-            )
-            out.append((flag, reward, "reward"))
+        elif head != "trained":  # a trained critic's check covers its reward model too
+            flag = "--reward_model_name_or_path (not given: --critic_model_name_or_path)"
+            out.append((flag, mc.critic_model_name_or_path, "reward"))
     return out, problems
 
 
@@ -486,6 +485,8 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
             )
         if p is None and kind in ("causal", "reward") and os.path.isdir(name):
             p = reward_dir_problem(name, flag, want_reward=kind == "reward")
+            if p and flag == "--critic_model_name_or_path":
+                p += ", or start the critic from this model with --critic_value_head fresh"
         if p:
             problems.append(p)
     problems += combined

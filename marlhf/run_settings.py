@@ -148,7 +148,7 @@ def check_resume_settings(
     listed = describe(changes)
     if not accept:
         raise ValueError(
-            f"resuming {root / tag} with settings that change what is trained: {listed}. Pass "
+            f"resuming {tag} of {root} with settings that change what is trained: {listed}. Pass "
             "the checkpoint's settings to resume as it was, --resume_with_changes to resume with "
             f"these (recorded in {Path(output_dir) / HISTORY_FILE}), or --resume never (or "
             "another --output_dir) to start over"
@@ -156,7 +156,7 @@ def check_resume_settings(
     from marlhf.distributed import is_main
 
     if is_main():
-        log.warning("resuming %s with changed settings: %s", root / tag, listed)
+        log.warning("resuming %s of %s with changed settings: %s", tag, root, listed)
         record = {
             "time": time.time(),
             "resumed_from": str(root / tag),

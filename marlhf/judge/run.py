@@ -613,7 +613,8 @@ def no_verdict_problem(summary: dict[str, Any]) -> str | None:
 
 
 SK_WARNING = (
-    "warning: --sk puts the API key on the command line, where every user of this machine sees it "
+    "warning: --sk puts the API key on the command line, in the process list where every user of "
+    "this machine sees it "
     "(ps, /proc/<pid>/cmdline) and the shell history keeps it; set OPENAI_API_KEY in the "
     "environment instead (export OPENAI_API_KEY=..., or read it from a file you alone can read)"
 )

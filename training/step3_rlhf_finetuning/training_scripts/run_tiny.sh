@@ -12,13 +12,12 @@ OUTPUT=${1:?usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [flags...]}
 ACTOR=${2:?SFT model directory}
 CRITIC=${3:?reward model directory, or - for none}
 shift 3
-CRITIC_ARGS=()
-if [ "$CRITIC" != - ]; then CRITIC_ARGS=(--critic_model_name_or_path "$CRITIC"); fi
+if [ "$CRITIC" = - ]; then CRITIC=""; fi  # an empty --critic_model_name_or_path: the actor's
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 mkdir -p "$OUTPUT"
 ARGS=(
    --actor_model_name_or_path "$ACTOR"
-   "${CRITIC_ARGS[@]}"
+   --critic_model_name_or_path "$CRITIC"
    --data_path synthetic-tldr
    --data_output_path "$OUTPUT/../data_cache"
    --max_prompt_seq_len 160 --max_answer_seq_len 40
