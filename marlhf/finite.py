@@ -95,7 +95,7 @@ def _grads_finite(engine) -> bool | None:
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
         return None
-    norms = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads])
+    norms = torch.stack([torch.linalg.vector_norm(g.detach(), dtype=torch.float32) for g in grads])
     return bool(torch.isfinite(norms).all())
 
 

@@ -151,10 +151,11 @@ def test_ppo_with_a_nan_reward_model_stops_at_step_1_and_saves_nothing(nan_model
 
 
 @pytest.mark.slow
-def test_sft_with_a_nan_loss_stops_at_step_1_and_saves_nothing(nan_models):
+@pytest.mark.parametrize(("stage", "what"), [("sft", "model"), ("reward", "reward model")])
+def test_supervised_stages_with_a_nan_loss_stop_at_step_1_and_save_nothing(nan_models, stage, what):
     base, _, _, broken = nan_models
-    out = base / "sft"
-    cmd = [sys.executable, "-m", "marlhf.stages.sft", "--model_name_or_path", str(broken)]
+    out = base / stage
+    cmd = [sys.executable, "-m", f"marlhf.stages.{stage}", "--model_name_or_path", str(broken)]
     cmd += ["--max_samples", "40", "--max_steps", "2", "--save_steps", "1"]
     cmd += ["--data_output_path", str(base / "cache"), "--output_dir", str(out)]
     proc = subprocess.run(
@@ -163,6 +164,7 @@ def test_sft_with_a_nan_loss_stops_at_step_1_and_saves_nothing(nan_models):
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
     (line,) = _errors(proc)
-    assert line.startswith("error: step 1: the model's loss is not finite"), line
+    assert line.startswith(f"error: step 1: the {what}'s loss is not finite"), line
     assert not (out / "model.safetensors").exists() and not (out / "train_state").exists()
+    assert not (out / "checkpoints").exists()
     assert json.loads((out / "run_config.json").read_text())["optim"]["max_steps"] == 2
