@@ -55,9 +55,7 @@ def gather_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, tor
     return state
 
 
-def _gather_state_dict(
-    module: torch.nn.Module, zero_stage: int
-) -> dict[str, torch.Tensor] | None:
+def _gather_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor] | None:
     if zero_stage == 3:
         import deepspeed
 
@@ -291,9 +289,7 @@ def _newest_usable(
 def _has_checksums(root: Path, names: list[str]) -> bool:
     """Whether any checkpoint of the run under ``root`` has a checksums manifest (the run was
     saved by a version that records them, so a tag without one lost it)."""
-    return any(
-        (p / MANIFEST_FILE).exists() for n in names for p in _engine_tags(root, n).values()
-    )
+    return any((p / MANIFEST_FILE).exists() for n in names for p in _engine_tags(root, n).values())
 
 
 def _only_unfinished_saves(root: Path, names: list[str]) -> bool:

@@ -336,8 +336,7 @@ def model_flag(models_cfg: Any, role: str) -> str:
         )
     who = "the critic's" if role == "critic" else f"the {role} model's"
     return (
-        f"--actor_model_name_or_path {actor} ({who} default: "
-        f"--{role}_model_name_or_path not given)"
+        f"--actor_model_name_or_path {actor} ({who} default: --{role}_model_name_or_path not given)"
     )
 
 

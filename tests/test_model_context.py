@@ -33,9 +33,7 @@ def _model_dir(path: Path, config: dict) -> Path:
 
 def test_gpt2_and_llama_limits_name_both_flags(tmp_path):
     gpt2 = _model_dir(tmp_path / "gpt2", {"model_type": "gpt2", "n_positions": 96, "n_ctx": 96})
-    llama = _model_dir(
-        tmp_path / "llama", {"model_type": "llama", "max_position_embeddings": 512}
-    )
+    llama = _model_dir(tmp_path / "llama", {"model_type": "llama", "max_position_embeddings": 512})
     lengths = {"--max_prompt_seq_len": 64, "--max_answer_seq_len": 120}
     assert context_problem({"--actor_model_name_or_path": str(gpt2)}, lengths) == (
         f"--max_prompt_seq_len 64 + --max_answer_seq_len 120 = 184 positions, more than "
@@ -45,18 +43,24 @@ def test_gpt2_and_llama_limits_name_both_flags(tmp_path):
     assert context_problem({"--actor_model_name_or_path": str(gpt2)}, {"--max_prompt_seq_len": 64,
                            "--max_answer_seq_len": 32}) is None  # fmt: skip
     problem = context_problem({"--model_name_or_path": str(llama)}, {"--max_seq_len": 1000})
-    assert problem.startswith(f"--max_seq_len 1000 positions, more than --model_name_or_path {llama}")
+    assert problem.startswith(
+        f"--max_seq_len 1000 positions, more than --model_name_or_path {llama}"
+    )
     assert "(max_position_embeddings 512 in its config.json): lower it to 512 or less" in problem
     # the critic (another model of the run) is checked too; an unknown model is not
     models = {"--actor_model_name_or_path": str(llama), "--critic_model_name_or_path": str(gpt2)}
     assert "--critic_model_name_or_path" in context_problem(models, lengths)
-    assert context_problem({"--model_name_or_path": "no/such-model"}, {"--max_seq_len": 10**6}) is None
+    assert (
+        context_problem({"--model_name_or_path": "no/such-model"}, {"--max_seq_len": 10**6}) is None
+    )
 
 
 def test_preflight_refuses_what_does_not_fit(capsys):
     argv = ["ppo", "--actor_model_name_or_path", "tiny-base", "--advantage_estimator", "grpo"]
     argv += ["--n_samples_per_prompt", "2", "--reward_source", "gold"]
-    assert preflight_main([*argv, "--max_prompt_seq_len", "400", "--max_answer_seq_len", "200"]) == 2
+    assert (
+        preflight_main([*argv, "--max_prompt_seq_len", "400", "--max_answer_seq_len", "200"]) == 2
+    )
     err = capsys.readouterr().err
     assert "--max_prompt_seq_len 400 + --max_answer_seq_len 200 = 600 positions, more than " in err
     assert "--actor_model_name_or_path tiny-base takes (max_position_embeddings 512" in err
@@ -71,8 +75,17 @@ def test_preflight_refuses_what_does_not_fit(capsys):
     "argv",
     [
         ["marlhf.stages.sft", "--model_name_or_path", "tiny-base", "--max_seq_len", "1000"],
-        ["marlhf.stages.ppo", "--actor_model_name_or_path", "tiny-base", "--reward_source", "gold",
-         "--max_prompt_seq_len", "400", "--max_answer_seq_len", "200"],
+        [
+            "marlhf.stages.ppo",
+            "--actor_model_name_or_path",
+            "tiny-base",
+            "--reward_source",
+            "gold",
+            "--max_prompt_seq_len",
+            "400",
+            "--max_answer_seq_len",
+            "200",
+        ],
     ],  # fmt: skip
     ids=["sft", "ppo"],
 )

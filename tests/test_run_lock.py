@@ -94,7 +94,9 @@ def test_stale_locks_dead_pid_reused_pid_reboot_and_foreign_host(tmp_path):
     other = Holder(me.pid, "some-other-host", "", "", 0.0, "x", "t")
     assert holder_alive(other) is None
     _write_lock(tmp_path, host="some-other-host", pid=4242)
-    with pytest.raises(OutputDirInUse, match="PID 4242 on host some-other-host .*cannot be checked"):
+    with pytest.raises(
+        OutputDirInUse, match="PID 4242 on host some-other-host .*cannot be checked"
+    ):
         acquire(tmp_path, "mine")
     # an unreadable lock file older than the grace period is taken over
     (tmp_path / LOCK_FILE).write_text("garbage")

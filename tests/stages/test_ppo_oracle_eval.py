@@ -35,7 +35,9 @@ def test_preflight_takes_the_embedded_base_and_blames_the_flags_given(capsys):
         "preflight: --actor_model_name_or_path tiny-base-64 (the critic's default: "
         "--critic_model_name_or_path not given): not a reward-model directory"
     ) in err
-    assert "--critic_value_head fresh" in err and "--critic_model_name_or_path tiny-base-64" not in err
+    assert (
+        "--critic_value_head fresh" in err and "--critic_model_name_or_path tiny-base-64" not in err
+    )
     assert "does not exist" not in err
 
 
