@@ -147,7 +147,8 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(tmp_path):
     def signal_rank_1() -> None:
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
-                if child.environ().get("RANK") == "1":
+                is_stage = "marlhf.stages.sft" in child.cmdline()
+                if is_stage and child.environ().get("RANK") == "1":
                     child.send_signal(signal.SIGTERM)
                     return
             except psutil.Error:
@@ -161,6 +162,7 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(tmp_path):
         proc.kill()
     text = stdout + err
     assert proc.returncode != 0
+    assert (out / "train_state" / "latest.json").exists(), text[-5000:]
     step = json.loads((out / "train_state" / "latest.json").read_text())["step"]
     assert 1 <= step < 60
     stops = [x for x in text.splitlines() if x.startswith("stopped by SIGTERM after step")]

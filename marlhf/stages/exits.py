@@ -1,7 +1,8 @@
 """How a stage process ends when it does not finish: one ``error:`` line instead of a traceback, an
 exit status, and the process group torn down on every path.
 
-An error *raised on purpose* is one raised by a ``raise`` statement in this package's own code:
+An error *raised on purpose* is one of the package's own error classes (``DataError``,
+``NonFiniteError``, ``OutputDirInUse``, ...) or one raised by a ``raise`` statement in its code:
 those name the flag, file, model or directory and what to do (a bad flag value, a model of the
 wrong kind, a tokenizer mismatch, a missing spaCy model, no checkpoint to resume from, a full
 disk, a non-finite loss...), so their traceback adds pages, not information. Anything else (an
@@ -46,8 +47,11 @@ def _innermost_frame(exc: BaseException):
 
 
 def raised_on_purpose(exc: BaseException) -> bool:
-    """Whether ``exc`` came from a ``raise`` statement in the marlhf package (not from a library,
-    an ``assert`` or a failing builtin call)."""
+    """Whether ``exc`` is one of the package's own error classes (a bad data row, a non-finite
+    loss, an output directory in use, ...) or came from a ``raise`` statement in the package
+    (not from a library, an ``assert`` or a failing builtin call)."""
+    if type(exc).__module__.split(".")[0] == "marlhf":
+        return True
     frame, line = _innermost_frame(exc)
     if frame is None or isinstance(exc, AssertionError):
         return False

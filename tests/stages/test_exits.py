@@ -149,7 +149,7 @@ def test_a_data_error_exits_2_every_time(tmp_path):
     env = stage_env(tmp_path / "home")
     want = f'error: {data / "train.jsonl"} line 7: field "chosen" is empty'
     statuses = []
-    for round_ in range(3):  # two at a time: the runs overlap as on a busy node
+    for round_ in range(2):  # two at a time: the runs overlap as on a busy node
         procs = [
             subprocess.Popen(
                 [*cmd, "--output_dir", str(tmp_path / f"out{round_}{i}")], env=env, cwd=ROOT,
@@ -162,4 +162,4 @@ def test_a_data_error_exits_2_every_time(tmp_path):
             statuses.append(p.returncode)
             assert "terminate called" not in err, err[-2000:]
             assert [x for x in err.splitlines() if x.startswith("error:")] == [want], err[-2000:]
-    assert statuses == [2] * 6
+    assert statuses == [2] * 4
