@@ -201,6 +201,7 @@ def save_train_state(
             if is_main():
                 for file_name, write in (extra_files or {}).get(name, {}).items():
                     write(tag_dir / file_name)
+            barrier()  # rank 0's files are there before every rank lists the tag to hash it
             finish_tag(tag_dir)
     if is_main():
         write_json(root / "latest.json", {"tag": tag, "step": step, "engines": sorted(engines)})

@@ -530,7 +530,7 @@ def test_missing_field_names_file_line_and_field(env, tiny_dir, tmp_path):
     assert want in proc.stderr, proc.stderr[-3000:]
 
 
-def test_max_steps_loops_over_the_data_in_a_new_order_each_epoch(env, tiny_dir, tmp_path):
+def test_max_steps_loops_over_the_data_epoch_after_epoch(env, tiny_dir, tmp_path):
     """``--max_steps 10`` over 4 steps per epoch with ``--num_train_epochs 1``: 10 steps are
     trained (``--max_steps`` wins, as in HF Trainer), the data looped over: every epoch sees every
     example once, and the last epoch is cut at step 10. The file's columns are
