@@ -255,6 +255,32 @@ def check_resume(cfg, log_cfg: LoggingConfig, derived: dict[str, int]) -> dict:
     return record
 
 
+def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: int) -> bool:
+    """An evaluation after ``step``: every ``--eval_interval`` steps (0: at each epoch's end) and
+    after the last."""
+    if step == total:
+        return True
+    if log_cfg.eval_interval:
+        return step % log_cfg.eval_interval == 0
+    return step % steps_per_epoch == 0
+
+
+def _stop_if_requested(step: int, total: int, saved: bool, checkpoint, closing, state_root) -> None:
+    """After ``step``: when any rank got SIGTERM or SIGINT (a collective), save the training state
+    (unless this step's checkpoint was just saved), close ``closing`` (the bar, the tracker) and
+    raise :class:`marlhf.preemption.StoppedBySignal`."""
+    signum = preemption.stop_requested()
+    if not signum:
+        return
+    if not saved:  # the training state only: what a resume needs, soonest
+        checkpoint(step, None, final=False)
+    for thing in closing:
+        thing.close()
+    raise preemption.StoppedBySignal(
+        signum, preemption.stop_message(signum, step, total, state_root)
+    )
+
+
 def supervised_loop(
     engine,
     plan: StepPlan,
@@ -281,9 +307,8 @@ def supervised_loop(
     - ``save_model(step, path, final)``: the model as a directory later stages load (every rank
       calls it); ``final`` for the last save, into ``output_dir`` itself;
     - ``stage_state()`` / ``load_stage_state(state)`` (optional): what the stage itself must carry
-      over a resume (the reward model: its latest evaluation), saved with the training state;
-    - ``settings`` (optional): the run's settings (:func:`check_resume`), saved with each
-      training state for the next resume to compare with.
+      over a resume (the reward model: its latest evaluation), saved with the training state,
+      as are ``settings`` (:func:`check_resume`) for the next resume to compare with.
 
     The loop does the rest, the same for every supervised stage:
 
@@ -297,9 +322,8 @@ def supervised_loop(
        step used), ``train/step_time_s`` and ``train/epoch`` (fractional);
     4. an evaluation every ``--eval_interval`` steps (0: at each epoch's end) and at the last step;
     5. every ``--save_steps`` steps a model in ``checkpoints/step-N`` and a resumable state (the
-       newest ``--keep_checkpoints`` kept); at the end the final model and state;
-    6. on SIGTERM or SIGINT (any rank), after the step: a resumable state, then
-       :class:`marlhf.preemption.StoppedBySignal`.
+       newest ``--keep_checkpoints`` kept); at the end the final model and state; on SIGTERM or
+       SIGINT (any rank), a resumable state after the step, then ``StoppedBySignal``.
     """
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
@@ -345,12 +369,7 @@ def supervised_loop(
                 "train/epoch": epoch + (step_in_epoch + 1) / spe,
             }
             tracker.log(metrics, global_step)
-        end_of_epoch = global_step % spe == 0
-        if (
-            (log_cfg.eval_interval and global_step % log_cfg.eval_interval == 0)
-            or (not log_cfg.eval_interval and end_of_epoch)
-            or global_step == total
-        ):
+        if _eval_due(log_cfg, global_step, spe, total):
             metrics = evaluate()
             tracker.log(metrics, global_step)
             if is_main():
@@ -360,15 +379,8 @@ def supervised_loop(
         saved = log_cfg.save_steps and global_step % log_cfg.save_steps == 0
         if saved and global_step < total:
             checkpoint(global_step, out / "checkpoints" / f"step-{global_step}", final=False)
-        signum = preemption.stop_requested()  # every rank, every step: they stop together
-        if signum and global_step < total:
-            if not saved:  # the training state only: what a resume needs, soonest
-                checkpoint(global_step, None, final=False)
-            bar.close()
-            tracker.close()
-            raise preemption.StoppedBySignal(
-                signum, preemption.stop_message(signum, global_step, total, state_root)
-            )
+        if global_step < total:  # SIGTERM / SIGINT on any rank: checkpoint, then stop
+            _stop_if_requested(global_step, total, saved, checkpoint, (bar, tracker), state_root)
     bar.close()
     checkpoint(global_step, out, final=True)  # the final model is the run directory itself
     tracker.close()
