@@ -106,6 +106,17 @@ def describe(changes: list[tuple[str, Any, Any]]) -> str:
     return "; ".join(parts)
 
 
+def saved_flags(root: Path, tag: str) -> dict:
+    """The flags recorded with checkpoint ``tag`` under the train_state directory ``root`` ({}
+    when it holds none)."""
+    for path in sorted(Path(root).glob(f"*/{tag}/{SETTINGS_FILE}")):
+        try:
+            return dict(json.loads(path.read_text()).get("flags", {}))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return {}
+
+
 def _latest_settings(root: Path) -> tuple[str, dict] | None:
     """``(tag, settings)`` of the checkpoint ``root/latest.json`` names, else of the newest tag
     that holds settings; None when there are none."""

@@ -196,4 +196,9 @@ def test_ppo_estimator_changes_are_refused_and_a_critic_free_run_has_no_critic(r
     no_critic = _run([*gae, "--resume_with_changes"], base / "home")
     assert no_critic.returncode == 2, no_critic.stderr[-3000:]
     (line,) = _errors(no_critic)
-    assert "step-1: the run has no critic to resume" in line and "AssertionError" not in line
+    assert (
+        "step-1: the run has no critic to resume (it was trained with --advantage_estimator" in line
+    )
+    assert (
+        "grpo), and --advantage_estimator gae trains one" in line and "AssertionError" not in line
+    )

@@ -38,7 +38,7 @@ from marlhf.checkpoint import (
 from marlhf.checkpoint_files import naming_write_errors, staged_directory
 from marlhf.distributed import is_main
 from marlhf.rl.rewards import AdaptiveKLController, FixedKLController
-from marlhf.run_settings import SETTINGS_FILE, settings_writer
+from marlhf.run_settings import SETTINGS_FILE, saved_flags, settings_writer
 from marlhf.stages.common import progress
 from marlhf.tracking import Tracker
 
@@ -107,11 +107,12 @@ def _check_engines(root: Path, tag: str, engines: dict, cfg: PPOStageConfig) -> 
     ...) resumed with ``--advantage_estimator gae`` has no critic state to resume."""
     missing = [name for name in engines if not (root / name / tag).is_dir()]
     if "critic" in missing:
+        saved = saved_flags(root, tag).get("advantage_estimator")
+        trained = f"--advantage_estimator {saved}" if saved else "a critic-free estimator"
         raise ValueError(
-            f"{root / tag}: the run has no critic to resume (it was trained with a critic-free "
-            f"--advantage_estimator; its run_config.json says which), and --advantage_estimator "
-            f"{cfg.ppo.advantage_estimator} trains one. Resume with the run's estimator, or start "
-            "over with --resume never or another --output_dir"
+            f"{root / tag}: the run has no critic to resume (it was trained with {trained}), "
+            f"and --advantage_estimator {cfg.ppo.advantage_estimator} trains one. Resume with "
+            "the run's estimator, or start over with --resume never or another --output_dir"
         )
     if missing:
         raise ValueError(f"{root / tag}: the checkpoint holds no state of {', '.join(missing)}")
