@@ -173,13 +173,21 @@ def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
     log_file = logs / f"{stage.key}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, *stage.args],
             env=_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+        try:
+            proc.wait()
+        except KeyboardInterrupt:  # the stage got the Ctrl-C too: it saves a checkpoint, stops
+            proc.wait()
+            raise SystemExit(
+                f"[demo] {stage.title}: interrupted (exit {proc.returncode}); the same command "
+                "resumes the demo"
+            ) from None
     if proc.returncode != 0:
         tail = "".join(open(log_file).readlines()[-30:])
         raise SystemExit(
