@@ -265,6 +265,12 @@ def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: in
     return step % steps_per_epoch == 0
 
 
+def _log_eval(metrics: dict[str, float], step: int, tracker: Tracker, logger) -> None:
+    tracker.log(metrics, step)
+    if is_main():
+        logger.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
+
+
 def _stop_if_requested(step: int, total: int, saved: bool, checkpoint, closing, state_root) -> None:
     """After ``step``: when any rank got SIGTERM or SIGINT (a collective), save the training state
     (unless this step's checkpoint was just saved), close ``closing`` (the bar, the tracker) and
@@ -370,12 +376,7 @@ def supervised_loop(
             }
             tracker.log(metrics, global_step)
         if _eval_due(log_cfg, global_step, spe, total):
-            metrics = evaluate()
-            tracker.log(metrics, global_step)
-            if is_main():
-                logger.info(
-                    "step %d: %s", global_step, {k: round(v, 4) for k, v in metrics.items()}
-                )
+            _log_eval(evaluate(), global_step, tracker, logger)
         saved = log_cfg.save_steps and global_step % log_cfg.save_steps == 0
         if saved and global_step < total:
             checkpoint(global_step, out / "checkpoints" / f"step-{global_step}", final=False)
