@@ -258,7 +258,9 @@ def test_tiny_scripts_take_the_embedded_bases_and_no_reward_model_for_the_oracle
     step2 = ROOT / "training/step2_reward_model_finetuning/training_scripts/run_tiny.sh"
     r, _ = _run(step2, ["tiny-base-64", str(tmp_path / "rm")], env, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "models and data in place" in r.stdout and "--model_name_or_path tiny-base-64" in r.stdout
+    assert (
+        "models and data in place" in r.stdout and "--model_name_or_path tiny-base-64" in r.stdout
+    )
     args = [str(tmp_path / "oracle"), "tiny-base-64", "-", "--reward_source", "gold"]
     args += ["--data_path", "synthetic-facts-64", "--max_prompt_seq_len", "256"]
     r, _ = _run(STEP3 / "run_tiny.sh", [*args, "--max_answer_seq_len", "112"], env, tmp_path)
