@@ -18,10 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from marlhf import preemption
-from marlhf.batching import epoch_permutation, step_micro_batches, steps_per_epoch
-from marlhf.checkpoint import (
+from marlhf.cli import config_to_dict, flag_values
+from marlhf.config import LoggingConfig, OptimConfig
+from marlhf.data.cache import BuilderFailed
+from marlhf.runtime import preemption, startup
+from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
+from marlhf.runtime.checkpoint import (
     find_resume,
     load_train_state,
     rng_state,
@@ -29,19 +33,19 @@ from marlhf.checkpoint import (
     set_rng_state,
     write_json,
 )
-from marlhf.checkpoint_files import staged_directory
-from marlhf.cli import config_to_dict
-from marlhf.config import LoggingConfig, OptimConfig
-from marlhf.distributed import (
+from marlhf.runtime.checkpoint_files import staged_directory
+from marlhf.runtime.distributed import (
     init_distributed,
     is_main,
     rank,
     shutdown_distributed,
     world_size,
 )
-from marlhf.run_settings import SETTINGS_FILE, check_resume_settings, settings_writer
-from marlhf.run_settings import settings as settings_record
-from marlhf.tracking import Tracker
+from marlhf.runtime.run_lock import lock_output_dir
+from marlhf.runtime.run_settings import SETTINGS_FILE, check_resume_settings, settings_writer
+from marlhf.runtime.run_settings import settings as settings_record
+from marlhf.runtime.tracking import Tracker
+from marlhf.stages.exits import raised_on_purpose, report_and_exit, tear_down_process_group
 
 
 def run_stage(train: Callable, cfg) -> None:
@@ -52,8 +56,8 @@ def run_stage(train: Callable, cfg) -> None:
     waited for another rank's failed data build (:class:`marlhf.data.cache.BuilderFailed`) exits
     with it, quietly (rank 0 names the failing rank, which reports its own error). A run stopped
     by SIGTERM or SIGINT after saving a checkpoint prints one line and exits with 128 + the
-    signal's number (:mod:`marlhf.preemption`). The process group is torn down on every path:
-    after a successful ``train`` the ranks meet once more first."""
+    signal's number (:mod:`marlhf.runtime.preemption`). The process group is torn down on every
+    path: after a successful ``train`` the ranks meet once more first."""
     try:
         _run_and_exit(train, cfg)
     finally:
@@ -61,13 +65,9 @@ def run_stage(train: Callable, cfg) -> None:
 
 
 def _run_and_exit(train: Callable, cfg) -> None:
-    from marlhf.data.cache import BuilderFailed
-    from marlhf.preemption import StoppedBySignal
-    from marlhf.stages.exits import raised_on_purpose, report_and_exit, tear_down_process_group
-
     try:
         train(cfg)
-    except StoppedBySignal as e:
+    except preemption.StoppedBySignal as e:
         if is_main():
             print(str(e), file=sys.stderr, flush=True)
         tear_down_process_group()
@@ -111,8 +111,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start(ds_cfg, seed: int) -> None:
-    """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds."""
+def start(ds_cfg, seed: int, progress_bars: bool = True) -> None:
+    """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds.
+    Without ``progress_bars`` (``--disable_progress_bar``) the libraries' bars are off too
+    (transformers' weight loading, datasets')."""
+    startup.mark("imports")
+    if not progress_bars:
+        import datasets
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     preemption.install()  # SIGTERM / SIGINT: stop now (set-up), or after a checkpoint (training)
     init_distributed(ds_cfg.local_rank, ds_cfg.dist_timeout_s)
@@ -125,17 +134,49 @@ def start(ds_cfg, seed: int) -> None:
         pass
     seed_everything(seed)
     logging.getLogger("marlhf").info("world size %d", world_size())
+    startup.mark("distributed")
+
+
+class StepLines:
+    """The progress bar's stand-in when bars are off (``--disable_progress_bar``): one log line per
+    step, ``<desc> step N/T: k=v ...`` with the fields the bar would show (the fields come with
+    ``set_postfix`` after ``update``; a step without them is logged at the next update or close)."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool):
+        self.total, self.n, self.desc, self.enabled = total, initial, desc, enabled
+        self._pending = False
+        self._log = logging.getLogger("marlhf.progress")
+
+    def update(self, n: int = 1) -> None:
+        self._flush({})
+        self.n += n
+        self._pending = True
+
+    def set_postfix(self, **fields) -> None:
+        self._flush(fields)
+
+    def _flush(self, fields: dict) -> None:
+        if self._pending and self.enabled:
+            shown = " ".join(f"{k}={v}" for k, v in fields.items())
+            self._log.info(
+                "%s step %d/%d%s", self.desc, self.n, self.total, f": {shown}" * bool(shown)
+            )
+        self._pending = False
+
+    def close(self) -> None:
+        self._flush({})
 
 
 def progress(total: int, initial: int, desc: str, disable: bool = False):
-    """A tqdm bar on rank 0 (a no-op object elsewhere)."""
-    from tqdm.auto import tqdm
-
+    """A tqdm bar on rank 0 (a no-op object elsewhere); with ``disable``, one log line per step on
+    rank 0 instead (:class:`StepLines`)."""
+    if disable:
+        return StepLines(total, initial, desc, enabled=is_main())
     return tqdm(
         total=total,
         initial=initial,
         desc=desc,
-        disable=disable or not is_main(),
+        disable=not is_main(),
         dynamic_ncols=True,
         file=sys.stderr,
     )
@@ -143,9 +184,8 @@ def progress(total: int, initial: int, desc: str, disable: bool = False):
 
 def ensure_output_dir(path: str) -> Path:
     """The run's output directory, created and locked for this run (one run per directory:
-    :mod:`marlhf.run_lock`; a second run stops naming the holder). Collective when distributed."""
-    from marlhf.run_lock import lock_output_dir
-
+    :mod:`marlhf.runtime.run_lock`; a second run stops naming the holder). Collective when
+    distributed."""
     out = Path(path)
     if is_main():
         out.mkdir(parents=True, exist_ok=True)
@@ -244,10 +284,10 @@ def _resume(
 
 def check_resume(cfg, log_cfg: LoggingConfig, derived: dict[str, int]) -> dict:
     """This run's settings (``cfg``'s flags and the ``derived`` global sizes), checked against
-    those of the checkpoint it resumes from (:mod:`marlhf.run_settings`: a change to what is
-    trained is refused without ``--resume_with_changes``); call it before loading any model. The
-    result is saved with every training state."""
-    record = settings_record(config_to_dict(cfg), derived)
+    those of the checkpoint it resumes from (:mod:`marlhf.runtime.run_settings`: a change to what
+    is trained is refused without ``--resume_with_changes``); call it before loading any model.
+    The result is saved with every training state."""
+    record = settings_record(flag_values(cfg), derived)
     out = Path(log_cfg.output_dir)
     check_resume_settings(
         out / "train_state", log_cfg.resume, log_cfg.resume_with_changes, record, out
@@ -256,13 +296,11 @@ def check_resume(cfg, log_cfg: LoggingConfig, derived: dict[str, int]) -> dict:
 
 
 def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: int) -> bool:
-    """An evaluation after ``step``: every ``--eval_interval`` steps (0: at each epoch's end) and
-    after the last."""
-    if step == total:
-        return True
+    """Whether step ``step`` ends with an evaluation: every ``--eval_interval`` steps (0: at each
+    epoch's end) and at the last step."""
     if log_cfg.eval_interval:
-        return step % log_cfg.eval_interval == 0
-    return step % steps_per_epoch == 0
+        return step % log_cfg.eval_interval == 0 or step == total
+    return step % steps_per_epoch == 0 or step == total
 
 
 def _log_eval(metrics: dict[str, float], step: int, tracker: Tracker, logger) -> None:
@@ -274,7 +312,7 @@ def _log_eval(metrics: dict[str, float], step: int, tracker: Tracker, logger) ->
 def _stop_if_requested(step: int, total: int, saved: bool, checkpoint, closing, state_root) -> None:
     """After ``step``: when any rank got SIGTERM or SIGINT (a collective), save the training state
     (unless this step's checkpoint was just saved), close ``closing`` (the bar, the tracker) and
-    raise :class:`marlhf.preemption.StoppedBySignal`."""
+    raise :class:`marlhf.runtime.preemption.StoppedBySignal`."""
     signum = preemption.stop_requested()
     if not signum:
         return
@@ -302,6 +340,8 @@ def supervised_loop(
     stage_state: Callable[[], dict] | None = None,
     load_stage_state: Callable[[dict], None] | None = None,
     settings: dict | None = None,
+    run_name: str | None = None,
+    run_config: dict | None = None,
 ) -> int:
     """Train a supervised stage (SFT, reward model) from its latest checkpoint to ``plan.total``
     optimizer steps; return the last step. The stage gives the algorithm:
@@ -313,15 +353,15 @@ def supervised_loop(
     - ``save_model(step, path, final)``: the model as a directory later stages load (every rank
       calls it); ``final`` for the last save, into ``output_dir`` itself;
     - ``stage_state()`` / ``load_stage_state(state)`` (optional): what the stage itself must carry
-      over a resume (the reward model: its latest evaluation), saved with the training state,
-      as are ``settings`` (:func:`check_resume`) for the next resume to compare with.
+      over a resume (the reward model: its latest evaluation), saved with the training state
+      as are ``settings`` (:func:`check_resume`), for the next resume to compare with.
 
     The loop does the rest, the same for every supervised stage:
 
     1. resume: engine, optimizer and scheduler, step, RNG and the stage's state from
        ``output_dir/train_state`` (``--resume``; a damaged or unfinished checkpoint is skipped for
-       the newest complete one, see ``marlhf.checkpoint.find_resume``); the data position is the
-       step itself (``marlhf.batching``);
+       the newest complete one, see ``marlhf.runtime.checkpoint.find_resume``); the data position is the
+       step itself (``marlhf.runtime.batching``);
     2. step ``s`` of epoch ``e`` trains on global batch ``s`` of the permutation seeded
        ``seed + e``;
     3. every ``--log_interval`` steps and at the last, the step's metrics plus ``lr`` (the rate the
@@ -334,7 +374,7 @@ def supervised_loop(
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
     global_step = _resume(engine, state_root, log_cfg.resume, logger, load_stage_state)
-    tracker = Tracker(log_cfg, start_step=global_step)  # drops rows logged after the checkpoint
+    tracker = Tracker(log_cfg, start_step=global_step, run_name=run_name, config=run_config)
     bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
     engine.train()
     preemption.enter_training()
@@ -363,17 +403,14 @@ def supervised_loop(
             perm, step_in_epoch, plan.micro, plan.accumulation, plan.world, rank()
         )
         metrics = train_step(micro_batches, global_step)
+        startup.first_step(logger)
         global_step += 1
         bar.update(1)
         shown = {k: f"{metrics[m]:{fmt}}" for k, (m, fmt) in _BAR_FIELDS.items() if m in metrics}
         bar.set_postfix(**shown, epoch=epoch)
         if global_step % log_cfg.log_interval == 0 or global_step == total:
-            metrics = {
-                **metrics,
-                "train/step_time_s": time.perf_counter() - t0,
-                "lr": lr,
-                "train/epoch": epoch + (step_in_epoch + 1) / spe,
-            }
+            metrics = {**metrics, "train/step_time_s": time.perf_counter() - t0, "lr": lr}
+            metrics["train/epoch"] = epoch + (step_in_epoch + 1) / spe
             tracker.log(metrics, global_step)
         if _eval_due(log_cfg, global_step, spe, total):
             _log_eval(evaluate(), global_step, tracker, logger)

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from marlhf.data.adapters import known_schemas, load_examples
+from marlhf.data.adapters import known_schemas
 from marlhf.data.config import DataConfig
 from marlhf.data.schema import DataError
-from marlhf.preflight import main as preflight_main
+from marlhf.data.sources import load_examples
+from marlhf.pipeline.preflight import main as preflight_main
 
 ROWS = [
     {"query": f"Question {i}: what is {i} + 1?\nAnswer:", "response": f" {i + 1}", "worse": " 0"}
@@ -52,7 +53,7 @@ def test_mapping_flag_is_validated():
 def test_no_mapping_keeps_the_data_cache_key():
     from marlhf.config import ModelConfig
     from marlhf.data.tokenize import cache_key
-    from marlhf.models import load_tokenizer
+    from marlhf.models.load import load_tokenizer
 
     tok = load_tokenizer(ModelConfig(model_name_or_path="tiny-base"))
     key = cache_key(DataConfig(), tok, "train", 1, 1)

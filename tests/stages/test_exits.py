@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from stage_env import stage_env
 
 from marlhf.stages.exits import error_line, exit_status, raised_on_purpose
+from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def _caught(fn) -> BaseException:
 def test_raised_on_purpose_is_a_raise_statement_of_the_package():
     from marlhf.data.config import DataConfig
     from marlhf.data.tokenize import eot_ids
-    from marlhf.models import resolve_model_path
+    from marlhf.models.load import resolve_model_path
 
     ours = [
         _caught(lambda: DataConfig(data_split="1,2")),
