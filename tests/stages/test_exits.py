@@ -118,7 +118,7 @@ def test_samples_per_prompt_that_do_not_divide_the_rollout_is_one_line(launcher,
     assert len(errors) == 1, text[-4000:]
     assert "must be a multiple of --n_samples_per_prompt 3" in errors[0]
     assert "[rank0]" not in text and "[rank1]" not in text, text[-4000:]
-    assert "marlhf/rl/prompts.py" not in text  # no traceback of the stage's
+    assert "marlhf/stages/ppo/prompts.py" not in text  # no traceback of the stage's
     if launcher == "python":
         assert run.returncode == 2 and "Traceback" not in text
         shown = subprocess.run(
@@ -126,7 +126,7 @@ def test_samples_per_prompt_that_do_not_divide_the_rollout_is_one_line(launcher,
             capture_output=True, text=True, cwd=ROOT, timeout=600,
         )  # fmt: skip
         assert shown.returncode != 0 and "Traceback" in shown.stderr
-        assert "marlhf/rl/prompts.py" in shown.stderr
+        assert "marlhf/stages/ppo/prompts.py" in shown.stderr
     elif launcher == "deepspeed":
         assert run.returncode == 2 and "Traceback" not in text
     else:
