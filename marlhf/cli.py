@@ -585,6 +585,34 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
+def flag_values(cfg: Any) -> dict[str, Any]:
+    """``{flag name: value}`` of a stage config, one entry per flag its parser has (the name
+    without dashes, as ``--help`` lists it, a composed part's prefix included: ``actor_dropout``),
+    the values JSON-able as in :func:`config_to_dict`.
+
+    >>> from dataclasses import dataclass, field
+    >>> @dataclass
+    ... class Train:
+    ...     lr: float = 1e-3
+    ...     wd: float = 0.0
+    >>> @dataclass
+    ... class Two:
+    ...     actor: Train = field(default_factory=Train, metadata={"prefix": "actor_"})
+    ...     critic: Train = field(default_factory=Train, metadata={"prefix": "critic_",
+    ...                                                            "flags": ("lr",)})
+    >>> @dataclass
+    ... class Stage:
+    ...     two: Two = field(default_factory=Two)
+    >>> flag_values(Stage())
+    {'actor_lr': 0.001, 'actor_wd': 0.0, 'critic_lr': 0.001}
+    """
+    out = {}
+    for part_name, _f, part_tp in _leaf_fields(type(cfg)):
+        for flag in _flags(part_tp, getattr(cfg, part_name), part_name):
+            out[flag.name] = flag.default
+    return json.loads(json.dumps(out, default=str))
+
+
 def config_from_dict(stage_cls: type[C], data: dict[str, Any]) -> C:
     """Inverse of :func:`config_to_dict` (a run's ``run_config.json`` back into its config; keys the
     config does not know are ignored, missing ones take their defaults)."""

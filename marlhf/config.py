@@ -100,7 +100,12 @@ class OptimConfig:
     )
     num_train_epochs: int = field(default=1, metadata={"help": "Passes over the training data."})
     max_steps: int = field(
-        default=0, metadata={"help": "Stop after this many optimizer steps (0: run all epochs)."}
+        default=0,
+        metadata={
+            "help": "Train exactly this many optimizer steps, looping over the data as often as "
+            "needed (each epoch in a new order, seeded --seed + epoch); it wins over "
+            "--num_train_epochs. 0: --num_train_epochs epochs."
+        },
     )
     lr_scheduler_type: str = field(
         default="cosine", metadata={"help": "Learning-rate schedule.", "choices": SCHEDULERS}
@@ -178,10 +183,18 @@ class LoggingConfig:
         default=2, metadata={"help": "Resumable training-state checkpoints kept (oldest deleted)."}
     )
     eval_interval: int = field(
-        default=0, metadata={"help": "Evaluate every N optimizer steps (0: each epoch end)."}
+        default=0,
+        metadata={
+            "help": "Evaluate every N optimizer steps and after the last (0: at each epoch's end; "
+            "PPO: never). PPO evaluates the actor's answers to held-out prompts (eval/*)."
+        },
     )
     eval_iters: int = field(
-        default=0, metadata={"help": "Evaluation batches per evaluation (0: the whole eval split)."}
+        default=0,
+        metadata={
+            "help": "Evaluation batches per rank per evaluation (0: the whole eval split; PPO: "
+            "the eval split's PPO prompts, batches of --per_device_generation_batch_size)."
+        },
     )
     log_interval: int = field(default=1, metadata={"help": "Log scalars every N optimizer steps."})
     resume: str = field(
@@ -189,6 +202,15 @@ class LoggingConfig:
         metadata={
             "help": "`auto`: continue from the latest checkpoint in output_dir if any; `never`; "
             "or a checkpoint directory."
+        },
+    )
+    resume_with_changes: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume even when settings that change what is trained (learning rate, seed, "
+            "estimator, global batch, ...) differ from the checkpoint's: they are listed and "
+            "appended to <output_dir>/run_history.jsonl. Without it such a resume is refused; "
+            "logging, paths and progress may always change."
         },
     )
     disable_progress_bar: bool = field(

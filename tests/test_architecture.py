@@ -35,6 +35,7 @@ DEFERRED = {
     "peft": "LoRA",
     "safetensors": "weight files",
     "datasets": "hub and local dataset files",
+    "pyarrow": "parquet schemas (a dependency of datasets)",
     "matplotlib": "figures",
     "torch.utils.tensorboard": "TensorBoard scalars",
     "torch.profiler": "profiles",

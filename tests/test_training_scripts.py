@@ -231,3 +231,40 @@ def test_rerun_appends_to_the_log_with_a_header_per_run(tmp_path):
     assert len(ran) == 2 and ran[0].endswith("--seed 1") and ran[1].endswith("--seed 2")
     assert log.index(headers[0]) < log.index(ran[0]) < log.index(headers[1]) < log.index(ran[1])
     assert sum("models and data in place" in x for x in log) == 2
+
+
+def _stage_only_prints(tmp_path: Path) -> dict:
+    """_fake_bin's PATH, where `python -m marlhf.stages.X` only prints its flags (the preflight
+    is the real one)."""
+    import sys
+
+    env, _ = _fake_bin(tmp_path)
+    stage = tmp_path / "bin" / "python"
+    stage.unlink()
+    stage.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [ "$2" = marlhf.preflight ]; then exec {sys.executable} "$@"; fi\n'
+        'echo "stage ran: $*"\n'
+    )
+    stage.chmod(0o755)
+    return env
+
+
+def test_tiny_scripts_take_the_embedded_bases_and_no_reward_model_for_the_oracle(tmp_path):
+    """Step 2's run_tiny.sh takes an embedded base (tiny-base-64) as its model; step 3's takes `-`
+    for the reward-model directory, so the oracle reward runs from a base alone (the critic: its
+    backbone with a fresh value head)."""
+    env = _stage_only_prints(tmp_path)
+    step2 = ROOT / "training/step2_reward_model_finetuning/training_scripts/run_tiny.sh"
+    r, _ = _run(step2, ["tiny-base-64", str(tmp_path / "rm")], env, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (
+        "models and data in place" in r.stdout and "--model_name_or_path tiny-base-64" in r.stdout
+    )
+    args = [str(tmp_path / "oracle"), "tiny-base-64", "-", "--reward_source", "gold"]
+    args += ["--data_path", "synthetic-facts-64", "--max_prompt_seq_len", "256"]
+    r, _ = _run(STEP3 / "run_tiny.sh", [*args, "--max_answer_seq_len", "112"], env, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "models and data in place" in r.stdout
+    (ran,) = [x for x in r.stdout.splitlines() if x.startswith("stage ran:")]
+    assert "--critic_model_name_or_path  --data_path" in ran  # empty: the critic is the actor

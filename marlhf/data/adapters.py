@@ -432,16 +432,46 @@ def get_adapter(name: str) -> Adapter:
     return ADAPTERS[name]
 
 
+def known_schemas() -> str:
+    """The column sets a local file is recognised by, each with its adapters, for messages."""
+    by_columns: dict[frozenset[str], list[str]] = {}
+    for a in ADAPTERS.values():
+        by_columns.setdefault(a.columns, []).append(a.name)
+    parts = []
+    for cols, names in by_columns.items():
+        shown = names if len(names) <= 3 else [*names[:2], f"{len(names) - 2} more"]
+        extra = " (+ chosen, rejected, margin)" if cols == ADAPTERS["plain"].columns else ""
+        parts.append(f"{'/'.join(sorted(cols))}{extra}: {', '.join(shown)}")
+    return "; ".join(parts)
+
+
+def schema_help(cols: Iterable[str], source: str) -> str:
+    """Why no schema matches a file's columns ``cols``, the known schemas and the two ways out."""
+    return (
+        f"{source}: no known dataset schema in its columns {sorted(cols)}. Known schemas (columns: "
+        f"adapters): {known_schemas()}. Map your columns onto one with --data_columns (e.g. "
+        "--data_columns prompt=query,chosen=response), or force an adapter with 'adapter:path' "
+        f"(adapters and aliases: {', '.join(sorted(ADAPTERS) + sorted(ALIASES))})"
+    )
+
+
 def detect_adapter(columns: Iterable[str], source: str) -> Adapter:
     """The adapter whose schema matches ``columns`` (a local file's columns)."""
     cols = frozenset(columns)
     for name in _DETECT:
         if ADAPTERS[name].columns <= cols:
             return ADAPTERS[name]
-    raise DataError(
-        f"{source}: cannot tell the dataset schema from columns {sorted(cols)}; expected e.g. "
-        "prompt/chosen/rejected, or force one with 'adapter:path'"
-    )
+    raise DataError(schema_help(cols, source))
 
 
-# --- reading rows --------------------------------------------------------------------------------
+def rename_columns(rows: list[dict], mapping: dict[str, str]) -> list[dict]:
+    """``rows`` with their columns renamed by ``mapping`` (``{their name: ours}``, as
+    ``--data_columns`` gives it); rows without those columns are left as they are."""
+    if not mapping:
+        return rows
+    out = []
+    for row in rows:
+        if isinstance(row, dict) and any(k in row for k in mapping):
+            row = {mapping.get(k, k): v for k, v in row.items()}
+        out.append(row)
+    return out

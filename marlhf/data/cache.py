@@ -118,7 +118,7 @@ def cached(
             _build(path, key, build)
         except Exception as e:  # noqa: BLE001 - every rank must learn of it, then it is re-raised
             error = e
-    if dist:
+    if dist and dist.get_world_size() > 1:
         _share_failure(dist, error)  # a collective: the ranks wait here for the builders
     if error is not None:
         raise error

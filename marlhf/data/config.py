@@ -18,6 +18,14 @@ class DataConfig:
             "the adapter of a local file."
         },
     )
+    data_columns: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Rename the columns of local --data_path files before their schema is "
+            "detected, as ours=theirs: `prompt=query` reads the column `query` as `prompt` "
+            "(several: prompt=instruction,chosen=output). The schemas: marlhf/data/adapters.py."
+        },
+    )
     data_split: str = field(
         default="2,4,4",
         metadata={"help": "Relative sizes of the SFT, reward-model and PPO parts, e.g. '2,4,4'."},
@@ -69,6 +77,10 @@ class DataConfig:
         },
     )
 
+    def column_mapping(self) -> dict[str, str]:
+        """``--data_columns`` as ``{their column: ours}``."""
+        return {theirs: ours for ours, theirs in (m.split("=", 1) for m in self.data_columns)}
+
     def split_seed(self, seed: int) -> int:
         """The seed of the phase split: ``--data_seed``, or the stage's ``seed`` when it is unset."""
         return seed if self.data_seed is None else self.data_seed
@@ -94,5 +106,15 @@ class DataConfig:
             raise ValueError(f"--max_seq_len must be >= 2, got {self.max_seq_len}")
         if self.max_samples < 0:
             raise ValueError(f"--max_samples must be >= 0, got {self.max_samples}")
+        targets = []
+        for m in self.data_columns:
+            ours, sep, theirs = m.partition("=")
+            if not sep or not ours.strip() or not theirs.strip() or ours != ours.strip():
+                raise ValueError(
+                    f"--data_columns takes ours=theirs pairs such as prompt=query, got {m!r}"
+                )
+            targets.append(ours)
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"--data_columns names a column twice: {list(self.data_columns)}")
         if self.end_of_conversation_token == "":
             raise ValueError("--end_of_conversation_token must not be empty (omit it for eos)")

@@ -7,12 +7,14 @@ what was read, skipped and kept.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from marlhf.data.adapters import (
+    _DETECT,
     _TLDR_COLS,
     ADAPTERS,
     ALIASES,
@@ -20,6 +22,8 @@ from marlhf.data.adapters import (
     detect_adapter,
     get_adapter,
     log,
+    rename_columns,
+    schema_help,
 )
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.long_tasks import data_file as long_task_file
@@ -79,6 +83,54 @@ def parse_spec(spec: str) -> tuple[Adapter | None, str | None]:
     if Path(spec).exists():
         return None, spec
     return get_adapter(spec), None
+
+
+def peek_columns(path: Path, max_rows: int = 200) -> frozenset[str] | None:
+    """The columns of the first rows of a local data file, or of a directory's first train file
+    (None: no file to read, or rows that do not parse: the stage reports those by line)."""
+    if path.is_dir():
+        files = _split_files(path, "train")
+        if not files:
+            return None
+        path = files[0]
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return frozenset(pq.read_schema(path).names)
+        if path.suffix == ".json" and path.read_text(errors="replace").lstrip().startswith("["):
+            rows = json.loads(path.read_text())[:max_rows]
+        else:
+            with open(path, encoding="utf-8-sig", errors="replace") as f:
+                lines = [ln for ln in (next(f, "") for _ in range(max_rows)) if ln.strip()]
+            rows = [json.loads(ln) for ln in lines]
+    except (OSError, ValueError, ImportError):
+        return None
+    return frozenset(k for r in rows if isinstance(r, dict) for k in r)
+
+
+def columns_problem(spec: str, mapping: dict[str, str] | None = None) -> str | None:
+    """Why a local ``--data_path`` entry's columns (renamed by ``mapping``, ``{theirs: ours}``)
+    fit no schema (or not the adapter it forces), listing the schemas; None when they fit or
+    cannot be read here."""
+    adapter, local = parse_spec(spec)
+    if local is None:
+        return None
+    cols = peek_columns(Path(local))
+    if not cols:
+        return None
+    cols = frozenset((mapping or {}).get(c, c) for c in cols)
+    if adapter is None:
+        if any(ADAPTERS[name].columns <= cols for name in _DETECT):
+            return None
+        return f"--data_path {schema_help(cols, spec)}"
+    if adapter.columns <= cols:
+        return None
+    missing = ", ".join(sorted(adapter.columns - cols))
+    return (
+        f"--data_path {spec}: the {adapter.name} adapter needs the columns {missing}, not in "
+        f"{sorted(cols)}; map them with --data_columns (e.g. --data_columns prompt=query)"
+    )
 
 
 def _convert_rows(
@@ -160,14 +212,16 @@ def load_examples(
     max_samples: int = 0,
     webgpt_skip_ties: bool = False,
     counts: SourceCounts | None = None,
+    columns: dict[str, str] | None = None,
 ) -> tuple[list[Example], int]:
     """All ``Example``s of one ``data_path`` entry's ``split`` ("train" or "eval"), in file order,
     and the number of bad rows skipped (always 0 unless ``skip_bad_rows``). ``counts``, when given,
-    receives the files read and how many rows each step kept (see ``marlhf.data.report``)."""
+    receives the files read and how many rows each step kept (see ``marlhf.data.report``).
+    ``columns`` (``{their name: ours}``, ``--data_columns``) renames a local file's columns first."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     counts = counts if counts is not None else SourceCounts(spec)
-    opts = {"webgpt_skip_ties": webgpt_skip_ties}
+    opts = {"webgpt_skip_ties": webgpt_skip_ties, "rename": dict(columns or {})}
     adapter, local = parse_spec(spec)
     if local is None and adapter is not None:
         bundled = bundled_file(adapter.name)
@@ -202,6 +256,10 @@ def _load_files(
     n_bad = 0
     for f in files:
         raw = _read_local(f, skip_bad_rows)
+        if options.get("rename"):
+            rows = rename_columns(list(raw.rows), options["rename"])
+            names = frozenset(options["rename"].get(c, c) for c in raw.columns)
+            raw = RawRows(rows, raw.label, names, raw.bad)
         counts.files.append(str(f))
         counts.rows_read += len(raw.rows) + len(raw.bad)
         split_filter = None

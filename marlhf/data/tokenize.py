@@ -155,6 +155,7 @@ def _phase_examples(
             max_samples=cfg.max_samples,
             webgpt_skip_ties=cfg.webgpt_skip_ties,
             counts=counts,
+            columns=cfg.column_mapping(),
         )
         idx = phase_indices(len(exs), cfg.data_split, phase, cfg.split_seed(seed))
         counts.in_phase = len(idx)
@@ -197,6 +198,8 @@ def cache_key(cfg: DataConfig, tokenizer, split: str, seed: int, phase: int, **e
     fields = asdict(cfg)
     fields.pop("data_output_path")
     fields.pop("data_seed")  # it enters as "seed" below
+    if not fields.get("data_columns"):  # no mapping: the key of the runs before the flag existed
+        fields.pop("data_columns", None)
     if fields["apply_chat_template"]:  # the template itself changes the prompts
         extra["chat_template"] = template_fingerprint(tokenizer)
     else:  # off: the keys of the entries made before the flag existed

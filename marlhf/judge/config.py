@@ -63,7 +63,10 @@ class JudgeConfig:
     sk: str | None = field(
         default=None,
         repr=False,
-        metadata={"help": "API key (compatibility flag; prefer OPENAI_API_KEY). Never logged."},
+        metadata={
+            "help": "API key (compatibility flag; it shows in the process list: set "
+            "OPENAI_API_KEY instead, a warning says so). Never logged."
+        },
     )
     base_url: str | None = field(
         default=None,

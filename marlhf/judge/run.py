@@ -103,9 +103,19 @@ def run_judge(
     return summary
 
 
+SK_WARNING = (
+    "warning: --sk puts the API key on the command line, in the process list where every user of "
+    "this machine sees it "
+    "(ps, /proc/<pid>/cmdline) and the shell history keeps it; set OPENAI_API_KEY in the "
+    "environment instead (export OPENAI_API_KEY=..., or read it from a file you alone can read)"
+)
+
+
 def main(argv: Sequence[str] | None = None, *, force_template: str | None = None) -> int:
     """CLI entry point of the judge scripts: 0 on success, 2 on bad input, 1 if nothing was judged."""
     cfg = parse_config(JudgeStage, argv).judge
+    if cfg.sk:
+        print(SK_WARNING, file=sys.stderr)
     if force_template is not None and cfg.dataset is not None:
         if template_for(cfg.dataset) != force_template:
             print(

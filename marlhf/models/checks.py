@@ -16,6 +16,7 @@ from typing import Any
 from marlhf.config import ModelConfig
 from marlhf.data.tokenize import bos_prefix
 from marlhf.models.load import load_tokenizer, resolve_model_path
+from marlhf.models.sources import REWARD_CONFIG_FILE, looks_local
 
 
 # --- tokenizers -----------------------------------------------------------------------------------
@@ -149,3 +150,64 @@ def ppo_model_roles(models_cfg: Any, reward_source: str) -> dict[str, str]:
             models_cfg.reward_model_name_or_path or roles["--critic_model_name_or_path"]
         )
     return roles
+
+
+def model_flag(models_cfg: Any, role: str) -> str:
+    """How a message names the model of ``role`` (critic, reward, reference) of stage 3: its flag
+    and value, or, when the flag was not given, the flag of the model it defaults to."""
+    actor = models_cfg.actor.model.model_name_or_path
+    critic = models_cfg.critic.model.model_name_or_path
+    given = {
+        "critic": critic,
+        "reward": models_cfg.reward_model_name_or_path,
+        "reference": models_cfg.reference_model_name_or_path,
+    }[role]
+    if given:
+        return f"--{role}_model_name_or_path {given}"
+    if role == "reward" and critic:
+        return (
+            f"--critic_model_name_or_path {critic} (the reward model's default: "
+            "--reward_model_name_or_path not given)"
+        )
+    who = "the critic's" if role == "critic" else f"the {role} model's"
+    return (
+        f"--actor_model_name_or_path {actor} ({who} default: --{role}_model_name_or_path not given)"
+    )
+
+
+def is_reward_dir(name: str) -> bool:
+    """Whether ``name`` is a reward-model directory (stage 2's output)."""
+    return os.path.isfile(os.path.join(name, REWARD_CONFIG_FILE))
+
+
+def critic_head(models_cfg: Any, reward_source: str) -> str:
+    """Whether the critic loads its reward model's value head (``trained``) or gets a new one on
+    the backbone of its model (``fresh``): ``--critic_value_head``, where ``auto`` keeps the head
+    of a reward-model directory and gives any other model a fresh one when the run has no reward
+    model (``--reward_source gold`` or ``code``)."""
+    name = models_cfg.critic.model.model_name_or_path or models_cfg.actor.model.model_name_or_path
+    mode = models_cfg.critic_value_head
+    if mode != "auto":
+        return mode
+    if is_reward_dir(name) or reward_source not in ("gold", "code"):
+        return "trained"
+    return "fresh"
+
+
+def critic_problem(models_cfg: Any, reward_source: str) -> str | None:
+    """Why the critic cannot start from its model (a trained head asked of a model that is no
+    reward-model directory), naming the flag actually given (or the actor's, the critic's
+    default) and the two ways out; None when it can."""
+    name = models_cfg.critic.model.model_name_or_path or models_cfg.actor.model.model_name_or_path
+    if critic_head(models_cfg, reward_source) == "fresh" or is_reward_dir(name):
+        return None
+    where = os.path.abspath(name) if os.path.isdir(name) else name
+    if looks_local(name) and not os.path.exists(name):
+        what = f"{os.path.abspath(os.path.expanduser(name))} does not exist"
+    else:
+        what = f"not a reward-model directory (no {REWARD_CONFIG_FILE} in {where})"
+    return (
+        f"{model_flag(models_cfg, 'critic')}: {what}, so the critic has no trained value head to "
+        "start from. Pass the output of stage 2 as --critic_model_name_or_path, or start the "
+        "critic from a model's backbone with a fresh value head: --critic_value_head fresh"
+    )

@@ -121,6 +121,13 @@ class RewardModel(nn.Module):
         with _gathered(self.v_head.weight):
             nn.init.normal_(self.v_head.weight, mean=0.0, std=std)
 
+    def reset_value_head(self, init_std: float | None = None) -> None:
+        """Draw a new value head (as a new reward model gets): normal, std 1/sqrt(hidden + 1)."""
+        hidden = self.v_head.in_features
+        std = 1.0 / math.sqrt(hidden + 1) if init_std is None else init_std
+        with _gathered(self.v_head.weight):
+            nn.init.normal_(self.v_head.weight, mean=0.0, std=std)
+
     @classmethod
     def from_pretrained(
         cls,

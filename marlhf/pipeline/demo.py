@@ -19,12 +19,14 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from marlhf.cli import Parser
 from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
 from marlhf.pipeline.report import write_report
+from marlhf.runtime.run_lock import LOCK_FILE, OutputDirInUse, acquire
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,13 +179,21 @@ def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
     log_file = logs / f"{stage.key}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, *stage.args],
             env=_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+        try:
+            proc.wait()
+        except KeyboardInterrupt:  # the stage got the Ctrl-C too: it saves a checkpoint, stops
+            proc.wait()
+            raise SystemExit(
+                f"[demo] {stage.title}: interrupted (exit {proc.returncode}); the same command "
+                "resumes the demo"
+            ) from None
     if proc.returncode != 0:
         tail = "".join(open(log_file).readlines()[-30:])
         raise SystemExit(
@@ -350,12 +360,31 @@ def inference_stages(args: argparse.Namespace, out: Path) -> tuple[list[Stage], 
     return stages, results
 
 
+def lock_and_clear(out: Path, fresh: bool) -> None:
+    """Take the demo's lock on ``out`` (one demo per directory: two would write the same label
+    files and stage directories; :mod:`marlhf.runtime.run_lock`), then with ``fresh`` empty it
+    (but the lock). A directory in use stops the demo with one line naming the holder (exit
+    status 2)."""
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        acquire(out, uuid.uuid4().hex)
+    except OutputDirInUse as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if fresh:
+        for p in out.iterdir():
+            if p.name == LOCK_FILE:
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.output_dir).resolve()
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    lock_and_clear(out, args.fresh)
     t_start = time.time()
     infer, results = inference_stages(args, out)
     timings = {

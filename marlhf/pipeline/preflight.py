@@ -38,7 +38,9 @@ from typing import Any
 import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
-from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
+from marlhf.data.sources import columns_problem
+from marlhf.models.checks import check_same_tokenizer, critic_head, critic_problem, ppo_model_roles
+from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
@@ -48,15 +50,17 @@ from marlhf.stages.sft import SFTConfig
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
 
 
-def data_problem(spec: str) -> str | None:
-    """A ``--data_path`` entry that is a missing local path or no known dataset, else None."""
+def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
+    """A ``--data_path`` entry that is a missing local path or no known dataset, or a local file
+    whose columns (renamed by ``--data_columns``) fit no known schema; else None."""
+    mapping = {theirs: ours for ours, theirs in (m.split("=", 1) for m in data_columns)}
     if os.path.exists(spec):
-        return None
+        return columns_problem(spec, mapping)
     if ":" in spec:
         head, rest = spec.split(":", 1)
         if ALIASES.get(head, head) in ADAPTERS:
             if os.path.exists(rest):
-                return None
+                return columns_problem(spec, mapping)
             return f"--data_path {spec}: {os.path.abspath(os.path.expanduser(rest))} does not exist"
     if looks_local(spec) or spec.lower().endswith(_DATA_SUFFIXES):
         return f"--data_path {spec}: {os.path.abspath(os.path.expanduser(spec))} does not exist"
@@ -77,10 +81,13 @@ def _stage_config(stage: str) -> type:
     return PPOStageConfig
 
 
-def _model_checks(stage: str, cfg: Any) -> list[tuple[str, str, str]]:
+def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], list[str]]:
     """(flag, model, kind) to check; kind: ``causal`` (no reward-model dir), ``reward`` (must be
-    one), ``model`` (any model directory) or ``tokenizer``."""
+    one), ``model`` (any model directory) or ``tokenizer``; and the problems of flags that cannot
+    work together (a critic with a trained head from a model that has none, no reward model with
+    ``--reward_source rm``)."""
     out: list[tuple[str, str, str]] = []
+    problems: list[str] = []
     if stage in ("sft", "reward"):
         m = cfg.model
         out.append(
@@ -93,39 +100,64 @@ def _model_checks(stage: str, cfg: Any) -> list[tuple[str, str, str]]:
         )
         if ref:
             out.append(("--reference_model_name_or_path", ref, "causal"))
-        return out
+        return out, problems
     mc, source = cfg.models, cfg.ppo.reward_source
-    roles = ppo_model_roles(mc, source)
-    out.append(("--actor_model_name_or_path", roles["--actor_model_name_or_path"], "causal"))
+    critic = mc.critic.model.model_name_or_path
+    out.append(("--actor_model_name_or_path", mc.actor.model.model_name_or_path, "causal"))
     if mc.reference_model_name_or_path:
         out.append(("--reference_model_name_or_path", mc.reference_model_name_or_path, "causal"))
-    critic = roles["--critic_model_name_or_path"]
-    out.append(("--critic_model_name_or_path", critic, "model" if source == "code" else "reward"))
-    if "--reward_model_name_or_path" in roles and mc.reward_model_name_or_path:
-        out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
-    return out
+    # the critic and the reward model (a critic not given is the actor, checked above)
+    head = critic_head(mc, source) if cfg.ppo.needs_critic else None
+    if head and critic:
+        out.append(
+            ("--critic_model_name_or_path", critic, "reward" if head == "trained" else "model")
+        )
+    elif head:
+        problem = critic_problem(mc, source)
+        if problem:
+            problems.append(problem)
+    if source in ("rm", "rm+code"):
+        if mc.reward_model_name_or_path:
+            out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
+        elif not critic:
+            problems.append(
+                f"--reward_source {source} needs a reward model: pass the output of stage 2 as "
+                "--reward_model_name_or_path"
+            )
+        elif head != "trained":  # a trained critic's check covers its reward model too
+            flag = "--reward_model_name_or_path (not given: --critic_model_name_or_path)"
+            out.append((flag, critic, "reward"))
+    return out, problems
+
+
+def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str | None:
+    """What is wrong with one model of :func:`_model_checks`, or None."""
+    if kind == "reward" and not os.path.isdir(name):
+        # reward models are read from local directories only
+        return (
+            f"{flag} {name}: the directory {os.path.abspath(name)} does not exist; pass the "
+            "output directory of stage 2 (marlhf.stages.reward)"
+        )
+    p = model_source_problem(
+        name, flag, probe_network=probe_network, tokenizer_only=kind == "tokenizer"
+    )
+    if p is None and kind in ("causal", "reward") and os.path.isdir(name):
+        p = reward_dir_problem(name, flag, want_reward=kind == "reward")
+        if p and flag == "--critic_model_name_or_path":
+            p += ", or start the critic from this model with --critic_value_head fresh"
+    return p
 
 
 def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     """Every problem with the models and data of a parsed stage config (empty: all in place)."""
-    problems = []
-    for flag, name, kind in _model_checks(stage, cfg):
-        if kind == "reward" and not os.path.isdir(name):
-            # reward models are read from local directories only
-            p = (
-                f"{flag} {name}: the directory {os.path.abspath(name)} does not exist; pass the "
-                "output directory of stage 2 (marlhf.stages.reward)"
-            )
-        else:
-            p = model_source_problem(
-                name, flag, probe_network=probe_network, tokenizer_only=kind == "tokenizer"
-            )
-        if p is None and kind in ("causal", "reward") and os.path.isdir(name):
-            p = reward_dir_problem(name, flag, want_reward=kind == "reward")
+    checks, problems = _model_checks(stage, cfg)
+    problems = [p for f, n, k in checks if (p := _model_problem(f, n, k, probe_network))] + problems
+    for spec in cfg.data.data_path:
+        p = data_problem(spec, cfg.data.data_columns)
         if p:
             problems.append(p)
-    for spec in cfg.data.data_path:
-        p = data_problem(spec)
+    if not problems:
+        p = _context_problem(stage, cfg)
         if p:
             problems.append(p)
     if stage == "ppo" and not problems:
@@ -137,6 +169,22 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         except (ValueError, OSError) as e:
             problems.append(str(e))
     return problems
+
+
+def _context_problem(stage: str, cfg: Any) -> str | None:
+    """The sequence-length flags against the context of the stage's models
+    (:mod:`marlhf.models.context`)."""
+    if stage in ("sft", "reward"):
+        models = {"--model_name_or_path": cfg.model.model_name_or_path}
+        if stage == "reward" and cfg.reward.reference_model_name_or_path:
+            models["--reference_model_name_or_path"] = cfg.reward.reference_model_name_or_path
+        return context_problem(models, {"--max_seq_len": cfg.data.max_seq_len})
+    g = cfg.generation
+    lengths = {
+        "--max_prompt_seq_len": g.max_prompt_seq_len,
+        "--max_answer_seq_len": g.max_answer_seq_len,
+    }
+    return context_problem(ppo_model_roles(cfg.models, cfg.ppo.reward_source), lengths)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

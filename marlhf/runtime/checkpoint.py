@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from marlhf.runtime.checkpoint_files import (
+    MANIFEST_FILE,
     TagStatus,
     begin_tag,
     check_tag,
@@ -39,13 +40,22 @@ from marlhf.runtime.checkpoint_files import (
     naming_write_errors,
 )
 from marlhf.runtime.distributed import all_reduce_sum, barrier, is_main, world_size
+from marlhf.runtime.finite import check_weights, local_weights, nonfinite_tensors
 
 log = logging.getLogger("marlhf.runtime.checkpoint")
 
 
 def gather_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor] | None:
     """The full state dict on CPU at rank 0 (None elsewhere). Under ZeRO-3 every parameter is gathered
-    one at a time, so peak memory stays at one full parameter beyond the partition."""
+    one at a time, so peak memory stays at one full parameter beyond the partition. Collective;
+    refuses (:class:`marlhf.runtime.finite.NonFiniteError`) weights that are NaN or infinite: no
+    model is ever saved with them."""
+    state = _gather_state_dict(module, zero_stage)
+    check_weights(nonfinite_tensors(state) if state is not None else [], "the model")
+    return state
+
+
+def _gather_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor] | None:
     if zero_stage == 3:
         import deepspeed
 
@@ -137,6 +147,9 @@ def save_train_state(
     resume and rotated with it."""
     root = Path(root)
     tag = f"step-{step}"
+    for name, engine in engines.items():  # never a training state with NaN or inf weights
+        module = getattr(engine, "module", None)
+        check_weights(nonfinite_tensors(local_weights(module)), f"{root / name / tag}")
     for name, engine in engines.items():
         tag_dir = root / name / tag
         with naming_write_errors(
@@ -152,6 +165,7 @@ def save_train_state(
             if is_main():
                 for file_name, write in (extra_files or {}).get(name, {}).items():
                     write(tag_dir / file_name)
+            barrier()  # rank 0's files are there before every rank lists the tag to hash it
             finish_tag(tag_dir)
     if is_main():
         write_json(root / "latest.json", {"tag": tag, "step": step, "engines": sorted(engines)})
@@ -223,18 +237,60 @@ def _candidates(root: Path, names: list[str]) -> list[str]:
 
 
 def _newest_usable(
-    root: Path, names: list[str], skip: set[str], problems: list[str]
+    root: Path, names: list[str], skip: set[str], problems: list[str], verified_only: bool = False
 ) -> tuple[str, TagStatus] | None:
-    """The newest tag not in ``skip`` that is complete (or unverified); adds the problems of the
-    tags it passes over to ``problems``."""
+    """The newest tag not in ``skip`` that is complete (or, unless ``verified_only``, unverified);
+    adds the problems of the tags it passes over to ``problems``."""
     for tag in _candidates(root, names):
         if tag in skip:
             continue
         status = _check_checkpoint(root, names, tag)
-        if status.usable:
+        if status.state == "complete" or (status.usable and not verified_only):
             return tag, status
         problems.append(status.reason)
     return None
+
+
+def _has_checksums(root: Path, names: list[str]) -> bool:
+    """Whether any checkpoint of the run under ``root`` has a checksums manifest (the run was
+    saved by a version that records them, so a tag without one lost it)."""
+    return any((p / MANIFEST_FILE).exists() for n in names for p in _engine_tags(root, n).values())
+
+
+def _only_unfinished_saves(root: Path, names: list[str]) -> bool:
+    """No checkpoint was ever completed: no latest.json (written after a complete save), and
+    every tag misses an engine or has one whose save did not finish (its marker, no manifest):
+    the run was stopped while saving its first checkpoint."""
+    if (root / "latest.json").exists():
+        return False
+    tags = _candidates(root, names)
+    return bool(tags) and all(
+        any(not (root / n / t).is_dir() or is_marked_incomplete(root / n / t) for n in names)
+        for t in tags
+    )
+
+
+def _prefer_verified(
+    root: Path, names: list[str], tag: str, status: TagStatus, problems: list[str]
+) -> tuple[str, TagStatus]:
+    """``tag`` is usable but unverified (no checksums.json): in a run whose other checkpoints
+    have checksums its manifest was lost (deleted, or the save was cut in a way that left no
+    marker), so the newest verified checkpoint is taken instead when there is one."""
+    if status.state != "unverified" or not _has_checksums(root, names):
+        return tag, status
+    reason = (
+        f"{status.reason.split(' has no ')[0]} has no {MANIFEST_FILE} while the run's other "
+        "checkpoints have one, so its files cannot be verified"
+    )
+    passed: list[str] = []
+    found = _newest_usable(root, names, {tag}, passed, verified_only=True)
+    if found is None:
+        if is_main():
+            log.warning("%s; no verified checkpoint to take instead: resuming from it", reason)
+        return tag, status
+    problems.append(reason)
+    problems.extend(passed)
+    return found
 
 
 def find_resume(
@@ -271,26 +327,45 @@ def find_resume(
     if tag is not None:
         status = _check_checkpoint(root, names, tag)
         if status.usable:
-            if status.state == "unverified" and is_main():
-                log.info("resuming from %s without checksums: %s", root / tag, status.reason)
-            return root, tag
+            chosen, status = _prefer_verified(root, names, tag, status, problems)
+            if chosen == tag:
+                if status.state == "unverified" and is_main():
+                    log.info("resuming from %s without checksums: %s", root / tag, status.reason)
+                return root, tag
+            _warn_fallback(problems, root, chosen)
+            return root, chosen
         problems.append(status.reason)
     found = _newest_usable(root, names, {tag} if tag else set(), problems)
+    if found is not None:
+        found = _prefer_verified(root, names, *found, problems)
     if found is None:
+        if resume == "auto" and _only_unfinished_saves(root, names):
+            if is_main():
+                log.warning(
+                    "%s: no checkpoint was completed (%s): the run was stopped while saving its "
+                    "first one. Starting over, as a fresh run",
+                    root,
+                    "; ".join(problems),
+                )
+            return None
         raise RuntimeError(
             f"no complete checkpoint to resume from in {root}: "
             + "; ".join(problems)
             + f". To go on: {_RESUME_HELP}"
         )
+    _warn_fallback(problems, root, found[0])
+    return root, found[0]
+
+
+def _warn_fallback(problems: list[str], root: Path, tag: str) -> None:
     if is_main():
         log.warning(
             "%s. Resuming from %s of %s instead, the newest complete checkpoint (the steps after "
             "it are trained again)",
             "; ".join(problems),
-            found[0],
+            tag,
             root,
         )
-    return root, found[0]
 
 
 def _try_load(engines: dict[str, Any], root: Path, tag: str) -> tuple[dict | None, str]:

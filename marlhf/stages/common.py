@@ -20,11 +20,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from marlhf.cli import config_to_dict
+from marlhf.cli import config_to_dict, flag_values
 from marlhf.config import LoggingConfig, OptimConfig
 from marlhf.data.cache import BuilderFailed
-from marlhf.data.schema import DataError
-from marlhf.runtime import startup
+from marlhf.runtime import preemption, startup
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.checkpoint import (
     find_resume,
@@ -42,29 +41,53 @@ from marlhf.runtime.distributed import (
     shutdown_distributed,
     world_size,
 )
+from marlhf.runtime.run_lock import lock_output_dir
+from marlhf.runtime.run_settings import SETTINGS_FILE, check_resume_settings, settings_writer
+from marlhf.runtime.run_settings import settings as settings_record
 from marlhf.runtime.tracking import Tracker
+from marlhf.stages.exits import raised_on_purpose, report_and_exit, tear_down_process_group
 
 
 def run_stage(train: Callable, cfg) -> None:
-    """A stage's ``main``: ``train(cfg)``, with bad input (:class:`marlhf.data.schema.DataError`:
-    the message names the file, row and field) reported as one message and exit status 2 instead of
-    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
+    """A stage's ``main``: ``train(cfg)``, with an error raised on purpose (bad input, a data row,
+    a model of the wrong kind, no checkpoint, a non-finite loss, ...: the message names the thing)
+    reported as one ``error:`` line and an exit status instead of a traceback from every rank
+    (:mod:`marlhf.stages.exits`); ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
     waited for another rank's failed data build (:class:`marlhf.data.cache.BuilderFailed`) exits
-    with it, quietly (rank 0 names the failing rank, which reports its own error). After a
-    successful ``train`` the ranks meet once more and the process group is torn down."""
+    with it, quietly (rank 0 names the failing rank, which reports its own error). A run stopped
+    by SIGTERM or SIGINT after saving a checkpoint prints one line and exits with 128 + the
+    signal's number (:mod:`marlhf.runtime.preemption`). The process group is torn down on every
+    path: after a successful ``train`` the ranks meet once more first."""
+    try:
+        _run_and_exit(train, cfg)
+    finally:
+        preemption.uninstall()
+
+
+def _run_and_exit(train: Callable, cfg) -> None:
     try:
         train(cfg)
-    except DataError as e:
-        if os.environ.get("MARLHF_TRACEBACK"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except preemption.StoppedBySignal as e:
+        if is_main():
+            print(str(e), file=sys.stderr, flush=True)
+        tear_down_process_group()
+        raise SystemExit(e.status) from None
     except BuilderFailed as e:
         if os.environ.get("MARLHF_TRACEBACK"):
+            tear_down_process_group()
             raise
         if is_main():
-            print(f"error: the data build failed on {e}", file=sys.stderr)
+            print(f"error: the data build failed on {e}", file=sys.stderr, flush=True)
+        tear_down_process_group()
         raise SystemExit(2 if e.data_error else 1) from None
+    except Exception as e:
+        if os.environ.get("MARLHF_TRACEBACK") or not raised_on_purpose(e):
+            tear_down_process_group()
+            raise
+        report_and_exit(e)
+    except BaseException:  # SystemExit, KeyboardInterrupt: leave, without the group
+        tear_down_process_group()
+        raise
     shutdown_distributed()
 
 
@@ -100,6 +123,7 @@ def start(ds_cfg, seed: int, progress_bars: bool = True) -> None:
         transformers.utils.logging.disable_progress_bar()
         datasets.disable_progress_bars()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    preemption.install()  # SIGTERM / SIGINT: stop now (set-up), or after a checkpoint (training)
     init_distributed(ds_cfg.local_rank, ds_cfg.dist_timeout_s)
     setup_logging()
     try:
@@ -159,9 +183,13 @@ def progress(total: int, initial: int, desc: str, disable: bool = False):
 
 
 def ensure_output_dir(path: str) -> Path:
+    """The run's output directory, created and locked for this run (one run per directory:
+    :mod:`marlhf.runtime.run_lock`; a second run stops naming the holder). Collective when
+    distributed."""
     out = Path(path)
     if is_main():
         out.mkdir(parents=True, exist_ok=True)
+    lock_output_dir(out)
     return out
 
 
@@ -204,13 +232,16 @@ class StepPlan:
 
 def plan_steps(n: int, optim: OptimConfig, split: str, unit: str) -> StepPlan:
     """The plan for ``n`` training rows (``unit``: what a row is, for the error) of the ``split``:
-    ``--num_train_epochs`` epochs, capped at ``--max_steps`` when given.
+    ``--max_steps`` optimizer steps when given (the data are looped over as often as needed, each
+    epoch in its own order), else ``--num_train_epochs`` epochs.
 
     >>> from marlhf.config import OptimConfig
     >>> optim = OptimConfig(per_device_train_batch_size=2, num_train_epochs=3)
     >>> plan = plan_steps(10, optim, "SFT split", "examples")
     >>> plan.steps_per_epoch, plan.total, plan.global_batch
     (5, 15, 2)
+    >>> plan_steps(10, OptimConfig(per_device_train_batch_size=2, max_steps=12), "SFT", "rows").total
+    12
     """
     micro, acc, ws = (
         optim.per_device_train_batch_size,
@@ -223,9 +254,7 @@ def plan_steps(n: int, optim: OptimConfig, split: str, unit: str) -> StepPlan:
             f"{split} has {n} {unit}, fewer than one global batch "
             f"({micro} x {acc} x {ws}); lower the batch size or add data"
         )
-    total = spe * optim.num_train_epochs
-    if optim.max_steps:
-        total = min(total, optim.max_steps)
+    total = optim.max_steps or spe * optim.num_train_epochs
     return StepPlan(micro, acc, ws, spe, total)
 
 
@@ -253,12 +282,47 @@ def _resume(
     return client["global_step"]
 
 
+def check_resume(cfg, log_cfg: LoggingConfig, derived: dict[str, int]) -> dict:
+    """This run's settings (``cfg``'s flags and the ``derived`` global sizes), checked against
+    those of the checkpoint it resumes from (:mod:`marlhf.runtime.run_settings`: a change to what
+    is trained is refused without ``--resume_with_changes``); call it before loading any model.
+    The result is saved with every training state."""
+    record = settings_record(flag_values(cfg), derived)
+    out = Path(log_cfg.output_dir)
+    check_resume_settings(
+        out / "train_state", log_cfg.resume, log_cfg.resume_with_changes, record, out
+    )
+    return record
+
+
 def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: int) -> bool:
     """Whether step ``step`` ends with an evaluation: every ``--eval_interval`` steps (0: at each
     epoch's end) and at the last step."""
     if log_cfg.eval_interval:
         return step % log_cfg.eval_interval == 0 or step == total
     return step % steps_per_epoch == 0 or step == total
+
+
+def _log_eval(metrics: dict[str, float], step: int, tracker: Tracker, logger) -> None:
+    tracker.log(metrics, step)
+    if is_main():
+        logger.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
+
+
+def _stop_if_requested(step: int, total: int, saved: bool, checkpoint, closing, state_root) -> None:
+    """After ``step``: when any rank got SIGTERM or SIGINT (a collective), save the training state
+    (unless this step's checkpoint was just saved), close ``closing`` (the bar, the tracker) and
+    raise :class:`marlhf.runtime.preemption.StoppedBySignal`."""
+    signum = preemption.stop_requested()
+    if not signum:
+        return
+    if not saved:  # the training state only: what a resume needs, soonest
+        checkpoint(step, None, final=False)
+    for thing in closing:
+        thing.close()
+    raise preemption.StoppedBySignal(
+        signum, preemption.stop_message(signum, step, total, state_root)
+    )
 
 
 def supervised_loop(
@@ -275,6 +339,7 @@ def supervised_loop(
     save_model: Callable[[int, Path, bool], None],
     stage_state: Callable[[], dict] | None = None,
     load_stage_state: Callable[[dict], None] | None = None,
+    settings: dict | None = None,
     run_name: str | None = None,
     run_config: dict | None = None,
 ) -> int:
@@ -288,7 +353,8 @@ def supervised_loop(
     - ``save_model(step, path, final)``: the model as a directory later stages load (every rank
       calls it); ``final`` for the last save, into ``output_dir`` itself;
     - ``stage_state()`` / ``load_stage_state(state)`` (optional): what the stage itself must carry
-      over a resume (the reward model: its latest evaluation), saved with the training state.
+      over a resume (the reward model: its latest evaluation), saved with the training state
+      as are ``settings`` (:func:`check_resume`), for the next resume to compare with.
 
     The loop does the rest, the same for every supervised stage:
 
@@ -302,7 +368,8 @@ def supervised_loop(
        step used), ``train/step_time_s`` and ``train/epoch`` (fractional);
     4. an evaluation every ``--eval_interval`` steps (0: at each epoch's end) and at the last step;
     5. every ``--save_steps`` steps a model in ``checkpoints/step-N`` and a resumable state (the
-       newest ``--keep_checkpoints`` kept); at the end the final model and state.
+       newest ``--keep_checkpoints`` kept); at the end the final model and state; on SIGTERM or
+       SIGINT (any rank), a resumable state after the step, then ``StoppedBySignal``.
     """
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
@@ -310,17 +377,21 @@ def supervised_loop(
     tracker = Tracker(log_cfg, start_step=global_step, run_name=run_name, config=run_config)
     bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
     engine.train()
+    preemption.enter_training()
 
-    def checkpoint(step: int, path: Path, final: bool) -> None:
+    def checkpoint(step: int, path: Path | None, final: bool) -> None:
         if final:  # the run directory itself (it holds train_state/ and the logs too)
             save_model(step, path, final)
-        else:  # checkpoints/step-N appears whole (written aside, then renamed)
+        elif path is not None:  # checkpoints/step-N appears whole (written aside, then renamed)
             with staged_directory(path) as where:
                 save_model(step, where, final)
         client = {"global_step": step, "rng": rng_state()}
         if stage_state is not None:
             client["stage"] = stage_state()
-        save_train_state({"model": engine}, state_root, step, client, log_cfg.keep_checkpoints)
+        extra = {"model": {SETTINGS_FILE: settings_writer(settings)}} if settings else None
+        save_train_state(
+            {"model": engine}, state_root, step, client, log_cfg.keep_checkpoints, extra
+        )
 
     spe, total = plan.steps_per_epoch, plan.total
     while global_step < total:
@@ -338,22 +409,16 @@ def supervised_loop(
         shown = {k: f"{metrics[m]:{fmt}}" for k, (m, fmt) in _BAR_FIELDS.items() if m in metrics}
         bar.set_postfix(**shown, epoch=epoch)
         if global_step % log_cfg.log_interval == 0 or global_step == total:
-            metrics = {
-                **metrics,
-                "train/step_time_s": time.perf_counter() - t0,
-                "lr": lr,
-                "train/epoch": epoch + (step_in_epoch + 1) / spe,
-            }
+            metrics = {**metrics, "train/step_time_s": time.perf_counter() - t0, "lr": lr}
+            metrics["train/epoch"] = epoch + (step_in_epoch + 1) / spe
             tracker.log(metrics, global_step)
         if _eval_due(log_cfg, global_step, spe, total):
-            metrics = evaluate()
-            tracker.log(metrics, global_step)
-            if is_main():
-                logger.info(
-                    "step %d: %s", global_step, {k: round(v, 4) for k, v in metrics.items()}
-                )
-        if log_cfg.save_steps and global_step % log_cfg.save_steps == 0 and global_step < total:
+            _log_eval(evaluate(), global_step, tracker, logger)
+        saved = log_cfg.save_steps and global_step % log_cfg.save_steps == 0
+        if saved and global_step < total:
             checkpoint(global_step, out / "checkpoints" / f"step-{global_step}", final=False)
+        if global_step < total:  # SIGTERM / SIGINT on any rank: checkpoint, then stop
+            _stop_if_requested(global_step, total, saved, checkpoint, (bar, tracker), state_root)
     bar.close()
     checkpoint(global_step, out, final=True)  # the final model is the run directory itself
     tracker.close()

@@ -22,6 +22,7 @@ from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConf
 from marlhf.data.collate import SFTCollator
 from marlhf.data.config import DataConfig
 from marlhf.data.tokenize import build_sft_dataset
+from marlhf.models.context import check_context
 from marlhf.models.lm_loss import lm_loss_sum
 from marlhf.models.load import load_causal_lm, load_tokenizer
 from marlhf.models.lora import apply_lora
@@ -30,7 +31,9 @@ from marlhf.runtime import startup
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
 from marlhf.runtime.engine import build_train_engine, ds_config
+from marlhf.runtime.finite import guarded_step
 from marlhf.stages.common import (
+    check_resume,
     ensure_output_dir,
     plan_steps,
     run_stage,
@@ -87,12 +90,17 @@ def train(cfg: SFTConfig) -> Path:
     start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
+    check_context(
+        {"--model_name_or_path": cfg.model.model_name_or_path},
+        {"--max_seq_len": cfg.data.max_seq_len},
+    )
     train_ds = build_sft_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
     eval_ds = build_sft_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
     collate = SFTCollator(tokenizer.pad_token_id)
     startup.mark("data")
 
     plan = plan_steps(len(train_ds), cfg.optim, "SFT split", "examples")
+    settings = check_resume(cfg, cfg.log, {"global_batch": plan.global_batch})
 
     zero3 = None
     if (
@@ -135,7 +143,7 @@ def train(cfg: SFTConfig) -> Path:
             outputs = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             nll, _ = lm_loss_sum(outputs.logits, batch["labels"])
             engine.backward(nll * plan.world / n_tokens.to(nll.device), scale_wrt_gas=False)
-            engine.step()
+            guarded_step(engine, step + 1, "model", nll)
             loss_sum += nll.detach().float().cpu()
         loss = float(all_reduce_sum(loss_sum) / n_tokens)
         return {"train/loss": loss, "train/tokens": float(n_tokens)}
@@ -164,6 +172,7 @@ def train(cfg: SFTConfig) -> Path:
         train_step=train_step,
         evaluate=lambda: evaluate(engine, eval_ds, collate, cfg),
         save_model=save_model,
+        settings=settings,
     )
     if is_main():
         log.info("SFT model saved to %s", out)

@@ -420,3 +420,20 @@ def test_webgpt_script_notes_only_a_dataset_it_was_given(tmp_path, capsys, extra
     argv = ["--model_name_a", str(pa), "--model_name_b", str(pb), "--output", str(tmp_path / "o")]
     assert main([*argv, "--dry-run", *extra], force_template="webgpt") == 0
     assert ("ignored" in capsys.readouterr().err) == noted
+
+
+def test_sk_warns_that_the_key_shows_in_the_process_list(tmp_path, monkeypatch, capsys):
+    """``--sk KEY`` (the original judge's flag) still works, but a key on the command line is seen
+    by every user of the machine: a warning says so and points to OPENAI_API_KEY; the key itself
+    is never printed."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    pa, pb = write_results(tmp_path)
+    argv = ["--model_name_a", str(pa), "--model_name_b", str(pb)]
+    argv += ["--output", str(tmp_path / "o.jsonl"), "--dry-run"]
+    assert main([*argv, "--sk", SECRET]) == 0
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("warning: --sk")]
+    assert "process list" in line and "OPENAI_API_KEY" in line
+    assert SECRET not in err
+    assert main(argv) == 0
+    assert "--sk" not in capsys.readouterr().err

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from marlhf.pipeline import demo
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +55,35 @@ def test_demo_pipeline_end_to_end(tmp_path):
     # a second run resumes: every stage is skipped
     again = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count(": already done (") == 11, again.stdout
+
+
+class _Interrupted:
+    """A stage process whose first wait is cut by Ctrl-C (the demo's terminal sent it to the whole
+    process group); the stage saves a checkpoint and exits 130, which the second wait returns."""
+
+    def __init__(self, *args, **kwargs):
+        self.waits, self.returncode = 0, None
+
+    def wait(self):
+        self.waits += 1
+        if self.waits == 1:
+            raise KeyboardInterrupt
+        self.returncode = 130
+        return 130
+
+
+def test_ctrl_c_waits_for_the_stage_and_says_the_same_command_resumes(tmp_path, monkeypatch):
+    started = []
+
+    def popen(*args, **kwargs):
+        started.append(_Interrupted())
+        return started[-1]
+
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    stage = demo.Stage("1/6 SFT", "sft", ["-m", "marlhf.stages.sft"], tmp_path / "sft" / "done")
+    with pytest.raises(SystemExit) as stop:
+        demo._run(stage, tmp_path / "logs", fresh=False)
+    assert started[0].waits == 2  # the stage was waited for, not left running
+    assert str(stop.value) == (
+        "[demo] 1/6 SFT: interrupted (exit 130); the same command resumes the demo"
+    )

@@ -457,3 +457,74 @@ def test_a_save_killed_midway_leaves_no_step_directory_and_is_swept(tmp_path):
     assert (partial / "model.safetensors").exists()
     assert find_resume(root, "auto") == (root, "step-3")
     assert not partial.exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# a kill during the first save; a checkpoint whose checksums were deleted; non-finite weights
+
+
+@pytest.mark.parametrize("engines", [("model",), ("actor", "critic")])
+def test_kill_during_the_first_save_starts_over_as_fresh(tmp_path, caplog, engines):
+    """The first checkpoint's save was cut (no latest.json yet, every tag unfinished or missing an
+    engine): nothing was ever resumable, so the same command starts over, with a warning."""
+    root = tmp_path / "run" / "train_state"
+    first = root / engines[0] / "step-4"
+    first.mkdir(parents=True)
+    (first / "SAVING").write_text("")
+    Engine(4).save_checkpoint(str(root / engines[0]), "step-4", {"global_step": 4})
+    if len(engines) == 2:  # the actor's tag finished, the critic's never started
+        from marlhf.runtime.checkpoint_files import finish_tag
+
+        finish_tag(first)
+    with caplog.at_level(logging.WARNING):
+        assert find_resume(root, "auto", engines=list(engines)) is None
+    assert "stopped while saving its first one" in _warnings(caplog)
+    assert str(first) in _warnings(caplog) or "critic" in _warnings(caplog)
+    # an explicit --resume path is still an error, and so is a run that completed a checkpoint
+    with pytest.raises(RuntimeError, match="no complete checkpoint"):
+        find_resume(tmp_path / "elsewhere", str(root), engines=list(engines))
+    write_json(root / "latest.json", {"tag": "step-4", "step": 4})
+    with pytest.raises(RuntimeError, match="no complete checkpoint"):
+        find_resume(root, "auto", engines=list(engines))
+
+
+def test_checkpoint_whose_checksums_were_deleted_yields_to_the_newest_verified(tmp_path, caplog):
+    """In a run whose checkpoints carry checksums, the latest one without its checksums.json
+    cannot be verified (here its optimizer state is damaged as well): the newest verified one is
+    resumed, with a warning; without any verified one the unverified is taken, warned about."""
+    root = _run(tmp_path)
+    latest = root / "model" / "step-9"
+    (latest / "checksums.json").unlink()
+    optim = latest / OPTIM_FILE
+    torch.save({"exp_avg_sq": torch.full((4096,), 2.8e38)}, optim)
+    with caplog.at_level(logging.WARNING):
+        tag, client = _resume(root)
+    assert (tag, client["global_step"]) == ("step-6", 6)
+    warned = _warnings(caplog)
+    assert f"{latest} has no checksums.json while the run's other checkpoints have one" in warned
+    caplog.clear()
+    for s in (3, 6):
+        (root / "model" / f"step-{s}" / OPTIM_FILE).write_bytes(b"damaged")
+    with caplog.at_level(logging.WARNING):
+        _, tag = find_resume(root, "auto")
+    assert tag == "step-9" and "no verified checkpoint to take instead" in _warnings(caplog)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    from marlhf.runtime.checkpoint import gather_state_dict
+    from marlhf.runtime.finite import NonFiniteError
+
+    model = torch.nn.Linear(3, 2)
+    assert set(gather_state_dict(model, zero_stage=0)) == {"weight", "bias"}
+    with torch.no_grad():
+        model.bias[1] = float("nan")
+    with pytest.raises(NonFiniteError, match=r"refusing to save the model: .*\(bias\)"):
+        gather_state_dict(model, zero_stage=0)
+
+    class WithModule(Engine):
+        module = model
+
+    root = tmp_path / "train_state"
+    with pytest.raises(NonFiniteError, match="refusing to save"):
+        save_train_state({"model": WithModule(1)}, root, 1, {"global_step": 1}, 2)
+    assert not root.exists()

@@ -256,3 +256,38 @@ def test_run_stage_tears_the_process_group_down_after_success(monkeypatch):
     common.run_stage(train, None)
     assert seen == [True]
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("error", ["data", "bug"])
+def test_run_stage_tears_the_process_group_down_after_an_error(monkeypatch, capsys, error):
+    """A stage that fails (a data error right after a collective: the data build shares its
+    outcome) destroys its process group before the process exits. Left alive, a gloo worker
+    thread still releasing the collective's tensors needs the GIL while the interpreter finalizes;
+    CPython ends such a thread with pthread_exit, whose unwinding through the work's noexcept
+    destructor calls std::terminate ("terminate called without an active exception", status 134,
+    about one run in four)."""
+    from marlhf.data.schema import DataError
+    from marlhf.runtime.distributed import all_gather_object, init_distributed
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+
+    def train(cfg):
+        init_distributed()
+        all_gather_object(None)
+        if error == "data":
+            raise DataError('data/train.jsonl line 7: field "chosen" is empty')
+        [].pop()  # a bug: its traceback is kept
+
+    if error == "data":
+        with pytest.raises(SystemExit) as e:
+            common.run_stage(train, None)
+        assert e.value.code == 2
+        assert capsys.readouterr().err == (
+            'error: data/train.jsonl line 7: field "chosen" is empty\n'
+        )
+    else:
+        with pytest.raises(IndexError):
+            common.run_stage(train, None)
+    assert not torch.distributed.is_initialized()

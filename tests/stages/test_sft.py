@@ -572,3 +572,28 @@ def test_missing_field_names_file_line_and_field(env, tiny_dir, tmp_path):
     assert proc.returncode != 0
     want = f'{data / "train.jsonl"} line 3: field "chosen" missing'
     assert want in proc.stderr, proc.stderr[-3000:]
+
+
+def test_max_steps_loops_over_the_data_epoch_after_epoch(env, tiny_dir, tmp_path):
+    """``--max_steps 10`` over 4 steps per epoch with ``--num_train_epochs 1``: 10 steps are
+    trained (``--max_steps`` wins, as in HF Trainer), the data looped over: every epoch sees every
+    example once, and the last epoch is cut at step 10. The file's columns are
+    ``query`` and ``answer``, read through ``--data_columns``."""
+    data = tmp_path / "qa"
+    data.mkdir()
+    rows = [{"query": f"Q: what is {i} plus {i}?\nA:", "answer": f" {2 * i}"} for i in range(36)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
+    (data / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[32:]))
+    out = tmp_path / "out"
+    proc = env.run(
+        out, "--data_path", str(data), "--data_split", "1,0,0", "--data_columns",
+        "prompt=query,chosen=answer", "--per_device_train_batch_size", "8", "--max_steps", "10",
+        "--num_train_epochs", "1",
+    )  # fmt: skip
+    assert "32 train / 4 eval examples, 4 steps/epoch, 10 steps" in proc.stderr
+    rows = [r for r in metrics(out) if "train/loss" in r]
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert [r["train/epoch"] for r in rows] == pytest.approx([(s + 1) / 4 for s in range(10)])
+    assert [r["step"] for r in metrics(out) if "eval/ppl" in r] == [4, 8, 10]
+    tokens = [r["train/tokens"] for r in rows]
+    assert sum(tokens[0:4]) == sum(tokens[4:8])  # each epoch: every example once

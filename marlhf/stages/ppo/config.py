@@ -82,6 +82,17 @@ class ActorCriticConfig:
             },
         },
     )
+    critic_value_head: str = field(
+        default="auto",
+        metadata={
+            "help": "Where the critic's value head comes from: `trained` (the head of the reward "
+            "model --critic_model_name_or_path names), `fresh` (a new head on the backbone of "
+            "that model, a reward model or any causal LM such as the actor's base), or `auto`: "
+            "`trained` for a reward-model directory, `fresh` for a causal LM when the run has no "
+            "reward model (--reward_source gold or code). The critic defaults to the actor's model.",
+            "choices": ("auto", "trained", "fresh"),
+        },
+    )
     reward_model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Frozen reward model (default: --critic_model_name_or_path)."},
@@ -117,6 +128,8 @@ class ActorCriticConfig:
     def __post_init__(self) -> None:
         if self.bf16 and self.shared.dtype not in ("fp32", "bf16"):
             raise ValueError(f"--bf16 contradicts --dtype {self.shared.dtype}")
+        if self.critic_value_head not in ("auto", "trained", "fresh"):
+            raise ValueError("--critic_value_head must be auto, trained or fresh")
 
 
 def ppo_optim(**overrides) -> OptimConfig:
@@ -224,7 +237,9 @@ class PPOConfig:
             "flags": PPO_OPTIM_FLAGS,
             "help": {
                 "num_train_epochs": "Passes over the PPO prompts.",
-                "max_steps": "Stop after N PPO steps (0: all epochs).",
+                "max_steps": "Train exactly N PPO steps, looping over the prompts as often as "
+                "needed (each pass in a new order, seeded --seed + pass); it wins over "
+                "--num_train_epochs. 0: --num_train_epochs passes.",
                 "gradient_accumulation_steps": "Minibatches per optimizer step.",
             },
         },

@@ -29,6 +29,7 @@ from marlhf.algo.losses import masked_mean, masked_whiten
 from marlhf.algo.macro_gae import macro_stats
 from marlhf.macro import MacroSegments, TerminationInputs, build_segments
 from marlhf.runtime.distributed import all_gather_object, all_gather_padded, world_size
+from marlhf.runtime.finite import check_finite
 from marlhf.stages.ppo.rollout import Rollout
 
 if TYPE_CHECKING:
@@ -333,3 +334,20 @@ _OPTIONAL_ROWS = {
     "mc_values": 0.0,
     "mc_prompt_values": 0.0,
 }
+
+
+def check_experience(exp: Experience, step: int) -> None:
+    """Stop the run (:class:`marlhf.runtime.finite.NonFiniteError`) when a sequence reward, a
+    critic value, a per-token reward, an advantage or a return of the step is NaN or infinite,
+    before the update: a reward model or critic with a broken head would otherwise turn every
+    weight into NaN. ``exp``: the global batch (every rank decides alike)."""
+    check_finite(
+        step,
+        {
+            "the sequence reward (objective/score)": exp.scores,
+            "the critic's values": exp.values,
+            "the per-token reward": exp.rewards,
+            "the advantages": exp.advantages,
+            "the returns": exp.returns,
+        },
+    )

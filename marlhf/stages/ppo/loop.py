@@ -32,17 +32,22 @@ from marlhf.cli import config_to_dict
 from marlhf.data.collate import PromptCollator
 from marlhf.macro import TerminationRule, build_termination
 from marlhf.macro.render import render_terminal, token_pieces
+from marlhf.models.checks import ppo_model_roles
+from marlhf.models.context import check_context
 from marlhf.models.load import load_tokenizer
 from marlhf.rewards.code import CodeRewarder
-from marlhf.runtime import startup
+from marlhf.runtime import preemption, startup
 from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
 from marlhf.runtime.resources import PhaseResources
 from marlhf.runtime.rows import derive_row_seeds, global_rows
-from marlhf.stages.common import ensure_output_dir, start
+from marlhf.stages.common import check_resume, ensure_output_dir, start
 from marlhf.stages.ppo.config import PPOStageConfig
+from marlhf.stages.ppo.evaluation import due as eval_due
+from marlhf.stages.ppo.evaluation import evaluate_policy, load_eval_prompts
 from marlhf.stages.ppo.experience import (
     Experience,
+    check_experience,
     estimate,
     gather_experience,
     make_experience,
@@ -94,12 +99,15 @@ def train(cfg: PPOStageConfig) -> Path:
     state = resume(run.models, cfg, run.out)
     unsup = pretraining_mix(run, state)
     tracker, bar = open_tracker(cfg.log, state, run.plan.total, run_label(cfg), run.run_config)
+    preemption.enter_training()
     g = cfg.generation
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
         startup.first_step(log)
-        # 6. log and save
+        # 6. log, evaluate and save
         tracker.log(metrics, state.step)
+        if run.eval_prompts is not None and eval_due(cfg, state.step, run.plan.total):
+            tracker.log(evaluate_policy(run, state.step), state.step)
         bar.update(1)
         bar.set_postfix(
             score=f"{metrics['objective/score']:.3f}",
@@ -109,16 +117,39 @@ def train(cfg: PPOStageConfig) -> Path:
         if g.print_answers and is_main() and state.step % g.print_answers_interval == 0:
             print_answer(run.tokenizer, ro, exp, prompt_texts)
         save_steps = cfg.log.save_steps
-        if save_steps and state.step % save_steps == 0 and state.step < run.plan.total:
-            save_checkpoint(run.models, state, run.tokenizer, cfg, run.run_config, final=False)
+        saved = save_steps and state.step % save_steps == 0
+        if saved and state.step < run.plan.total:
+            save_checkpoint(
+                run.models, state, run.tokenizer, cfg, run.run_config, False, run.settings
+            )
+        stop_if_requested(run, state, tracker, bar, saved)
     bar.close()
-    save_checkpoint(run.models, state, run.tokenizer, cfg, run.run_config, final=True)
+    save_checkpoint(run.models, state, run.tokenizer, cfg, run.run_config, True, run.settings)
     tracker.close()
     if run.rewarder is not None:
         run.rewarder.close()
     if is_main():
         log.info("%s actor saved to %s", run_label(cfg), run.out / "actor")
     return run.out
+
+
+def stop_if_requested(run: Run, state: TrainState, tracker, bar, saved: bool) -> None:
+    """After a step: when any rank got SIGTERM or SIGINT (a collective), save the training state
+    (unless this step's checkpoint was just saved) and raise
+    :class:`marlhf.runtime.preemption.StoppedBySignal`."""
+    signum = preemption.stop_requested()
+    if not signum or state.step >= run.plan.total:
+        return
+    if not saved:  # the training state only: what a resume needs, soonest
+        save_checkpoint(
+            run.models, state, run.tokenizer, run.cfg, run.run_config, False, run.settings,
+            models_too=False,
+        )  # fmt: skip
+    bar.close()
+    tracker.close()
+    state_root = run.out / "train_state"
+    message = preemption.stop_message(signum, state.step, run.plan.total, state_root)
+    raise preemption.StoppedBySignal(signum, message)
 
 
 def ppo_step(run: Run, state: TrainState, unsup=None):
@@ -165,13 +196,22 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         # the global batch on every rank, then 4. estimate: advantages (and returns)
         exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)
         exp = estimate(exp, term, cfg)
+    # the step's numbers, before anything reaches the weights (the global batch: every rank alike)
+    check_experience(exp, state.step + 1)
     # 5. update
     with clock("time/train"):
         train_actor = state.step >= ppo.critic_warmup_steps
         # the rates this update is taken with (read before the engines step)
         lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
         upd = ppo_update(
-            run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None, kept
+            run.models,
+            exp,
+            cfg,
+            train_actor,
+            state.shuffle,
+            unsup if train_actor else None,
+            kept,
+            step=state.step + 1,
         )
         if state.ema is not None and train_actor:
             state.ema.update(run.models.actor.module)
@@ -294,6 +334,8 @@ class Run:
     rewarder: CodeRewarder | None  # the execution reward (--reward_source code / rm+code)
     reward: SequenceReward  # the step's sequence-level reward (--reward_source)
     run_config: dict  # run_config.json: the config as it ran (the backend resolved)
+    settings: dict | None = None  # the run's settings, saved with each training state
+    eval_prompts: Dataset | None = None  # the held-out prompts (with --eval_interval)
 
 
 def setup(cfg: PPOStageConfig) -> Run:
@@ -303,9 +345,11 @@ def setup(cfg: PPOStageConfig) -> Run:
     start(mc.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
+    check_context(ppo_model_roles(mc, ppo.reward_source), sequence_lengths(cfg))
     prompts, dropped = load_prompts(cfg, tokenizer)
     startup.mark("data")
     plan = plan_rollouts(len(prompts), cfg)
+    settings = check_resume(cfg, cfg.log, global_sizes(plan, cfg))
     if (
         g.generation_backend == "static"
         and mc.actor.ds.zero_stage == 3
@@ -364,7 +408,27 @@ def setup(cfg: PPOStageConfig) -> Run:
         rewarder=rewarder,
         reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle),
         run_config=run_config,
+        settings=settings,
+        eval_prompts=load_eval_prompts(cfg, tokenizer) if cfg.log.eval_interval > 0 else None,
     )
+
+
+def sequence_lengths(cfg: PPOStageConfig) -> dict[str, int]:
+    """The flags whose sum is the longest sequence a PPO model reads (prompt + response)."""
+    g = cfg.generation
+    return {
+        "--max_prompt_seq_len": g.max_prompt_seq_len,
+        "--max_answer_seq_len": g.max_answer_seq_len,
+    }
+
+
+def global_sizes(plan: RolloutPlan, cfg: PPOStageConfig) -> dict[str, int]:
+    """The sizes a resumed run must keep whatever its number of processes: responses per step and
+    rows per minibatch, over all ranks."""
+    return {
+        "rollout_batch": plan.rollout_size * plan.world,
+        "minibatch": cfg.ppo.per_device_training_batch_size * plan.world,
+    }
 
 
 def _reward_sources(cfg: PPOStageConfig):

@@ -17,12 +17,18 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
-from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
+from marlhf.models.checks import (
+    check_same_tokenizer,
+    critic_head,
+    critic_problem,
+    is_reward_dir,
+    model_flag,
+    ppo_model_roles,
+)
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model
@@ -138,20 +144,25 @@ def build_reference(mc: ActorCriticConfig) -> object:
 
 
 def _load_critic(cfg: PPOStageConfig):
-    """The critic's module (a RewardModel) and the reward_config.json it came with ({} if none)."""
+    """The critic's module (a RewardModel) and the reward_config.json it came with ({} if none):
+    a reward model's backbone and value head, or with a fresh value head
+    (:func:`marlhf.models.checks.critic_head`: ``--critic_value_head``)."""
     mc = cfg.models
     dtype = _DTYPES[mc.effective_dtype]
     critic_path = mc.critic.model.model_name_or_path or mc.actor.model.model_name_or_path
-    if (Path(critic_path) / "reward_config.json").exists():
-        return load_reward_model(critic_path, dtype=dtype)
-    if cfg.ppo.reward_source == "code":
-        # no reward-model stage (code generation, APPS): the critic starts from the policy's backbone
-        # with a fresh value head
-        return RewardModel.from_pretrained(resolve_model_path(critic_path), dtype=dtype), {}
-    raise ValueError(
-        f"--critic_model_name_or_path {critic_path!r} is not a reward-model directory (no "
-        "reward_config.json); pass the output of stage 2"
-    )
+    problem = critic_problem(mc, cfg.ppo.reward_source)
+    if problem:
+        raise ValueError(problem)
+    head = critic_head(mc, cfg.ppo.reward_source)
+    if is_reward_dir(critic_path):
+        critic, info = load_reward_model(critic_path, dtype=dtype)
+        if head == "fresh":
+            critic.reset_value_head()
+    else:
+        critic, info = RewardModel.from_pretrained(resolve_model_path(critic_path), dtype=dtype), {}
+    if head == "fresh" and is_main():
+        log.info("critic: the backbone of %s with a fresh value head", critic_path)
+    return critic, info
 
 
 def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict, dict]:
@@ -187,10 +198,19 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
     mc = cfg.models
     if cfg.ppo.reward_source not in ("rm", "rm+code"):
         return None, critic_info
-    reward, info = load_reward_model(
-        mc.reward_model_name_or_path or mc.critic.model.model_name_or_path,
-        dtype=_DTYPES[mc.effective_dtype],
-    )
+    name = mc.reward_model_name_or_path or mc.critic.model.model_name_or_path
+    if not name:
+        raise ValueError(
+            f"--reward_source {cfg.ppo.reward_source} needs a reward model: pass the output of "
+            "stage 2 as --reward_model_name_or_path"
+        )
+    if not is_reward_dir(name):
+        raise ValueError(
+            f"{model_flag(mc, 'reward')}: not a reward-model directory (no reward_config.json); "
+            f"--reward_source {cfg.ppo.reward_source} needs one: pass the output of stage 2 as "
+            "--reward_model_name_or_path"
+        )
+    reward, info = load_reward_model(name, dtype=_DTYPES[mc.effective_dtype])
     assert isinstance(reward, RewardModel)
     engine, _ = build_eval_engine(
         reward, dtype=mc.effective_dtype, zero_stage=mc.critic.ds.zero_stage

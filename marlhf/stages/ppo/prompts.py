@@ -51,7 +51,8 @@ class RolloutPlan:
 
 
 def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
-    """The plan for ``n_prompts`` prompts: ``--num_train_epochs`` epochs, capped at ``--max_steps``."""
+    """The plan for ``n_prompts`` prompts: ``--max_steps`` steps when given (the prompts are looped
+    over as often as needed, each epoch in its own order), else ``--num_train_epochs`` epochs."""
     g, ppo = cfg.generation, cfg.ppo
     gen_bs, gen_batches, ws = g.per_device_generation_batch_size, g.generation_batches, world_size()
     rollout_size = gen_bs * gen_batches
@@ -73,9 +74,7 @@ def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
             f"PPO split has {n_prompts} prompts, fewer than one rollout ({rollout_size} x {ws}"
             + (f" / {G} samples per prompt)" if G > 1 else ")")
         )
-    total = spe * ppo.optim.num_train_epochs
-    if ppo.optim.max_steps:
-        total = min(total, ppo.optim.max_steps)
+    total = ppo.optim.max_steps or spe * ppo.optim.num_train_epochs
     minibatches = rollout_size // ppo.per_device_training_batch_size
     total_updates = max(
         1, total * ppo.ppo_epochs * minibatches // ppo.optim.gradient_accumulation_steps

@@ -41,6 +41,7 @@ from marlhf.runtime.checkpoint import (
 )
 from marlhf.runtime.checkpoint_files import naming_write_errors, staged_directory
 from marlhf.runtime.distributed import is_main
+from marlhf.runtime.run_settings import SETTINGS_FILE, saved_flags, settings_writer
 from marlhf.runtime.tracking import Tracker
 from marlhf.stages.common import progress
 
@@ -89,6 +90,7 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
     )
     found = find_resume(state_root, cfg.log.resume)
     if found is not None:
+        _check_engines(found[0], found[1], _engines(models), cfg)
         client = load_train_state(_engines(models), *found)
         state.step = client["global_step"]
         state.kl_ctl.load_state_dict(client["kl_ctl"])
@@ -106,6 +108,22 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         if shadow is not None:
             state.ema.shadow = shadow
     return state
+
+
+def _check_engines(root: Path, tag: str, engines: dict, cfg: PPOStageConfig) -> None:
+    """Refuse a checkpoint that lacks an engine this run trains: a critic-free run (grpo, rloo,
+    ...) resumed with ``--advantage_estimator gae`` has no critic state to resume."""
+    missing = [name for name in engines if not (root / name / tag).is_dir()]
+    if "critic" in missing:
+        saved = saved_flags(root, tag).get("advantage_estimator")
+        trained = f"--advantage_estimator {saved}" if saved else "a critic-free estimator"
+        raise ValueError(
+            f"{root / tag}: the run has no critic to resume (it was trained with {trained}), "
+            f"and --advantage_estimator {cfg.ppo.advantage_estimator} trains one. Resume with "
+            "the run's estimator, or start over with --resume never or another --output_dir"
+        )
+    if missing:
+        raise ValueError(f"{root / tag}: the checkpoint holds no state of {', '.join(missing)}")
 
 
 EMA_FILE = "ema.pt"  # the EMA shadow, inside the actor's tag: train_state/actor/step-N/ema.pt
@@ -192,10 +210,40 @@ def save_checkpoint(
     cfg: PPOStageConfig,
     run_config: dict,
     final: bool,
+    settings: dict | None = None,
+    models_too: bool = True,
 ) -> None:
     """The models after ``state.step`` steps (``output_dir/{actor,critic}`` when ``final``, else
-    ``checkpoints/step-N/``) and a resumable train state (the newest ``--keep_checkpoints`` kept).
-    Every rank calls it."""
+    ``checkpoints/step-N/``; none without ``models_too``) and a resumable train state (the newest
+    ``--keep_checkpoints`` kept) with the run's ``settings``
+    (:mod:`marlhf.runtime.run_settings`). Every rank calls it."""
+    out = Path(cfg.log.output_dir)
+    step = state.step
+    if models_too:
+        _save_models(models, state, tokenizer, cfg, run_config, final)
+    state_root = out / "train_state"
+    extra: dict = {"actor": {}}
+    if state.ema is not None:
+        shadow = state.ema.shadow
+        extra["actor"][EMA_FILE] = lambda path: torch.save(shadow, path)
+    if settings:
+        extra["actor"][SETTINGS_FILE] = settings_writer(settings)
+    client = {
+        "global_step": step,
+        "kl_ctl": state.kl_ctl.state_dict(),
+        "shuffle": state.shuffle.get_state(),
+        "rng": rng_state(),
+    }
+    save_train_state(
+        _engines(models), state_root, step, client, cfg.log.keep_checkpoints, extra_files=extra
+    )
+
+
+def _save_models(
+    models: Models, state: TrainState, tokenizer, cfg: PPOStageConfig, run_config: dict, final
+) -> None:
+    """The actor (and critic, EMA) after ``state.step`` steps: ``output_dir/{actor,critic}`` when
+    ``final``, else ``checkpoints/step-N/``."""
     out = Path(cfg.log.output_dir)
     step = state.step
     # written aside, then renamed, so a kill mid-save leaves nothing half-written: checkpoints/step-N
@@ -218,17 +266,3 @@ def save_checkpoint(
         if state.ema is not None:
             with each(root / "actor_ema") as where:
                 _save_ema(models, state.ema, tokenizer, where, cfg, run_config)
-    state_root = out / "train_state"
-    extra = None
-    if state.ema is not None:
-        shadow = state.ema.shadow
-        extra = {"actor": {EMA_FILE: lambda path: torch.save(shadow, path)}}
-    client = {
-        "global_step": step,
-        "kl_ctl": state.kl_ctl.state_dict(),
-        "shuffle": state.shuffle.get_state(),
-        "rng": rng_state(),
-    }
-    save_train_state(
-        _engines(models), state_root, step, client, cfg.log.keep_checkpoints, extra_files=extra
-    )

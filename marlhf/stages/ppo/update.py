@@ -26,6 +26,7 @@ from marlhf.algo.kl_rewards import kl_penalty
 from marlhf.algo.losses import agg_loss, entropy_bonus, policy_loss, policy_terms, value_loss
 from marlhf.models.lm_loss import lm_loss_sum
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
+from marlhf.runtime.finite import guarded_step
 from marlhf.stages.ppo.experience import Experience
 from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward
 from marlhf.stages.ppo.rollout import Rollout, slice_rollout
@@ -104,7 +105,12 @@ def unsup_loss(actor, batches: Iterator[dict]) -> torch.Tensor:
 
 
 def actor_step(
-    models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig, unsup_batches=None
+    models: Models,
+    exp: Experience,
+    m: Minibatch,
+    cfg: PPOStageConfig,
+    unsup_batches=None,
+    step: int = 0,
 ) -> dict:
     """One actor step on minibatch ``m``: the clipped policy loss (token, macro or sequence ratio,
     reduced by ``--loss_agg_mode`` with the whole minibatch's counts), minus ``--entropy_coef`` ×
@@ -162,7 +168,7 @@ def actor_step(
         loss = loss + ppo.unsup_coef * unsup
         stats["loss/unsup"] = unsup.detach()
     models.actor.backward(loss * m.world)
-    models.actor.step()
+    guarded_step(models.actor, step, "actor", loss)
     stats.update(pstats)
     stats["loss/policy"] = pg.detach()
     return stats
@@ -174,6 +180,7 @@ def critic_step(
     m: Minibatch,
     cfg: PPOStageConfig,
     values: torch.Tensor | None = None,
+    step: int = 0,
 ) -> dict:
     """One critic step on minibatch ``m``: the value loss clipped around the old values.
     ``values``: (mb, A') the critic's forward over ``m.rollout`` with its graph, if it was run
@@ -199,7 +206,7 @@ def critic_step(
         num_tokens=m.num_tokens,
     )
     models.critic.backward(vl * m.world)
-    models.critic.step()
+    guarded_step(models.critic, step, "critic", vl)
     return {**vstats, "loss/value": vl.detach()}
 
 
@@ -211,13 +218,15 @@ def ppo_update(
     generator: torch.Generator,
     unsup_batches=None,
     kept: KeptValues | None = None,
+    step: int = 0,
 ) -> dict[str, float]:
     """One experience batch's PPO epochs (see the module docstring); the actor trains only when
     ``train_actor`` (after ``--critic_warmup_steps``). ``unsup_batches`` (an iterator of SFT batches)
     adds ``--unsup_coef`` × LM loss to the actor's loss. ``kept``: the first minibatch's critic
     forward, run while scoring; that minibatch's critic step then uses it and comes before its
     actor step (the two models are independent: the order changes nothing but which activations
-    are held at once). Returns the stats' global means."""
+    are held at once). ``step``: the PPO step being taken (for a non-finite loss or gradient's
+    message, :func:`marlhf.runtime.finite.guarded_step`). Returns the stats' global means."""
     sums: dict[str, float] = {}
     n = 0
     for m in minibatches(exp, cfg.ppo, generator):
@@ -225,11 +234,11 @@ def ppo_update(
         if kept is not None:  # the first minibatch
             if not torch.equal(m.idx, kept.rows.to(m.idx.device)):
                 raise ValueError("the kept critic values are not the first minibatch's rows")
-            stats.update(critic_step(models, exp, m, cfg, values=kept.values))
+            stats.update(critic_step(models, exp, m, cfg, values=kept.values, step=step))
         if train_actor:
-            stats.update(actor_step(models, exp, m, cfg, unsup_batches))
+            stats.update(actor_step(models, exp, m, cfg, unsup_batches, step=step))
         if models.critic is not None and kept is None:  # critic-free estimators build none
-            stats.update(critic_step(models, exp, m, cfg))
+            stats.update(critic_step(models, exp, m, cfg, step=step))
         kept = None
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + float(v)

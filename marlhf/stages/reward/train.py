@@ -44,6 +44,7 @@ from marlhf.config import ModelConfig
 from marlhf.data.collate import PairCollator
 from marlhf.data.tokenize import build_pair_dataset, eot_ids
 from marlhf.macro import build_termination
+from marlhf.models.context import check_context
 from marlhf.models.load import (
     TORCH_DTYPES,
     load_causal_lm,
@@ -61,8 +62,10 @@ from marlhf.rewards.segment import ScoreStats
 from marlhf.runtime import startup
 from marlhf.runtime.distributed import all_reduce_sum, is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
+from marlhf.runtime.finite import guarded_step
 from marlhf.stages.common import (
     StepPlan,
+    check_resume,
     ensure_output_dir,
     plan_steps,
     run_stage,
@@ -183,6 +186,7 @@ class _RMRun:
     ds_json: dict
     run_config: dict
     last_eval: tuple[dict, Any] | None = None
+    settings: dict | None = None  # the run's settings, saved with each training state
 
 
 def _setup(cfg: RewardStageConfig) -> _RMRun:
@@ -190,6 +194,13 @@ def _setup(cfg: RewardStageConfig) -> _RMRun:
     start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
+    check_context(
+        {
+            "--model_name_or_path": cfg.model.model_name_or_path,
+            "--reference_model_name_or_path": cfg.reward.reference_model_name_or_path or "",
+        },
+        {"--max_seq_len": cfg.data.max_seq_len},
+    )
     train_ds = build_pair_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
     eval_ds = build_pair_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
     if len(eval_ds) == 0:
@@ -199,6 +210,7 @@ def _setup(cfg: RewardStageConfig) -> _RMRun:
     _check_margins(train_ds, cfg)
     startup.mark("data")
     plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
+    settings = check_resume(cfg, cfg.log, {"global_batch": plan.global_batch})
     scorer = _build_scorer(cfg, tokenizer)
     model = build_reward_model(cfg)
     startup.mark("model")
@@ -223,8 +235,9 @@ def _setup(cfg: RewardStageConfig) -> _RMRun:
         )
     collate = PairCollator(tokenizer.pad_token_id)
     return _RMRun(
-        cfg, tokenizer, train_ds, eval_ds, collate, plan, scorer, engine, ds_json, run_config
-    )
+        cfg, tokenizer, train_ds, eval_ds, collate, plan, scorer, engine, ds_json, run_config,
+        settings=settings,
+    )  # fmt: skip
 
 
 def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
@@ -243,7 +256,7 @@ def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) ->
         # bt_loss is a mean over this micro-batch's n pairs; rescale to a share of the global
         # batch's mean (× world: DeepSpeed averages gradients over ranks).
         engine.backward(loss * (n * plan.world / pairs_per_step), scale_wrt_gas=False)
-        engine.step()
+        guarded_step(engine, step + 1, "reward model", loss)
         with torch.no_grad():
             c, r = chosen.detach().double(), rejected.detach().double()
             n_seg = float(seg_mask.sum()) if seg_mask is not None else 0.0
@@ -340,6 +353,7 @@ def train(cfg: RewardStageConfig) -> Path:
         save_model=functools.partial(_save_model, run),
         stage_state=functools.partial(_stage_state, run),
         load_stage_state=functools.partial(_load_stage_state, run),
+        settings=run.settings,
     )
     out = Path(cfg.log.output_dir)
     if is_main():

@@ -2,12 +2,17 @@
 # Stage 3 (MA-PPO, fixed n=5) on the embedded default, on CPU: the tiny SFT policy and tiny reward model
 # from stages 1 and 2 on the bundled synthetic TL;DR prompts.
 # Usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [extra flags...]   (--ngram 1: vanilla PPO)
+# RM_DIR "-": no reward model, e.g. the oracle reward on a long task, the critic starting from the
+# actor with a fresh value head:
+#   run_tiny.sh out/oracle tiny-base-64 - --reward_source gold --data_path synthetic-facts-64 \
+#       --max_prompt_seq_len 256 --max_answer_seq_len 112
 set -euo pipefail
 CMD=$(printf '%q ' "$0" "$@")  # for the log's header line
 OUTPUT=${1:?usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [flags...]}
 ACTOR=${2:?SFT model directory}
-CRITIC=${3:?reward model directory}
+CRITIC=${3:?reward model directory, or - for none}
 shift 3
+if [ "$CRITIC" = - ]; then CRITIC=""; fi  # an empty --critic_model_name_or_path: the actor's
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} HF_DATASETS_OFFLINE=${HF_DATASETS_OFFLINE:-1}
 mkdir -p "$OUTPUT"
 ARGS=(
