@@ -185,6 +185,7 @@ def score(
     cfg: PPOStageConfig,
     need_entropy: bool,
     later_values: torch.Tensor | None = None,
+    check_rollout: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The forward passes of one generation batch (see the module docstring for the keys), all
     with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
@@ -192,18 +193,15 @@ def score(
     autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
     rollout when the decoder recorded them (same weights, same dtype), unless
     ``--recompute_old_logprobs``. ``later_values``: (k,) long rows whose critic values are left
-    at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them)."""
+    at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them).
+    ``check_rollout``: the actor also scores a recorded rollout (:func:`old_policy`)."""
     T = cfg.generation.temperature
     full = cfg.perf.score_all_positions
     groups = None if full else cfg.perf.grouping
     critic = models.critic  # None: a critic-free estimator (values are 0)
     with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
-        if ro.logprobs is not None and not cfg.perf.recompute_old_logprobs:
-            old_logp, entropy = ro.logprobs, ro.entropy
-        else:
-            old_logp, entropy = policy_forward(
-                models.actor, ro, T, with_entropy=True, all_positions=full, groups=groups
-            )
+        old = old_policy(models.actor, ro, cfg, check_rollout, groups)
+        old_logp = old["old_logprobs"]
         ref_logp, ref_ent = policy_forward(
             models.ref, ro, T, with_entropy=need_entropy, all_positions=full, groups=groups
         )
@@ -218,8 +216,7 @@ def score(
                 part = critic_forward(critic, slice_rollout(ro, rest), groups=groups)
                 values[rest, : part.shape[1]] = part
     out = {
-        "old_logprobs": old_logp,
-        "entropy": entropy,
+        **old,
         "ref_logprobs": ref_logp,
         "ref_entropy": ref_ent,
         "values": values,
@@ -231,6 +228,29 @@ def score(
             rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)
         ).squeeze(1)
     return out
+
+
+def old_policy(actor, ro: Rollout, cfg: PPOStageConfig, check_rollout: bool, groups) -> dict:
+    """π_old of the rollout's tokens: ``old_logprobs`` and ``entropy`` (B, A), and
+    ``rollout_logprobs`` / ``trainer_logprobs`` (B, A), the rollout engine's record and the
+    actor's own forward pass over the same tokens when both exist (else None).
+
+    The record is π_old unless the actor scores it (``--recompute_old_logprobs``, a rollout
+    correction: :attr:`~marlhf.rl.config.PPOStageConfig.correction`, or no record, as with
+    ``hf``); ``check_rollout`` scores it too while keeping the record as π_old (the mismatch
+    check, ``--mismatch_check_every``). Call with dropout off."""
+    T, full = cfg.generation.temperature, cfg.perf.score_all_positions
+    recorded = ro.logprobs is not None
+    trainer_old = not recorded or cfg.perf.recompute_old_logprobs or cfg.correction != "none"
+    out = {"rollout_logprobs": None, "trainer_logprobs": None}
+    if not trainer_old and not check_rollout:
+        return {"old_logprobs": ro.logprobs, "entropy": ro.entropy, **out}
+    logp, ent = policy_forward(actor, ro, T, with_entropy=True, all_positions=full, groups=groups)
+    if recorded:
+        out = {"rollout_logprobs": ro.logprobs, "trainer_logprobs": logp}
+    if trainer_old:
+        return {"old_logprobs": logp, "entropy": ent, **out}
+    return {"old_logprobs": ro.logprobs, "entropy": ro.entropy, **out}
 
 
 def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
