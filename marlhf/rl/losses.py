@@ -85,6 +85,7 @@ def masked_whiten(
     tensor([-0.7071,  0.7071,  0.0000])
     """
     mask = mask.bool()
+    x = x.to(torch.promote_types(x.dtype, torch.float32))  # the statistics in float32 at least
     mean = masked_mean(x, mask)
     var = masked_var(x, mask)
     out = (x - mean) * torch.rsqrt(var + eps)
