@@ -419,8 +419,26 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     return problems
 
 
+def print_plan(cfg: Any, opts: dict) -> list[str]:
+    """``--plan``: prints the per-GPU memory plan of a PPO run (`marlhf.memory_plan`); a problem
+    when it does not fit ``--gpu_memory``."""
+    from marlhf.memory_plan import GiB, format_plan, ppo_plan
+
+    plan = ppo_plan(cfg, opts["num_gpus"], opts["gpu_memory_gb"])
+    print(format_plan(plan))
+    if plan.fits is False:
+        return [
+            f"the plan needs {plan.total / GiB:.1f} GiB per GPU, more than --gpu_memory "
+            f"{opts['gpu_memory_gb']:g}: add GPUs (--num_gpus), raise --actor_zero_stage / "
+            "--critic_zero_stage, --offload, LoRA, activation checkpointing or smaller batches"
+        ]
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise."""
+    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise.
+    Stage 3 also takes ``--plan --num_gpus N [--gpu_memory GB]``: the memory plan
+    (`marlhf.memory_plan`)."""
     from marlhf.cli import parse_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -432,8 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     stage = argv[0]
-    cfg = parse_config(_stage_config(stage), argv[1:], description=f"preflight of stage {stage}")
+    from marlhf.memory_plan import split_plan_flags
+
+    rest, plan = split_plan_flags(argv[1:]) if stage == "ppo" else (argv[1:], None)
+    cfg = parse_config(_stage_config(stage), rest, description=f"preflight of stage {stage}")
     problems = preflight(stage, cfg)
+    if plan is not None and not problems:
+        problems = print_plan(cfg, plan)
     for p in problems:
         print(f"preflight: {p}", file=sys.stderr)
     if problems:
