@@ -5,7 +5,6 @@ given on the command line, and prints JSON with the plan's figure for the same e
 import gc
 import json
 import os
-import resource
 import sys
 
 import torch

@@ -81,7 +81,9 @@ def test_deepspeed_estimators_agree():
     s = model_shape(GEMMA_7B)
     P, N = s.params, 8
     z2 = EngineSetup("bf16", 2)
-    assert deepspeed_estimate(s, z2, N) == pytest.approx(sum(engine_memory(s, z2, N).values()), abs=1)
+    assert deepspeed_estimate(s, z2, N) == pytest.approx(
+        sum(engine_memory(s, z2, N).values()), abs=1
+    )
     z3 = EngineSetup("bf16", 3)
     e = engine_memory(s, z3, N)
     # DeepSpeed's ZeRO-3 figure leaves out the 16-bit weights' partition
@@ -146,7 +148,9 @@ def test_plan_on_the_command_line(tmp_path):
     assert "memory plan per GPU (2 GPU(s))" in ok.stdout and ": fits" in ok.stdout
     for role in ("actor", "reference", "critic", "reward"):
         assert f"\n{role} " in ok.stdout
-    tight = subprocess.run([*base, "--gpu_memory", "0.001"], env=env, capture_output=True, text=True)
+    tight = subprocess.run(
+        [*base, "--gpu_memory", "0.001"], env=env, capture_output=True, text=True
+    )
     assert tight.returncode == 2 and "more than --gpu_memory 0.001" in tight.stderr
 
 

@@ -50,7 +50,7 @@ def rows(result: dict) -> list[tuple[str, str, str]]:
                 out.append((f"decode {dec['batch']}x{dec['new_tokens']}: {name}", fig, status))
     ppo = result.get("ppo_update")
     if ppo and "seconds_per_update" in ppo:
-        fig = f"{ppo['seconds_per_update']:.2f} s/update at {ppo['params'] / 1e6:.0f} M"
+        fig = f"{ppo['seconds_per_update']:.2f} s/update at {ppo['params'] / 1e6:.1f} M"
         status = "info"
         if "trl_seconds" in ppo:
             fig += f" (TRL 1.12: {ppo['trl_seconds']} s, {ppo['speedup_vs_trl']:.1f}x)"
