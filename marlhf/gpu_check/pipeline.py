@@ -104,14 +104,14 @@ def training_runs(work: Path, model: str, sizes: Sizes) -> list[tuple[str, list[
         "--per_device_training_batch_size", tb, "--max_steps", s, "--log_phase_resources",
         "--actor_zero_stage", "2", "--critic_zero_stage", "2",
     ]  # fmt: skip
-    if sizes.device == "cuda":
-        ppo += ["--compile_generation"]
+    # the CUDA-graphed decoder in one run (PPO n=1), the eager one in the others
+    compiled = ["--compile_generation"] if sizes.device == "cuda" else []
     return [
         ("sft", ["-m", "marlhf.stages.sft", "--model_name_or_path", model, *c, *sft_rm,
                  "--zero_stage", "2", "--output_dir", str(work / "sft")], work / "sft"),
         ("rm", ["-m", "marlhf.stages.reward", "--model_name_or_path", str(work / "sft"), *c,
                 *sft_rm, "--zero_stage", "2", "--output_dir", str(work / "rm")], work / "rm"),
-        ("ppo_n1", ["-m", "marlhf.stages.ppo", *c, *ppo, "--ngram", "1",
+        ("ppo_n1", ["-m", "marlhf.stages.ppo", *c, *ppo, *compiled, "--ngram", "1",
                     "--output_dir", str(work / "ppo_n1")], work / "ppo_n1"),
         ("mappo_n5_zero3", ["-m", "marlhf.stages.ppo", *c, *ppo, "--ngram", "5",
                             "--actor_zero_stage", "3", "--critic_zero_stage", "3",

@@ -80,7 +80,11 @@ def decode_throughput(
     out["bound_s"] = bound_s
     with torch.no_grad():
         for name, fn in backends.items():
-            seconds, _ = _timed(fn, device, repeats)
+            try:
+                seconds, _ = _timed(fn, device, repeats)
+            except Exception as e:  # reported; the other backends still run
+                out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+                continue
             out[name] = {
                 "seconds": seconds,
                 "tokens_per_s": batch * new_tokens / seconds,

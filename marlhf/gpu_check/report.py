@@ -38,7 +38,9 @@ def rows(result: dict) -> list[tuple[str, str, str]]:
     if dec and "hf_generate" in dec:
         base = dec["hf_generate"]["tokens_per_s"]
         for name in ("hf_generate", "static_eager", "static_compiled"):
-            if name in dec:
+            if name in dec and "error" in dec[name]:
+                out.append((f"decode: {name}", "–", f"FAIL: {dec[name]['error']}"[:300]))
+            elif name in dec:
                 d = dec[name]
                 frac = d.get("bound_fraction")
                 fig = (f"{d['tokens_per_s']:.0f} tok/s ({d['ms_per_step']:.2f} ms/step, "
@@ -55,6 +57,8 @@ def rows(result: dict) -> list[tuple[str, str, str]]:
         if "trl_seconds" in ppo:
             fig += f" (TRL 1.12: {ppo['trl_seconds']} s, {ppo['speedup_vs_trl']:.1f}x)"
             status = "goal met" if ppo["goal_met"] else f"goal (<= {ppo['goal_seconds']} s) not met"
+        if ppo.get("run", {}).get("problems"):
+            status += "; " + "; ".join(ppo["run"]["problems"])[:200]
         out.append(("PPO update", fig, status))
     mm = result.get("mismatch")
     if mm and "rollout/logprob_diff_mean" in mm:
