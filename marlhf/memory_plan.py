@@ -42,8 +42,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 GiB = 2**30
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -73,6 +71,7 @@ def model_shape(
     """The :class:`ModelShape` of ``config`` (a transformers config or a dict with ``model_type``):
     a causal LM, or with ``backbone`` the base model plus a value head (the critic and reward
     model). LoRA: rank ``lora_dim`` on the Linear modules whose name contains ``lora_name``."""
+    import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     if isinstance(config, dict):

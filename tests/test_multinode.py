@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +67,8 @@ def _nodes(base: Path, port: int, steps: int) -> list[subprocess.Popen]:
     for rank in (0, 1):
         env = stage_env(base / "home")
         env.update(NODE_RANK=str(rank), MASTER_ADDR="127.0.0.1", NUM_GPUS="1")
+        # `python` and `deepspeed` of this interpreter's environment
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
         log = open(base / f"node{rank}.log", "a")
         procs.append(subprocess.Popen(["bash", "-c", script], env=env, cwd=ROOT, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
