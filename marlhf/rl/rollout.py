@@ -207,6 +207,8 @@ def _sample(actor, prompt_ids, prompt_mask, g: GenerationConfig, eos_ids, pad_id
             compile=g.compile_generation,
             prompt_bucket=g.max_prompt_seq_len,
             return_logprobs=True,
+            # ZeRO-3: parameters gathered here must not become inference tensors (scoring.py)
+            inference_mode=actor.zero_optimization_stage() != 3,
         )
     from marlhf.distributed import world_size
 

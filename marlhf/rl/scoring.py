@@ -178,8 +178,34 @@ def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
     return ro.attention_mask.long() if padding_mask else None
 
 
-@torch.inference_mode()
+def no_grad_mode(*engines):
+    """``torch.inference_mode()``, or ``torch.no_grad()`` when one of ``engines`` is a trained
+    ZeRO-3 engine: ZeRO-3 keeps small parameters gathered after their first fetch (its persistence
+    threshold), and one first fetched under inference mode stays an inference tensor, which the
+    next training forward cannot save for backward ("Inference tensors cannot be saved for
+    backward", seen with two ranks)."""
+    zero3 = any(
+        e is not None and getattr(e, "optimizer", None) is not None
+        and e.zero_optimization_stage() == 3
+        for e in engines
+    )  # fmt: skip
+    return torch.no_grad() if zero3 else torch.inference_mode()
+
+
 def score(
+    models: Models,
+    ro: Rollout,
+    cfg: PPOStageConfig,
+    need_entropy: bool,
+    later_values: torch.Tensor | None = None,
+    check_rollout: bool = False,
+) -> dict[str, torch.Tensor]:
+    """:func:`score_rollout` without autograd (:func:`no_grad_mode`)."""
+    with no_grad_mode(models.actor, models.critic):
+        return score_rollout(models, ro, cfg, need_entropy, later_values, check_rollout)
+
+
+def score_rollout(
     models: Models,
     ro: Rollout,
     cfg: PPOStageConfig,
@@ -189,8 +215,8 @@ def score(
 ) -> dict[str, torch.Tensor]:
     """The forward passes of one generation batch (see the module docstring for the keys), all
     with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
-    entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
-    autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
+    entropies (the termination rules that read them). Call under ``torch.inference_mode`` (no
+    autograd bookkeeping; the outputs are only read later) or ``no_grad`` (:func:`score`). log π_old and its entropy come from the
     rollout when the decoder recorded them (same weights, same dtype), unless
     ``--recompute_old_logprobs``. ``later_values``: (k,) long rows whose critic values are left
     at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them).
