@@ -259,7 +259,8 @@ def score_rollout(
 def old_policy(actor, ro: Rollout, cfg: PPOStageConfig, check_rollout: bool, groups) -> dict:
     """π_old of the rollout's tokens: ``old_logprobs`` and ``entropy`` (B, A), and
     ``rollout_logprobs`` / ``trainer_logprobs`` (B, A), the rollout engine's record and the
-    actor's own forward pass over the same tokens when both exist (else None).
+    actor's own forward pass over the same tokens, on a check step or with a correction (else
+    None: the ``rollout/*`` metrics are logged exactly then).
 
     The record is π_old unless the actor scores it (``--recompute_old_logprobs``, a rollout
     correction: :attr:`~marlhf.rl.config.PPOStageConfig.correction`, or no record, as with
@@ -272,7 +273,7 @@ def old_policy(actor, ro: Rollout, cfg: PPOStageConfig, check_rollout: bool, gro
     if not trainer_old and not check_rollout:
         return {"old_logprobs": ro.logprobs, "entropy": ro.entropy, **out}
     logp, ent = policy_forward(actor, ro, T, with_entropy=True, all_positions=full, groups=groups)
-    if recorded:
+    if recorded and (check_rollout or cfg.correction != "none"):
         out = {"rollout_logprobs": ro.logprobs, "trainer_logprobs": logp}
     if trainer_old:
         return {"old_logprobs": logp, "entropy": ent, **out}
