@@ -31,3 +31,16 @@ def test_inference_mode_unless_a_trained_zero3_engine():
     assert _mode(_Engine(2, True), _Engine(3, False)) == "inference"  # a frozen ZeRO-3 engine
     assert _mode(_Engine(0, True), _Engine(3, True)) == "no_grad"
     assert _mode(torch.nn.Linear(2, 2)) == "inference"  # a plain module (tests' engine stubs)
+
+
+def test_zero3_engines_on_several_ranks_run_one_pass(monkeypatch):
+    """A ZeRO-3 engine gathers weights with a collective in every forward pass: on several ranks
+    each batch goes through it in one pass (no length groups, no logit chunks), so every rank runs
+    the same number of passes whatever its rows' lengths."""
+    import marlhf.distributed as dist
+    from marlhf.rl.scoring import lockstep
+
+    assert not lockstep(_Engine(3, True))  # one process: nothing to keep in step
+    monkeypatch.setattr(dist, "world_size", lambda: 2)
+    assert lockstep(_Engine(3, True)) and lockstep(_Engine(3, False))
+    assert not lockstep(_Engine(2, True)) and not lockstep(torch.nn.Linear(2, 2))
