@@ -33,8 +33,8 @@ gpu-check:
 	env -u DS_ACCELERATOR PYTHONPATH=$(CURDIR):$(PYTHONPATH) $(GPU_PY) -m marlhf.gpu_check --output_dir output/gpu_check $(ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation
-	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation
+	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts
+	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation scripts
 
 clean:
 	rm -rf output

@@ -14,6 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from marlhf.algo.gae import gae
+from marlhf.algo.kl_rewards import kl_penalty
+from marlhf.algo.losses import masked_whiten
+from marlhf.models.logprobs import entropy_from_logits, token_logprobs
+from marlhf.models.reward_model import RewardModel, end_scores
+from marlhf.models.sequences import gather_response
+from marlhf.models.zoo import build_tiny
+from marlhf.stages.ppo.forward import critic_forward
+from marlhf.stages.ppo.rollout import Rollout
+
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = torch.bfloat16
 
@@ -33,7 +43,7 @@ def test_deepspeed_master_weights_and_adam_moments_are_fp32():
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", MASTER_PORT=str(port))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("bf16_master_probe.py"))],
+        [sys.executable, str(Path(__file__).parent / "support" / "bf16_master_probe.py")],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,8 +56,6 @@ def test_deepspeed_master_weights_and_adam_moments_are_fp32():
 
 
 def test_log_softmax_is_fp32():
-    from marlhf.logprobs import token_logprobs
-
     logits = _bf16(2, 5, 4000, scale=4.0)
     labels = torch.randint(0, 4000, (2, 5), generator=torch.Generator().manual_seed(1))
     got = token_logprobs(logits, labels, temperature=0.8)
@@ -57,8 +65,6 @@ def test_log_softmax_is_fp32():
 
 
 def test_entropy_is_fp32():
-    from marlhf.logprobs import entropy_from_logits
-
     logits = _bf16(2, 5, 4000, seed=2, scale=4.0)
     got = entropy_from_logits(logits, temperature=0.8)
     logp = torch.log_softmax(logits.double() / 0.8, -1)
@@ -69,9 +75,6 @@ def test_entropy_is_fp32():
 
 @pytest.fixture(scope="module")
 def bf16_reward_model(tmp_path_factory):
-    from marlhf.reward_model import RewardModel
-    from marlhf.tiny import build_tiny
-
     path = build_tiny(tmp_path_factory.mktemp("tiny") / "actor")
     torch.manual_seed(0)
     return RewardModel.from_pretrained(path, dtype=BF16, init_std=1.0).eval()
@@ -96,9 +99,6 @@ def _head_reference(model, ids):
 
 
 def test_value_head_is_fp32(bf16_reward_model):
-    from marlhf.rl.rollout import Rollout, gather_response
-    from marlhf.rl.scoring import critic_forward
-
     model = bf16_reward_model
     ids = torch.randint(5, 200, (2, 12), generator=torch.Generator().manual_seed(3))
     mask = torch.ones(2, 12, dtype=torch.bool)
@@ -112,8 +112,6 @@ def test_value_head_is_fp32(bf16_reward_model):
 
 
 def test_reward_head_is_fp32(bf16_reward_model):
-    from marlhf.reward_model import end_scores
-
     model = bf16_reward_model
     ids = torch.randint(5, 200, (3, 10), generator=torch.Generator().manual_seed(4))
     mask = torch.ones(3, 10, dtype=torch.long)
@@ -135,8 +133,6 @@ def _gae_loop(r, v, gamma, lam):
 
 
 def test_gae_is_fp32():
-    from marlhf.rl.gae import gae
-
     # values near 3 and small per-step rewards: bf16 spacing at 3 is 2^-6 ≈ 0.016
     values = (3.0 + _bf16(2, 40, seed=5, scale=0.1)).to(BF16)
     rewards = _bf16(2, 40, seed=6, scale=0.01)
@@ -150,8 +146,6 @@ def test_gae_is_fp32():
 
 
 def test_whitening_is_fp32():
-    from marlhf.rl.losses import masked_whiten
-
     x = (10.0 + _bf16(3, 50, seed=7)).to(BF16)  # mean 10: bf16 would centre at 2^-4 steps
     mask = torch.rand(3, 50, generator=torch.Generator().manual_seed(8)) < 0.8
     got = masked_whiten(x, mask)
@@ -163,8 +157,6 @@ def test_whitening_is_fp32():
 
 @pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
 def test_kl_penalty_is_fp32(estimator):
-    from marlhf.rl.rewards import kl_penalty
-
     logp = (-5.0 + _bf16(4, 30, seed=9)).to(BF16)
     ref = logp.float() + torch.randn(4, 30, generator=torch.Generator().manual_seed(10)) * 0.01
     ref = ref.to(BF16)  # differences of a few 1e-2 between values near -5

@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from stage_env import stage_env
+
+from marlhf.models.reward_model import RewardModel, save_reward_model
+from marlhf.models.zoo import build_tiny
+from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -40,9 +43,6 @@ def _free_port() -> int:
 def models(tmp_path_factory):
     import torch
     from transformers import AutoTokenizer
-
-    from marlhf.reward_model import RewardModel, save_reward_model
-    from marlhf.tiny import build_tiny
 
     base = tmp_path_factory.mktemp("multinode")
     actor = build_tiny(base / "sft")

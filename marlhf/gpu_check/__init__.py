@@ -40,13 +40,25 @@ otherwise.
 from __future__ import annotations
 
 import gc
+import resource
 import sys
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+
+from marlhf.cli import parse_config
+from marlhf.gpu_check.bench import ppo_update_bench
+from marlhf.gpu_check.config import GPUCheckStageConfig, resolve_sizes
+from marlhf.gpu_check.environment import bandwidth_of, environment
+from marlhf.gpu_check.models import bench_models, pipeline_model
+from marlhf.gpu_check.pipeline import run_pipeline
+from marlhf.gpu_check.probes import decode_throughput, rollout_mismatch
+from marlhf.gpu_check.report import write
+from marlhf.models.load import resolve_model_path
 
 
 def _free() -> None:
@@ -58,8 +70,6 @@ def _free() -> None:
 
 def _peak() -> dict:
     if not torch.cuda.is_available():
-        import resource
-
         return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     return {"peak_cuda_allocated_mb": torch.cuda.max_memory_allocated() / 2**20}
 
@@ -74,11 +84,6 @@ def _load(path: Path, device: str):
 def run_check(cfg) -> dict:
     """Every part of ``cfg.parts`` in order; a part that raises is reported under ``errors`` and
     the others still run. Returns the result (see :mod:`marlhf.gpu_check.report`)."""
-    from dataclasses import asdict
-
-    from marlhf.gpu_check.config import resolve_sizes
-    from marlhf.gpu_check.environment import bandwidth_of, environment
-
     t0 = time.perf_counter()
     cuda = torch.cuda.is_available()
     sizes = resolve_sizes(cfg, cuda)
@@ -108,19 +113,11 @@ def run_check(cfg) -> dict:
 
     def pipeline():
         nonlocal model_dir
-        from dataclasses import asdict as as_dict
-
-        from marlhf.gpu_check.models import pipeline_model
-        from marlhf.gpu_check.pipeline import run_pipeline
-
         model_dir = _pipeline_model(work, sizes, pipeline_model)
         runs = run_pipeline(work, str(model_dir), sizes, cfg.stage_timeout_s)
-        return [as_dict(r) for r in runs]
+        return [asdict(r) for r in runs]
 
     def decode():
-        from marlhf.gpu_check.models import bench_models
-        from marlhf.gpu_check.probes import decode_throughput
-
         actor = bench_dir / "models" / "actor"
         if not (actor / "config.json").exists():
             bench_models(bench_dir / "models", sizes.bench_hidden, sizes.bench_layers,
@@ -133,20 +130,13 @@ def run_check(cfg) -> dict:
         return res
 
     def ppo_update():
-        from dataclasses import asdict as as_dict
-
-        from marlhf.gpu_check.bench import ppo_update_bench
-
         res, run = ppo_update_bench(bench_dir, sizes, cfg.stage_timeout_s)
-        res["run"] = as_dict(run)
+        res["run"] = asdict(run)
         if not run.ok:
             raise RuntimeError("; ".join(run.problems))
         return res
 
     def mismatch():
-        from marlhf.gpu_check.models import pipeline_model
-        from marlhf.gpu_check.probes import rollout_mismatch
-
         path = model_dir or _pipeline_model(work, sizes, pipeline_model)
         model = _load(path, sizes.device)
         res = rollout_mismatch(model, sizes.bench_batch, sizes.bench_prompt, sizes.bench_new_tokens)
@@ -164,8 +154,6 @@ def run_check(cfg) -> dict:
 
 def _pipeline_model(work: Path, sizes, build) -> Path:
     """The pipeline's model: the embedded tiny model at CPU size, else a random Gemma (built once)."""
-    from marlhf.models import resolve_model_path
-
     if sizes.model is None:
         return Path(resolve_model_path("tiny"))
     path = work / f"gemma-{sizes.model[0]}x{sizes.model[1]}"
@@ -175,10 +163,6 @@ def _pipeline_model(work: Path, sizes, build) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from marlhf.cli import parse_config
-    from marlhf.gpu_check.config import GPUCheckStageConfig
-    from marlhf.gpu_check.report import write
-
     cfg = parse_config(GPUCheckStageConfig, argv, description=__doc__.splitlines()[0]).check
     result = run_check(cfg)
     js, md = write(result, Path(cfg.output_dir))

@@ -7,10 +7,12 @@ TRL's per-update time measures (9.52 s at 934 M on one H100, November 2026)."""
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 
 from marlhf.gpu_check.config import Sizes
+from marlhf.gpu_check.models import bench_models, param_count, random_prompts
 from marlhf.gpu_check.pipeline import RunResult, check_metrics, run_process
 
 TRL_SECONDS = {"934M": 9.52, "134M": 4.38}  # TRL 1.12 PPO update, one H100 (gpu-anchors.md)
@@ -19,8 +21,6 @@ GOAL_SECONDS_934M = 1.9  # >= 5x TRL
 
 def _run(work: Path, program: list[str], timeout_s: int) -> RunResult:
     """One benchmark run from scratch (its output directory removed first)."""
-    import shutil
-
     shutil.rmtree(work / "ppo", ignore_errors=True)
     res = run_process("ppo_update", program, work, timeout_s)
     return check_metrics(res, work / "ppo" / "metrics.jsonl")
@@ -30,8 +30,6 @@ def ppo_update_bench(work: Path, sizes: Sizes, timeout_s: int) -> tuple[dict, Ru
     """Builds the models and prompts, runs ``sizes.bench_steps`` PPO steps and returns the median
     seconds per update over the steps after the first (compilation, warm-up), the phases' times and
     peak memory (``--log_phase_resources``), and the run's :class:`RunResult`."""
-    from marlhf.gpu_check.models import bench_models, param_count, random_prompts
-
     actor, rm = bench_models(
         work / "models", sizes.bench_hidden, sizes.bench_layers, sizes.bench_vocab, sizes.device
     )

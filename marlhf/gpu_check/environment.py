@@ -8,6 +8,9 @@ import shutil
 import subprocess
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from marlhf.gpu_check.models import gemma_config
 
 # peak memory bandwidth in bytes/s by GPU name (first match of a key in the name): the decode bound
 BANDWIDTH = {
@@ -54,8 +57,6 @@ def _driver() -> str | None:
 def sdpa_kernels(device: str) -> dict[str, bool]:
     """Which scaled-dot-product-attention kernels run a bf16 causal attention of head dim 256 (the
     Gemma shape) and 64 here: each backend tried alone on a small batch."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     out = {}
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     for head_dim in (64, 256):
@@ -99,8 +100,6 @@ def environment() -> dict:
     # what transformers picks for a Gemma model built here (sdpa, eager, flash_attention_2)
     try:
         from transformers import GemmaForCausalLM
-
-        from marlhf.gpu_check.models import gemma_config
 
         model = GemmaForCausalLM(gemma_config(64, 64, 1))
         env["attn_implementation"] = model.config._attn_implementation

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import torch
 
+from marlhf.models.load import resolve_model_path
+from marlhf.models.reward_model import RewardModel, save_reward_model
+
 
 def gemma_config(vocab: int, hidden: int, layers: int, tokenizer=None):
     """A Gemma config of ``hidden × layers``: head dim 256 (64 below 1024), one key/value head
@@ -48,8 +51,6 @@ def pipeline_model(out: Path, hidden: int, layers: int, device: str) -> Path:
     tokenizer, saved (bf16) to ``out``; returns ``out``."""
     from transformers import AutoTokenizer, GemmaForCausalLM
 
-    from marlhf.models import resolve_model_path
-
     tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny"))
     cfg = gemma_config(len(tok), hidden, layers, tok)
     torch.manual_seed(0)
@@ -76,8 +77,6 @@ def bench_models(out: Path, hidden: int, layers: int, vocab: int, device: str) -
     """TRL's benchmark policy (a Llama of ``hidden × layers``, MLP ``hidden·8/3`` rounded to 64, head
     dim 64) and a reward model of the same shape, saved to ``out/actor`` and ``out/rm``."""
     from transformers import AutoModel, LlamaConfig, LlamaForCausalLM
-
-    from marlhf.reward_model import RewardModel, save_reward_model
 
     tok = word_tokenizer(vocab)
     cfg = LlamaConfig(

@@ -18,7 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from marlhf.gpu_check.config import Sizes
+from marlhf.models.reward_model import load_reward_model
+from marlhf.pipeline.demo import ROOT
 
 
 @dataclass
@@ -129,8 +133,6 @@ def training_runs(work: Path, model: str, sizes: Sizes) -> list[tuple[str, list[
 
 def inference_run(work: Path, sizes: Sizes) -> tuple[str, list[str], Path]:
     """Inference with rewards: the PPO actor's answers to held-out prompts, scored by the RM."""
-    from marlhf.demo import ROOT
-
     out = work / "inference" / "ppo_n1.jsonl"
     program = [
         str(ROOT / "inference" / "inference_with_rewards.py"), "--proj-path", str(work),
@@ -161,11 +163,8 @@ def check_inference(res: RunResult, out: Path) -> RunResult:
 
 def reload_checks(work: Path) -> list[str]:
     """Each saved causal LM (SFT, the PPO actors) reloads with ``from_pretrained`` and gives finite
-    logits; the reward model reloads with :func:`marlhf.reward_model.load_reward_model`."""
-    import torch
+    logits; the reward model reloads with :func:`marlhf.models.reward_model.load_reward_model`."""
     from transformers import AutoModelForCausalLM
-
-    from marlhf.reward_model import load_reward_model
 
     problems = []
     ids = torch.tensor([[2, 10, 11, 12, 13]])

@@ -1,5 +1,5 @@
 """Measurements on one model in this process: decode throughput against the memory-bandwidth bound,
-and the rollout–trainer log-prob mismatch (`marlhf.rl.mismatch`)."""
+and the rollout–trainer log-prob mismatch (`marlhf.algo.mismatch`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,15 @@ import time
 
 import torch
 
+from marlhf.algo.mismatch import importance_weights, level_log_ratio, mismatch_metrics
+from marlhf.models.decode import release_decoders, sample
+from marlhf.models.sequences import pack_flush_left
+from marlhf.stages.ppo.forward import policy_forward
+from marlhf.stages.ppo.rollout import Rollout
+
 
 class _Engine(torch.nn.Module):
-    """What `marlhf.rl.scoring.policy_forward` uses of a DeepSpeed engine."""
+    """What `marlhf.stages.ppo.forward.policy_forward` uses of a DeepSpeed engine."""
 
     def __init__(self, module):
         super().__init__()
@@ -57,8 +63,6 @@ def decode_throughput(
     """tokens/s of HF ``generate`` and of the static decoder (eager, and CUDA-graphed on CUDA) at
     ``batch × new_tokens`` sampled tokens (no EOS: every row decodes them all), and each one's
     fraction of the weights + KV-cache bandwidth bound (bound time / measured time)."""
-    from marlhf.decode import release_decoders, sample
-
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (batch, prompt), generator=g).to(device)
@@ -98,16 +102,14 @@ def decode_throughput(
 def rollout_mismatch(
     model, batch: int, prompt: int, new_tokens: int, ngram: int = 5, compile: bool = False
 ) -> dict:
-    """The ``rollout/*`` metrics of ``model`` (`marlhf.rl.mismatch.mismatch_metrics`): the static
-    decoder samples ``batch × new_tokens`` (temperature 0.8, top-k 50) and records log π_rollout;
-    the trainer's forward (`policy_forward`) scores the same tokens. Also: the mean |Σ_t log ρ_t|
-    per response, the share of macro ratios (``ngram`` tokens) outside PPO's clip range [0.8, 1.2],
-    and the CPU and wall seconds of the decode and of the trainer's check."""
-    from marlhf.decode import sample
-    from marlhf.rl.mismatch import level_log_ratio, mismatch_metrics
-    from marlhf.rl.rollout import Rollout, pack_flush_left
-    from marlhf.rl.scoring import policy_forward
-
+    """The ``rollout/*`` metrics of ``model`` (`marlhf.algo.mismatch.mismatch_metrics`): the static
+    decoder samples ``batch × new_tokens`` (temperature 0.8, top-k 50, no EOS) to random prompts
+    and records log π_rollout; the trainer's forward (`policy_forward`, what PPO scores with)
+    scores the same tokens. Also: the mean |Σ_t log ρ_t| per response, the share of macro ratios
+    (``ngram`` tokens) outside PPO's clip range [0.8, 1.2] and of sequence ratios outside GSPO's
+    [1 − 3e-4, 1 + 4e-4] (at an update's first minibatch, where π_θ = π_old, they would be 1), the
+    range of the rollout correction's weights (``tis``, cap 2), and the CPU and wall seconds of the
+    decode and of the trainer's check (one no-grad forward pass)."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(3, model.config.vocab_size, (batch, prompt), generator=g).to(device)
@@ -132,9 +134,13 @@ def rollout_mismatch(
     out = mismatch_metrics(trainer, logp, mask, seg)
     log_rho = trainer.double() - logp.double()
     macro = level_log_ratio(log_rho, mask, "macro", seg).exp()
+    gspo = level_log_ratio(log_rho, mask, "sequence").exp()[:, 0]
     out["seq_logprob_diff_mean"] = float(log_rho.sum(1).abs().mean())
     out["macro_outside_clip"] = float(((macro - 1).abs() > 0.2).double().mean())
+    out["gspo_outside_clip"] = float(((gspo < 1 - 3e-4) | (gspo > 1 + 4e-4)).double().mean())
+    w = importance_weights(trainer, logp, mask, mode="tis", cap=2.0)[mask]
+    out["tis_weight_min"], out["tis_weight_max"] = float(w.min()), float(w.max())
     out.update(dtype=str(next(model.parameters()).dtype), batch=batch, new_tokens=new_tokens)
     out.update(decode_cpu_s=decode[0], decode_wall_s=decode[1])
-    out.update(check_cpu_s=check[0], check_wall_s=check[1])
+    out.update(check_cpu_s=check[0], check_wall_s=check[1], tokens=int(mask.sum()))
     return out

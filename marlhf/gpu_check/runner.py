@@ -12,12 +12,12 @@ import resource
 import runpy
 import sys
 
+import torch
+
 
 def _write_peak(path: str) -> None:
     out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     try:
-        import torch
-
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             out["peak_cuda_allocated_mb"] = torch.cuda.max_memory_allocated() / 2**20
             out["peak_cuda_reserved_mb"] = torch.cuda.max_memory_reserved() / 2**20
