@@ -63,12 +63,14 @@ def test_pipeline_runs_every_stage_in_bf16(check):
     zeros = {"ppo_n1": 2, "mappo_n5_zero3": 3, "grpo_lora": 2, "macro_mc": 2}
     for name, stage in zeros.items():
         cfg = json.loads((work / name / "run_config.json").read_text())
-        assert cfg["models"]["dtype"] == "bf16" and cfg["models"]["actor_zero_stage"] == stage
+        models = cfg["models"]
+        assert models["shared"]["dtype"] == "bf16" and models["actor"]["ds"]["zero_stage"] == stage
         ds = json.loads((work / name / "ds_config.json").read_text())
         assert ds["actor"]["bf16"] == {"enabled": True}, name
         # the rollout correction is on in bf16 (auto: tis), so the mismatch is logged every step
         assert "rollout/logprob_diff_mean" in runs[name]["metrics"], name
     grpo = json.loads((work / "grpo_lora" / "run_config.json").read_text())
-    assert grpo["models"]["actor_lora_dim"] == 16 and grpo["ppo"]["advantage_estimator"] == "grpo"
+    assert grpo["models"]["actor"]["model"]["lora_dim"] == 16
+    assert grpo["ppo"]["advantage_estimator"] == "grpo"
     assert not (work / "grpo_lora" / "critic").exists()  # critic-free
     assert runs["inference"]["metrics"]["rows"] == 8

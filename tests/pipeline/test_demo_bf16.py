@@ -50,7 +50,7 @@ def test_demo_in_bf16_lands_near_fp32(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for stage in ("sft", "rm", "ppo", "mappo"):
         run = json.loads((out / stage / "run_config.json").read_text())
-        dtype = run["models"]["dtype"] if "models" in run else run["model"]["dtype"]
+        dtype = run["models"]["shared"]["dtype"] if "models" in run else run["model"]["dtype"]
         assert dtype == "bf16", stage
     for arm in ("ppo", "mappo"):  # no NaN anywhere in training
         for line in (out / arm / "metrics.jsonl").read_text().splitlines():
