@@ -40,7 +40,7 @@ def build_gemma(hidden: int, layers: int, vocab: int, dtype, device, seed: int =
     return GemmaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--hidden", type=int, default=512)
@@ -52,7 +52,7 @@ def main() -> None:
     p.add_argument("--ngram", type=int, default=5, help="macro-action length of the macro metrics")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--compile", action="store_true", help="CUDA-graph decode step (CUDA only)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     device = torch.device(args.device)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     result = {"device": str(device), "hidden": args.hidden, "layers": args.layers}
@@ -67,6 +67,7 @@ def main() -> None:
             " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
         )
     print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
