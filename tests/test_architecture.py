@@ -158,6 +158,7 @@ LAYERS = (
     "marlhf.inference",
     "marlhf.judge",
     "marlhf.pipeline",
+    "marlhf.gpu_check",
 )
 
 

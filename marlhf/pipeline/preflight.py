@@ -42,6 +42,7 @@ from marlhf.data.sources import columns_problem
 from marlhf.models.checks import check_same_tokenizer, critic_head, critic_problem, ppo_model_roles
 from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
+from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_flags
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.sft import SFTConfig
@@ -187,8 +188,24 @@ def _context_problem(stage: str, cfg: Any) -> str | None:
     return context_problem(ppo_model_roles(cfg.models, cfg.ppo.reward_source), lengths)
 
 
+def print_plan(cfg: Any, opts: dict) -> list[str]:
+    """``--plan``: prints the per-GPU memory plan of a PPO run (`marlhf.pipeline.memory_plan`); a
+    problem when it does not fit ``--gpu_memory``."""
+    plan = ppo_plan(cfg, opts["num_gpus"], opts["gpu_memory_gb"])
+    print(format_plan(plan))
+    if plan.fits is False:
+        return [
+            f"the plan needs {plan.total / GiB:.1f} GiB per GPU, more than --gpu_memory "
+            f"{opts['gpu_memory_gb']:g}: add GPUs (--num_gpus), raise --actor_zero_stage / "
+            "--critic_zero_stage, --offload, LoRA, activation checkpointing or smaller batches"
+        ]
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise."""
+    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise.
+    Stage ``ppo`` also takes ``--plan --num_gpus N [--gpu_memory GB]``: the memory plan
+    (`marlhf.pipeline.memory_plan`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     stages = ("sft", "reward", "ppo")
     if argv and argv[0] in ("-h", "--help"):
@@ -204,8 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     stage = argv[0]
-    cfg = parse_config(_stage_config(stage), argv[1:], description=f"preflight of stage {stage}")
+    rest, plan = split_plan_flags(argv[1:]) if stage == "ppo" else (argv[1:], None)
+    cfg = parse_config(_stage_config(stage), rest, description=f"preflight of stage {stage}")
     problems = preflight(stage, cfg)
+    if plan is not None and not problems:
+        problems = print_plan(cfg, plan)
     for p in problems:
         print(f"preflight: {p}", file=sys.stderr)
     if problems:
