@@ -199,6 +199,8 @@ def arm_flags(arm: str, horizon: int) -> list[str]:
     if "macro_mc" in flags:
         flags = with_overrides(flags, {"--mc_boundary_spacing": str(horizon // 5)})
     return flags
+
+
 # rough seconds per PPO step on the 2 CPU cores (for scheduling longest first)
 _STEP_COST = {16: 0.5, 64: 1.1, 256: 3.5}
 

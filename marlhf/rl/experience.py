@@ -15,6 +15,7 @@ import torch
 
 from marlhf.distributed import all_gather_object, all_gather_padded, world_size
 from marlhf.macro import MacroSegments, TerminationInputs, build_segments
+from marlhf.macro.credit import credit_mask
 from marlhf.macro.estimate import macro_advantages, macro_stats
 from marlhf.rl.estimators import (
     EstimatorInputs,
@@ -61,6 +62,8 @@ class Experience:
     mc_positions: torch.Tensor | None = None  # (B, N) long  boundary positions, -1 where none
     mc_values: torch.Tensor | None = None  # (B, N) float  V̂ there (mean continuation reward)
     mc_prompt_values: torch.Tensor | None = None  # (B,) V̂(prompt) (G = 1 only; else None)
+    # --macro_credit boundary: (B, A) bool the tokens the policy loss trains (None: all valid ones)
+    credit: torch.Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -82,6 +85,7 @@ def segment(rule, ro: Rollout, scored: dict, row_seeds=None, all_gather=None) ->
             ref_entropy=scored.get("ref_entropy"),
             row_seeds=row_seeds,
             all_gather=all_gather,
+            old_logprobs=scored["old_logprobs"],
         )
     )
 
@@ -193,8 +197,8 @@ def estimate_advantages(
             reward_agg=mcfg.macro_reward_agg,
         )
         adv, ret = build_estimator(ppo.estimator, options)(estimator_inputs(exp, segments, ppo))
-    if ppo.whiten_advantages:
-        adv = masked_whiten(adv, mask)
+    if ppo.whiten_advantages:  # over the tokens the policy loss trains
+        adv = masked_whiten(adv, mask if exp.credit is None else exp.credit)
     return adv, ret
 
 
@@ -244,8 +248,16 @@ def experience_stats(
 def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> Experience:
     """``exp`` (the global batch) with its advantages, returns and statistics."""
     segments = segments_of(exp)
+    mcfg = cfg.macro
+    if mcfg.macro_credit != "all":  # the tokens the policy loss trains (marlhf.macro.credit)
+        exp.credit = credit_mask(
+            segments, mcfg.macro_credit, mcfg.termination_condition, mcfg.lowprob_cut
+        )
     exp.advantages, exp.returns = estimate_advantages(exp, segments, cfg)
     exp.stats = experience_stats(exp, segments, term)
+    if exp.credit is not None:
+        mask = exp.rollout.action_mask
+        exp.stats["macro/credit_share"] = float(exp.credit.sum() / mask.sum().clamp(min=1))
     G = cfg.ppo.n_samples_per_prompt
     if G > 1 and exp.outcome is not None:
         from marlhf.rl.groups import group_ids, group_stats

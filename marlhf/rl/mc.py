@@ -1,7 +1,7 @@
 """Monte-Carlo values at macro-action boundaries, for ``--advantage_estimator macro_mc`` (issue #12 §1).
 
-At each chosen boundary of a response (:func:`marlhf.rl.estimators.select_mc_boundaries`, at most
-``--mc_max_boundaries`` per response), the state is prompt ⧺ response[:p]. From it the current
+At each chosen boundary of a response (:func:`mc_boundaries`, at most ``--mc_max_boundaries`` per
+response), the state is prompt ⧺ response[:p]. From it the current
 policy (the actor before this step's update) draws ``--mc_rollouts K`` continuations, sampled like
 the responses (same temperature, top-k, top-p; the whole response, prefix included, stays within
 ``--max_answer_seq_len``: a continuation from p may use the remaining ``max_answer_seq_len − p``
@@ -34,7 +34,11 @@ import torch
 
 from marlhf.distributed import all_gather_padded, all_reduce_sum, world_size
 from marlhf.macro.termination import derive_row_seeds
-from marlhf.rl.estimators import MCBoundaries, select_mc_boundaries
+from marlhf.rl.estimators import (
+    MCBoundaries,
+    select_mc_boundaries,
+    select_spaced_mc_boundaries,
+)
 from marlhf.rl.experience import Experience, segments_of
 from marlhf.rl.rewards import sequence_rewards
 from marlhf.rl.rollout import Rollout, end_index, generate, pack_flush_left
@@ -233,6 +237,18 @@ def continuation_rewards(
     return out
 
 
+def mc_boundaries(segments, ppo, max_answer_seq_len: int) -> MCBoundaries:
+    """The boundaries ``--mc_boundary_selection`` chooses (at most ``--mc_max_boundaries``):
+    ``spaced`` every ``--mc_boundary_spacing`` tokens (0: ``max_answer_seq_len / (C + 1)``, rounded
+    up; :func:`marlhf.rl.estimators.select_spaced_mc_boundaries`) or ``spread`` evenly over each
+    response's macro actions (:func:`marlhf.rl.estimators.select_mc_boundaries`)."""
+    C = ppo.mc_max_boundaries
+    if ppo.mc_boundary_selection == "spread":
+        return select_mc_boundaries(segments, C)
+    spacing = ppo.mc_boundary_spacing or -(-max_answer_seq_len // (C + 1))
+    return select_spaced_mc_boundaries(segments, C, spacing)
+
+
 def monte_carlo(
     run: Run, step: int, exp: Experience, rows: torch.Tensor, metas: list[dict], texts: list[str]
 ) -> tuple[Experience, dict[str, float]]:
@@ -241,7 +257,7 @@ def monte_carlo(
     over all ranks. ``rows``: the rows' global indices; ``metas``/``texts``: their prompts'."""
     ppo = run.cfg.ppo
     K, C = ppo.mc_rollouts, ppo.mc_max_boundaries
-    boundaries = select_mc_boundaries(segments_of(exp), C)
+    boundaries = mc_boundaries(segments_of(exp), ppo, run.cfg.generation.max_answer_seq_len)
     with_prompt = ppo.n_samples_per_prompt == 1
     cpu = MCBoundaries(*(x.cpu() for x in vars(boundaries).values()))
     jobs = continuation_jobs(cpu, K, with_prompt)
