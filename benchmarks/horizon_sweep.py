@@ -753,6 +753,65 @@ def cell_table(rows: Sequence[ArmRow]) -> str:
     return "\n".join(lines)
 
 
+PLATEAU = 20  # steps over which the plateau slope is measured
+
+
+def slope(ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` against 1, 2, ... (per step).
+
+    >>> slope([1.0, 2.0, 3.0]), slope([2.0, 2.0])
+    (1.0, 0.0)
+    """
+    n = len(ys)
+    xm, ym = (n + 1) / 2, statistics.fmean(ys)
+    sxx = sum((i + 1 - xm) ** 2 for i in range(n))
+    return sum((i + 1 - xm) * (y - ym) for i, y in enumerate(ys)) / sxx if sxx else 0.0
+
+
+def reach_steps(r: ArmRow) -> str:
+    """The step at which the arm reaches PPO's final gold, with its seed-bootstrap 95 % interval in
+    steps (the speed-up interval turned into steps: steps / speed-up; "never" where more than 2.5 %
+    of the resamples do not get there) and whether that interval is narrower than a third of the
+    run.
+
+    >>> r = ArmRow("a", 5, 30, 0, (0, 0), (0, 0), True, 10, 3.0, 2.0, 6.0, 1.0, 5, 5, 20, 1,
+    ...            0.01, {}, {}, 1.0)
+    >>> reach_steps(r)
+    '10 [5, 15] (10 steps: ≥ 1/3 of the run)'
+    """
+    if not r.defined:
+        return "n/a: PPO did not improve"
+    point = "not reached" if r.reach is None else str(r.reach)
+    lo = math.ceil(r.steps / r.boot_high) if r.boot_high > 0 else None
+    hi = math.ceil(r.steps / r.boot_low) if r.boot_low > 0 else None
+    if lo is None:
+        return f"{point} [never]"
+    if hi is None:
+        return f"{point} [{lo}, never] (wider than the run)"
+    width = hi - lo
+    verdict = "<" if width < r.steps / 3 else "≥"
+    return f"{point} [{lo}, {hi}] ({width} steps: {verdict} 1/3 of the run)"
+
+
+def reach_table(rows: Sequence[ArmRow], seeds_by_arm: dict[str, dict[int, dict]]) -> str:
+    """Per arm: the reach step with its bootstrap interval (:func:`reach_steps`) and the slope of
+    its training gold over the last ``PLATEAU`` steps (mean over seeds ± 95 % t-interval): an arm
+    has plateaued when the interval contains 0 or the slope is below 0.001 per step."""
+    lines = [
+        "| arm | reach step [bootstrap 95 %] | gold slope over the last "
+        f"{PLATEAU} steps (per step) | plateaued |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        slopes = [slope(m["gold"][-PLATEAU:]) for m in seeds_by_arm[r.arm].values()]
+        m, h = mean_ci(slopes)
+        flat = (not math.isnan(h) and m - h <= 0 <= m + h) or m < 0.001
+        lines.append(
+            f"| {r.arm} | {reach_steps(r)} | {m:+.4f} ± {h:.4f} | {'yes' if flat else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def held_out_table(rows: Sequence[ArmRow]) -> str:
     """The markdown table of one cell's held-out samples after training (Δ: Welch, vs PPO)."""
     lines = [
@@ -1022,6 +1081,7 @@ def analyze(
         text += [f"## {_cell_title(cell)}\n", cell_table(rows[cell]), ""]
         text += [f"Held-out after training ({EVAL_PROMPTS} prompts, T = 1):\n"]
         text += [held_out_table(rows[cell]), ""]
+        text += ["Reach step and plateau:\n", reach_table(rows[cell], cells[cell]), ""]
         share = parser_share(rows[cell])
         if share is not None:
             text.append(f"Parser cost: {100 * share:.1f} % of PPO's step.\n")

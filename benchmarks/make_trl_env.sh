@@ -14,6 +14,6 @@ test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q torch==2.13.0
 "$VENV/bin/python" -m pip install -q "trl==$TRL_VERSION" "transformers==$TRANSFORMERS_VERSION" \
-    datasets==5.2.0 accelerate==1.15.0 matplotlib
+    datasets==5.2.0 accelerate==1.15.0 matplotlib requests
 "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c "import trl, transformers; print('trl', trl.__version__, 'transformers', transformers.__version__)"
