@@ -136,7 +136,9 @@ class MacroConfig:
         default=True,
         metadata={
             "help": "The final EOS / end-of-conversation token is its own 1-token macro action "
-            "(keeps the reward-model score from being mixed with KL terms)."
+            "(keeps the reward-model score from being mixed with KL terms; that macro action starts "
+            "where the policy chose to stop, so even exact values give the stop decision a biased "
+            "advantage: --no_eos_own_macro with --value_function start is unbiased)."
         },
     )
     value_function: str = field(
