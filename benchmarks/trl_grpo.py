@@ -173,14 +173,17 @@ def execute(root: Path, seeds: list[int], steps: int, trl_python: str) -> None:
                        "--seeds", str(seed), "--steps", str(steps)]  # fmt: skip
             wall, cpu = run_one(cmd, out / "log.txt", env)
             held = _held_out(out / "actor", TASK, HORIZON)
-            rec = {"seed": seed, "impl": impl, "wall_s": wall, "cpu_s": cpu, "held_out": held}
+            # the whole run's wall and CPU seconds (start-up and final save included)
+            rec = {"seed": seed, "impl": impl, "run_wall_s": wall, "run_cpu_s": cpu}
+            rec["held_out"] = held
             if impl == "ours":
                 from benchmarks.analysis import load_run
 
                 m = load_run(out / "metrics.jsonl")
                 rec.update(gold=m["gold"], train_s=sum(m["step_time"]))
             else:
-                rec.update(json.loads((out / "trl_run.json").read_text()))
+                trl = json.loads((out / "trl_run.json").read_text())
+                rec.update(gold=trl["gold"], train_s=trl["train_s"], train_cpu_s=trl["cpu_s"])
             (out / "run.json").write_text(json.dumps(rec, indent=1))
             print(f"[trl_grpo] {impl} seed {seed}: {wall:.0f} s wall, {cpu:.0f} CPU s", flush=True)
 
@@ -211,7 +214,7 @@ def analyze(root: Path, fig: Path | None) -> str:
             f"| {name} | {len(rs)} | {pm(mean_ci(finals[impl]))} | "
             f"{pm(mean_ci(held[impl]['gold']))} | {pm(mean_ci(held[impl]['right_opening']), 2)} | "
             f"{statistics.fmean(r['train_s'] / n for r, n in zip(rs, steps, strict=True)):.2f} | "
-            f"{statistics.fmean(r['cpu_s'] / n for r, n in zip(rs, steps, strict=True)):.2f} |"
+            f"{statistics.fmean(r['run_cpu_s'] / n for r, n in zip(rs, steps, strict=True)):.2f} |"
         )
     d = welch_diff_ci(finals["trl"], finals["ours"])
     dh = welch_diff_ci(held["trl"]["gold"], held["ours"]["gold"])
@@ -224,8 +227,8 @@ def analyze(root: Path, fig: Path | None) -> str:
     text = "\n".join(lines) + (
         f"\n\nTRL − ours: final training gold {pm(d)}, held-out gold {pm(dh)} (Welch 95 %); "
         f"per-step difference of the seed means outside its 95 % interval at {outside} of {n} "
-        f"steps (seeds {seeds}). CPU s / step: the whole run's CPU seconds (start-up included) per "
-        "step; s / step: training time per step."
+        f"steps (seeds {seeds}). CPU s / step: the whole run's CPU seconds (start-up, final save "
+        "included) per rollout; s / step: training wall seconds per rollout."
     )
     if fig is not None:
         _plot(runs, seeds, fig)
