@@ -20,9 +20,10 @@ the continuations do not depend on how the batch is split over ranks or into cal
 redraws them. Each rank draws the continuations of its own rows; the values travel with the rows'
 experience when it is gathered.
 
-Cost: a response with M macro actions has min(M − 1, C) interior boundaries, so longer macro actions
-mean fewer boundaries and fewer continuations (logged per step as ``mc/continuations``, the time as
-``time/mc``).
+Cost: a response of n tokens has at most min(C, n / spacing) boundaries (``spaced``; a spacing
+shorter than its macro actions chooses a start once), or min(M − 1, C) with M macro actions
+(``spread``), so longer macro actions mean fewer boundaries and fewer continuations (logged per step
+as ``mc/continuations`` and ``mc/boundaries``, the time as ``time/mc``).
 """
 
 from __future__ import annotations
