@@ -528,11 +528,13 @@ def execute(
     workers: int,
     spacy_model: str | None,
     wall_file: Path | None = None,
+    started: float | None = None,
 ) -> list[str]:
     """Train every reward model and run that is not done yet, ``workers`` at a time (longest
     first once its reward model exists). Returns the keys of the jobs that failed. ``wall_file``
-    records this invocation's wall time after every finished job (:func:`record_wall`), so a
-    killed invocation's time up to its last finished job still counts."""
+    records this invocation's wall time after every finished job (:func:`record_wall`, under the
+    invocation's start time ``started``, the key its final record uses too), so a killed
+    invocation's time up to its last finished job still counts."""
     todo: list[tuple[str, object]] = [("rm", j) for j in rms if not _done(j.out(root), "rm")]
     todo += [("run", j) for j in runs if not _done(j.out(root), "run")]
     skipped = len(rms) + len(runs) - len(todo)
@@ -544,7 +546,7 @@ def execute(
     logs.mkdir(parents=True, exist_ok=True)
     ready_rms = {j.horizon for j in rms if _done(j.out(root), "rm")}
     failed: list[str] = []
-    t0 = time.time()
+    t0 = time.time() if started is None else started
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_init_worker, initargs=(str(logs), size.threads)
@@ -1252,7 +1254,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         workers = args.workers or size.workers
         wall_file = root / f"sweep_wall{args.tag}.json"
-        failed = execute(root, size, rms, runs, workers, spacy_model, wall_file)
+        failed = execute(root, size, rms, runs, workers, spacy_model, wall_file, started=t0)
         wall = time.time() - t0
         # a resumed sweep adds its time to the earlier invocations' (killed ones included)
         record_wall(wall_file, t0, wall, workers, failed, done=True)
