@@ -29,7 +29,8 @@ def macro_items(
     seed: int,
 ) -> list[dict]:
     """Macro actions of one batch for the HTML view. Rules that need reference-model quantities
-    (``ppl``, ``entropy``) get them from the policy itself."""
+    (``ppl``, ``entropy``) get them from the policy itself, as ``lowprob`` gets the sampled tokens'
+    log-probs."""
     from marlhf.macro import TerminationInputs
     from marlhf.macro.render import token_pieces
     from marlhf.rl.rollout import pack_flush_left, response_logprobs_and_entropy
@@ -40,7 +41,7 @@ def macro_items(
         ends_with_eos=ends_with_eos,
         generator=torch.Generator().manual_seed(seed),
     )
-    if rule.needs & {"ref_logprobs", "ref_entropy"}:
+    if rule.needs & {"ref_logprobs", "ref_entropy", "old_logprobs"}:
         seq, mask, start = pack_flush_left(
             prompt_ids, prompt_mask, response, action_mask, models.tokenizer.pad_token_id
         )
@@ -58,6 +59,7 @@ def macro_items(
             with_entropy=True,
         )
         inputs.ref_logprobs, inputs.ref_entropy = logp.cpu(), ent.cpu()
+        inputs.old_logprobs = inputs.ref_logprobs
     macro_end = rule(inputs).macro_end
     items = []
     for b in range(response.shape[0]):
