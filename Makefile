@@ -27,8 +27,8 @@ test: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation
-	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation
+	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts
+	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation scripts
 
 clean:
 	rm -rf output

@@ -1,4 +1,4 @@
-"""Rollout decoding speed: `generate` vs `marlhf.decode.sample` (eager, and compiled on CUDA).
+"""Rollout decoding speed: `generate` vs `marlhf.models.decode.sample` (eager, and compiled on CUDA).
 
     .venv/bin/python benchmarks/bench_decode.py                       # CPU-small defaults
     python benchmarks/bench_decode.py --device cuda --hidden 768 --layers 12 --batch 64 \
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-compile", action="store_true", help="skip the compiled backend")
     args = p.parse_args(argv)
 
-    from marlhf.decode import sample
+    from marlhf.models.decode import sample
 
     device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]

@@ -42,10 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination  # noqa: E402
-from marlhf.macro.credit import credit_mask  # noqa: E402
-from marlhf.macro.segments import MacroSegments, to_macro, to_tokens  # noqa: E402
-from marlhf.rl.estimators import (  # noqa: E402
+from marlhf.algo.estimators import (  # noqa: E402
     EstimatorInputs,
     EstimatorOptions,
     MCValues,
@@ -53,6 +50,9 @@ from marlhf.rl.estimators import (  # noqa: E402
     select_mc_boundaries,
     select_spaced_mc_boundaries,
 )
+from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination  # noqa: E402
+from marlhf.macro.credit import credit_mask  # noqa: E402
+from marlhf.macro.segments import MacroSegments, to_macro, to_tokens  # noqa: E402
 
 A_TOK, B_TOK, EOS = 0, 1, 2
 TOKEN_REWARD = (-0.3, -0.1, 0.0)  # a, b, EOS: the KL-like per-token rewards

@@ -68,7 +68,7 @@ def trl_worker(out: Path, seed: int, steps: int) -> None:
     from marlhf.data.config import DataConfig
     from marlhf.data.long_tasks import gold_scorer_for
     from marlhf.data.tokenize import build_prompt_dataset
-    from marlhf.models import resolve_model_path
+    from marlhf.models.load import resolve_model_path
 
     torch.set_num_threads(1)
     name = f"synthetic-{TASK}-{HORIZON}"
