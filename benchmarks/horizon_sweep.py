@@ -29,8 +29,8 @@ are already trained on both tasks of their horizon):
    answer tokens.
 
 Runs execute in ``--workers`` long-lived processes (one import and DeepSpeed start-up per worker,
-``marlhf.stages.ppo.loop.train`` per run, like tests/support/ppo_matrix.py), scheduled longest first once
-their reward model exists; each finished run writes ``sweep_run.json`` (its start-up and training
+``marlhf.stages.ppo.loop.train`` per run, like tests/support/ppo_matrix.py), scheduled longest first
+once their reward model exists; each finished run writes ``sweep_run.json`` (its start-up and training
 seconds) and is skipped when the command runs again. Analysis: ``summary.md`` (tables per cell:
 final gold ± 95 % t-interval, Welch Δ vs PPO, speed-up = PPO steps / first step at which the arm's
 trailing-5 mean gold curve reaches PPO's final gold with a 95 % seed-bootstrap interval, macro
