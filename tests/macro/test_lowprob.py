@@ -133,7 +133,7 @@ def _rows(inputs: TerminationInputs, idx: list[int]) -> TerminationInputs:
 
 def _fake_all_gather(parts: list[TerminationInputs], r: int):
     """Rank r's `all_gather` over the simulated ranks' batches (rank order, widths right-padded:
-    what `marlhf.distributed.all_gather_padded` returns)."""
+    what `marlhf.runtime.distributed.all_gather_padded` returns)."""
 
     def gather(x, pad):
         if x.dim() == 1:
