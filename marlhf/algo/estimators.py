@@ -78,6 +78,7 @@ __all__ = [
     "resolve_estimator",
     "returns_to_go",
     "select_mc_boundaries",
+    "select_spaced_mc_boundaries",
 ]
 
 
@@ -340,6 +341,56 @@ def select_mc_boundaries(segments: MacroSegments, max_boundaries: int) -> MCBoun
     k = torch.where(valid, k, 0).clamp(max=M - 1)
     positions = torch.where(valid, segments.start.gather(1, k), -1)
     return MCBoundaries(positions=positions, mask=valid, macro_index=torch.where(valid, k, -1))
+
+
+def select_spaced_mc_boundaries(
+    segments: MacroSegments, max_boundaries: int, spacing: int
+) -> MCBoundaries:
+    """``macro_mc``'s boundaries at fixed token spacing: for i = 1..C (C = `max_boundaries`), the
+    first interior macro-action start at or after token i * `spacing`; a start chosen twice counts
+    once, so a row has at most C.
+
+    Why not spread C boundaries evenly over the response's own K macro actions
+    (`select_mc_boundaries`): K is decided by the whole response, so where a token's credit
+    segment begins and ends, i.e. the baseline V̂(b_j) it is compared with, would depend on the
+    tokens the policy samples after it, an action-dependent baseline that biases the gradient when
+    the policy decides how many macro actions there are (the per-index bias that verl's RFC 7244
+    finds in per-turn advantage normalisation; benchmarks/credit_bias.py measures it). Here whether the state before token p is a boundary
+    depends only on where macro actions start up to p: with a rule whose starts are known before
+    the token at them is sampled (fixed, randomized, entropy, lowprob cutting after), the chosen
+    states are stopping times and V̂(b_{j+1}) - V̂(b_j) is an unbiased advantage.
+
+    >>> import torch
+    >>> from marlhf.macro.segments import build_segments
+    >>> ends = torch.tensor([[0, 1, 0, 1, 0, 1, 0, 1, 0, 1], [0, 1, 0, 1, 1, 0, 0, 0, 0, 0]])
+    >>> seg = build_segments(ends.bool(), torch.tensor([[1] * 10, [1] * 5 + [0] * 5]).bool())
+    >>> b = select_spaced_mc_boundaries(seg, 3, 3)  # the first starts at or after tokens 3, 6, 9
+    >>> b.positions.tolist(), b.macro_index.tolist()  # no start at or after 9; row 1 ends at 5
+    ([[4, 6], [4, -1]], [[2, 3], [2, -1]])
+    """
+    if max_boundaries < 0:
+        raise ValueError(f"--mc_max_boundaries must be >= 0, got {max_boundaries}")
+    if spacing < 1:
+        raise ValueError(f"--mc_boundary_spacing must be >= 1 token, got {spacing}")
+    count, start = segments.count, segments.start
+    B, M = start.shape
+    C = max_boundaries
+    k = torch.arange(M, device=start.device)[None, :]
+    big = torch.iinfo(torch.long).max
+    # each row's macro starts, increasing: macro 0 (the prompt) below every target, none past count
+    starts = torch.where(k == 0, -1, torch.where(segments.mask, start, big))
+    targets = torch.arange(1, C + 1, device=start.device)[None, :].expand(B, C) * spacing
+    chosen = torch.searchsorted(starts.contiguous(), targets.contiguous())  # (B, C)
+    valid = chosen < count[:, None]
+    if C > 1:
+        valid[:, 1:] &= chosen[:, 1:] != chosen[:, :-1]
+    # valid boundaries first, in order (a stable sort of the invalid flag)
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    valid, chosen = valid.gather(1, order), chosen.gather(1, order)
+    N = int(valid.sum(1).max()) if B > 0 and C > 0 else 0
+    valid, chosen = valid[:, :N], chosen[:, :N].clamp(max=M - 1)
+    positions = torch.where(valid, start.gather(1, chosen), -1)
+    return MCBoundaries(positions=positions, mask=valid, macro_index=torch.where(valid, chosen, -1))
 
 
 def _check_boundaries(boundaries: MCBoundaries, action_mask: torch.Tensor) -> None:

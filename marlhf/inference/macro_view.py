@@ -17,6 +17,10 @@ from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entro
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
+# the rule inputs the view computes with the policy: the reference model's (``ppl``, ``entropy``)
+# and the rollout's own log-probs of its sampled tokens (``lowprob``)
+POLICY_INPUTS = frozenset({"ref_logprobs", "ref_entropy", "old_logprobs"})
+
 
 @torch.no_grad()
 def macro_items(
@@ -33,14 +37,15 @@ def macro_items(
     seed: int,
 ) -> list[dict]:
     """Macro actions of one batch for the HTML view. Rules that need reference-model quantities
-    (``ppl``, ``entropy``) get them from the policy itself."""
+    (``ppl``, ``entropy``) get them from the policy itself, as ``lowprob`` gets the log-probs of the
+    sampled tokens (at ``temperature``, as the rollout records them)."""
     inputs = TerminationInputs(
         response_ids=response,
         action_mask=action_mask,
         ends_with_eos=ends_with_eos,
         generator=torch.Generator().manual_seed(seed),
     )
-    if rule.needs & {"ref_logprobs", "ref_entropy"}:
+    if rule.needs & POLICY_INPUTS:
         seq, mask, start = pack_flush_left(
             prompt_ids, prompt_mask, response, action_mask, models.tokenizer.pad_token_id
         )
@@ -58,6 +63,7 @@ def macro_items(
             with_entropy=True,
         )
         inputs.ref_logprobs, inputs.ref_entropy = logp.cpu(), ent.cpu()
+        inputs.old_logprobs = inputs.ref_logprobs
     macro_end = rule(inputs).macro_end
     items = []
     for b in range(response.shape[0]):

@@ -9,7 +9,8 @@ without a terminal) and in an HTML page with a histogram of macro-action lengths
 The policy is the one that wrote the file (its ``.meta.json``) unless ``--model`` names another; its
 tokenizer re-tokenises the responses (the exact ids when the file was written with
 ``--save_token_ids``). Rules that read the reference model (``ppl``, ``entropy``) get its
-quantities from the policy.
+quantities from the policy, and ``lowprob`` the policy's log-probs of the response's tokens (at the
+file's sampling temperature).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from marlhf.cli import build_parser, config_from_namespace, given_dests
 from marlhf.config import ModelConfig
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.macro_rule import describe, resolve_macro
-from marlhf.inference.macro_view import macro_items, write_macro_page, write_macro_view
+from marlhf.inference.macro_view import (
+    POLICY_INPUTS,
+    macro_items,
+    write_macro_page,
+    write_macro_view,
+)
 from marlhf.inference.models import Models, load_models
 from marlhf.inference.naming import sidecar
 from marlhf.inference.prompts import left_pad, prompt_token_ids
@@ -144,7 +150,7 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
     tok = load_tokenizer(ModelConfig(model_name_or_path=model), padding_side="left")
     rule = build_termination(macro, tok)
     models = Models(None, tok, None, None, torch.device("cpu"))
-    if rule.needs & {"ref_logprobs", "ref_entropy"}:  # ppl / entropy read the policy
+    if rule.needs & POLICY_INPUTS:  # ppl / entropy / lowprob read the policy
         icfg = InferenceConfig(model=model, gpu=0, dtype="fp32")
         models = load_models(icfg, torch.device("cpu"), need_policy=True)
     batch = _batch(tok, rows, int(settings.get("max_prompt_len", 512)))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-TERMINATION_CONDITIONS = ("fixed", "randomized", "parsing", "ppl", "entropy")
+TERMINATION_CONDITIONS = ("fixed", "randomized", "parsing", "ppl", "entropy", "lowprob")
+LOWPROB_CUTS = ("after", "before")
+MACRO_CREDITS = ("all", "boundary")
 RANDOMIZED_MODES = ("original", "resample")
 PARSER_BACKENDS = ("benepar", "spacy", "python")
 VALUE_FUNCTIONS = ("equal", "position", "unit", "start")
@@ -25,7 +27,8 @@ class MacroConfig:
         default="fixed",
         metadata={
             "help": "Rule that ends macro actions: fixed n-gram, randomized lengths, constituency "
-            "parsing, perplexity (ppl) or reference-model entropy (Segment-PPO).",
+            "parsing, perplexity (ppl), reference-model entropy (Segment-PPO) or low sampled "
+            "probability under the rollout policy (lowprob: SPO's cutpoints, SAE's boundaries).",
             "choices": TERMINATION_CONDITIONS,
         },
     )
@@ -97,15 +100,45 @@ class MacroConfig:
     target_macro_len: float | None = field(
         default=None,
         metadata={
-            "help": "`entropy`: if set, pick the threshold per batch so the mean macro-action "
-            "length is about this (overrides --entropy_threshold)."
+            "help": "`entropy`, `lowprob`: if set, pick the threshold per batch so the mean "
+            "macro-action length is about this (overrides --entropy_threshold, "
+            "--lowprob_threshold)."
+        },
+    )
+    lowprob_threshold: float = field(
+        default=0.5,
+        metadata={
+            "help": "`lowprob`: a token whose sampled probability under the rollout policy is below "
+            "this is a cut point (see --lowprob_cut); --target_macro_len overrides it."
+        },
+    )
+    lowprob_cut: str = field(
+        default="after",
+        metadata={
+            "help": "`lowprob`: a macro action ends at the low-probability token (after: where its "
+            "macro action starts is known before the token is sampled, which keeps an exact-value "
+            "advantage unbiased) or just before it (before: the low-probability token opens the "
+            "next macro action, as the entropy rule does; biased, see docs/results.md).",
+            "choices": LOWPROB_CUTS,
+        },
+    )
+    macro_credit: str = field(
+        default="all",
+        metadata={
+            "help": "Which tokens a macro action's advantage trains: all its tokens, or only its "
+            "boundary token (SPO's probability mask): the low-probability token that ends it for "
+            "`lowprob` (the first token with --lowprob_cut before), its first token for every "
+            "other rule. For the per-macro estimators gae and macro_mc, with --ratio_level token.",
+            "choices": MACRO_CREDITS,
         },
     )
     eos_own_macro: bool = field(
         default=True,
         metadata={
             "help": "The final EOS / end-of-conversation token is its own 1-token macro action "
-            "(keeps the reward-model score from being mixed with KL terms)."
+            "(keeps the reward-model score from being mixed with KL terms; that macro action starts "
+            "where the policy chose to stop, so even exact values give the stop decision a biased "
+            "advantage: --no_eos_own_macro with --value_function start is unbiased)."
         },
     )
     value_function: str = field(
@@ -163,6 +196,10 @@ class MacroConfig:
         if math.isnan(self.entropy_threshold) or self.entropy_threshold < 0:
             raise ValueError(
                 f"--entropy_threshold must be >= 0 (inf allowed), got {self.entropy_threshold}"
+            )
+        if not 0.0 < self.lowprob_threshold <= 1.0:
+            raise ValueError(
+                f"--lowprob_threshold must be a probability in (0, 1], got {self.lowprob_threshold}"
             )
         if self.target_macro_len is not None and not (
             math.isfinite(self.target_macro_len) and self.target_macro_len >= 1.0

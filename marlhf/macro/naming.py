@@ -3,6 +3,9 @@
 >>> from marlhf.macro.config import MacroConfig
 >>> describe(MacroConfig(ngram=5)), describe(MacroConfig(termination_condition="entropy"))
 ('fixed n=5', 'entropy (tau=2)')
+>>> describe(MacroConfig(termination_condition="lowprob", lowprob_threshold=0.3))
+'lowprob (p<0.3)'
+
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from marlhf.macro.config import MacroConfig
 
 
 def describe(cfg: MacroConfig) -> str:
-    """A short name of the rule: ``fixed n=5``, ``randomized 1,2,3,5,10``, ``entropy tau=2``..."""
+    """A short name of the rule: ``fixed n=5``, ``randomized 1,2,3,5,10``, ``entropy (tau=2)``,
+    ``lowprob (p<0.5)``..."""
     tc = cfg.termination_condition
     if tc == "fixed":
         return f"fixed n={cfg.ngram}"
@@ -21,6 +25,11 @@ def describe(cfg: MacroConfig) -> str:
         return f"parsing ({cfg.parser_backend}, cutoff {cfg.parsing_cutoff})"
     if tc == "ppl":
         return f"ppl (min {cfg.ppl_min_len}, max {cfg.ppl_max_len or 'unbounded'})"
+    if tc == "lowprob":
+        cut = "" if cfg.lowprob_cut == "after" else ", cut before"
+        if cfg.target_macro_len is not None:
+            return f"lowprob (target length {cfg.target_macro_len:g}{cut})"
+        return f"lowprob (p<{cfg.lowprob_threshold:g}{cut})"
     if cfg.target_macro_len is not None:
         return f"entropy (target length {cfg.target_macro_len:g})"
     return f"entropy (tau={cfg.entropy_threshold:g})"

@@ -37,6 +37,7 @@ __all__ = [
     "RULES",
     "EntropyRule",
     "FixedRule",
+    "LowProbRule",
     "PplRule",
     "RandomizedRule",
     "TerminationInputs",
@@ -69,6 +70,8 @@ class TerminationInputs:
             that chooses a batch-level value (``entropy`` with ``--target_macro_len``: tau) chooses it
             over all ranks' rows, so every rank segments as one process with the whole batch would.
             None: this batch is the whole batch. A collective: every rank calls the rule.
+        old_logprobs: (B, A) float | None — log π_old(a_t | s_t) of each sampled token at the
+            sampling temperature, as the rollout recorded it (``lowprob``).
     """
 
     response_ids: torch.Tensor
@@ -79,6 +82,7 @@ class TerminationInputs:
     generator: torch.Generator | None = None
     row_seeds: torch.Tensor | None = None
     all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
+    old_logprobs: torch.Tensor | None = None
 
 
 @dataclass
@@ -341,6 +345,92 @@ class EntropyRule:
         )
 
 
+@register_rule("lowprob")
+class LowProbRule:
+    """Low-probability cut points (SPO's cutpoints, arXiv 2505.23564; SAE's segment boundaries,
+    arXiv 2601.07320): token t is a cut point when its sampled probability under the rollout policy,
+    p_t = π_old(a_t | s_t) (``inputs.old_logprobs``, at the sampling temperature), is below
+    ``--lowprob_threshold``.
+
+    ``--lowprob_cut after`` (default): a cut point is the last token of its macro action. Whether a
+    macro action starts at token t then depends on tokens before t only, so the start states are
+    stopping times and an advantage whose baseline is the value there stays unbiased with exact
+    values. ``before``: a cut point opens the next macro action (as ``entropy`` does); the start of
+    token t's macro action then depends on t's own sampled probability, an action-dependent baseline
+    (benchmarks/credit_bias.py measures the bias).
+
+    With ``--target_macro_len L*`` the threshold is chosen per batch, over every data-parallel
+    rank's rows with ``inputs.all_gather``: with N valid tokens, R non-empty rows and F ends forced by
+    ``--eos_own_macro``, the K = round(N / L*) - R - F candidates with the lowest probability become
+    cut points (the last valid token always ends a macro action and is no candidate; nor is the
+    forced end before an EOS), so the pooled mean length is about L* (exact without ties). The
+    threshold used is logged as ``macro/lowprob_threshold`` (a probability; 0 when no cut is wanted,
+    1 when every candidate is one).
+    """
+
+    needs: frozenset[str] = frozenset({"old_logprobs"})
+
+    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+        self.threshold = cfg.lowprob_threshold
+        self.target = cfg.target_macro_len
+        self.cut = cfg.lowprob_cut
+        self.eos_own_macro = cfg.eos_own_macro
+
+    def end_scores(self, surprisal: torch.Tensor) -> torch.Tensor:
+        """(B, A) float64: the surprisal -log p of the cut point that would end a macro action at
+        each token: its own (``after``) or its successor's (``before``; -inf at the last column)."""
+        s = surprisal.to(torch.float64)
+        if self.cut == "after":
+            return s
+        return torch.nn.functional.pad(s[:, 1:], (0, 1), value=-math.inf)
+
+    def candidates(self, mask: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """((B, A) bool, F): the tokens whose end the rule decides (valid, not the last valid
+        token, not the end forced before a final EOS) and the number F of forced ends."""
+        n_valid = mask.sum(1)
+        candidate = mask & ~_last_valid(mask)
+        forced = torch.zeros_like(n_valid, dtype=torch.bool)
+        if self.eos_own_macro:
+            forced = ends.bool().to(mask.device) & (n_valid >= 2)
+            before_last = _positions(mask) == (n_valid - 2)[:, None]
+            candidate = candidate & ~(before_last & forced[:, None])
+        return candidate, int(forced.sum())
+
+    def surprisal_threshold(self, inputs: TerminationInputs) -> float:
+        """tau on -log p: token ends are where the end score exceeds it (over all ranks' rows
+        with ``inputs.all_gather``)."""
+        if self.target is None:
+            return -math.log(self.threshold)
+        mask, ends, logp = inputs.action_mask, inputs.ends_with_eos, inputs.old_logprobs
+        assert logp is not None
+        if inputs.all_gather is not None:
+            # tau depends on the multiset of (row length, EOS, candidate scores) only
+            mask = inputs.all_gather(mask, False)
+            ends = inputs.all_gather(ends.bool(), False)
+            logp = inputs.all_gather(logp.detach(), 0.0)
+        candidate, n_forced = self.candidates(mask, ends)
+        n_valid = mask.sum(1)
+        wanted = round(float(n_valid.sum()) / self.target)
+        k = wanted - int((n_valid > 0).sum()) - n_forced
+        values = self.end_scores(-logp.detach())[candidate]
+        if k <= 0:
+            return math.inf
+        if k >= values.numel():
+            return -math.inf
+        return float(torch.topk(values, k + 1).values[-1])
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        mask = inputs.action_mask
+        assert inputs.old_logprobs is not None
+        tau = self.surprisal_threshold(inputs)
+        candidate, _ = self.candidates(mask, inputs.ends_with_eos)
+        macro_end = candidate & (self.end_scores(-inputs.old_logprobs.detach()) > tau)
+        return TerminationOutput(
+            macro_end=(macro_end | _last_valid(mask)) & mask,
+            stats={"macro/lowprob_threshold": math.exp(-tau)},
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # building
 
@@ -377,9 +467,14 @@ class _CheckedRule:
         for name in sorted(self.needs):
             value = getattr(inputs, name, None)
             if value is None:
+                source = (
+                    "the rollout's log-probs of its sampled tokens"
+                    if name == "old_logprobs"
+                    else "the reference model"
+                )
                 raise ValueError(
                     f"termination rule {self.name!r} needs TerminationInputs.{name}; "
-                    f"compute it with the reference model and pass it"
+                    f"compute it from {source} and pass it"
                 )
             if isinstance(value, torch.Tensor) and tuple(value.shape) != (B, A):
                 raise ValueError(

@@ -225,6 +225,11 @@ def test_sweep_end_to_end_and_resume(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 jobs to run, 12 done already" in proc.stdout
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    # one wall-time entry per invocation: the records taken while it runs and its final one share
+    # the invocation's start (else its time would count twice)
+    wall = json.loads((out / "sweep_wall.json").read_text())
+    assert wall["sessions"] == 2 and all(e["done"] for e in wall["invocations"])
+    assert wall["seconds"] == pytest.approx(sum(e["seconds"] for e in wall["invocations"]))
 
 
 def test_startup_table_with_and_without_cpu_time():

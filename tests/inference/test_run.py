@@ -270,14 +270,17 @@ def test_apps_samples_and_pass_at_k(assets, tmp_path):
     assert "pass@1" in summary and "pass@2" in summary and "pass@5" not in summary
 
 
-def test_render_macro_html(assets, tmp_path):
-    args = inference_args(
-        assets,
-        tmp_path,
-        render_macro=2,
-        max_new_tokens=6,
-        macro=MacroConfig(termination_condition="fixed", ngram=2),
-    )
+@pytest.mark.parametrize(
+    "macro",
+    [
+        MacroConfig(termination_condition="fixed", ngram=2),
+        # the policy's own log-probs of its sampled tokens stand in for the rollout's
+        MacroConfig(termination_condition="lowprob", lowprob_threshold=0.9),
+    ],
+    ids=["fixed", "lowprob"],
+)
+def test_render_macro_html(assets, tmp_path, macro):
+    args = inference_args(assets, tmp_path, render_macro=2, max_new_tokens=6, macro=macro)
     run_inference(args)
     base = output_path(args.inference)[: -len(".jsonl")]
     html = open(base + ".macro.html").read()

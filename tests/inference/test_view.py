@@ -3,16 +3,23 @@ rule resolution it shares with inference's ``--render-macro`` (marlhf/inference/
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from marlhf.config import ModelConfig
 from marlhf.inference import InferenceArgs, InferenceConfig, output_path, read_rows, run_inference
 from marlhf.inference.macro_rule import describe, resolve_macro, trained_macro
+from marlhf.inference.naming import sidecar
+from marlhf.inference.prompts import prompt_token_ids
 from marlhf.inference.view import main as view_main
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.render import macro_groups
+from marlhf.models.load import load_tokenizer
 from marlhf.models.zoo import build_tiny
 from marlhf.rewards.code import CodeRewardConfig
 
@@ -96,6 +103,56 @@ def test_view_cli_terminal_and_html(actor, tmp_path, capsys):
     out = view_main([path, "--ngram", "2", "--color", "never", "--html", str(tmp_path / "v.html")])
     assert out[0]["rule"] == "fixed n=2"
     assert (tmp_path / "v.html").exists() and (tmp_path / "v_lengths.png").exists()
+
+
+def _token_probs(actor, rows: list[dict], settings: dict) -> list[list[float]]:
+    """p(a_t | prompt, a_<t) of every response token at the file's temperature, one unpadded forward
+    pass per token (a loop: the view scores the batch at once, packed and padded)."""
+    model = AutoModelForCausalLM.from_pretrained(actor).eval()
+    tok_ids, _ = prompt_token_ids(
+        load_tokenizer(ModelConfig(model_name_or_path=str(actor))),
+        [r["prompt"] for r in rows],
+        int(settings["max_prompt_len"]),
+    )
+    out = []
+    for prompt, row in zip(tok_ids, rows, strict=True):
+        resp, probs = row["response_ids"], []
+        for t in range(len(resp)):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + resp[:t]])).logits[0, -1]
+            probs.append(
+                float(torch.softmax(logits.float() / settings["temperature"], -1)[resp[t]])
+            )
+        out.append(probs)
+    return out
+
+
+def _separating_threshold(probs: list[float]) -> float:
+    """A probability near the median of ``probs`` with none of them within 1e-4 of it."""
+    ps = sorted(probs)
+    gaps = [(abs(i - len(ps) // 2), (a + b) / 2) for i, (a, b) in enumerate(itertools.pairwise(ps))]
+    return min(g for g in gaps if ps[0] < g[1] < ps[-1] and min(abs(p - g[1]) for p in ps) > 1e-4)[
+        1
+    ]
+
+
+def test_view_lowprob_cuts_after_the_policys_unlikely_tokens(actor, tmp_path):
+    """``lowprob`` in the viewer: a macro action ends at each token the policy sampled with
+    probability below --lowprob_threshold (cut after it), at the last token and before the EOS,
+    against the policy's probabilities computed token by token."""
+    path = _result_file(actor, tmp_path)
+    rows = [r for r in read_rows(path) if r.get("response") is not None][:3]
+    settings = json.loads(open(sidecar(path, "meta")).read())["settings"]
+    probs = _token_probs(actor, rows, settings)
+    threshold = _separating_threshold([p for row in probs for p in row])
+    flags = ["--termination_condition", "lowprob", "--lowprob_threshold", str(threshold)]
+    out = view_main([path, *flags, "--color", "never", "--html", "none", "-n", "3"])
+    assert out[0]["rule"].startswith("lowprob")
+    for row, p, item in zip(rows, probs, out[0]["items"], strict=True):
+        n, eos = len(p), row["ends_with_eos"]
+        expected = [q < threshold or t == n - 1 or (eos and t == n - 2) for t, q in enumerate(p)]
+        assert item["macro_end"] == expected
+    assert any(not e for it in out[0]["items"] for e in it["macro_end"])  # not every token cut
 
 
 def test_view_refuses_a_file_without_rows(tmp_path):

@@ -332,9 +332,26 @@ class PPOConfig:
     mc_max_boundaries: int = field(
         default=4,
         metadata={
-            "help": "`macro_mc`: at most this many interior boundaries per response, evenly spread "
-            "over its macro actions (those in between share one advantage; 0: the response is "
-            "one credit segment)."
+            "help": "`macro_mc`: at most this many interior boundaries per response, placed by "
+            "--mc_boundary_selection (the macro actions in between share one advantage; 0: the "
+            "response is one credit segment)."
+        },
+    )
+    mc_boundary_selection: str = field(
+        default="spaced",
+        metadata={
+            "help": "`macro_mc`: where the boundaries go: `spaced`, the first macro-action start "
+            "after every --mc_boundary_spacing tokens (unbiased when the policy decides how many "
+            "macro actions a response has), or `spread`, evenly over each response's own macro "
+            "actions (the selection depends on the response's length, which biases the gradient).",
+            "choices": ("spaced", "spread"),
+        },
+    )
+    mc_boundary_spacing: int = field(
+        default=0,
+        metadata={
+            "help": "`macro_mc` with `spaced` boundaries: tokens between them (0: "
+            "--max_answer_seq_len / (--mc_max_boundaries + 1), rounded up)."
         },
     )
     mc_generation_batch_size: int = field(
@@ -455,6 +472,15 @@ class PPOConfig:
             raise ValueError(f"--mc_rollouts must be >= 1, got {self.mc_rollouts}")
         if self.mc_max_boundaries < 0:
             raise ValueError(f"--mc_max_boundaries must be >= 0, got {self.mc_max_boundaries}")
+        if self.mc_boundary_selection not in ("spaced", "spread"):
+            raise ValueError(
+                "--mc_boundary_selection must be one of ('spaced', 'spread'), got "
+                f"{self.mc_boundary_selection!r}"
+            )
+        if self.mc_boundary_spacing < 0:
+            raise ValueError(
+                f"--mc_boundary_spacing must be >= 0 (0: automatic), got {self.mc_boundary_spacing}"
+            )
         if self.mc_generation_batch_size < 0:
             raise ValueError(
                 f"--mc_generation_batch_size must be >= 0, got {self.mc_generation_batch_size}"
@@ -627,6 +653,7 @@ class PPOStageConfig:
                 "rollout engine's record of log-probs; --generation_backend hf records none "
                 "(use static or auto, or leave --rollout_correction out)"
             )
+        check_macro_credit(self.macro, ppo)
         if (
             not ppo.needs_critic
             and ppo.reward_source in ("rm", "rm+code")
@@ -637,3 +664,22 @@ class PPOStageConfig:
                 f"--reward_source {ppo.reward_source} needs the reward model: pass "
                 "--reward_model_name_or_path (or --critic_model_name_or_path, its default)"
             )
+
+
+def check_macro_credit(macro: MacroConfig, ppo: PPOConfig) -> None:
+    """``--macro_credit boundary`` places per-macro advantages on boundary tokens: only the
+    estimators that make one advantage per macro action (``gae``, ``macro_mc``) have them, and the
+    mask selects tokens, so the ratio must be per token."""
+    if macro.macro_credit == "all":
+        return
+    if ppo.estimator not in ("gae", "macro_mc"):
+        raise ValueError(
+            f"--macro_credit {macro.macro_credit} needs per-macro-action advantages: "
+            f"--advantage_estimator gae or macro_mc (got {ppo.advantage_estimator}, which gives "
+            "one advantage per response)"
+        )
+    if ppo.ratio_level != "token":
+        raise ValueError(
+            f"--macro_credit {macro.macro_credit} trains each macro action's boundary token with "
+            f"its own ratio: use --ratio_level token (got {ppo.ratio_level})"
+        )

@@ -28,6 +28,7 @@ from marlhf.algo.kl_rewards import token_rewards as kl_token_rewards
 from marlhf.algo.losses import masked_mean, masked_whiten
 from marlhf.algo.macro_gae import macro_stats
 from marlhf.macro import MacroSegments, TerminationInputs, build_segments
+from marlhf.macro.credit import credit_mask
 from marlhf.runtime.distributed import all_gather_object, all_gather_padded, world_size
 from marlhf.runtime.finite import check_finite
 from marlhf.stages.ppo.rollout import Rollout
@@ -70,6 +71,8 @@ class Experience:
     # the trainer scored a recorded rollout (marlhf.stages.ppo.scoring.old_policy; else None)
     rollout_logprobs: torch.Tensor | None = None  # (B, A) log π_rollout(a_t | s_t), 0 on padding
     trainer_logprobs: torch.Tensor | None = None  # (B, A) log π_trainer(a_t | s_t), 0 on padding
+    # --macro_credit boundary: (B, A) bool the tokens the policy loss trains (None: all valid ones)
+    credit: torch.Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -97,6 +100,7 @@ def segment(
             ref_entropy=scored.ref_entropy,
             row_seeds=row_seeds,
             all_gather=all_gather,
+            old_logprobs=scored.old_logprobs,
         )
     )
 
@@ -202,8 +206,8 @@ def estimate_advantages(
         reward_agg=mcfg.macro_reward_agg,
     )
     adv, ret = build_estimator(ppo.estimator, options)(estimator_inputs(exp, segments, ppo))
-    if ppo.whiten_advantages:
-        adv = masked_whiten(adv, mask)
+    if ppo.whiten_advantages:  # over the tokens the policy loss trains
+        adv = masked_whiten(adv, mask if exp.credit is None else exp.credit)
     return adv, ret
 
 
@@ -257,8 +261,17 @@ def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> E
     """4. ``exp`` (the global batch, :func:`gather_experience`) with its advantages, returns and
     statistics."""
     segments = segments_of(exp)
+    mcfg = cfg.macro
+    if mcfg.macro_credit != "all":  # the tokens the policy loss trains (marlhf.macro.credit)
+        credit = credit_mask(
+            segments, mcfg.macro_credit, mcfg.termination_condition, mcfg.lowprob_cut
+        )
+        exp = replace(exp, credit=credit)
     advantages, returns = estimate_advantages(exp, segments, cfg)
     stats = experience_stats(exp, segments, term)
+    if exp.credit is not None:
+        mask = exp.rollout.action_mask
+        stats["macro/credit_share"] = float(exp.credit.sum() / mask.sum().clamp(min=1))
     G = cfg.ppo.n_samples_per_prompt
     if G > 1 and exp.outcome is not None:
         stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G)))

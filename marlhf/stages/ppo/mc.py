@@ -1,7 +1,7 @@
 """Monte-Carlo values at macro-action boundaries, for ``--advantage_estimator macro_mc``.
 
-At each chosen boundary of a response (:func:`marlhf.algo.estimators.select_mc_boundaries`, at most
-``--mc_max_boundaries`` per response), the state is prompt ⧺ response[:p]. From it the current
+At each chosen boundary of a response (:func:`mc_boundaries`, at most ``--mc_max_boundaries`` per
+response), the state is prompt ⧺ response[:p]. From it the current
 policy (the actor before this step's update) draws ``--mc_rollouts K`` continuations, sampled like
 the responses (same temperature, top-k, top-p; the whole response, prefix included, stays within
 ``--max_answer_seq_len``: a continuation from p may use the remaining ``max_answer_seq_len − p``
@@ -20,9 +20,10 @@ the continuations do not depend on how the batch is split over ranks or into cal
 redraws them. Each rank draws the continuations of its own rows; the values travel with the rows'
 experience when it is gathered.
 
-Cost: a response with M macro actions has min(M − 1, C) interior boundaries, so longer macro actions
-mean fewer boundaries and fewer continuations (logged per step as ``mc/continuations``, the time as
-``time/mc``).
+Cost: a response of n tokens has at most min(C, n / spacing) boundaries (``spaced``; a spacing
+shorter than its macro actions chooses a start once), or min(M − 1, C) with M macro actions
+(``spread``), so longer macro actions mean fewer boundaries and fewer continuations (logged per step
+as ``mc/continuations`` and ``mc/boundaries``, the time as ``time/mc``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marlhf.algo.estimators import MCBoundaries, select_mc_boundaries
+from marlhf.algo.estimators import (
+    MCBoundaries,
+    select_mc_boundaries,
+    select_spaced_mc_boundaries,
+)
 from marlhf.algo.kl_rewards import sequence_rewards
 from marlhf.models.sequences import end_index, pack_flush_left
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_sum, world_size
@@ -42,7 +47,8 @@ from marlhf.stages.ppo.rollout import Rollout, generate
 from marlhf.stages.ppo.scoring import SequenceReward
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.macro import MacroSegments
+    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
 MC_STREAM = 3  # the seed stream of the continuations (0 segments, 1 dense rewards, 2 responses)
@@ -229,6 +235,18 @@ def continuation_rewards(
     return out
 
 
+def mc_boundaries(segments: MacroSegments, ppo: PPOConfig, max_answer_seq_len: int) -> MCBoundaries:
+    """The boundaries ``--mc_boundary_selection`` chooses (at most ``--mc_max_boundaries``):
+    ``spaced`` every ``--mc_boundary_spacing`` tokens (0: ``max_answer_seq_len / (C + 1)``, rounded
+    up; :func:`marlhf.algo.estimators.select_spaced_mc_boundaries`) or ``spread`` evenly over each
+    response's macro actions (:func:`marlhf.algo.estimators.select_mc_boundaries`)."""
+    C = ppo.mc_max_boundaries
+    if ppo.mc_boundary_selection == "spread":
+        return select_mc_boundaries(segments, C)
+    spacing = ppo.mc_boundary_spacing or -(-max_answer_seq_len // (C + 1))
+    return select_spaced_mc_boundaries(segments, C, spacing)
+
+
 def monte_carlo(
     models: Models,
     cfg: PPOStageConfig,
@@ -247,7 +265,7 @@ def monte_carlo(
     over all ranks. ``rows``: the rows' global indices; ``metas``/``texts``: their prompts'."""
     ppo = cfg.ppo
     K, C = ppo.mc_rollouts, ppo.mc_max_boundaries
-    boundaries = select_mc_boundaries(segments_of(exp), C)
+    boundaries = mc_boundaries(segments_of(exp), ppo, cfg.generation.max_answer_seq_len)
     with_prompt = ppo.n_samples_per_prompt == 1
     cpu = MCBoundaries(
         positions=boundaries.positions.cpu(),

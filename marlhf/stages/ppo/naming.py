@@ -41,13 +41,15 @@ def macro_label(macro: MacroConfig) -> str:
 def run_label(cfg) -> str:
     """``PPO`` (GAE over tokens), ``MA-PPO n=5`` (GAE over macro actions), ``GRPO``, ``RLOO``,
     ``Dr. GRPO``, ``REINFORCE++``, ``MA-MC`` (``macro_mc``); a critic-free estimator over macro
-    actions carries the rule too (``GRPO, macro n=5``)."""
+    actions carries the rule too (``GRPO, macro n=5``); ``--macro_credit boundary`` adds
+    ``, boundary credit``."""
+    credit = ", boundary credit" if cfg.macro.macro_credit == "boundary" else ""
     name = cfg.ppo.estimator
     if name == "gae":
-        return "PPO" if token_level(cfg.macro) else f"MA-PPO {macro_label(cfg.macro)}"
+        return ("PPO" if token_level(cfg.macro) else f"MA-PPO {macro_label(cfg.macro)}") + credit
     label = _ESTIMATOR_NAMES.get(name, name)
     if name == "macro_mc" or token_level(cfg.macro):
-        return f"{label} {macro_label(cfg.macro)}" if name == "macro_mc" else label
+        return f"{label} {macro_label(cfg.macro)}{credit}" if name == "macro_mc" else label
     return f"{label}, macro {macro_label(cfg.macro)}"
 
 

@@ -84,6 +84,8 @@ def minibatches(exp: Experience, ppo: PPOConfig, generator: torch.Generator):
             whole = exp.rollout.action_mask[rows]
             n_tokens = whole.sum().clamp(min=1)
             terms = policy_terms(whole, ppo.ratio_level, exp.segment_ids[rows])
+            if exp.credit is not None:  # --macro_credit boundary: the boundary tokens only
+                terms = terms & exp.credit[rows]
             n_terms = terms.sum().clamp(min=1)
             n_seqs = terms.any(1).sum().clamp(min=1)
             yield Minibatch(
@@ -124,6 +126,8 @@ def actor_step(
         "norm_length": float(cfg.generation.max_answer_seq_len),
     }
     mask = m.rollout.action_mask
+    # the tokens the policy loss trains (--macro_credit boundary: each macro action's boundary)
+    pg_mask = mask if exp.credit is None else mask & m.cut(exp.credit)
     stats: dict[str, torch.Tensor | float] = {}
     need_ent = ppo.entropy_coef > 0
     logp, ent = policy_forward(
@@ -138,12 +142,12 @@ def actor_step(
         logp,
         m.cut(exp.old_logprobs),
         m.cut(exp.advantages),
-        mask,
+        pg_mask,
         cliprange=ppo.cliprange,
         ratio_level=ppo.ratio_level,
         segment_ids=m.cut(exp.segment_ids),
         num_terms=m.num_terms,
-        num_tokens=m.num_tokens,
+        num_tokens=m.num_tokens if exp.credit is None else m.num_terms,
         is_weights=correction_weights(exp, m, cfg),
         **agg,
     )

@@ -39,6 +39,7 @@ RULES = {
     "parsing": (
         "--termination_condition", "parsing", "--parser_backend", "python", "--parsing_cutoff", "4",
     ),
+    "lowprob": ("--termination_condition", "lowprob", "--target_macro_len", "3"),
 }  # fmt: skip
 AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CRITIC_FREE = {"grpo", "dr_grpo", "rloo", "reinforce_pp", "macro_mc"}
@@ -97,7 +98,14 @@ def _case_flags(i: int, est: str, level: str, rule: str) -> list[str]:
         flags += ["--macro_reward_agg", "weighted"]
     if est == "macro_mc":
         flags += ["--mc_rollouts", "2", "--mc_max_boundaries", "2"]
+    if boundary_credit(i, est, level):
+        flags += ["--macro_credit", "boundary"]
     return flags
+
+
+def boundary_credit(i: int, est: str, level: str) -> bool:
+    """Every other per-macro-estimator case at the token ratio trains its boundary tokens only."""
+    return est in ("gae", "macro_mc") and level == "token" and i % 2 == 1
 
 
 CASES = {
@@ -165,6 +173,14 @@ def test_every_estimator_level_and_rule_trains(matrix, case):
         assert "group/score_std" in row
     if run["ppo"]["kl_loss_coef"] > 0:
         assert math.isfinite(row["loss/kl"])
+    # --macro_credit boundary: one trained token per macro action
+    if run["macro"]["macro_credit"] == "boundary":
+        share = row["macro/count"] / row["response/length"]
+        assert row["macro/credit_share"] == pytest.approx(share, rel=1e-6)
+    else:
+        assert "macro/credit_share" not in row
+    if rule == "lowprob":
+        assert 0.0 <= row["macro/lowprob_threshold"] <= 1.0
 
 
 def test_critic_free_runs_say_so_in_the_log(matrix):

@@ -26,6 +26,17 @@ def test_doctests():
         ("reinforce_pp", MacroConfig(), "REINFORCE++"),
         ("grpo", MacroConfig(ngram=3), "GRPO, macro n=3"),
         ("macro_mc", MacroConfig(ngram=5), "MA-MC n=5"),
+        (
+            "gae",
+            MacroConfig(termination_condition="lowprob", target_macro_len=4, lowprob_cut="before"),
+            "MA-PPO lowprob (target length 4, cut before)",
+        ),
+        ("gae", MacroConfig(ngram=10, macro_credit="boundary"), "MA-PPO n=10, boundary credit"),
+        (
+            "macro_mc",
+            MacroConfig(termination_condition="lowprob", macro_credit="boundary"),
+            "MA-MC lowprob (p<0.5), boundary credit",
+        ),
     ],
 )
 def test_labels(estimator, macro, label):
