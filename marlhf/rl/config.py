@@ -11,6 +11,9 @@ from marlhf.macro.config import MacroConfig
 from marlhf.rl.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estimator
 from marlhf.rl.losses import LOSS_AGG_MODES, RATIO_LEVELS
 from marlhf.rl.rewards import KL_ESTIMATORS
+from marlhf.vllm_engine import VLLMConfig
+
+GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
 
 
 @dataclass
@@ -144,9 +147,11 @@ class GenerationConfig:
             "(--seed, step, its row in the global batch): the same samples on any number of ranks; "
             "it also records the sampled tokens' log-probs, so scoring skips one actor forward), "
             "or `auto` (default): `static` for full-attention Llama/Gemma/Mistral/Qwen models "
-            "(not under ZeRO-3 without --enable_zero3_generation_gather), else `hf`. The two "
-            "sample the same distribution with different random draws.",
-            "choices": ("auto", "hf", "static"),
+            "(not under ZeRO-3 without --enable_zero3_generation_gather), else `hf`; or `vllm` "
+            "(a vLLM engine in each rank's process, seeded per row like `static`, loaded with the "
+            "actor's weights after every update; needs vLLM installed, `auto` never picks it). "
+            "They sample the same distribution with different random draws.",
+            "choices": GENERATION_BACKENDS,
         },
     )
     compile_generation: bool = field(
@@ -169,8 +174,8 @@ class GenerationConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
-        if self.generation_backend not in ("auto", "hf", "static"):
-            raise ValueError("--generation_backend must be auto, hf or static")
+        if self.generation_backend not in GENERATION_BACKENDS:
+            raise ValueError(f"--generation_backend must be one of {GENERATION_BACKENDS}")
         if self.temperature <= 0:
             raise ValueError("--temperature must be > 0")
         if not 0 < self.top_p <= 1:
@@ -445,7 +450,8 @@ class PerfConfig:
         metadata={
             "help": "Score log π_old (and its entropy) with a second actor forward pass instead of "
             "taking them from the static decoder, which records them while sampling (same weights, "
-            "same dtype: equal up to float rounding). Always recomputed with --generation_backend hf."
+            "same dtype: equal up to float rounding). Always recomputed with --generation_backend "
+            "hf, and with vllm (its engine records log-probs, no entropies)."
         },
     )
     score_all_positions: bool = field(
@@ -520,6 +526,7 @@ class PPOStageConfig:
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
         ppo, mc = self.ppo, self.models

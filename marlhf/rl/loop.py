@@ -32,6 +32,7 @@ from marlhf.distributed import all_gather_padded, all_reduce_mean, is_main, rank
 from marlhf.macro import build_termination
 from marlhf.macro.termination import derive_row_seeds
 from marlhf.models import load_tokenizer
+from marlhf.rl import vllm_rollout
 from marlhf.rl.config import PPOStageConfig
 from marlhf.rl.experience import (
     Experience,
@@ -54,6 +55,7 @@ from marlhf.rl.prompts import (
 )
 from marlhf.rl.resources import PhaseResources
 from marlhf.rl.rollout import (
+    SEEDED_BACKENDS,
     Rollout,
     concat_rollouts,
     eos_token_ids,
@@ -81,6 +83,7 @@ def train(cfg: PPOStageConfig) -> Path:
     """Stage 3 from the start (or its latest checkpoint) to the final actor (and critic)."""
     run = setup(cfg)
     state = resume(run.models, cfg, run.out)
+    vllm_rollout.sync_weights(run.models)  # vllm: the (resumed) actor's weights into the engine
     unsup = pretraining_mix(run, state)
     tracker, bar = open_tracker(cfg, state, run.plan.total)
     g = cfg.generation
@@ -106,6 +109,7 @@ def train(cfg: PPOStageConfig) -> Path:
         run.rewarder.close()
     if is_main():
         log.info("MA-PPO actor saved to %s", run.out / "actor")
+    vllm_rollout.close(run.models)  # last: vLLM's teardown ends the process group
     return run.out
 
 
@@ -163,11 +167,14 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         train_actor = state.step >= ppo.critic_warmup_steps
         # the rates this update is taken with (read before the engines step)
         lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
+        vllm_rollout.sleep(run.models)  # vllm on a GPU: the engine's memory is the update's
         upd = ppo_update(
             run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None, kept
         )
         if state.ema is not None and train_actor:
             state.ema.update(run.models.actor.module)
+    with clock("time/sync" if run.models.rollout is not None else None):
+        vllm_rollout.sync_weights(run.models)  # vllm: the updated actor into the engine
     clock.times["time/step"] = time.perf_counter() - t
     state.step += 1
     # the KL coefficient of the next step (adaptive: towards --target_kl)
@@ -215,9 +222,9 @@ def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Ten
     scores, the prompts' metas and texts."""
     cfg, plan = run.cfg, run.plan
     rollouts, scoreds, metas = [], [], []
-    # the static decoder samples each row from (seed, step, its global row; stream 2, apart from
-    # the termination's 0 and the dense rewards' 1): the rollouts do not depend on the split over
-    # ranks, and a resumed run redraws them without a saved generator state
+    # the static decoder (and vLLM) sample each row from (seed, step, its global row; stream 2,
+    # apart from the termination's 0 and the dense rewards' 1): the rollouts do not depend on the
+    # split over ranks, and a resumed run redraws them without a saved generator state
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
     micro = step_prompts(plan, cfg.ppo.seed, step)
@@ -225,7 +232,7 @@ def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Ten
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
         sample_seeds = None
-        if cfg.generation.generation_backend == "static":
+        if cfg.generation.generation_backend in SEEDED_BACKENDS:
             rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
             sample_seeds = derive_row_seeds(cfg.ppo.seed, step, rows_j, stream=2)
         with clock("time/generate"):
@@ -294,6 +301,8 @@ def setup(cfg: PPOStageConfig) -> Run:
 
     mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
     start(DeepSpeedConfig(local_rank=mc.local_rank, dist_timeout_s=mc.dist_timeout_s), ppo.seed)
+    if g.generation_backend == "vllm":
+        vllm_rollout.check_flags(cfg)  # before any data or model is loaded
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(
         ModelConfig(
@@ -314,6 +323,8 @@ def setup(cfg: PPOStageConfig) -> Run:
         )
     models = build_models(cfg, plan.total_updates)
     g.generation_backend = resolve_backend(cfg, models.actor.module.config)  # `auto` -> hf/static
+    if g.generation_backend == "vllm":  # the engine, once per run; weights synced by `train`
+        models.rollout = vllm_rollout.build_engine(cfg, plan)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)

@@ -14,7 +14,7 @@ of the group's rewards and costs nothing.
 
 All continuations of a rank (every boundary × K) are drawn in a few large generate calls of
 ``--mc_generation_batch_size`` rows, sorted by prefix length so that a call's rows have similar
-budgets. With ``--generation_backend static`` each continuation's noise is seeded from (``--seed``,
+budgets. With ``--generation_backend static`` or ``vllm`` each continuation's noise is seeded from (``--seed``,
 step, its key; stream 3, apart from the responses' 2), its key being (global row, boundary slot, k):
 the continuations do not depend on how the batch is split over ranks or into calls, and a resumed run
 redraws them. Each rank draws the continuations of its own rows; the values travel with the rows'
@@ -37,7 +37,7 @@ from marlhf.macro.termination import derive_row_seeds
 from marlhf.rl.estimators import MCBoundaries, select_mc_boundaries
 from marlhf.rl.experience import Experience, segments_of
 from marlhf.rl.rewards import sequence_rewards
-from marlhf.rl.rollout import Rollout, end_index, generate, pack_flush_left
+from marlhf.rl.rollout import SEEDED_BACKENDS, Rollout, end_index, generate, pack_flush_left
 
 if TYPE_CHECKING:
     from marlhf.rl.loop import Run
@@ -202,7 +202,7 @@ def continuation_rewards(
     g, ppo = cfg.generation, cfg.ppo
     pad = run.tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
-    static = g.generation_backend == "static"
+    static = g.generation_backend in SEEDED_BACKENDS  # seeded per continuation
     engines = (run.models.actor, run.models.reward)
     zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
     device = ro.sequences.device

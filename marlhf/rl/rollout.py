@@ -34,8 +34,9 @@ class Rollout:
     action_mask: torch.Tensor  # (B, A) bool  valid response tokens (a prefix; includes the EOS)
     ends_with_eos: torch.Tensor  # (B,) bool  false for responses cut at max length
     prompt_ids: list[str]  # dataset prompt ids, for logging and code rewards
-    # recorded by the static decoder while sampling (None otherwise): log π_old(a_j | s_j) and the
-    # entropy of π_old(· | s_j) at the sampling temperature, before top-k/top-p; 0 on padding
+    # recorded while sampling (None otherwise): log π_old(a_j | s_j) (static decoder and vLLM) and
+    # the entropy of π_old(· | s_j) (static decoder only) at the sampling temperature, before
+    # top-k/top-p; 0 on padding
     logprobs: torch.Tensor | None = None  # (B, A) float32
     entropy: torch.Tensor | None = None  # (B, A) float32
 
@@ -154,6 +155,9 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
     return ids
 
 
+# the backends that seed each row's draws from (--seed, step, its global row): split-independent
+SEEDED_BACKENDS = ("static", "vllm")
+
 # model families the static decoder is tested on (full attention, 4-D additive masks)
 STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
 
@@ -238,31 +242,38 @@ def generate(
 ) -> Rollout:
     """Sample one response per prompt of ``batch`` with the actor.
 
-    ``row_seeds`` ((B,) long, static backend only): the static decoder's counter-based noise, so each
-    row's response depends on its seed and prompt, not on the rows beside it; ``None`` draws from the
-    global RNG. The ``hf`` backend (``model.generate``) always draws from the global RNG, one stream
+    ``row_seeds`` ((B,) long, static and vllm backends): the static decoder's counter-based noise,
+    or each vLLM request's seed, so each row's response depends on its seed and prompt, not on the
+    rows beside it; ``None`` draws from the global RNG (the engine's RNG with vllm). The ``hf`` backend (``model.generate``) always draws from the global RNG, one stream
     per rank, and left-pads to the local batch: its samples depend on how the batch is split."""
     g = cfg.generation
     actor = models.actor
     device = actor.device
     prompt_ids = batch["input_ids"].to(device)
     prompt_mask = batch["attention_mask"].to(device)
-    actor.eval()
-    with _zero3_gather(actor, g.enable_zero3_generation_gather):
-        response_ids, logprobs, entropy = _sample(
-            actor, prompt_ids, prompt_mask, g, eos_ids, tokenizer.pad_token_id, row_seeds
-        )
-    actor.train()
+    if g.generation_backend == "vllm":  # the engine of marlhf.rl.vllm_rollout, synced weights
+        response_ids, logprobs = models.rollout.sample(
+            prompt_ids, prompt_mask, max_new_tokens=g.max_answer_seq_len, top_k=g.top_k,
+            top_p=g.top_p, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id, row_seeds=row_seeds,
+            temperature=g.temperature,
+        )  # fmt: skip
+        entropy = None  # vLLM returns none
+    else:
+        actor.eval()
+        with _zero3_gather(actor, g.enable_zero3_generation_gather):
+            response_ids, logprobs, entropy = _sample(
+                actor, prompt_ids, prompt_mask, g, eos_ids, tokenizer.pad_token_id, row_seeds
+            )
+        actor.train()
     if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
         response_ids = torch.full((prompt_ids.shape[0], 1), tokenizer.pad_token_id, device=device)
         logprobs = entropy = None
     action_mask, ends = response_mask(response_ids, eos_ids)
     response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
     if logprobs is not None:
-        logprobs, entropy = (
-            logprobs.masked_fill(~action_mask, 0.0),
-            entropy.masked_fill(~action_mask, 0.0),
-        )
+        logprobs = logprobs.masked_fill(~action_mask, 0.0)
+    if entropy is not None:
+        entropy = entropy.masked_fill(~action_mask, 0.0)
     seq, att, start = pack_flush_left(
         prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
     )

@@ -190,15 +190,16 @@ def score(
     with dropout off (:func:`marlhf.rl.models.eval_mode`). ``need_entropy``: also the reference's
     entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
     autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
-    rollout when the decoder recorded them (same weights, same dtype), unless
-    ``--recompute_old_logprobs``. ``later_values``: (k,) long rows whose critic values are left
+    rollout when the decoder recorded both (the static decoder: same weights, same dtype), unless
+    ``--recompute_old_logprobs``; vLLM's record (log-probs, no entropy) leaves them to the actor. ``later_values``: (k,) long rows whose critic values are left
     at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them)."""
     T = cfg.generation.temperature
     full = cfg.perf.score_all_positions
     groups = None if full else cfg.perf.grouping
     critic = models.critic  # None: a critic-free estimator (values are 0)
     with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
-        if ro.logprobs is not None and not cfg.perf.recompute_old_logprobs:
+        recorded = ro.logprobs is not None and ro.entropy is not None  # the static decoder's
+        if recorded and not cfg.perf.recompute_old_logprobs:
             old_logp, entropy = ro.logprobs, ro.entropy
         else:
             old_logp, entropy = policy_forward(

@@ -43,17 +43,19 @@ from marlhf.tracking import Tracker
 
 def run_stage(train: Callable, cfg) -> None:
     """A stage's ``main``: ``train(cfg)``, with bad input (:class:`marlhf.data.schema.DataError`:
-    the message names the file, row and field) reported as one message and exit status 2 instead of
-    a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
+    the message names the file, row and field) and a problem with the vLLM backend
+    (:class:`marlhf.vllm_engine.VLLMError`: vLLM missing, a model it cannot serve, ...) reported as
+    one message and exit status 2 instead of a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
     waited for another rank's failed data build (:class:`marlhf.data.cache.BuilderFailed`) exits
     with it, quietly (rank 0 names the failing rank, which reports its own error). After a
     successful ``train`` the ranks meet once more and the process group is torn down."""
     from marlhf.data.cache import BuilderFailed
     from marlhf.data.schema import DataError
+    from marlhf.vllm_engine import VLLMError
 
     try:
         train(cfg)
-    except DataError as e:
+    except (DataError, VLLMError) as e:
         if os.environ.get("MARLHF_TRACEBACK"):
             raise
         print(f"error: {e}", file=sys.stderr)
