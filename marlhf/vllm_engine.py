@@ -331,10 +331,14 @@ class VLLMEngine:
         sleeping engine: its weights' memory first, then, loaded, its KV cache."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True},
-        )
+        # the layer-wise loader warns for every module whose tensors are buffers or tied (the
+        # rotary cache, Gemma's normaliser, a tied LM head): those keep their values. A parameter
+        # that does not come is still reported ("Following weights were not loaded").
+        with _quiet("vllm.model_executor.model_loader.reload.layerwise"):
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True},
+            )
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])  # fully awake: vLLM resumes scheduling
             self.asleep = False
