@@ -156,6 +156,26 @@ def _scale_logits(model, factor: float) -> int:
     return len(found)
 
 
+def _reprocess_tied(model) -> int:
+    """Process again the layers that share their weight with another layer; returns how many.
+
+    vLLM's CPU linear layers multiply by a packed copy of their weight (oneDNN or sgl), made when
+    the layer is processed (``dispatch_cpu_unquantized_gemm``, vllm/model_executor/layers/utils.py).
+    The layer-wise reload processes the layer a tied weight is loaded through (the embedding) but
+    not the other one (vllm/model_executor/model_loader/reload/__init__.py, limitation 2): a head
+    tied to the embeddings would keep computing logits with the old weights. Unquantized layers
+    only (re-processing is idempotent for them)."""
+    owners: dict[int, list] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None and hasattr(m, "quant_method"):
+                owners.setdefault(id(p), []).append(m)
+    tied = {id(m): m for ms in owners.values() if len(ms) > 1 for m in ms}
+    for m in tied.values():
+        m.quant_method.process_weights_after_loading(m)
+    return len(tied)
+
+
 def _kv_bytes(config: dict, dtype: str, tokens: int) -> int:
     """The KV cache of ``tokens`` positions of a decoder ``config`` (HF config.json), in bytes."""
     text = config.get("text_config") or config
@@ -339,6 +359,8 @@ class VLLMEngine:
                 "reload_weights",
                 kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True},
             )
+        if not self.cuda:
+            self.llm.apply_model(_reprocess_tied)
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])  # fully awake: vLLM resumes scheduling
             self.asleep = False
