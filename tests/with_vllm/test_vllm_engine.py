@@ -35,8 +35,9 @@ T = 1.5  # the tiny base is peaked: at 0.7 most positions have one likely token
 N = 2000  # responses per sampler in the distribution test
 L = 6  # new tokens per response there
 ALPHA = 1e-3  # family-wise false-failure rate of the distribution test
-# measured on this CPU (fp32): max |vLLM's recorded log-prob − the trainer's| = 1.2e-5 over N x L
-# tokens (the static decoder's record: 3e-6); after a weight sync 9e-6
+# measured on this CPU (fp32): max |vLLM's recorded log-prob − the trainer's| = 2.6e-6 over the
+# 12000 sampled tokens of the distribution test (the static decoder's record: 0); the engine's
+# prompt log-probs against the trainer's 1.2e-5, after a weight sync 5.7e-6 (LoRA merged: 6.7e-6)
 LOGPROB_TOL = 5e-5
 PROMPT = (  # a PPO prompt of the bundled synthetic task
     "POST\nSubreddit: r/jobs\nI have been thinking about this a lot. This has been bothering me "
