@@ -82,8 +82,9 @@ class VLLMConfig:
         default=0.3,
         metadata={
             "help": "GPU: the fraction of the device's memory the engine takes (its weights and KV "
-            "cache); the rest is the trainer's. Ignored on CPU, where the KV cache is sized for "
-            "the largest generation call."
+            "cache); the rest is the trainer's. vLLM requires it to be free when the engine "
+            "starts, after the four models are loaded. Ignored on CPU, where the KV cache is "
+            "sized for the largest generation call."
         },
     )
     vllm_sleep: bool = field(
