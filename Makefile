@@ -49,8 +49,8 @@ test-vllm: $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/with_vllm $(VLLM_ARGS)
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation
-	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation
+	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts
+	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation scripts
 
 clean:
 	rm -rf output

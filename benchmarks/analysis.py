@@ -1,10 +1,10 @@
 """Pure analysis shared by the experiments of ``benchmarks/`` (``ppo_vs_mappo.py``, ``horizon_sweep.py``).
 
-Per-step curves of runs (``load_run``), the statistics over seeds (t-intervals, Welch's interval of a
-difference, a seed bootstrap) and MA-RLHF's training-speed measure: the first step at which an arm's
+Per-step curves of runs (``load_run``), the summaries over seeds (t-intervals, Welch's interval of a
+difference: :mod:`marlhf.stats`; a seed bootstrap of the speed-up) and MA-RLHF's training-speed measure: the first step at which an arm's
 smoothed mean gold curve reaches the baseline's final gold, and ``baseline steps / that step``.
-Standard library only (``load_run`` reads ``marlhf.tracking``), so tests import it directly
-(tests/test_ppo_vs_mappo.py, tests/test_horizon_sweep.py check it against hand-worked numbers).
+Standard library only (``load_run`` reads ``marlhf.runtime.tracking``), so tests import it directly
+(tests/benchmarks/test_ppo_vs_mappo.py, tests/benchmarks/test_horizon_sweep.py check it against hand-worked numbers).
 """
 
 from __future__ import annotations
@@ -17,60 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlhf.stats import mean_ci, percentile, welch_diff_ci
+
 BASELINE = "ppo"
-
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
-def t975(df: float) -> float:
-    """Two-sided 95 % Student-t critical value for ``df`` degrees of freedom (floored: conservative).
-
-    >>> t975(2), t975(4.7), t975(1000)
-    (4.303, 2.776, 1.96)
-    """
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    d = int(math.floor(df))
-    return _T975[d - 1] if d <= len(_T975) else 1.96
-
-
-def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95 % t-interval over independent samples (seeds).
-
-    One sample has no spread: its half-width is NaN.
-
-    >>> m, h = mean_ci([1.0, 2.0, 3.0])  # sd 1, se 1/sqrt(3), t_2 = 4.303
-    >>> m, round(h, 4)
-    (2.0, 2.4843)
-    """
-    if len(xs) == 0:
-        return float("nan"), float("nan")
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """``mean(a) - mean(b)`` and the half-width of its Welch 95 % interval (unequal variances).
-
-    >>> d, h = welch_diff_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])  # df = 2
-    >>> d, round(h, 4)
-    (2.0, 2.4843)
-    """
-    if len(a) < 2 or len(b) < 2:
-        return statistics.fmean(a) - statistics.fmean(b), float("nan")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    d = statistics.fmean(a) - statistics.fmean(b)
-    if va + vb == 0:
-        return d, 0.0
-    # Welch-Satterthwaite degrees of freedom
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return d, t975(df) * math.sqrt(va + vb)
 
 
 def smooth(values: Sequence[float], window: int) -> list[float]:
@@ -207,19 +156,6 @@ def summarize(
     return out
 
 
-def percentile(xs: Sequence[float], q: float) -> float:
-    """The nearest-rank ``q``-quantile (0 < q <= 1) of ``xs``: the smallest value with at least a
-    fraction ``q`` of the values at or below it.
-
-    >>> percentile([3.0, 1.0, 2.0, 4.0], 0.5), percentile([3.0, 1.0, 2.0, 4.0], 0.975)
-    (2.0, 4.0)
-    """
-    if not xs or not 0 < q <= 1:
-        raise ValueError(f"percentile needs values and 0 < q <= 1, got {len(xs)} values, q={q}")
-    ordered = sorted(xs)
-    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
-
-
 @dataclass
 class Bootstrap:
     """A seed bootstrap of the speed-up: the 2.5 % and 97.5 % nearest-rank percentiles of the
@@ -301,7 +237,7 @@ _METRIC_KEYS = {
 
 def load_run(metrics_file: Path) -> dict[str, list[float]]:
     """Per-step metrics of one PPO run (its last logged value per step, so a resumed run counts once)."""
-    from marlhf.tracking import read_metrics
+    from marlhf.runtime.tracking import read_metrics
 
     by_step: dict[int, dict] = {}
     for row in read_metrics(metrics_file):

@@ -1,4 +1,4 @@
-"""Cost of the training-state checksums (``marlhf.checkpoint_files``) against writing the state.
+"""Cost of the training-state checksums (``marlhf.runtime.checkpoint_files``) against writing the state.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_checksums.py            # tiny model, ~30 s
     .venv/bin/python benchmarks/bench_checksums.py --tag out/sft/train_state/model/step-600
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from marlhf.checkpoint_files import check_tag, finish_tag
+from marlhf.runtime.checkpoint_files import check_tag, finish_tag
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""Rollout decoding speed: `generate` vs `marlhf.decode.sample` (eager, and compiled on CUDA) vs vLLM.
+"""Rollout decoding speed: `generate` vs `marlhf.models.decode.sample` (eager, and compiled on CUDA)
+vs vLLM.
 
     .venv/bin/python benchmarks/bench_decode.py                       # CPU-small defaults
     python benchmarks/bench_decode.py --device cuda --hidden 768 --layers 12 --batch 64 \
@@ -8,11 +9,12 @@ A random-initialised Llama (or `--arch gemma`) with random prompts; every row de
 `--new-tokens` tokens (no EOS), sampling with temperature 0.8 and top-k 50. For each backend it prints
 the median over `--repeats` runs (after one warm-up) of the decode time, tokens/s, ms per decode
 step and CPU seconds of this process, and the ratio to `generate` measured in this run. Where vLLM
-is installed (`make .venv-vllm`: run it with `.venv-vllm/bin/python`) the `vllm` backend is the
-engine of `--generation_backend vllm` (`marlhf.vllm_engine`, in this process, per-row seeds,
-log-probs recorded) on the same model, saved to a temporary directory; `--no-vllm` skips it. With a bandwidth (default 3.35e12 B/s, the
-H100 SXM; `--bandwidth 0` turns it off) it also prints the weights-only memory-bandwidth bound:
-parameter bytes × steps / bandwidth — on a CPU pass the machine's figure or 0. The last line is JSON.
+is installed (`make install-vllm`: run it with `.venv-vllm/bin/python`) the `vllm` backend is the
+engine of `--generation_backend vllm` (`marlhf.models.vllm_engine`, in this process, per-row seeds,
+log-probs recorded) on the same model, saved to a temporary directory; `--no-vllm` skips it. With a
+bandwidth (default 3.35e12 B/s, the H100 SXM; `--bandwidth 0` turns it off) it also prints the
+weights-only memory-bandwidth bound: parameter bytes × steps / bandwidth — on a CPU pass the
+machine's figure or 0. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from importlib.util import find_spec
 
 import torch
 
@@ -55,7 +58,7 @@ def vllm_backend(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, 
     directory), as a function that samples ``new_tokens`` tokens for every row (no stop token)."""
     import tempfile
 
-    from marlhf.vllm_engine import VLLMEngine
+    from marlhf.models.vllm_engine import VLLMEngine
 
     path = tempfile.mkdtemp(prefix="bench-vllm-")
     model.save_pretrained(path)
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-vllm", action="store_true", help="skip the vLLM backend")
     args = p.parse_args(argv)
 
-    from marlhf.decode import sample
+    from marlhf.models.decode import sample
 
     device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -169,8 +172,6 @@ def main(argv: list[str] | None = None) -> dict:
     backends = {"generate": run_generate, "static": run_sample(False)}
     if device.type == "cuda" and not args.no_compile:
         backends["static_compiled"] = run_sample(True)
-    from importlib.util import find_spec
-
     if not args.no_vllm and find_spec("vllm") is not None:
         backends["vllm"] = vllm_backend(model, ids, mask, R, args.dtype)
 

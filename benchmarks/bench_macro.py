@@ -34,12 +34,12 @@ from pathlib import Path
 
 import torch
 
+from marlhf.algo.macro_gae import macro_advantages
 from marlhf.macro import (
     MacroConfig,
     TerminationInputs,
     build_segments,
     build_termination,
-    macro_advantages,
 )
 from marlhf.macro.parsing import Node, ParsingRule, PythonBackend, SpacyBackend, split_sentences
 
@@ -153,7 +153,7 @@ def untrained_spacy_backend() -> SpacyBackend:
 def _tiny_tokenizer():
     from transformers import AutoTokenizer
 
-    from marlhf.tiny import ensure_tiny
+    from marlhf.models.zoo import ensure_tiny
 
     return AutoTokenizer.from_pretrained(ensure_tiny())
 
@@ -174,7 +174,7 @@ def _rows(tokenizer, texts: list[str], B: int, A: int, sep: str) -> list[list[in
 
 def text_rows(tokenizer, B: int, A: int) -> list[list[int]]:
     """Posts, each followed by its summaries, of the bundled synthetic TL;DR data."""
-    from marlhf.tiny import bundled_corpus_path
+    from marlhf.models.zoo import bundled_corpus_path
 
     texts = []
     with open(bundled_corpus_path(), encoding="utf-8") as f:

@@ -4,8 +4,8 @@
 
 For each vocabulary size, the median wall time over ``--repeats`` calls (after one warm-up) of
 
-- ``rand_noise``: ``marlhf.decode._exp_noise`` on (B, V), the generator path's Exp(1) draw;
-- ``counter_noise``: ``marlhf.decode.counter_noise`` on (B, V), the ``row_seeds`` path's draw;
+- ``rand_noise``: ``marlhf.models.decode._exp_noise`` on (B, V), the generator path's Exp(1) draw;
+- ``counter_noise``: ``marlhf.models.decode.counter_noise`` on (B, V), the ``row_seeds`` path's draw;
 - ``draw_rand`` / ``draw_counter``: a whole token draw from random logits (temperature, softmax,
   argmax, noise included) with ``top_k=0``, and ``*_top50`` with ``--top_k`` (default 50), where
   ``draw_counter`` makes noise for the k candidates only.
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from marlhf.decode import _exp_noise, counter_noise, draw, draw_counter
+from marlhf.models.decode import _exp_noise, counter_noise, draw, draw_counter
 
 
 def _median_ms(fn, repeats: int, device: torch.device) -> float:

@@ -77,8 +77,8 @@ def build_models(work: Path, gpu: str | None, arch: str) -> tuple[Path, Path]:
     import torch
     from transformers import AutoTokenizer
 
-    from marlhf.reward_model import RewardModel, save_reward_model
-    from marlhf.tiny import build_tiny
+    from marlhf.models.reward_model import RewardModel, save_reward_model
+    from marlhf.models.zoo import build_tiny
 
     actor = build_tiny(work / "actor")
     if gpu is not None:
@@ -139,7 +139,7 @@ def run_ours(args, work: Path, actor: Path, rm: Path, shape: dict, k: int = 0) -
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         return {"error": (proc.stdout[-1500:] + proc.stderr[-3000:]).strip()}
-    from marlhf.tracking import read_metrics
+    from marlhf.runtime.tracking import read_metrics
 
     rows = read_metrics(out / "metrics.jsonl")
     timed = rows[1:] if len(rows) > 1 else rows  # step 1 pays one-off costs
@@ -190,7 +190,7 @@ class _TrlPhases:
         self.current: dict = {}
 
     def begin(self, phase: str) -> None:
-        from marlhf.rl.resources import PhaseResources
+        from marlhf.runtime.resources import PhaseResources
 
         self.end()
         self.phase, self.res, self.t0 = phase, PhaseResources(), time.perf_counter()

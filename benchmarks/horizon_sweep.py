@@ -77,14 +77,13 @@ from benchmarks.analysis import (  # noqa: E402
     final_value,
     first_reach,
     load_run,
-    mean_ci,
     mean_curve,
     pm,
     smooth,
     speedup,
-    welch_diff_ci,
 )
 from benchmarks.ppo_vs_mappo import ALL_ARMS, with_overrides  # noqa: E402
+from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 HORIZONS = (16, 64, 256)
 TASKS = ("verdict", "facts")
@@ -318,8 +317,8 @@ def _init_worker(log_dir: str, threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    import marlhf.rl.loop  # noqa: F401
-    import marlhf.stages.reward  # noqa: F401
+    import marlhf.stages.ppo.loop  # noqa: F401
+    import marlhf.stages.reward.train  # noqa: F401
 
     _WORKER["import_s"] = time.perf_counter() - t0
     _WORKER["first"] = True
@@ -342,7 +341,7 @@ def _held_out(model_dir: Path, task: str, horizon: int) -> dict[str, float]:
         gold_scorer_for,
     )
     from marlhf.data.synthetic import prompt_of
-    from marlhf.tiny import generate_answers
+    from marlhf.pipeline.figures import generate_answers
 
     name = f"synthetic-{task}-{horizon}"
     prompts = [prompt_of(r) for r in generate(name, EVAL_PROMPTS, 0, "valid1", N_TRAIN)]
@@ -403,7 +402,8 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
     first, _WORKER["first"] = _WORKER.get("first", False), False
     try:
         if kind == "rm":
-            from marlhf.stages.reward import RewardStageConfig, train
+            from marlhf.stages.reward.config import RewardStageConfig
+            from marlhf.stages.reward.train import train
 
             labelled = meta.get("labels") == "policy"
             n_pairs = _label_policy_answers(Path(meta["pairs"]), meta) if labelled else None
@@ -413,8 +413,8 @@ def _work(kind: str, argv: list[str], out: str, meta: dict) -> dict:
             if n_pairs is not None:
                 result["policy_pairs"] = n_pairs
         else:
-            from marlhf.rl.config import PPOStageConfig
-            from marlhf.rl.loop import train
+            from marlhf.stages.ppo.config import PPOStageConfig
+            from marlhf.stages.ppo.loop import train
 
             train(parse_config(PPOStageConfig, argv))
             rows = load_run(Path(out) / "metrics.jsonl")

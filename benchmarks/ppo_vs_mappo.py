@@ -58,16 +58,14 @@ from benchmarks.analysis import (  # noqa: E402, F401 - re-exported for tests an
     final_value,
     first_reach,
     load_run,
-    mean_ci,
     mean_curve,
     pm,
     smooth,
     speedup,
     summarize,
-    t975,
-    welch_diff_ci,
 )
-from marlhf.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
+from marlhf.pipeline.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
+from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # arms and sizes

@@ -106,10 +106,9 @@ class Labels:
 
 
 def instrument(run, labels: Labels) -> None:
-    """Label the engines' calls, the log-prob helpers and the phases of ``marlhf.rl.loop``."""
-    import marlhf.rl.loop as loop
-    import marlhf.rl.scoring as scoring
-    import marlhf.rl.update as update
+    """Label the engines' calls, the log-prob helpers and the phases of ``marlhf.stages.ppo.loop``."""
+    import marlhf.stages.ppo.forward as forward
+    import marlhf.stages.ppo.loop as loop
 
     m = run.models
     for name in ("actor", "ref", "critic", "reward"):
@@ -120,7 +119,7 @@ def instrument(run, labels: Labels) -> None:
         if name in ("actor", "critic"):
             engine.backward = labels.wrap(engine.backward, "backward", name)
             engine.step = labels.wrap(engine.step, "optimizer", name)
-    for mod in (scoring, update):
+    for mod in (forward,):
         if hasattr(mod, "response_logprobs_and_entropy"):
             fn = mod.response_logprobs_and_entropy
             mod.response_logprobs_and_entropy = labels.wrap(fn, "logprobs/entropy")
@@ -225,7 +224,7 @@ def set_flags(cfg, spec: str) -> None:
 def ab(run, state, labels: Labels, variants: list[str], rounds: int) -> dict:
     """Alternate the variants step by step (``name:field=value,...``) and report each one's median
     wall and CPU seconds per phase: the machine's load hits all variants alike."""
-    from marlhf.rl.loop import ppo_step
+    from marlhf.stages.ppo.loop import ppo_step
 
     base = {}
     for v in variants:
@@ -293,9 +292,9 @@ def main(argv: list[str] | None = None) -> dict:
     from bench_ppo import build_models
 
     from marlhf.cli import parse_config
-    from marlhf.rl.config import PPOStageConfig
-    from marlhf.rl.loop import ppo_step, setup
-    from marlhf.rl.state import resume
+    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.stages.ppo.loop import ppo_step, setup
+    from marlhf.stages.ppo.state import resume
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="profile_ppo_"))
     work.mkdir(parents=True, exist_ok=True)

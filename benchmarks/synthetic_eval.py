@@ -32,8 +32,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from marlhf.data.synthetic import gold_score, prompt_of  # noqa: E402
-from marlhf.models import resolve_model_path  # noqa: E402
-from marlhf.tiny import bundled_corpus_path  # noqa: E402
+from marlhf.models.load import resolve_model_path  # noqa: E402
+from marlhf.models.zoo import bundled_corpus_path  # noqa: E402
+from marlhf.stats import pearson  # noqa: E402
 
 
 def held_out() -> list[dict]:
@@ -65,13 +66,6 @@ def sample(model_dir: str, prompts: list[str], temperature: float, max_new_token
     return texts
 
 
-def pearson(a: list[float], b: list[float]) -> float:
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    num = sum((x - ma) * (y - mb) for x, y in zip(a, b, strict=True))
-    den = (sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b)) ** 0.5
-    return num / den if den else float("nan")
-
-
 def eval_policy(model_dir: str, n: int, temperatures: list[float]) -> dict:
     prompts = [prompt_of(r) for r in held_out()[:n]]
     out = {}
@@ -87,7 +81,7 @@ def eval_policy(model_dir: str, n: int, temperatures: list[float]) -> dict:
 def eval_rm(rm_dir: str, policy: str, n: int) -> dict:
     from transformers import AutoTokenizer
 
-    from marlhf.reward_model import load_reward_model
+    from marlhf.models.reward_model import load_reward_model
 
     tok = AutoTokenizer.from_pretrained(rm_dir)
     rm, _ = load_reward_model(rm_dir)

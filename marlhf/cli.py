@@ -18,11 +18,36 @@ when the parser is built.
 >>> cfg = parse_config(Stage, ["--ngram", "5", "--sizes", "2,3", "--no_eos"])
 >>> (cfg.part.ngram, cfg.part.sizes, cfg.part.eos)
 (5, (2, 3), False)
+
+Shared parts compose into a part as fields of their own type ("sub-parts"), so a flag is defined
+once and reused: the sub-part's fields become flags of the enclosing part, named with the field
+metadata's ``prefix`` (``actor_`` turns ``lora_dim`` into ``--actor_lora_dim``), only those listed
+in ``flags`` (the others keep their default), with the defaults of the sub-part's default instance
+(a stage may default a shared flag differently) and, per flag, a ``help`` text of the composition
+where the shared one does not fit. A sub-part's validation errors name its prefixed flags.
+
+>>> @dataclass
+... class Train:
+...     lr: float = field(default=1e-3, metadata={"help": "learning rate"})
+...     wd: float = field(default=0.0, metadata={"help": "weight decay"})
+>>> @dataclass
+... class Two:
+...     actor: Train = field(default_factory=Train, metadata={"prefix": "actor_"})
+...     critic: Train = field(default_factory=lambda: Train(lr=1e-2),
+...                           metadata={"prefix": "critic_", "flags": ("lr",)})
+>>> @dataclass
+... class Stage2:
+...     two: Two = field(default_factory=Two)
+>>> cfg = parse_config(Stage2, ["--actor_lr", "5e-4", "--actor_wd", "0.1"])
+>>> (cfg.two.actor.lr, cfg.two.actor.wd, cfg.two.critic.lr, cfg.two.critic.wd)
+(0.0005, 0.1, 0.01, 0.0)
 """
 
 import argparse
 import dataclasses
+import difflib
 import json
+import re
 import sys
 import types
 import typing
@@ -84,81 +109,410 @@ def _field_default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
+# the program's name in usage and errors when a front end names it (``marlhf sft``)
+PROG: str | None = None
+
+
+def _module_prog() -> str | None:
+    """The name set in :data:`PROG` (the ``marlhf`` command sets ``marlhf SUB``); else ``python -m
+    PACKAGE`` when a package runs as ``python -m PACKAGE`` (its ``__main__``), where argparse would
+    name the program ``__main__.py``; None (argparse's default) otherwise."""
+    if PROG is not None:
+        return PROG
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    return f"python -m {name.removesuffix('.__main__')}" if name.endswith(".__main__") else None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flag:
+    """One flag: its name, where its value goes (``part.sub.field``), the field and its type, its
+    default and its help text."""
+
+    name: str
+    dest: str
+    field: dataclasses.Field
+    tp: Any
+    default: Any
+    help: str
+
+
+def _sub_default(f: dataclasses.Field, tp: type) -> Any:
+    """A part field's default instance; None for a part with required fields (flags without a
+    default), which is built from the parsed flags alone."""
+    if any(
+        g.default is dataclasses.MISSING and g.default_factory is dataclasses.MISSING
+        for g in dataclasses.fields(tp)
+        if g.init
+    ):
+        return None
+    value = _field_default(f)
+    return tp() if value is dataclasses.MISSING else value
+
+
+def _flags(cls: type, default: Any, path: str, prefix: str = "", only=None, helps=None):
+    """The flags of part ``cls`` (default instance ``default``), sub-parts flattened (see the module
+    docstring): ``only`` the field names that are flags (None: all), ``helps`` texts by field name
+    (for the fields of nested sub-parts too)."""
+    for name, f, tp in _leaf_fields(cls):
+        if only is not None and name not in only:
+            continue
+        value = getattr(default, name) if default is not None else _field_default(f)
+        if _is_part(tp):
+            meta = f.metadata
+            own_helps = meta.get("help") if isinstance(meta.get("help"), dict) else {}
+            yield from _flags(
+                tp,
+                value if value is not dataclasses.MISSING else _sub_default(f, tp),
+                f"{path}.{name}",
+                prefix + meta.get("prefix", ""),
+                meta.get("flags"),
+                {**own_helps, **(helps or {})},  # the outer composition's texts win
+            )
+            continue
+        text = (helps or {}).get(name, f.metadata.get("help", ""))
+        yield _Flag(prefix + name, f"{path}.{name}", f, tp, value, str(text))
+
+
+def _norm(flag: str) -> str:
+    """A flag's spelling-free form: ``--max-new-tokens`` and ``--max_new_tokens`` agree."""
+    return flag.replace("-", "_").lstrip("_")
+
+
+def load_config_file(path: str) -> dict:
+    """The mapping in a YAML (``.yaml``/``.yml``, needs PyYAML) or JSON file (ValueError naming
+    the file otherwise)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise ValueError(f"--config {path}: {err.strerror or err}") from None
+    try:
+        if path.endswith((".yaml", ".yml")):
+            try:
+                import yaml
+            except ImportError:
+                raise ValueError(
+                    f"--config {path}: reading YAML needs PyYAML (pip install pyyaml); or give "
+                    "the file as JSON"
+                ) from None
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (json.JSONDecodeError, ValueError) as err:
+        if str(err).startswith("--config"):
+            raise
+        raise ValueError(
+            f"--config {path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'} ({err})"
+        ) from None
+    except Exception as err:  # yaml.YAMLError
+        raise ValueError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: must hold a mapping of flags to values")
+    return data
+
+
+def _flag_value(value: Any) -> str:
+    """A config file's value as the text of a flag (lists comma-joined, None as ``none``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(_flag_value(v) for v in value)
+    return str(value)
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with the conventions of every marlhf program:
+
+    - ``--a_b`` and ``--a-b`` are the same flag (whichever the program registered);
+    - ``--config FILE`` (YAML or JSON) gives flags from a file: a mapping of flag names (``lr: 1e-3``,
+      dashes or underscores) or, as ``run_config.json`` holds them, of parts to flags
+      (``{"optim": {"learning_rate": 1e-3}}``); flags on the command line win;
+    - an unknown flag gets "did you mean"; an error is two lines (what is wrong, where ``--help``
+      is), not the usage of every flag.
+    """
+
+    config_paths: frozenset[str] = frozenset()  # dotted fields of the config that are no flags
+
+    def __init__(self, *args, **kwargs):
+        if PROG is not None:  # the front end's name (``marlhf tiny``) wins
+            kwargs["prog"] = PROG
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        if "--config" not in self._option_string_actions:
+            self.add_argument(
+                "--config",
+                metavar="FILE",
+                help="YAML or JSON file of flags (a run's run_config.json reproduces the run); "
+                "flags on the command line override it.",
+            )
+
+    def _flags(self) -> dict[str, str]:
+        """normalised spelling -> registered option string."""
+        return {_norm(o): o for o in self._option_string_actions if o.startswith("--")}
+
+    def _by_dest(self) -> dict[str, str]:
+        return {
+            a.dest: a.option_strings[0]
+            for a in self._actions
+            if a.option_strings
+            and a.option_strings[0].startswith("--")
+            and a.help != argparse.SUPPRESS
+        }
+
+    def _respell(self, args: list[str]) -> list[str]:
+        flags, out, after = self._flags(), [], False
+        for a in args:
+            if a == "--":
+                after = True
+            if not after and a.startswith("--") and len(a) > 2:
+                key, eq, value = a.partition("=")
+                if key not in self._option_string_actions and _norm(key) in flags:
+                    a = flags[_norm(key)] + eq + value
+            out.append(a)
+        return out
+
+    def _config_args(self, path: str) -> list[str]:
+        """The flags a config file gives, as command-line tokens (``--flag=value``)."""
+        data, flags, dests = load_config_file(path), self._flags(), self._by_dest()
+        out: list[str] = []
+
+        def add(flag: str, value: Any, key: str) -> None:
+            action = self._option_string_actions[flag]
+            if isinstance(value, list | tuple) and not value:
+                return  # an empty list has no spelling on the command line: the default stays
+            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+                if bool(value) == isinstance(action, argparse._StoreTrueAction):
+                    out.append(flag)
+                return
+            out.append(f"{flag}={_flag_value(value)}")
+
+        def walk(prefix: str, mapping: dict) -> None:
+            for key, value in mapping.items():
+                dest = f"{prefix}{key}"
+                if dest in dests:
+                    add(dests[dest], value, dest)
+                elif isinstance(value, dict) and any(d.startswith(f"{dest}.") for d in dests):
+                    walk(f"{dest}.", value)  # a part (or sub-part) of run_config.json
+                elif dest in self.config_paths:
+                    continue  # a field of the config that is no flag (it keeps its default)
+                elif (
+                    not prefix and _norm(str(key)) in flags and flags[_norm(str(key))] != "--config"
+                ):
+                    add(flags[_norm(str(key))], value, str(key))
+                else:
+                    raise ValueError(
+                        f"--config {path}: {dest} is no flag of this program{self._hint(str(key))}"
+                    )
+
+        walk("", data)
+        return out
+
+    def _hint(self, key: str) -> str:
+        names = [f for f in self._flags() if f]
+        close = difflib.get_close_matches(_norm(key), names, n=1, cutoff=0.6)
+        return f" (did you mean --{close[0]}?)" if close else ""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = self._respell(list(sys.argv[1:] if args is None else args))
+        configs = [
+            a.partition("=")[2] if a.startswith("--config=") else args[i + 1]
+            for i, a in enumerate(args)
+            if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")
+        ]
+        if configs:
+            try:
+                given = [t for path in configs for t in self._config_args(path)]
+            except ValueError as err:
+                self.error(str(err))
+            args = given + args  # the command line's flags come later, so they win
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        """Two lines on stderr, exit status 2: the problem (with "did you mean" for an unknown
+        flag) and where the flags are listed."""
+        if message.startswith("unrecognized arguments: "):
+            unknown = message.removeprefix("unrecognized arguments: ").split()
+            flags = [u for u in unknown if u.startswith("-")]
+            if flags:
+                message = "; ".join(
+                    f"unknown flag {u.partition('=')[0]}{self._hint(u.partition('=')[0])}"
+                    for u in flags
+                )
+        self.exit(2, f"{self.prog}: error: {message}\nsee {self.prog} --help for the flags\n")
+
+
+# --help lists the flags by what they are about, in this order; a part's fields go to its part's
+# group unless the part names one per field (``HELP_GROUPS``, e.g. inference's single part)
+GROUP_ORDER = (
+    "model", "data", "generation", "algorithm", "macro actions", "optimisation", "logging",
+    "performance",
+)  # fmt: skip
+PART_GROUPS = {
+    "model": "model",
+    "models": "model",
+    "data": "data",
+    "generation": "generation",
+    "ppo": "algorithm",
+    "reward": "algorithm",
+    "macro": "macro actions",
+    "optim": "optimisation",
+    "log": "logging",
+    "ds": "performance",
+    "perf": "performance",
+    "code": "code rewards",
+}
+
+
+# the shared parts a part composes (sub-parts) go to their own group: an actor's learning rate is
+# optimisation, its ZeRO stage performance
+CLASS_GROUPS = {
+    "ModelConfig": "model",
+    "OptimConfig": "optimisation",
+    "DeepSpeedConfig": "performance",
+    "DataConfig": "data",
+    "MacroConfig": "macro actions",
+    "LoggingConfig": "logging",
+}
+
+
+def _owner(stage_cls: type, dest: str) -> type:
+    """The config class that holds the field at ``dest`` (``models.actor.optim.learning_rate`` ->
+    OptimConfig)."""
+    cls = stage_cls
+    for name in dest.split(".")[:-1]:
+        cls, _ = _unwrap_optional(typing.get_type_hints(cls)[name])
+    return cls
+
+
+def _group_title(part_name: str, part_tp: type, name: str, owner: type | None = None) -> str:
+    per_field = getattr(part_tp, "HELP_GROUPS", {})
+    if name in per_field:
+        return per_field[name]
+    if owner is not None and owner is not part_tp and owner.__name__ in CLASS_GROUPS:
+        return CLASS_GROUPS[owner.__name__]
+    return PART_GROUPS.get(part_name, part_name)
+
+
+def _help_groups(parser: argparse.ArgumentParser, stage_cls: type) -> dict[str, Any]:
+    """One argparse group per title the stage's flags use, created in :data:`GROUP_ORDER`."""
+    titles: dict[str, str | None] = {}
+    for part_name, _pf, part_tp in _leaf_fields(stage_cls):
+        if not _is_part(part_tp):
+            raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
+        doc = (part_tp.__doc__ or "").strip().splitlines()[0] if part_tp.__doc__ else None
+        for flag in _flags(part_tp, _sub_default(_pf, part_tp), part_name):
+            owner = _owner(stage_cls, flag.dest)
+            title = _group_title(part_name, part_tp, flag.dest.split(".")[1], owner)
+            # a whole part in its group: the part's docstring describes it
+            whole = not getattr(part_tp, "HELP_GROUPS", {}) and owner is part_tp
+            if title not in titles or (whole and titles[title] is None):
+                titles[title] = doc if whole else None
+    rank = {t: i for i, t in enumerate(GROUP_ORDER)}
+    ordered = sorted(titles, key=lambda t: (rank.get(t, len(rank)), list(titles).index(t)))
+    return {t: parser.add_argument_group(t, titles[t]) for t in ordered}
+
+
 def build_parser(stage_cls: type, description: str | None = None) -> argparse.ArgumentParser:
     """An ``argparse`` parser with one flag per leaf field of ``stage_cls``'s parts."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
+        prog=_module_prog(),
+        # the flags are listed by group in --help; the usage line does not repeat them all
+        usage="%(prog)s [-h] [--config FILE] [flags]",
         description=description or (stage_cls.__doc__ or "").strip().splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         allow_abbrev=False,
     )
     seen: dict[str, str] = {}
     post: dict[str, Any] = {}
-    for part_name, _pf, part_tp in _leaf_fields(stage_cls):
+    groups = _help_groups(parser, stage_cls)
+    for part_name, pf, part_tp in _leaf_fields(stage_cls):
         if not _is_part(part_tp):
             raise TypeError(f"{stage_cls.__name__}.{part_name} must be a config dataclass")
-        group = parser.add_argument_group(
-            part_name, (part_tp.__doc__ or "").strip().splitlines()[0] if part_tp.__doc__ else None
-        )
-        for name, f, tp in _leaf_fields(part_tp):
-            flag = f"--{name}"
-            if flag in seen:
-                raise TypeError(f"flag {flag} defined by both {seen[flag]} and {part_name}")
-            seen[flag] = part_name
-            meta = dict(f.metadata)
-            aliases = tuple(meta.get("aliases", ()))
-            for a in aliases:
-                if a in seen:
-                    raise TypeError(f"alias {a} of {flag} already used by {seen[a]}")
-                seen[a] = part_name
-            help_text = str(meta.get("help", "")).replace("%", "%%")  # argparse formats help with %
-            default = _field_default(f)
-            kwargs: dict[str, Any] = {
-                "dest": f"{part_name}.{name}",
-                "help": help_text,
-                "metavar": name.upper(),
-            }
-            if default is dataclasses.MISSING:
-                kwargs["required"] = True
-            else:
-                kwargs["default"] = default
-            base, optional = _unwrap_optional(tp)
-            if "choices" in meta:
-                kwargs["choices"] = tuple(meta["choices"])
-                # --help lists the values (argparse shows only the metavar otherwise)
-                kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}"
-            if base is bool:
-                kwargs.pop("default", None)
-                group.add_argument(
-                    flag,
-                    *aliases,
-                    nargs="?",
-                    const=True,
-                    type=_bool_value,
-                    default=default,
-                    **{k: v for k, v in kwargs.items() if k in ("dest", "help", "metavar")},
-                )
-                group.add_argument(
-                    f"--no_{name}",
-                    dest=kwargs["dest"],
-                    action="store_false",
-                    help=argparse.SUPPRESS,
-                )
-                continue
-            if typing.get_origin(base) is tuple:
-                elem = typing.get_args(base)[0]
-                kwargs["nargs"] = "+"
-                kwargs["type"] = str
-                kwargs.pop("choices", None)
-                post[kwargs["dest"]] = _tuple_parser(elem, flag)
-            elif base in _SCALARS:
-                kwargs["type"] = base
-                if optional:
-                    kwargs["type"] = _optional(base)
-            else:
-                raise TypeError(f"unsupported field type {tp} for {flag}")
-            group.add_argument(flag, *aliases, **kwargs)
+        for flag in _flags(part_tp, _sub_default(pf, part_tp), part_name):
+            owner = _owner(stage_cls, flag.dest)
+            group = groups[_group_title(part_name, part_tp, flag.dest.split(".")[1], owner)]
+            _add_flag(group, flag, part_name, seen, post)
     parser.set_defaults(_tuple_post=post)
+    parser.config_paths = frozenset(_field_paths(stage_cls))
     return parser
+
+
+def _field_paths(cls: type, prefix: str = ""):
+    """Every field of a config as a dotted path (``models.critic.optim.weight_decay``)."""
+    for name, _f, tp in _leaf_fields(cls):
+        base, _ = _unwrap_optional(tp) if not _is_part(tp) else (tp, False)
+        yield f"{prefix}{name}"
+        if _is_part(base):
+            yield from _field_paths(base, f"{prefix}{name}.")
+
+
+def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> None:
+    """Add ``flag`` to ``group`` (a name defined twice is a programming error)."""
+    f, tp, default = flag.field, flag.tp, flag.default
+    meta = dict(f.metadata)
+    # ``flag``: the name every program uses for this (e.g. --model_name_or_path); the field's own
+    # spelling stays an alias
+    name = meta.get("flag", f"--{flag.name}")
+    if name in seen:
+        raise TypeError(f"flag {name} defined by both {seen[name]} and {part_name}")
+    seen[name] = part_name
+    aliases = ((f"--{flag.name}",) if name != f"--{flag.name}" else ()) + tuple(
+        meta.get("aliases", ())
+    )
+    for a in aliases:
+        if a in seen:
+            raise TypeError(f"alias {a} of {name} already used by {seen[a]}")
+        seen[a] = part_name
+    kwargs: dict[str, Any] = {
+        "dest": flag.dest,
+        "help": flag.help.replace("%", "%%"),  # argparse formats help with %
+        "metavar": flag.name.upper(),
+    }
+    if default is dataclasses.MISSING:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = default
+    base, optional = _unwrap_optional(tp)
+    if "choices" in meta:
+        kwargs["choices"] = tuple(meta["choices"])
+        # --help lists the values (argparse shows only the metavar otherwise)
+        kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}"
+    if base is bool:
+        kwargs.pop("default", None)
+        group.add_argument(
+            name,
+            *aliases,
+            nargs="?",
+            const=True,
+            type=_bool_value,
+            default=default,
+            **{k: v for k, v in kwargs.items() if k in ("dest", "help", "metavar")},
+        )
+        group.add_argument(
+            f"--no_{flag.name}", dest=kwargs["dest"], action="store_false", help=argparse.SUPPRESS
+        )
+        return
+    if typing.get_origin(base) is tuple:
+        elem = typing.get_args(base)[0]
+        kwargs["nargs"] = "+"
+        kwargs["type"] = str
+        kwargs.pop("choices", None)
+        post[kwargs["dest"]] = _tuple_parser(elem, name)
+        if meta.get("repeat"):  # --label a --label b: the values add up
+            kwargs["action"] = "extend"
+            kwargs["default"] = list(default)
+    elif base in _SCALARS:
+        kwargs["type"] = base
+        if optional:
+            kwargs["type"] = _optional(base)
+            if "choices" in kwargs:  # `none` is a value of an optional flag too
+                kwargs["choices"] = (*kwargs["choices"], None)
+    else:
+        raise TypeError(f"unsupported field type {tp} for {name}")
+    group.add_argument(name, *aliases, **kwargs)
 
 
 def _optional(base: type):
@@ -180,21 +534,50 @@ def parse_config(
     """
     parser = build_parser(stage_cls, description)
     ns = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
-    values = vars(ns)
+    return config_from_namespace(stage_cls, parser, ns)
+
+
+def config_from_namespace(
+    stage_cls: type[C], parser: argparse.ArgumentParser, ns: argparse.Namespace
+) -> C:
+    """The validated ``stage_cls`` of a namespace parsed by ``build_parser(stage_cls)`` (a program
+    that adds positional arguments to that parser removes them from ``ns`` first)."""
+    values = dict(vars(ns))
+    values.pop("config", None)  # --config FILE: its flags are parsed already
     post = values.pop("_tuple_post")
-    parts: dict[str, dict[str, Any]] = {}
     for dest, value in values.items():
-        part, name = dest.split(".", 1)
         if dest in post and isinstance(value, list):
-            value = post[dest](value)
-        parts.setdefault(part, {})[name] = value
-    hints = typing.get_type_hints(stage_cls)
+            values[dest] = post[dest](value)
     try:
-        built = {p: hints[p](**kw) for p, kw in parts.items()}
+        built = {
+            name: _build(tp, _sub_default(f, tp), values, name)
+            for name, f, tp in _leaf_fields(stage_cls)
+        }
         return stage_cls(**built)
     except ValueError as err:
         parser.error(str(err))
         raise  # unreachable: parser.error exits
+
+
+def _build(cls: type, default: Any, values: dict[str, Any], path: str, prefix: str = "") -> Any:
+    """Part ``cls`` from the parsed ``values`` (by dest), starting from its default instance (the
+    fields without a flag keep their default); a prefixed sub-part's errors name prefixed flags."""
+    kw: dict[str, Any] = {}
+    for name, f, tp in _leaf_fields(cls):
+        dest = f"{path}.{name}"
+        if _is_part(tp):
+            sub = getattr(default, name) if default is not None else _sub_default(f, tp)
+            kw[name] = _build(tp, sub, values, dest, prefix + f.metadata.get("prefix", ""))
+        elif dest in values:
+            kw[name] = values[dest]
+    try:
+        return cls(**kw) if default is None else dataclasses.replace(default, **kw)
+    except ValueError as err:
+        if not prefix:
+            raise
+        own = {f.name for f in dataclasses.fields(cls)}
+        text = re.sub(r"--(\w+)", lambda m: f"--{prefix}{m[1]}" if m[1] in own else m[0], str(err))
+        raise ValueError(text) from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
@@ -203,20 +586,36 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def config_from_dict(stage_cls: type[C], data: dict[str, Any]) -> C:
-    """Inverse of :func:`config_to_dict` (used when resuming and by later stages reading a run)."""
+    """Inverse of :func:`config_to_dict` (a run's ``run_config.json`` back into its config; keys the
+    config does not know are ignored, missing ones take their defaults)."""
     hints = typing.get_type_hints(stage_cls)
-    parts = {}
-    for part_name, part_tp in hints.items():
-        if part_name not in data:
+    kw = {}
+    for name, value in data.items():
+        if name not in hints:
             continue
-        kw = {}
-        part_hints = typing.get_type_hints(part_tp)
-        for name, value in data[part_name].items():
-            if name not in part_hints:
-                continue
-            base, _ = _unwrap_optional(part_hints[name])
-            if typing.get_origin(base) is tuple and isinstance(value, list):
-                value = tuple(value)
-            kw[name] = value
-        parts[part_name] = part_tp(**kw)
-    return stage_cls(**parts)
+        base, _ = _unwrap_optional(hints[name])
+        if _is_part(base) and isinstance(value, dict):
+            value = config_from_dict(base, value)
+        elif typing.get_origin(base) is tuple and isinstance(value, list):
+            value = tuple(value)
+        kw[name] = value
+    return stage_cls(**kw)
+
+
+_UNSET = object()
+
+
+def given_dests(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> frozenset[str]:
+    """The destinations (``part.field``) that ``argv`` sets explicitly with ``parser`` (from
+    :func:`build_parser`): a flag given with any value, even the default, as opposed to those left
+    at their defaults; what a caller that fills the gaps from elsewhere (a run's saved
+    configuration) must not override."""
+    ns = argparse.Namespace(
+        **{a.dest: _UNSET for a in parser._actions if a.dest not in ("help", "_tuple_post")}
+    )
+    parser.parse_args(sys.argv[1:] if argv is None else list(argv), namespace=ns)
+    return frozenset(
+        k for k, v in vars(ns).items() if v is not _UNSET and "." in k and k != "_tuple_post"
+    )

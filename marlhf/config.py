@@ -1,8 +1,10 @@
 """Typed configuration parts shared by the stages (model, optimisation, DeepSpeed, logging).
 
-Stage configs (``marlhf.stages.*``) compose these with the data, macro-action and PPO parts. Flag names
-follow the original MA-RLHF / DeepSpeed-Chat scripts so their command lines keep working. Validation
-raises ``ValueError`` naming the flag and never rewrites a value.
+Stage configs (``marlhf.stages.*``) compose these with the data, macro-action and PPO parts: SFT and
+the reward model whole, PPO the fields its four models share (with flag prefixes for the actor and
+the critic, :mod:`marlhf.cli`). Flag names follow the original MA-RLHF / DeepSpeed-Chat scripts so
+their command lines keep working. Validation raises ``ValueError`` naming the flag and never
+rewrites a value.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 
 DTYPES = ("fp32", "fp16", "bf16")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+TRACKERS = ("tensorboard", "wandb", "trackio", "none")
 
 
 @dataclass
@@ -53,7 +56,8 @@ class ModelConfig:
         metadata={"help": "LoRA is applied to Linear modules whose name contains this string."},
     )
     only_optimize_lora: bool = field(
-        default=False, metadata={"help": "Freeze everything but the LoRA weights."}
+        default=False,
+        metadata={"help": "Freeze everything but the LoRA weights (of a model with LoRA)."},
     )
 
     def __post_init__(self) -> None:
@@ -61,10 +65,14 @@ class ModelConfig:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.lora_dim < 0:
             raise ValueError(f"--lora_dim must be >= 0, got {self.lora_dim}")
-        if self.only_optimize_lora and self.lora_dim == 0:
-            raise ValueError("--only_optimize_lora needs --lora_dim > 0")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+    def check_lora(self) -> None:
+        """A stage that trains this one model: ``--only_optimize_lora`` needs LoRA (PPO's models
+        share the flag, and a model without LoRA trains whole)."""
+        if self.only_optimize_lora and self.lora_dim == 0:
+            raise ValueError("--only_optimize_lora needs --lora_dim > 0")
 
 
 @dataclass
@@ -183,9 +191,36 @@ class LoggingConfig:
             "or a checkpoint directory."
         },
     )
-    disable_progress_bar: bool = field(default=False, metadata={"help": "No tqdm bar."})
+    disable_progress_bar: bool = field(
+        default=False, metadata={"help": "No tqdm bar: one log line per step instead."}
+    )
+    report_to: tuple[str, ...] = field(
+        default=("tensorboard",),
+        metadata={
+            "help": "Where metrics go besides metrics.jsonl, comma-separated: tensorboard, wandb "
+            "(pip install wandb; WANDB_MODE=offline works without an account), trackio (pip "
+            "install trackio; local, $TRACKIO_DIR), or none.",
+            "choices": TRACKERS,
+        },
+    )
+    run_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "The run's name in the trackers (default: what ran, e.g. `MA-PPO n=5`, and the "
+            "output directory's name)."
+        },
+    )
+    tracker_project: str = field(
+        default="ma-rlhf", metadata={"help": "The wandb / trackio project the run is logged to."}
+    )
 
     def __post_init__(self) -> None:
+        bad = [t for t in self.report_to if t not in TRACKERS]
+        if bad or not self.report_to or ("none" in self.report_to and len(self.report_to) > 1):
+            raise ValueError(
+                f"--report_to must be `none` or a comma-separated list of {TRACKERS[:-1]}, "
+                f"got {','.join(self.report_to)!r}"
+            )
         for name in ("save_steps", "eval_interval", "eval_iters"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0")

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from marlhf.data.adapters import BUNDLED_SYNTHETIC
+from marlhf.data.sources import BUNDLED_SYNTHETIC
 from marlhf.data.synthetic import generate, gold_score, prompt_of
 
 

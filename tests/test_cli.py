@@ -107,10 +107,103 @@ def test_round_trip_dict():
 
 
 def test_help_lists_the_choices_of_a_flag(capsys):
-    from marlhf.rl.config import PPOStageConfig
+    from marlhf.stages.ppo.config import PPOStageConfig
 
     with pytest.raises(SystemExit):
         parse_config(PPOStageConfig, ["--help"])
     out = capsys.readouterr().out
     assert "--kl_estimator {k1,k2,k3}" in out
     assert "--termination_condition {" in out and "entropy" in out
+
+
+# ---------------------------------------------------------------- shared parts composed into a part
+
+
+@dataclass
+class _Lr:
+    lr: float = field(default=1e-3, metadata={"help": "learning rate"})
+    wd: float = field(default=0.0, metadata={"help": "weight decay"})
+
+    def __post_init__(self):
+        if self.lr < 0:
+            raise ValueError(f"--lr must be >= 0, got {self.lr}")
+
+
+@dataclass
+class _Two:
+    actor: _Lr = field(default_factory=_Lr, metadata={"prefix": "actor_"})
+    critic: _Lr = field(
+        default_factory=lambda: _Lr(lr=0.5),
+        metadata={"prefix": "critic_", "flags": ("lr",), "help": {"lr": "the critic's rate"}},
+    )
+
+
+@dataclass
+class _TwoStage:
+    two: _Two = field(default_factory=_Two)
+
+
+def test_prefixed_parts_take_their_flags_defaults_and_help_from_the_composition():
+    parser = build_parser(_TwoStage)
+    flags = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    assert {"--actor_lr", "--actor_wd", "--critic_lr"} <= set(flags)
+    assert "--critic_wd" not in flags and "--lr" not in flags  # not a flag of the composition
+    assert flags["--critic_lr"].default == 0.5  # the composition's default instance
+    assert flags["--critic_lr"].help == "the critic's rate" and flags["--actor_lr"].help == (
+        "learning rate"
+    )
+    cfg = parse_config(_TwoStage, ["--actor_lr", "0.25", "--critic_lr", "2"])
+    assert cfg.two.actor == _Lr(lr=0.25) and cfg.two.critic == _Lr(lr=2.0)
+
+
+def test_a_prefixed_parts_error_names_the_prefixed_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(_TwoStage, ["--critic_lr", "-1"])
+    err = capsys.readouterr().err
+    assert "--critic_lr must be >= 0, got -1.0" in err and " --lr " not in err
+
+
+def test_round_trip_dict_of_nested_parts():
+    cfg = parse_config(_TwoStage, ["--actor_wd", "0.1"])
+    assert config_to_dict(cfg) == {
+        "two": {"actor": {"lr": 1e-3, "wd": 0.1}, "critic": {"lr": 0.5, "wd": 0.0}}
+    }
+    assert config_from_dict(_TwoStage, config_to_dict(cfg)) == cfg
+
+
+def test_one_source_per_flag():
+    """No part of a stage re-declares a field of the shared parts: each such flag is defined once,
+    in config.py (or data/, macro/), and composed."""
+    from marlhf.data.config import DataConfig
+    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.stages.reward.config import RewardStageConfig
+    from marlhf.stages.sft import SFTConfig
+
+    shared = (ModelConfig, OptimConfig, DeepSpeedConfig, LoggingConfig, DataConfig)
+    shared_names = {f.name for cls in shared for f in dataclasses.fields(cls)}
+
+    def own_fields(cls):
+        for f in dataclasses.fields(cls):
+            tp = cli._unwrap_optional(cli.typing.get_type_hints(cls)[f.name])[0]
+            if cli._is_part(tp):
+                yield from ([] if tp in shared else own_fields(tp))
+            else:
+                yield cls.__name__, f.name
+
+    for stage in (SFTConfig, RewardStageConfig, PPOStageConfig):
+        clash = [(c, n) for c, n in own_fields(stage) if n in shared_names]
+        assert clash == [], stage.__name__
+
+
+def test_ppo_flags_of_the_shared_parts_are_theirs():
+    """The PPO stage's shared flags are the shared parts' fields (same help), with PPO's defaults."""
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+    flags = {a.option_strings[0]: a for a in build_parser(PPOStageConfig)._actions}
+    assert flags["--dtype"].help == dataclasses.fields(ModelConfig)[3].metadata["help"]
+    assert flags["--lr_scheduler_type"].default == "linear"  # SFT's is cosine
+    assert build_parser(_Stage)._option_string_actions["--lr_scheduler_type"].default == "cosine"
+    assert (
+        flags["--actor_dropout"].default == 0.0
+        and flags["--critic_model_name_or_path"].default == ""
+    )

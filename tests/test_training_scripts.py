@@ -20,11 +20,11 @@ def _stage_config(stage: str):
 
         return SFTConfig
     if stage == "reward":
-        from marlhf.stages.reward import RewardStageConfig
+        from marlhf.stages.reward.config import RewardStageConfig
 
         return RewardStageConfig
     if stage == "ppo":
-        from marlhf.stages.ppo import PPOStageConfig
+        from marlhf.stages.ppo.config import PPOStageConfig
 
         return PPOStageConfig
     raise AssertionError(f"unknown stage {stage}")
@@ -81,7 +81,7 @@ def test_every_script_flag_is_accepted(path, capsys):
 
 
 def test_codegemma_apps_recipe_reaches_the_apps_adapter(monkeypatch):
-    from marlhf.data.adapters import load_examples, parse_spec
+    from marlhf.data.sources import load_examples, parse_spec
 
     stage, argv = script_flags(
         ROOT / "training/step3_rlhf_finetuning/training_scripts/run_codegemma_apps.sh"

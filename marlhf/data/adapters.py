@@ -20,7 +20,10 @@ one row into an ``Example`` with the original MA-RLHF / DeepSpeed-Chat prompt te
 ``codeparrot/apps``           APPS-paper prompt (question, starter code, call-based or stdin format);
                               chosen = first solution (None when there is none); ``meta`` holds the
                               ``input_output`` tests and ``fn_name``; no rejected; train / test.
-plain local files             columns ``prompt`` (+ ``chosen``, ``rejected``, ``margin``).
+plain local files             columns ``prompt`` (+ ``chosen``, ``rejected``, ``margin``); a prompt may be a
+                              list of messages (``{"role", "content"}``), the answers text or messages.
+``messages`` (local files)    a ``messages`` list ending with the assistant's answer (chosen), an
+                              optional ``rejected`` answer; the prompt's plain text is HH-style.
 ============================  =========================================================================
 
 Local paths (``.json``, ``.jsonl``, ``.parquet`` or a directory of them, optionally ``adapter:path``)
@@ -38,43 +41,26 @@ must be UTF-8 (a leading byte-order mark is ignored); a line with other bytes is
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from marlhf.code_reward import parse_json
+from marlhf.data.chat import as_text, check_messages
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
-from marlhf.data.long_tasks import data_file as long_task_file
-from marlhf.data.report import SourceCounts
 from marlhf.data.schema import DataError, Example
+from marlhf.rewards.code import parse_json
 
 log = logging.getLogger(__name__)
 
 # Bump when a template below or what a row becomes changes (it is part of the tokenised-data cache
 # key). 2: WebGPT answers start with a space; TL;DR "choice" must be an integer; identical pairs dropped.
 TEMPLATES_VERSION = 2
-BUNDLED_SYNTHETIC = Path(__file__).resolve().parent / "bundled" / "synthetic_tldr.jsonl"
-EVAL_CARVE_SEED = 1234  # fixed: the 95/5 carve must not move with the training seed
-EVAL_CARVE_FRACTION = 0.05
 _CITATION = re.compile(r"\s*\[\d+(?:\s*,\s*\d+)*\]")
-# Bytes that are not UTF-8, as decoded with errors="surrogateescape" (U+DC80..U+DCFF), and any
-# surrogate (a JSON escape such as "\udcff" gives one): no tokenizer can encode those.
-_UNDECODABLE = re.compile("[\udc80-\udcff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SPLIT_NAMES = {
-    "train": ("train",),
-    "eval": ("validation", "valid", "eval", "dev", "test"),
-}
 
 
 # --- field helpers -------------------------------------------------------------------------------
@@ -282,11 +268,51 @@ def _apps(row: dict, where: str, options: dict) -> Example:
     )
 
 
+def _answer(row: dict, key: str, where: str) -> str:
+    """A response given as text or as messages (its last message, the assistant's)."""
+    value = row.get(key)
+    if isinstance(value, list):
+        msgs = check_messages(value, where, key)
+        if msgs[-1]["role"] != "assistant" or not msgs[-1]["content"].strip():
+            raise DataError(f'{where}: field "{key}" must end with a non-empty assistant message')
+        return msgs[-1]["content"]
+    return _text(row, key, where)
+
+
+def _messages(row: dict, where: str, options: dict) -> Example:
+    """A conversation: ``messages`` up to the last assistant message (the chosen answer); an
+    optional ``rejected`` answer (text or messages)."""
+    msgs = check_messages(row.get("messages"), where)
+    if len(msgs) < 2 or msgs[-1]["role"] != "assistant":
+        raise DataError(
+            f'{where}: field "messages" must hold a user turn and end with the assistant\'s answer'
+        )
+    prompt_msgs, chosen = msgs[:-1], msgs[-1]["content"]
+    if not chosen.strip():
+        raise DataError(f'{where}: field "messages" ends with an empty assistant message')
+    rejected = _answer(row, "rejected", where) if row.get("rejected") is not None else None
+    prompt = as_text(prompt_msgs)
+    pid = row.get("id")
+    return Example(
+        prompt=prompt,
+        chosen=chosen,
+        rejected=rejected,
+        margin=_number(row, "margin", where),
+        prompt_id=f"local/{pid}" if pid is not None else _hash_id("local", prompt),
+        meta={"messages": prompt_msgs},
+    )
+
+
 def _plain(row: dict, where: str, options: dict) -> Example:
-    prompt = _text(row, "prompt", where)
     cols = options.get("columns", frozenset())
-    chosen = _text(row, "chosen", where) if "chosen" in cols else None
-    rejected = _text(row, "rejected", where) if "rejected" in cols else None
+    meta: dict = {}
+    if isinstance(row.get("prompt"), list):  # conversational: the prompt as messages
+        meta["messages"] = check_messages(row["prompt"], where, "prompt")
+        prompt = as_text(meta["messages"])
+    else:
+        prompt = _text(row, "prompt", where)
+    chosen = _answer(row, "chosen", where) if "chosen" in cols else None
+    rejected = _answer(row, "rejected", where) if "rejected" in cols else None
     margin = _number(row, "margin", where)
     if margin is not None and not math.isfinite(margin):
         raise DataError(f'{where}: field "margin" must be finite, got {margin}')
@@ -297,7 +323,7 @@ def _plain(row: dict, where: str, options: dict) -> Example:
         rejected=rejected,
         margin=margin,
         prompt_id=f"local/{pid}" if pid is not None else _hash_id("local", prompt),
-        meta={},
+        meta=meta,
     )
 
 
@@ -361,6 +387,14 @@ ADAPTERS: dict[str, Adapter] = {
             hub_files={"train": "train.jsonl", "test": "test.jsonl"},
         ),
         Adapter(
+            "messages",
+            None,
+            None,
+            {"train": "train", "eval": None},
+            frozenset({"messages"}),
+            _messages,
+        ),
+        Adapter(
             "plain", None, None, {"train": "train", "eval": None}, frozenset({"prompt"}), _plain
         ),
     )
@@ -381,6 +415,7 @@ _DETECT = (
     "openai/webgpt_comparisons",
     "codeparrot/apps",
     "Dahoas/rm-static",
+    "messages",
     "plain",
 )
 
@@ -410,363 +445,3 @@ def detect_adapter(columns: Iterable[str], source: str) -> Adapter:
 
 
 # --- reading rows --------------------------------------------------------------------------------
-@dataclass
-class RawRows:
-    """Rows of one file or hub split with a label for each (for error messages)."""
-
-    rows: Iterable[dict]
-    label: Callable[[int], str]  # 0-based row index -> "file line 17"
-    columns: frozenset[str]
-    bad: list[str]  # errors already found while reading (unparseable jsonl lines)
-
-
-def _not_utf8(text: str) -> str | None:
-    """Why ``text`` (decoded with errors="surrogateescape") is not UTF-8, or None when it is."""
-    m = _UNDECODABLE.search(text)
-    if m is None:
-        return None
-    return (
-        f"not valid UTF-8 (byte 0x{ord(m.group()) - 0xDC00:02x} at character {m.start() + 1}); "
-        "re-save the file as UTF-8"
-    )
-
-
-def _may_hold_surrogates(text: str) -> bool:
-    """Whether JSON ``text`` can decode to a surrogate (cheap test before checking every row)."""
-    return bool(_SURROGATE.search(text) or _SURROGATE_ESCAPE.search(text))
-
-
-def _check_row(row: Any, may_hold_surrogates: bool = True) -> str | None:
-    """Why a parsed JSON value is not a usable row (not an object, text that is not Unicode)."""
-    if not isinstance(row, dict):
-        return f"row must be a JSON object, got {type(row).__name__}"
-    if not may_hold_surrogates:
-        return None
-    m = _SURROGATE.search(json.dumps(row, ensure_ascii=False))
-    if m is not None:
-        return (
-            f"holds {ascii(m.group())}, which is not valid Unicode (a byte that is not UTF-8, or a "
-            "lone surrogate escape); re-save the file as UTF-8"
-        )
-    return None
-
-
-def _parse_row(text: str) -> tuple[dict | None, str | None]:
-    """One JSON object from ``text`` -> (row, None), or (None, why it is not one)."""
-    why = _not_utf8(text)
-    if why is not None:
-        return None, why
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as e:
-        return None, f"not valid JSON ({e.msg})"
-    why = _check_row(row, _may_hold_surrogates(text))
-    return (None, why) if why else (row, None)
-
-
-def _read_jsonl(path: Path, skip_bad_rows: bool) -> RawRows:
-    """Parse and check every line here, so that an error names the line.
-
-    "utf-8-sig" drops a leading byte-order mark; "surrogateescape" keeps bytes that are not UTF-8
-    (as U+DC80..U+DCFF) so that their line, not the whole file, is the bad one.
-    """
-    parsed: list[dict] = []
-    line_of: list[int] = []
-    bad: list[str] = []
-    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            row, why = _parse_row(line)
-            if row is None:
-                msg = f"{path} line {lineno}: {why}"
-                if not skip_bad_rows:
-                    raise DataError(msg)
-                bad.append(msg)
-                continue
-            parsed.append(row)
-            line_of.append(lineno)
-    columns = frozenset(k for row in parsed for k in row)
-    return RawRows(parsed, lambda i: f"{path} line {line_of[i]}", columns, bad)
-
-
-def _read_json(path: Path, skip_bad_rows: bool) -> RawRows:
-    """A ``.json`` file: a JSON array of row objects, or JSON lines (then read as ``.jsonl``)."""
-    raw = path.read_bytes()
-    if raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8) :]
-    text = raw.decode("utf-8", errors="surrogateescape")
-    if not text.lstrip().startswith("["):
-        return _read_jsonl(path, skip_bad_rows)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"{path} line {e.lineno} column {e.colno}: not valid JSON ({e.msg})"
-        ) from None
-    parsed: list[dict] = []
-    row_of: list[int] = []
-    bad: list[str] = []
-    check_text = _may_hold_surrogates(text)
-    for i, row in enumerate(data):
-        why = _check_row(row, check_text)
-        if why is not None:
-            msg = f"{path} row {i + 1}: {why}"
-            if not skip_bad_rows:
-                raise DataError(msg)
-            bad.append(msg)
-            continue
-        parsed.append(row)
-        row_of.append(i + 1)
-    columns = frozenset(k for row in parsed for k in row)
-    return RawRows(parsed, lambda i: f"{path} row {row_of[i]}", columns, bad)
-
-
-def _read_local(path: Path, skip_bad_rows: bool) -> RawRows:
-    if path.suffix == ".jsonl":
-        return _read_jsonl(path, skip_bad_rows)
-    if path.suffix == ".json":
-        return _read_json(path, skip_bad_rows)
-    if path.suffix != ".parquet":
-        raise DataError(f"{path}: unsupported file type (expected .json, .jsonl or .parquet)")
-    import datasets
-
-    try:
-        ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
-    except Exception as e:  # noqa: BLE001
-        raise DataError(f"{path}: cannot be read as parquet: {e}") from e
-    return RawRows(ds, lambda i: f"{path} row {i + 1}", frozenset(ds.column_names), [])
-
-
-def _split_files(directory: Path, split: str) -> list[Path]:
-    files = sorted(
-        p
-        for p in directory.iterdir()
-        if p.is_file() and p.suffix in (".json", ".jsonl", ".parquet")
-    )
-    return [p for p in files if p.name.lower().startswith(_SPLIT_NAMES[split])]
-
-
-def carve(n: int, split: str) -> np.ndarray:
-    """Deterministic 95/5 train/eval carve of ``n`` rows for datasets with only a train split."""
-    perm = np.random.RandomState(EVAL_CARVE_SEED).permutation(n)
-    n_eval = _n_eval(n)
-    return np.sort(perm[:n_eval] if split == "eval" else perm[n_eval:])
-
-
-def _n_eval(n: int) -> int:
-    return int(round(n * EVAL_CARVE_FRACTION))
-
-
-def carve_min_rows() -> int:
-    """The fewest rows whose 95/5 carve gives the eval split one row (11: round() halves to even)."""
-    n = 1
-    while _n_eval(n) == 0:
-        n += 1
-    return n
-
-
-def parse_spec(spec: str) -> tuple[Adapter | None, str | None]:
-    """``data_path`` entry -> (forced or registered adapter, local path or None for hub/bundled)."""
-    if ":" in spec and not Path(spec).exists():
-        head, rest = spec.split(":", 1)
-        if ALIASES.get(head, head) in ADAPTERS:
-            return get_adapter(head), rest
-    if Path(spec).exists():
-        return None, spec
-    return get_adapter(spec), None
-
-
-def _convert_rows(
-    adapter: Adapter | None,
-    raw: RawRows,
-    source: str,
-    keep: np.ndarray | None,
-    skip_bad_rows: bool,
-    options: dict,
-    max_samples: int,
-    split_filter: Callable[[dict], bool] | None = None,
-    counts: SourceCounts | None = None,
-) -> tuple[list[Example], int]:
-    """The examples of ``raw``'s rows in the split (``keep`` / ``split_filter``); ``counts`` (when
-    given) adds the rows of the split, the bad and by-design skips and the examples."""
-    counts = counts if counts is not None else SourceCounts(source)
-    n_bad = len(raw.bad)
-    for msg in raw.bad:
-        log.debug("skipped: %s", msg)
-    out: list[Example] = []
-    if adapter is None and len(raw.rows) > 0:  # no rows: no schema to tell, nothing to convert
-        adapter = detect_adapter(raw.columns, source)
-    opts = dict(options, columns=raw.columns)
-    wanted = None if keep is None else set(keep.tolist())
-    for i, row in enumerate(raw.rows):
-        if wanted is not None and i not in wanted:
-            continue
-        if split_filter is not None and not split_filter(row):
-            continue
-        counts.in_split += 1
-        try:
-            ex = adapter.to_example(row, raw.label(i), opts)
-        except DataError as e:
-            if not skip_bad_rows:
-                raise
-            n_bad += 1
-            log.debug("skipped: %s", e)
-            continue
-        if ex is None:
-            counts.by_design += 1
-            continue
-        out.append(ex)
-        if max_samples and len(out) >= max_samples:
-            counts.capped = True
-            break
-    counts.bad += n_bad
-    counts.examples += len(out)
-    if n_bad:
-        log.warning("%s: skipped %d bad rows", source, n_bad)
-    return out, n_bad
-
-
-def _row_split(row: dict) -> str | None:
-    value = row.get("split") if isinstance(row, dict) else None
-    if not isinstance(value, str):
-        return None
-    if value.startswith("train"):
-        return "train"
-    if value.startswith(_SPLIT_NAMES["eval"]):
-        return "eval"
-    return None
-
-
-def bundled_file(adapter_name: str) -> Path | None:
-    """The file shipped with the package for a synthetic task (``synthetic-tldr``,
-    ``synthetic-facts-*``, ``synthetic-verdict-*``); None for the hub datasets."""
-    if adapter_name == "synthetic-tldr":
-        return BUNDLED_SYNTHETIC
-    if adapter_name in LONG_TASKS:
-        return long_task_file(adapter_name)
-    return None
-
-
-def load_examples(
-    spec: str,
-    split: str,
-    *,
-    skip_bad_rows: bool = False,
-    max_samples: int = 0,
-    webgpt_skip_ties: bool = False,
-    counts: SourceCounts | None = None,
-) -> tuple[list[Example], int]:
-    """All ``Example``s of one ``data_path`` entry's ``split`` ("train" or "eval"), in file order,
-    and the number of bad rows skipped (always 0 unless ``skip_bad_rows``). ``counts``, when given,
-    receives the files read and how many rows each step kept (see ``marlhf.data.report``)."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    counts = counts if counts is not None else SourceCounts(spec)
-    opts = {"webgpt_skip_ties": webgpt_skip_ties}
-    adapter, local = parse_spec(spec)
-    if local is None and adapter is not None:
-        bundled = bundled_file(adapter.name)
-        local = None if bundled is None else str(bundled)
-    if local is None:
-        return _load_hub(adapter, split, skip_bad_rows, max_samples, opts, counts)
-    path = Path(local)
-    if not path.exists():
-        raise DataError(f"{path}: no such file or directory")
-    files, carve_split = [path], None
-    if path.is_dir():
-        if not _split_files(path, "train"):
-            raise DataError(f"{path}: no train files (names starting with 'train')")
-        # Only train files: carve a deterministic 95/5 train/eval split from them (like WebGPT).
-        carve_split = not _split_files(path, "eval")
-        files = _split_files(path, "train" if carve_split else split)
-    return _load_files(adapter, files, split, carve_split, skip_bad_rows, max_samples, opts, counts)
-
-
-def _load_files(
-    adapter: Adapter | None,
-    files: list[Path],
-    split: str,
-    carve_split: bool | None,
-    skip_bad_rows: bool,
-    max_samples: int,
-    options: dict,
-    counts: SourceCounts,
-) -> tuple[list[Example], int]:
-    """``carve_split``: True carve 95/5, False take all rows, None decide from the rows (single file)."""
-    examples: list[Example] = []
-    n_bad = 0
-    for f in files:
-        raw = _read_local(f, skip_bad_rows)
-        counts.files.append(str(f))
-        counts.rows_read += len(raw.rows) + len(raw.bad)
-        split_filter = None
-        keep = None
-        mode = carve_split
-        if mode is None:
-            has_split = "split" in raw.columns and (
-                adapter is None or adapter.columns == _TLDR_COLS
-            )
-            mode = not has_split
-            if has_split:
-                split_filter = lambda row: _row_split(row) == split  # noqa: E731
-        if mode:
-            rows = list(raw.rows)
-            raw = RawRows(rows, raw.label, raw.columns, raw.bad)
-            keep = carve(len(rows), split)
-            counts.carve_min_rows = carve_min_rows()
-        cap = max_samples - len(examples) if max_samples else 0
-        exs, bad = _convert_rows(
-            adapter, raw, str(f), keep, skip_bad_rows, options, cap, split_filter, counts
-        )
-        examples += exs
-        n_bad += bad
-        if max_samples and len(examples) >= max_samples:
-            break
-    return examples, n_bad
-
-
-def _load_hub(
-    adapter: Adapter,
-    split: str,
-    skip_bad_rows: bool,
-    max_samples: int,
-    options: dict,
-    counts: SourceCounts,
-) -> tuple[list[Example], int]:
-    import datasets
-
-    hub_split = adapter.splits[split]
-    source = f"{adapter.hub_id}[{hub_split or 'train'}]"
-    try:
-        if adapter.hub_files:
-            url = f"hf://datasets/{adapter.hub_id}/{adapter.hub_files[hub_split or 'train']}"
-            ds = datasets.load_dataset("json", data_files=url, split="train")
-        else:
-            ds = datasets.load_dataset(
-                adapter.hub_id, adapter.hub_config, split=hub_split or "train"
-            )
-    except Exception as e:  # noqa: BLE001
-        raise DataError(
-            f"{adapter.hub_id}: cannot load from the hub ({type(e).__name__}: {e}); "
-            "download it elsewhere and pass the local files instead"
-        ) from e
-    counts.files.append(source)
-    counts.rows_read += len(ds)
-    keep = None
-    if hub_split is None:
-        keep = carve(len(ds), split)
-        counts.carve_min_rows = carve_min_rows()
-    raw = RawRows(ds, lambda i: f"{source} row {i + 1}", frozenset(ds.column_names), [])
-    return _convert_rows(
-        adapter, raw, source, keep, skip_bad_rows, options, max_samples, None, counts
-    )
-
-
-def iter_examples(
-    specs: Iterable[str], split: str, **kw
-) -> Iterator[tuple[str, list[Example], int]]:
-    """``(spec, examples, n_bad)`` for each ``data_path`` entry."""
-    for spec in specs:
-        exs, n_bad = load_examples(spec, split, **kw)
-        yield spec, exs, n_bad

@@ -25,6 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import datasets
+import torch.distributed as dist
+
+from marlhf.data.schema import DataError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,6 @@ def key_hash(key: dict) -> str:
 
 
 def _dist():
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist
     return None
@@ -63,8 +64,6 @@ def _share_failure(dist, error: BaseException | None) -> None:
     """Every rank's build outcome to every rank; a rank whose own build did not fail raises
     :class:`BuilderFailed` for the first rank whose build did (instead of the others waiting at a
     barrier for a rank that has exited, until the launcher or the timeout ends them)."""
-    from marlhf.data.schema import DataError
-
     mine = None if error is None else (str(error), isinstance(error, DataError))
     outcomes: list = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, mine)
@@ -83,7 +82,13 @@ def _build(path: Path, key: dict, build: Callable[[], datasets.Dataset]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        ds.save_to_disk(str(tmp))
+        was_on = datasets.is_progress_bar_enabled()  # a bar per save is noise in a run's log
+        datasets.disable_progress_bars()
+        try:
+            ds.save_to_disk(str(tmp))
+        finally:
+            if was_on:
+                datasets.enable_progress_bars()
         (tmp / "marlhf_cache_key.json").write_text(
             json.dumps(key, sort_keys=True, indent=1, default=str)
         )

@@ -55,6 +55,13 @@ class DataConfig:
         default=0,
         metadata={"help": "Cap on examples per dataset per split, for quick runs (0 = all)."},
     )
+    apply_chat_template: bool = field(
+        default=False,
+        metadata={
+            "help": "Render prompts with the tokenizer's chat template (conversational data: HH "
+            "turns and messages lists become messages; other prompts one user message)."
+        },
+    )
     webgpt_skip_ties: bool = field(
         default=False,
         metadata={

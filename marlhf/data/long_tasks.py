@@ -136,6 +136,7 @@ from marlhf.data.synthetic import (
     labelled_comparison,
     prompt_of,
 )
+from marlhf.runtime.home import home
 
 # Bump when a generator or a scorer changes (the generated files' names and cache keys hold it).
 LONG_TASKS_VERSION = 1
@@ -506,8 +507,6 @@ def data_file(name: str) -> Path:
         raise ValueError(
             f"--data_path: {name!r} is not a long synthetic task; known: {', '.join(TASKS)}"
         )
-    from marlhf.tiny import home
-
     target = home() / "synthetic" / f"{name}-v{LONG_TASKS_VERSION}.jsonl"
     if target.is_file():
         return target

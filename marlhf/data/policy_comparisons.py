@@ -23,7 +23,6 @@ are not empty), so the reward-model stage reads it next to the bundled data:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -31,7 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlhf.cli import Parser
+from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.schema import DataError
+from marlhf.data.sources import bundled_file, parse_spec
+from marlhf.data.synthetic import labelled_comparison, prompt_of
 
 BATCH = "policy-samples"
 # How the answers to label are sampled (the demo and the horizon sweep): one inference run per seed
@@ -76,8 +79,6 @@ def read_samples(path: str | Path) -> dict[str, tuple[int, dict]]:
 
 def _task_rows(task: str) -> dict[str, dict]:
     """``info.id -> row`` of the synthetic task's comparisons file (bundled or ``name:path``)."""
-    from marlhf.data.adapters import bundled_file, parse_spec
-
     adapter, local = parse_spec(task)
     path = Path(local) if local else (bundled_file(adapter.name) if adapter else None)
     if path is None:
@@ -96,8 +97,6 @@ def _checked(
     rows: dict[str, tuple[int, dict]], path: str | Path, task: str, source: dict[str, dict]
 ) -> dict[str, tuple[int, dict]]:
     """``rows`` after checking that each answers a train post of ``task`` with its exact prompt."""
-    from marlhf.data.synthetic import prompt_of
-
     for pid, (line, row) in rows.items():
         src = source.get(pid.split("/", 1)[-1])
         where = f"{path} line {line}"
@@ -121,9 +120,6 @@ def label_pairs(
 ) -> tuple[list[dict], PairCounts]:
     """Comparisons rows of the answers of ``samples[0]`` and ``samples[1]`` to the same train
     prompts, in prompt-id order, labelled by Bradley–Terry draws on ``task``'s gold score."""
-    from marlhf.data.long_tasks import gold_scorer_for
-    from marlhf.data.synthetic import labelled_comparison
-
     if len(samples) != 2:
         raise ValueError(f"--samples: two files of answers are compared, got {len(samples)}")
     score = gold_scorer_for(task)
@@ -158,7 +154,7 @@ def write_rows(rows: list[dict], output: str | Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> PairCounts:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--task", default="synthetic-tldr", help="the synthetic task the answers are for"
     )

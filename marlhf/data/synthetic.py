@@ -445,7 +445,7 @@ def pretraining_rows(n: int, seed: int = 0) -> list[dict]:
 def generate_groups(n: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[dict]:
     """``n`` fresh posts, each with one candidate summary per kind of ``kinds`` and a
     Bradley-Terry label for every pair of them: the K-wise comparisons of preference-model
-    pretraining (``marlhf.preference_pretraining``), labelled exactly as the comparisons of
+    pretraining (``marlhf.pipeline.preference_pretraining``), labelled exactly as the comparisons of
     :func:`generate` (one draw of ``P(A > B) = sigmoid(BETA * (g_A - g_B))`` per pair).
 
     Rows ``{"prompt", "texts", "kinds", "pairs"}``; ``pairs`` lists ``(winner, loser)`` indices into

@@ -42,13 +42,15 @@ from pathlib import Path
 
 import datasets
 
-from marlhf.data.adapters import BUNDLED_SYNTHETIC, TEMPLATES_VERSION, load_examples, parse_spec
+from marlhf.data.adapters import TEMPLATES_VERSION
 from marlhf.data.cache import cached
+from marlhf.data.chat import chat_examples, template_fingerprint
 from marlhf.data.config import DataConfig
 from marlhf.data.long_tasks import LONG_TASKS_VERSION
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.report import PhaseReport, SourceCounts, empty_set_error
 from marlhf.data.schema import Example
+from marlhf.data.sources import BUNDLED_SYNTHETIC, load_examples, parse_spec
 from marlhf.data.split import phase_indices
 
 log = logging.getLogger(__name__)
@@ -133,10 +135,16 @@ def fit(
 
 # --- examples of one phase ------------------------------------------------------------------------
 def _phase_examples(
-    cfg: DataConfig, split: str, seed: int, phase: int, report: PhaseReport | None = None
+    cfg: DataConfig,
+    split: str,
+    seed: int,
+    phase: int,
+    report: PhaseReport | None = None,
+    tokenizer=None,
 ) -> list[Example]:
     """The examples of ``phase`` of every ``--data_path`` entry's ``split``, concatenated;
-    ``report`` (when given) receives each entry's counts."""
+    ``report`` (when given) receives each entry's counts. With ``--apply_chat_template`` the
+    prompts are rendered by ``tokenizer``'s chat template (`marlhf.data.chat`)."""
     out: list[Example] = []
     for spec in cfg.data_path:
         counts = SourceCounts(spec)
@@ -154,7 +162,7 @@ def _phase_examples(
             report.sources.append(counts)
         out += [exs[i] for i in idx]
         log.info("%s [%s] phase %d: %d of %d examples", spec, split, phase, len(idx), len(exs))
-    return out
+    return chat_examples(out, tokenizer) if cfg.apply_chat_template else out
 
 
 def _source_fingerprint(spec: str) -> dict:
@@ -189,6 +197,10 @@ def cache_key(cfg: DataConfig, tokenizer, split: str, seed: int, phase: int, **e
     fields = asdict(cfg)
     fields.pop("data_output_path")
     fields.pop("data_seed")  # it enters as "seed" below
+    if fields["apply_chat_template"]:  # the template itself changes the prompts
+        extra["chat_template"] = template_fingerprint(tokenizer)
+    else:  # off: the keys of the entries made before the flag existed
+        fields.pop("apply_chat_template")
     return {
         "sources": [_source_fingerprint(s) for s in cfg.data_path],
         "data": fields,
@@ -264,7 +276,7 @@ def build_sft_dataset(cfg: DataConfig, tokenizer, split: str, seed: int) -> data
 
     def build() -> datasets.Dataset:
         report = PhaseReport()
-        exs = _phase_examples(cfg, split, seed, 1, report)
+        exs = _phase_examples(cfg, split, seed, 1, report, tokenizer)
         usable = [e for e in exs if e.chosen is not None]
         report.drop(
             "examples without a chosen response",
@@ -305,7 +317,7 @@ def build_pair_dataset(
 
     def build() -> datasets.Dataset:
         report = PhaseReport()
-        exs = _phase_examples(cfg, split, seed, phase, report)
+        exs = _phase_examples(cfg, split, seed, phase, report, tokenizer)
         usable = [e for e in exs if e.chosen is not None and e.rejected is not None]
         report.drop(
             "examples without a chosen and a rejected response",
@@ -382,7 +394,7 @@ def build_prompt_dataset(
 
     def build() -> datasets.Dataset:
         report = PhaseReport()
-        exs = _phase_examples(cfg, split, seed, phase, report)
+        exs = _phase_examples(cfg, split, seed, phase, report, tokenizer)
         prompts = _encode(tokenizer, [e.prompt for e in exs])
         budget = max_prompt_len - len(bos)
         cols: dict[str, list] = {"input_ids": [], "prompt_id": [], "prompt": [], "meta": []}
@@ -402,7 +414,7 @@ def build_prompt_dataset(
                 p = p[len(p) - budget :]
             cols["input_ids"].append(bos + p)
             cols["prompt_id"].append(e.prompt_id)
-            cols["prompt"].append(e.prompt)
+            cols["prompt"].append(e.meta.get("plain_prompt", e.prompt))  # what gold scorers read
             cols["meta"].append(json.dumps(e.meta, sort_keys=True))
         if not cols["input_ids"]:
             raise empty_set_error(report, "PPO prompts", split, phase, cfg.data_split)

@@ -14,8 +14,8 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
 2. **Generation.** ``bos + prompt`` (cut from the left to ``--max-prompt-len``, as PPO does with
    ``truncate_left``) is left-padded and sampled with ``--temperature/--top-k/--top-p`` for at most
    ``--max-new-tokens``. The response is valid up to and including its first EOS
-   (:func:`marlhf.rl.rollout.response_mask`).
-3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.rl.rollout.pack_flush_left`)
+   (:func:`marlhf.models.sequences.response_mask`).
+3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.models.sequences.pack_flush_left`)
    and the RM's value at the last valid token is the reward, exactly as PPO scores a rollout
    (EOS included; a response cut at the length limit is scored at its last token). An RM with a
    different vocabulary re-tokenises the text instead (``bos + prompt + response + eos``).
@@ -32,7 +32,7 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
      ``google/gemma-2b`` -> ``google-gemma-2b``): components joined with ``-``, other characters
      than ``A-Za-z0-9._=+-`` replaced by ``_``. With ``--ref-scores``: ``ref-scores-`` + the reward
      model's name by the same rule.
-   - ``${dataset}``: the dataset's short name (:mod:`marlhf.datasets`: ``hh`` -> ``hh-rlhf``,
+   - ``${dataset}``: the dataset's short name (:mod:`marlhf.data.names`: ``hh`` -> ``hh-rlhf``,
      ``openai/summarize_from_feedback`` -> ``summarize``); a local file: its name without the
      extension (``data/webgpt.jsonl`` -> ``webgpt``); a local directory or another spec: its last
      component.
@@ -45,7 +45,7 @@ yet (a run that failed before writing any): then the new settings replace the ol
 ``--ref-scores`` scores the dataset's own chosen/rejected responses instead of generating
 (``response``/``reward`` are then the chosen ones). APPS (``--dataset apps``) samples
 ``--n-samples-per-prompt`` programs per problem, runs them on the problem's tests in the sandbox
-(:mod:`marlhf.code_reward`), uses the pass fraction as reward and reports unbiased pass@k.
+(:mod:`marlhf.rewards.code`), uses the pass fraction as reward and reports unbiased pass@k.
 
 >>> model_name("/runs/run1/checkpoints/step-100")
 'run1-checkpoints-step-100'
@@ -67,7 +67,7 @@ paths), :mod:`~marlhf.inference.prompts` (selection and encoding), :mod:`~marlhf
 program). The names below are the public API.
 """
 
-from marlhf.datasets import DATASETS
+from marlhf.data.names import DATASETS
 from marlhf.inference.config import DTYPE_CHOICES, GOLD_CHOICES, InferenceArgs, InferenceConfig
 from marlhf.inference.generation import generate
 from marlhf.inference.naming import dataset_dir_name, dataset_spec, model_name, output_path, sidecar

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from marlhf.code_reward import CodeRewardConfig
-from marlhf.datasets import names_help
+from marlhf.data.names import names_help
 from marlhf.macro.config import MacroConfig
+from marlhf.rewards.code import CodeRewardConfig
 
 DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
 GOLD_CHOICES = ("auto", "on", "off")
@@ -32,11 +33,15 @@ class InferenceConfig:
     )
     model: str = field(
         default="tiny",
-        metadata={"help": "Policy: an SFT/PPO checkpoint directory, a hub id, or `tiny`."},
+        metadata={
+            "flag": "--model_name_or_path",
+            "help": "Policy: an SFT/PPO checkpoint directory, a hub id, or `tiny`.",
+        },
     )
     reward_model: str | None = field(
         default=None,
         metadata={
+            "flag": "--reward_model_name_or_path",
             "help": "Reward-model directory (stage 2). Optional for APPS and for the synthetic tasks "
             "(their answers are scored by gold).",
             "aliases": ("--reward-model",),
@@ -50,13 +55,26 @@ class InferenceConfig:
         default=1.0, metadata={"help": "Nucleus sampling.", "aliases": ("--top-p",)}
     )
     max_new_tokens: int = field(
-        default=512, metadata={"help": "Maximum response tokens.", "aliases": ("--max-new-tokens",)}
+        default=512,
+        metadata={
+            "flag": "--max_answer_seq_len",
+            "help": "Maximum response tokens.",
+            "aliases": ("--max-new-tokens",),
+        },
     )
     max_prompt_len: int = field(
         default=512,
         metadata={
+            "flag": "--max_prompt_seq_len",
             "help": "Prompt tokens (bos included); longer prompts lose tokens from the left.",
             "aliases": ("--max-prompt-len",),
+        },
+    )
+    apply_chat_template: bool = field(
+        default=False,
+        metadata={
+            "help": "Render prompts with the policy tokenizer's chat template (HH turns and "
+            "messages lists become messages; other prompts one user message).",
         },
     )
     end_of_conversation_token: str | None = field(
@@ -149,6 +167,18 @@ class InferenceConfig:
         default=0, metadata={"help": "Stop after N batches (0: all); re-run to continue."}
     )
     disable_progress_bar: bool = field(default=False, metadata={"help": "No tqdm bar."})
+
+    # --help groups (marlhf.cli.GROUP_ORDER); the fields not named here are "inference"
+    HELP_GROUPS: ClassVar[dict[str, str]] = {
+        "model": "model", "reward_model": "model", "dtype": "model", "gpu": "performance",
+        "dataset": "data", "split": "data", "skip_bad_rows": "data", "num_samples": "data",
+        "prompt_seed": "data", "apply_chat_template": "data", "max_prompt_len": "data",
+        "temperature": "generation", "top_k": "generation", "top_p": "generation",
+        "max_new_tokens": "generation", "seed": "generation", "end_of_conversation_token": "generation",
+        "n_samples_per_prompt": "generation", "batch_size": "performance",
+        "max_batches": "performance", "proj_path": "logging", "output": "logging",
+        "overwrite": "logging", "disable_progress_bar": "logging", "render_macro": "macro actions",
+    }  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:

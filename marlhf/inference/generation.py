@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from marlhf.inference.config import InferenceConfig
+from marlhf.models.sequences import response_mask
 
 
 def eos_ids(tokenizer: Any, model: Any, cfg: InferenceConfig) -> list[int]:
@@ -46,8 +47,6 @@ def generate(
     prompt_ids, prompt_mask: (B, P) left-padded. Returns (response_ids (B, A) long right-padded
     with ``pad_id`` after the first EOS, action_mask (B, A) bool, ends_with_eos (B,) bool), on CPU.
     """
-    from marlhf.rl.rollout import response_mask
-
     device = next(model.parameters()).device
     out = model.generate(
         input_ids=prompt_ids.to(device),

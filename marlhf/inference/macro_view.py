@@ -9,7 +9,11 @@ from typing import Any
 import torch
 
 from marlhf.inference.models import Models
+from marlhf.macro import TerminationInputs
 from marlhf.macro.config import MacroConfig
+from marlhf.macro.naming import describe
+from marlhf.macro.render import macro_groups, plot_length_histogram, render_html, token_pieces
+from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -30,10 +34,6 @@ def macro_items(
 ) -> list[dict]:
     """Macro actions of one batch for the HTML view. Rules that need reference-model quantities
     (``ppl``, ``entropy``) get them from the policy itself."""
-    from marlhf.macro import TerminationInputs
-    from marlhf.macro.render import token_pieces
-    from marlhf.rl.rollout import pack_flush_left, response_logprobs_and_entropy
-
     inputs = TerminationInputs(
         response_ids=response,
         action_mask=action_mask,
@@ -73,13 +73,21 @@ def macro_items(
     return items
 
 
-def write_macro_view(path: str, items: list[dict], macro: MacroConfig) -> None:
-    from marlhf.macro.render import macro_groups, plot_length_histogram, render_html
-
+def write_macro_view(path: str, items: list[dict], macro: MacroConfig, source: str = "") -> str:
+    """``<path>.macro.html`` and ``<path>.macro_lengths.png`` of a result file ``<path>.jsonl``
+    (:func:`write_macro_page`); returns the page's path."""
     base = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
-    title = f"Macro actions ({macro.termination_condition}, ngram={macro.ngram})"
-    render_html(items, base + ".macro.html", title=title)
+    return write_macro_page(base + ".macro.html", items, macro, source)
+
+
+def write_macro_page(html: str, items: list[dict], macro: MacroConfig, source: str = "") -> str:
+    """``html`` showing ``items`` cut by ``macro`` (the rule read from ``source``, named under the
+    title), and the histogram of their lengths beside it (``.html`` -> ``_lengths.png``)."""
+    title = f"Macro actions: {describe(macro)}"
+    render_html(items, html, title=title, subtitle=f"rule from {source}" if source else "")
     lengths = [e - s for it in items for s, e in macro_groups(it["macro_end"])]
     if lengths:
-        plot_length_histogram(lengths, base + ".macro_lengths.png")
-    log.info("macro-action view: %s.macro.html", base)
+        stem = html[: -len(".html")] if html.endswith(".html") else html
+        plot_length_histogram(lengths, stem + "_lengths.png")
+    log.info("macro-action view: %s", html)
+    return html

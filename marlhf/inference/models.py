@@ -8,7 +8,12 @@ from typing import Any
 
 import torch
 
+from marlhf.config import ModelConfig
+from marlhf.data.tokenize import eot_ids as single_eot
 from marlhf.inference.config import InferenceConfig
+from marlhf.models.checks import same_tokenizer
+from marlhf.models.load import TORCH_DTYPES, load_causal_lm, load_tokenizer
+from marlhf.models.reward_model import load_reward_model
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -35,8 +40,6 @@ def eot_ids(tokenizer: Any, cfg: InferenceConfig) -> list[int]:
     """Token ids appended to a re-tokenised response: ``--end_of_conversation_token`` or eos, one
     token of the reward model's tokenizer (checked as in training, `marlhf.data.tokenize.eot_ids`:
     text that encodes to several pieces is refused, not appended); [] if neither exists."""
-    from marlhf.data.tokenize import eot_ids as single_eot
-
     if not (cfg.end_of_conversation_token or tokenizer.eos_token):
         return []
     return single_eot(cfg, tokenizer)
@@ -44,8 +47,6 @@ def eot_ids(tokenizer: Any, cfg: InferenceConfig) -> list[int]:
 
 def same_vocab(a: Any, b: Any) -> bool:
     """Whether two tokenizers have the same vocabulary (so token ids can be shared)."""
-    from marlhf.preflight import same_tokenizer
-
     return same_tokenizer(a, b)
 
 
@@ -63,9 +64,6 @@ class Models:
 
 def load_models(cfg: InferenceConfig, device: torch.device, need_policy: bool) -> Models:
     """The policy (left-padding tokenizer, eval mode) unless not needed, and the reward model."""
-    from marlhf.config import ModelConfig
-    from marlhf.models import TORCH_DTYPES, load_causal_lm, load_tokenizer
-
     dtype = dtype_name(cfg, device)
     policy = tok = rm = rm_tok = None
     if need_policy:
@@ -73,8 +71,6 @@ def load_models(cfg: InferenceConfig, device: torch.device, need_policy: bool) -
         tok = load_tokenizer(mcfg, padding_side="left")
         policy = load_causal_lm(mcfg, dtype=dtype).to(device).eval()
     if cfg.reward_model:
-        from marlhf.reward_model import load_reward_model
-
         rm, info = load_reward_model(cfg.reward_model, dtype=TORCH_DTYPES[dtype], device=device)
         rm.eval()
         if info.get("rm_type") != "end":

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from marlhf.datasets import DATASETS, canonical
+from marlhf.data.names import DATASETS, canonical
 from marlhf.inference.config import InferenceConfig
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from marlhf.data.tokenize import bos_prefix
+
 
 def selection_key(prompt_id: str, seed: int) -> str:
     """``sha256(f"{seed}:{prompt_id}")`` hex digest: the order prompts are selected in."""
@@ -44,8 +46,6 @@ def prompt_token_ids(
     tokenizer: Any, prompts: Sequence[str], max_len: int
 ) -> tuple[list[list[int]], int]:
     """bos + prompt ids cut from the left to ``max_len`` tokens; and how many were cut."""
-    from marlhf.data.tokenize import bos_prefix
-
     bos = bos_prefix(tokenizer)
     budget = max_len - len(bos)
     if budget < 1:

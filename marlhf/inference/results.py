@@ -11,10 +11,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from marlhf.code_reward import CodeRewardConfig
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.naming import dataset_spec, sidecar
 from marlhf.macro.config import MacroConfig
+from marlhf.rewards.code import CodeRewardConfig, pass_at_k
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -82,6 +82,8 @@ def read_rows(path: str) -> list[dict]:
 def run_settings(cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfig) -> dict:
     """What the rows of an output depend on (compared with the sidecar when resuming)."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _FREE_SETTINGS}
+    if not settings.get("apply_chat_template"):  # off: the settings of files written before it
+        settings.pop("apply_chat_template", None)
     settings["dataset_spec"] = dataset_spec(cfg.dataset)
     settings["model_path"] = os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model
     if cfg.reward_model:
@@ -178,8 +180,6 @@ def summarize(rows: list[dict], pass_k: Sequence[int] = ()) -> dict:
         out["accuracy"] = sum(r["chosen_reward"] > r["rejected_reward"] for r in pairs) / len(pairs)
     code = [r for r in rows if "n_correct" in r]
     if code:
-        from marlhf.code_reward import pass_at_k
-
         for k in pass_k:
             usable = [r for r in code if len(r["rewards"]) >= k]
             if usable:

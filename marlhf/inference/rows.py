@@ -10,12 +10,14 @@ from typing import Any
 
 import torch
 
+from marlhf.data.chat import prompt_messages, render_prompt
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.generation import eos_ids, generate
 from marlhf.inference.macro_view import macro_items
 from marlhf.inference.models import Models
 from marlhf.inference.prompts import batch_seed, left_pad, prompt_token_ids
 from marlhf.inference.scoring import TextScorer, score_rollout
+from marlhf.rewards.code import code_reward, extract_code, parse_tests
 
 
 def ref_rows(
@@ -79,7 +81,10 @@ def sample_batch(
     """Generate ``n`` responses per prompt and score them with the RM (if any): on the policy's
     token ids when the vocabularies agree (as PPO scores a rollout), else on re-tokenised text."""
     tok = models.tokenizer
-    ids, cut = prompt_token_ids(tok, [e.prompt for e in batch], cfg.max_prompt_len)
+    prompt_texts = [e.prompt for e in batch]
+    if cfg.apply_chat_template:  # the model sees the template's text; rows keep the task's prompt
+        prompt_texts = [render_prompt(tok, prompt_messages(e)) for e in batch]
+    ids, cut = prompt_token_ids(tok, prompt_texts, cfg.max_prompt_len)
     prompt_ids, prompt_mask = left_pad(ids, tok.pad_token_id)
     if n > 1:  # (B*n, P): each prompt's samples are consecutive rows
         prompt_ids = prompt_ids.repeat_interleave(n, dim=0)
@@ -147,8 +152,6 @@ def _code_rows(
 ) -> tuple[list[dict], list[float]]:
     """One row per APPS problem over its ``n`` programs, rewarded by the pass fraction of its tests;
     also the reward of every program."""
-    from marlhf.code_reward import code_reward, extract_code, parse_tests
-
     texts, lengths = s.texts, s.lengths
     suites = [parse_tests(e.meta["tests"]) for e in batch for _ in range(n)]
     results = rewarder.score([extract_code(t) for t in texts], suites)

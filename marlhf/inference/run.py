@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tqdm.auto import tqdm
+
+from marlhf.cli import build_parser, given_dests, parse_config
+from marlhf.data.long_tasks import gold_scorer_for
+from marlhf.data.sources import load_examples
 from marlhf.inference.config import InferenceArgs, InferenceConfig
+from marlhf.inference.macro_rule import describe, resolve_macro
 from marlhf.inference.macro_view import write_macro_view
 from marlhf.inference.models import Models, device_for, eot_ids, load_models, same_vocab
 from marlhf.inference.naming import dataset_spec, output_path, sidecar
@@ -24,6 +30,8 @@ from marlhf.inference.results import (
 )
 from marlhf.inference.rows import generate_rows, ref_rows
 from marlhf.inference.scoring import TextScorer
+from marlhf.macro import build_termination
+from marlhf.rewards.code import CodeRewarder
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -32,8 +40,6 @@ def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]):
     """The gold scorer of ``--gold_score`` (``(prompt, response) -> float``) or None: ``auto`` scores
     when the prompts come from a synthetic task (``synthetic-tldr``, ``synthetic-facts-*``,
     ``synthetic-verdict-*``: `marlhf.data.long_tasks.gold_scorer_for`); ``on`` requires one."""
-    from marlhf.data.long_tasks import gold_scorer_for
-
     if cfg.gold_score == "off":
         return None
     prefixes = {e.prompt_id.split("/")[0] for e in examples}
@@ -50,15 +56,11 @@ def _want_gold(cfg: InferenceConfig, examples: Sequence[Any]):
 
 
 def _progress(total: int, disable: bool):
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc="inference", unit="prompt", disable=disable, file=sys.stderr)
 
 
 def _select(cfg: InferenceConfig) -> tuple[list[Any], bool, int]:
     """The selected prompts, whether they are code problems (APPS) and the bad rows skipped."""
-    from marlhf.data.adapters import load_examples
-
     spec = dataset_spec(cfg.dataset)
     examples, n_bad = load_examples(spec, cfg.split, skip_bad_rows=cfg.skip_bad_rows)
     if not examples:
@@ -78,21 +80,23 @@ class _Tools:
     rewarder (APPS), the text scorer and whether policy and RM share token ids."""
 
     rule: Any = None
+    macro: Any = None  # the rule's MacroConfig and where it came from (resolve_macro)
+    macro_source: str = ""
     rewarder: Any = None
     scorer: TextScorer | None = None
     shared_ids: bool = False
 
 
-def _tools(args: InferenceArgs, models: Models, is_code: bool) -> _Tools:
+def _tools(
+    args: InferenceArgs, models: Models, is_code: bool, macro_given: frozenset[str] | None
+) -> _Tools:
     cfg = args.inference
     tools = _Tools()
     if cfg.render_macro and not cfg.ref_scores:
-        from marlhf.macro import build_termination
-
-        tools.rule = build_termination(args.macro, models.tokenizer)
+        tools.macro, tools.macro_source = resolve_macro(cfg.model, args.macro, macro_given)
+        log.info("macro actions: %s, from %s", describe(tools.macro), tools.macro_source)
+        tools.rule = build_termination(tools.macro, models.tokenizer)
     if is_code and not cfg.ref_scores:
-        from marlhf.code_reward import CodeRewarder
-
         tools.rewarder = CodeRewarder.from_config(args.code)
     if models.reward_model is not None:
         budget = cfg.max_prompt_len + cfg.max_new_tokens
@@ -147,8 +151,12 @@ def _run_batches(
     return html_items, n_cut
 
 
-def run_inference(args: InferenceArgs) -> dict:
-    """Run the program; returns the summary (also written to ``<output>.summary.json``)."""
+def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None) -> dict:
+    """Run the program; returns the summary (also written to ``<output>.summary.json``).
+
+    ``macro_given``: the macro-action fields set on the command line, which replace those of the
+    rule the policy was trained with in the ``--render-macro`` view (None: the fields of
+    ``args.macro`` that differ from the defaults; `marlhf.inference.macro_rule`)."""
     cfg = args.inference
     path = output_path(cfg)
     selected, is_code, n_bad = _select(cfg)
@@ -171,7 +179,7 @@ def run_inference(args: InferenceArgs) -> dict:
     )
 
     models = load_models(cfg, device_for(cfg.gpu), need_policy=not cfg.ref_scores)
-    tools = _tools(args, models, is_code)
+    tools = _tools(args, models, is_code, macro_given)
     html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)
     if n_cut:
         log.warning(
@@ -180,7 +188,7 @@ def run_inference(args: InferenceArgs) -> dict:
             cfg.max_prompt_len,
         )
     if html_items:
-        write_macro_view(path, html_items[: cfg.render_macro], args.macro)
+        write_macro_view(path, html_items[: cfg.render_macro], tools.macro, tools.macro_source)
 
     rows = read_rows(path)
     summary = summarize(rows, cfg.pass_k if is_code else ())
@@ -200,14 +208,14 @@ def run_inference(args: InferenceArgs) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> dict:
     """Parse flags (see ``--help``), run, print the summary."""
-    import marlhf.inference
-    from marlhf.cli import parse_config
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    description = marlhf.inference.__doc__.strip().splitlines()[0]
+    # the package's first line describes the program (the package is imported before this module)
+    description = sys.modules[__package__].__doc__.strip().splitlines()[0]
     args = parse_config(InferenceArgs, argv, description=description)
+    parser = build_parser(InferenceArgs, description)
+    given = {d.split(".", 1)[1] for d in given_dests(parser, argv) if d.startswith("macro.")}
     try:
-        summary = run_inference(args)
+        summary = run_inference(args, frozenset(given))
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     print(json.dumps(summary, indent=2, sort_keys=True))

@@ -9,6 +9,9 @@ from typing import Any
 
 import torch
 
+from marlhf.data.tokenize import bos_prefix, fit
+from marlhf.models.sequences import end_index, pack_flush_left
+
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> (ids (B, T) long, mask (B, T) bool), padded on the right."""
@@ -27,8 +30,6 @@ def end_rewards(
     reward_model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
     """RM value at the last valid token: sequences, attention_mask (B, T) -> (B,) float32."""
-    from marlhf.rl.rollout import end_index
-
     values = reward_model(sequences, attention_mask.long())  # (B, T)
     idx = end_index(attention_mask).to(values.device)
     return values.gather(1, idx.unsqueeze(1)).squeeze(1).float()
@@ -48,8 +49,6 @@ def score_rollout(
     prompt_ids, prompt_mask: (B, P) left-padded; response_ids, action_mask: (B, A) right-padded.
     Returns (B,) float32.
     """
-    from marlhf.rl.rollout import pack_flush_left
-
     seq, mask, _ = pack_flush_left(prompt_ids, prompt_mask, response_ids, action_mask, pad_id)
     device = next(reward_model.parameters()).device
     return end_rewards(reward_model, seq.to(device), mask.to(device)).cpu()
@@ -63,8 +62,6 @@ class TextScorer:
     def __init__(
         self, reward_model: torch.nn.Module, tokenizer: Any, eot: list[int], budget: int
     ) -> None:
-        from marlhf.data.tokenize import bos_prefix
-
         self.rm, self.tok, self.eot = reward_model, tokenizer, eot
         self.bos = bos_prefix(tokenizer)
         self.budget = budget - len(self.bos)
@@ -72,8 +69,6 @@ class TextScorer:
     def encode(
         self, prompts: Sequence[str], responses: Sequence[str], add_eot: Sequence[bool]
     ) -> list[list[int]]:
-        from marlhf.data.tokenize import fit
-
         p_ids = self.tok(list(prompts), add_special_tokens=False)["input_ids"]
         r_ids = self.tok(list(responses), add_special_tokens=False)["input_ids"]
         out = []

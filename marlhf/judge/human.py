@@ -7,7 +7,7 @@ tie, ``4`` = skip, ``q`` = quit. On a terminal one keypress answers; from a pipe
 Each answer is appended to ``--output`` and flushed at once; a re-run skips the items already answered
 (skipped ones included), so an evaluation can be spread over sessions. At the end (or on ``q``) the
 answers are mapped back from positions to models and summarised like the judge
-(:func:`marlhf.judge.stats.summarize`, skips counted as invalid), also written to
+(:func:`marlhf.judge.summarize`, skips counted as invalid), also written to
 ``<output>.summary.json``.
 """
 
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from marlhf.judge import stats
-from marlhf.judge.pairing import Pair, align_results
+from marlhf.cli import parse_config
+from marlhf.judge.outcomes import format_summary, n_words, summarize
+from marlhf.judge.pairing import Pair, PairingError, align_results, output_overwrites
 
 KEYS = {"1": "A", "2": "B", "3": "tie", "4": "skip"}
 
@@ -130,9 +131,9 @@ def load_answers(path: Path) -> list[dict]:
 def summarize_answers(answers: Sequence[dict], seed: int = 0) -> dict:
     """Judge-style summary of answers (model outcomes; skips counted as invalid)."""
     outcomes = ["invalid" if a["outcome"] == "skip" else a["outcome"] for a in answers]
-    len_a = [stats.n_words(a["response_a"]) for a in answers]
-    len_b = [stats.n_words(a["response_b"]) for a in answers]
-    s = stats.summarize(outcomes, len_a, len_b, seed=seed)
+    len_a = [n_words(a["response_a"]) for a in answers]
+    len_b = [n_words(a["response_b"]) for a in answers]
+    s = summarize(outcomes, len_a, len_b, seed=seed)
     s["skipped"] = sum(a["outcome"] == "skip" for a in answers)
     s["outcome_rule"] = "one human answer per item, shown in a random A/B order; skips are invalid"
     return s
@@ -144,7 +145,6 @@ def run_human_eval(
     """Run the interactive loop (module doc); returns the summary of all answers so far."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    from marlhf.judge.pairing import PairingError, output_overwrites
 
     problem = output_overwrites(
         cfg.output, {"--model_name_a": cfg.model_name_a, "--model_name_b": cfg.model_name_b}
@@ -226,7 +226,7 @@ def _finish(cfg: HumanEvalConfig, out_path: Path, stdout: TextIO) -> dict:
     s["num"] = cfg.num
     summary_path = out_path.with_name(out_path.name + ".summary.json")
     summary_path.write_text(json.dumps(s, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(stats.format_summary(s, "a", "b"), file=stdout)
+    print(format_summary(s, "a", "b"), file=stdout)
     print(f"skipped={s['skipped']}\na = {cfg.model_name_a}\nb = {cfg.model_name_b}", file=stdout)
     print(f"wrote {out_path} and {summary_path.name}", file=stdout)
     return s
@@ -234,9 +234,6 @@ def _finish(cfg: HumanEvalConfig, out_path: Path, stdout: TextIO) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point of ``evaluation/human-eval.py``."""
-    from marlhf.cli import parse_config
-    from marlhf.judge.pairing import PairingError
-
     cfg = parse_config(HumanEvalStage, argv).human
     try:
         run_human_eval(cfg)

@@ -4,7 +4,7 @@ The choice depends **only on the set of prompts and the seed** — not on respon
 order — so the result files of two models over the same prompts give the same subset, and judging can
 pair them. Prompts are deduplicated (first row per prompt kept) and sorted before any random draw.
 
-``--dataset`` takes the dataset names every tool shares (:mod:`marlhf.datasets`, aliases included):
+``--dataset`` takes the dataset names every tool shares (:mod:`marlhf.data.names`, aliases included):
 
 - ``summarize`` (``tldr``): stratified by subreddit (``subreddit`` key, else ``Subreddit: r/NAME`` in the prompt,
   case-insensitive). Subreddits are visited in a seeded random order, round-robin, one prompt per
@@ -21,13 +21,18 @@ pair them. Prompts are deduplicated (first row per prompt kept) and sorted befor
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from marlhf.datasets import DATASETS, canonical, names_help
+from marlhf.cli import parse_config
+from marlhf.data.names import DATASETS, canonical, names_help
+from marlhf.judge.pairing import PairingError, load_results
 
 _SUBREDDIT = re.compile(r"subreddit:\s*r/([A-Za-z0-9_]+)", re.I)
 
@@ -131,12 +136,6 @@ def sample_records(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point of ``evaluation/tools/sample_from_dataset.py``."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from marlhf.cli import parse_config
-    from marlhf.judge.pairing import PairingError, load_results
 
     cfg = parse_config(SampleStage, argv).sample
     try:

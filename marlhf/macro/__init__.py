@@ -1,7 +1,7 @@
-"""Macro actions (MA-RLHF): termination rules, segments, aggregation and macro-level GAE."""
+"""Macro actions (MA-RLHF): termination rules, segments and their aggregation (macro-level GAE:
+:mod:`marlhf.algo.macro_gae`)."""
 
 from marlhf.macro.config import MacroConfig
-from marlhf.macro.estimate import macro_advantages, macro_stats
 from marlhf.macro.segments import (
     MacroSegments,
     build_segments,
@@ -27,8 +27,6 @@ __all__ = [
     "TerminationRule",
     "build_segments",
     "build_termination",
-    "macro_advantages",
-    "macro_stats",
     "macro_weights",
     "register_rule",
     "to_macro",

@@ -1,7 +1,7 @@
 """Show macro actions: coloured terminal text, a self-contained HTML page, a length histogram.
 
 Token pieces come from `token_pieces`, which uses the same character-offset computation as the parsing
-rule (`marlhf.macro.parsing.token_char_spans`), so what is shown is exactly what was segmented.
+rule (`marlhf.macro.parsing.spans.token_char_spans`), so what is shown is exactly what was segmented.
 
 >>> print(render_terminal(["The", " cat", " sat", "."], [False, True, False, True], color=False))
 The cat| sat.|
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import html
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from marlhf.macro.parsing import token_char_spans
+from marlhf.macro.parsing.spans import token_char_spans
 
 __all__ = [
     "macro_groups",
@@ -68,8 +69,6 @@ def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None
     if len(pieces) != len(macro_end):
         raise ValueError(f"{len(pieces)} token pieces but {len(macro_end)} macro_end flags")
     if color is None:
-        import sys
-
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     out = []
     for m, (s, e) in enumerate(macro_groups(macro_end)):
@@ -78,13 +77,16 @@ def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None
     return "".join(out)
 
 
-def render_html(items: list[dict], path: str | os.PathLike, title: str = "Macro actions") -> Path:
+def render_html(
+    items: list[dict], path: str | os.PathLike, title: str = "Macro actions", subtitle: str = ""
+) -> Path:
     """Write a self-contained HTML page showing responses split into macro actions.
 
     Args:
         items: one dict per response with ``prompt`` (str), ``pieces`` (list[str], one per token),
             ``macro_end`` (list[bool], same length) and optionally ``reward`` (float).
         path: the .html file to write (parent folders are created).
+        subtitle: a line under the title (e.g. where the rule came from).
 
     Each macro action is a ``<span class="ma">`` with alternating background and a tooltip
     ``macro i, n tokens``; token pieces are HTML-escaped, whitespace kept (``white-space: pre-wrap``).
@@ -117,7 +119,9 @@ def render_html(items: list[dict], path: str | os.PathLike, title: str = "Macro 
         ".prompt{color:#555;white-space:pre-wrap;margin-bottom:.5em}"
         ".response{white-space:pre-wrap;font-family:monospace;line-height:1.6}"
         ".ma{border-radius:3px}.reward{color:#060;margin-top:.3em}"
+        ".sub{color:#555}"
         f"</style></head><body><h1>{html.escape(title)}</h1>\n"
+        + (f'<p class="sub">{html.escape(subtitle)}</p>\n' if subtitle else "")
         + "\n".join(blocks)
         + "\n</body></html>\n"
     )

@@ -133,7 +133,7 @@ def macro_weights(
     - ``start``: 1 on the first token of each macro action, 0 elsewhere. The value at token j's
       position is V(s_j), the state *before* token j, so this is V at the state where the macro action
       begins: a baseline that does not depend on the macro action it judges (the others read states
-      after some of its own tokens, which biases the policy gradient; issue #12 §2).
+      after some of its own tokens, which biases the policy gradient).
 
     Weights are 0 on padding and sum to 1 over each macro action.
 

@@ -43,7 +43,6 @@ __all__ = [
     "TerminationOutput",
     "TerminationRule",
     "build_termination",
-    "derive_row_seeds",
     "register_rule",
 ]
 
@@ -64,9 +63,9 @@ class TerminationInputs:
             rows' seeds are drawn from it (None: torch's default generator).
         row_seeds: (B,) long | None — ``randomized``: row b's lengths are drawn from a generator
             seeded with ``row_seeds[b]``, so they depend on nothing else in the batch (not its other
-            rows, its width or its split over ranks); the trainer derives them with `derive_row_seeds`.
+            rows, its width or its split over ranks); the trainer derives them with `marlhf.runtime.rows.derive_row_seeds`.
         all_gather: ``(x, pad_value) -> x of every data-parallel rank, concatenated on dim 0`` (widths
-            right-padded with ``pad_value``; `marlhf.distributed.all_gather_padded`) | None — a rule
+            right-padded with ``pad_value``; `marlhf.runtime.distributed.all_gather_padded`) | None — a rule
             that chooses a batch-level value (``entropy`` with ``--target_macro_len``: tau) chooses it
             over all ranks' rows, so every rank segments as one process with the whole batch would.
             None: this batch is the whole batch. A collective: every rank calls the rule.
@@ -162,35 +161,6 @@ def _ends_from_lengths(lengths: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     # Ends past the response go to the spare column A, which is dropped.
     macro_end.scatter_(1, torch.where(inside, ends, torch.full_like(ends, A)), True)
     return (macro_end[:, :A] | _last_valid(mask)) & mask
-
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    """SplitMix64's output function (Steele et al. 2014): a 64-bit integer hash."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def derive_row_seeds(seed: int, step: int, rows: torch.Tensor, stream: int = 0) -> torch.Tensor:
-    """(B,) long seeds in [0, 2^32) for `TerminationInputs.row_seeds`: a hash of (``seed``, ``step``,
-    ``stream``, each row's index ``rows: (B,) long`` in the global batch), so a row's ``randomized``
-    draw is the same whatever the batch is split into, and a resumed run redraws it from the step
-    alone. ``stream`` separates independent draws for the same rows. (torch's CPU generator keeps 32
-    bits of its seed.)
-
-    >>> seeds = derive_row_seeds(1234, 0, torch.tensor([0, 5]))  # rows 0 and 5 of step 0
-    >>> int(seeds[1]) == int(derive_row_seeds(1234, 0, torch.tensor([5])))  # row 5 alone
-    True
-    """
-    base = _splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64))
-    base = _splitmix64(base ^ (stream & _MASK64))
-    return torch.tensor(
-        [_splitmix64(base ^ (r & _MASK64)) >> 32 for r in rows.tolist()], dtype=torch.long
-    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,9 +18,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from marlhf.batching import epoch_permutation, step_micro_batches, steps_per_epoch
-from marlhf.checkpoint import (
+from marlhf.cli import config_to_dict
+from marlhf.config import LoggingConfig, OptimConfig
+from marlhf.data.cache import BuilderFailed
+from marlhf.data.schema import DataError
+from marlhf.models.vllm_engine import VLLMError
+from marlhf.runtime import startup
+from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
+from marlhf.runtime.checkpoint import (
     find_resume,
     load_train_state,
     rng_state,
@@ -28,31 +35,26 @@ from marlhf.checkpoint import (
     set_rng_state,
     write_json,
 )
-from marlhf.checkpoint_files import staged_directory
-from marlhf.cli import config_to_dict
-from marlhf.config import LoggingConfig, OptimConfig
-from marlhf.distributed import (
+from marlhf.runtime.checkpoint_files import staged_directory
+from marlhf.runtime.distributed import (
     init_distributed,
     is_main,
     rank,
     shutdown_distributed,
     world_size,
 )
-from marlhf.tracking import Tracker
+from marlhf.runtime.tracking import Tracker
 
 
 def run_stage(train: Callable, cfg) -> None:
     """A stage's ``main``: ``train(cfg)``, with bad input (:class:`marlhf.data.schema.DataError`:
     the message names the file, row and field) and a problem with the vLLM backend
-    (:class:`marlhf.vllm_engine.VLLMError`: vLLM missing, a model it cannot serve, ...) reported as
-    one message and exit status 2 instead of a traceback from every rank. ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
+    (:class:`marlhf.models.vllm_engine.VLLMError`: vLLM missing, a model it cannot serve, ...)
+    reported as one message and exit status 2 instead of a traceback from every rank.
+    ``MARLHF_TRACEBACK=1`` shows the traceback too. A rank that
     waited for another rank's failed data build (:class:`marlhf.data.cache.BuilderFailed`) exits
     with it, quietly (rank 0 names the failing rank, which reports its own error). After a
     successful ``train`` the ranks meet once more and the process group is torn down."""
-    from marlhf.data.cache import BuilderFailed
-    from marlhf.data.schema import DataError
-    from marlhf.vllm_engine import VLLMError
-
     try:
         train(cfg)
     except (DataError, VLLMError) as e:
@@ -89,8 +91,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start(ds_cfg, seed: int) -> None:
-    """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds."""
+def start(ds_cfg, seed: int, progress_bars: bool = True) -> None:
+    """Initialise the process group (deepspeed launcher, torchrun, or plain python) and seeds.
+    Without ``progress_bars`` (``--disable_progress_bar``) the libraries' bars are off too
+    (transformers' weight loading, datasets')."""
+    startup.mark("imports")
+    if not progress_bars:
+        import datasets
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     init_distributed(ds_cfg.local_rank, ds_cfg.dist_timeout_s)
     setup_logging()
@@ -102,17 +113,49 @@ def start(ds_cfg, seed: int) -> None:
         pass
     seed_everything(seed)
     logging.getLogger("marlhf").info("world size %d", world_size())
+    startup.mark("distributed")
+
+
+class StepLines:
+    """The progress bar's stand-in when bars are off (``--disable_progress_bar``): one log line per
+    step, ``<desc> step N/T: k=v ...`` with the fields the bar would show (the fields come with
+    ``set_postfix`` after ``update``; a step without them is logged at the next update or close)."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool):
+        self.total, self.n, self.desc, self.enabled = total, initial, desc, enabled
+        self._pending = False
+        self._log = logging.getLogger("marlhf.progress")
+
+    def update(self, n: int = 1) -> None:
+        self._flush({})
+        self.n += n
+        self._pending = True
+
+    def set_postfix(self, **fields) -> None:
+        self._flush(fields)
+
+    def _flush(self, fields: dict) -> None:
+        if self._pending and self.enabled:
+            shown = " ".join(f"{k}={v}" for k, v in fields.items())
+            self._log.info(
+                "%s step %d/%d%s", self.desc, self.n, self.total, f": {shown}" * bool(shown)
+            )
+        self._pending = False
+
+    def close(self) -> None:
+        self._flush({})
 
 
 def progress(total: int, initial: int, desc: str, disable: bool = False):
-    """A tqdm bar on rank 0 (a no-op object elsewhere)."""
-    from tqdm.auto import tqdm
-
+    """A tqdm bar on rank 0 (a no-op object elsewhere); with ``disable``, one log line per step on
+    rank 0 instead (:class:`StepLines`)."""
+    if disable:
+        return StepLines(total, initial, desc, enabled=is_main())
     return tqdm(
         total=total,
         initial=initial,
         desc=desc,
-        disable=disable or not is_main(),
+        disable=not is_main(),
         dynamic_ncols=True,
         file=sys.stderr,
     )
@@ -213,6 +256,14 @@ def _resume(
     return client["global_step"]
 
 
+def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: int) -> bool:
+    """Whether step ``step`` ends with an evaluation: every ``--eval_interval`` steps (0: at each
+    epoch's end) and at the last step."""
+    if log_cfg.eval_interval:
+        return step % log_cfg.eval_interval == 0 or step == total
+    return step % steps_per_epoch == 0 or step == total
+
+
 def supervised_loop(
     engine,
     plan: StepPlan,
@@ -227,6 +278,8 @@ def supervised_loop(
     save_model: Callable[[int, Path, bool], None],
     stage_state: Callable[[], dict] | None = None,
     load_stage_state: Callable[[dict], None] | None = None,
+    run_name: str | None = None,
+    run_config: dict | None = None,
 ) -> int:
     """Train a supervised stage (SFT, reward model) from its latest checkpoint to ``plan.total``
     optimizer steps; return the last step. The stage gives the algorithm:
@@ -244,8 +297,8 @@ def supervised_loop(
 
     1. resume: engine, optimizer and scheduler, step, RNG and the stage's state from
        ``output_dir/train_state`` (``--resume``; a damaged or unfinished checkpoint is skipped for
-       the newest complete one, see ``marlhf.checkpoint.find_resume``); the data position is the
-       step itself (``marlhf.batching``);
+       the newest complete one, see ``marlhf.runtime.checkpoint.find_resume``); the data position is the
+       step itself (``marlhf.runtime.batching``);
     2. step ``s`` of epoch ``e`` trains on global batch ``s`` of the permutation seeded
        ``seed + e``;
     3. every ``--log_interval`` steps and at the last, the step's metrics plus ``lr`` (the rate the
@@ -257,7 +310,7 @@ def supervised_loop(
     out = Path(log_cfg.output_dir)
     state_root = out / "train_state"
     global_step = _resume(engine, state_root, log_cfg.resume, logger, load_stage_state)
-    tracker = Tracker(log_cfg, start_step=global_step)  # drops rows logged after the checkpoint
+    tracker = Tracker(log_cfg, start_step=global_step, run_name=run_name, config=run_config)
     bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
     engine.train()
 
@@ -282,6 +335,7 @@ def supervised_loop(
             perm, step_in_epoch, plan.micro, plan.accumulation, plan.world, rank()
         )
         metrics = train_step(micro_batches, global_step)
+        startup.first_step(logger)
         global_step += 1
         bar.update(1)
         shown = {k: f"{metrics[m]:{fmt}}" for k, (m, fmt) in _BAR_FIELDS.items() if m in metrics}
@@ -294,12 +348,7 @@ def supervised_loop(
                 "train/epoch": epoch + (step_in_epoch + 1) / spe,
             }
             tracker.log(metrics, global_step)
-        end_of_epoch = global_step % spe == 0
-        if (
-            (log_cfg.eval_interval and global_step % log_cfg.eval_interval == 0)
-            or (not log_cfg.eval_interval and end_of_epoch)
-            or global_step == total
-        ):
+        if _eval_due(log_cfg, global_step, spe, total):
             metrics = evaluate()
             tracker.log(metrics, global_step)
             if is_main():

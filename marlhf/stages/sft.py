@@ -17,15 +17,19 @@ from pathlib import Path
 
 import torch
 
-from marlhf.batching import padded_eval_shard
-from marlhf.checkpoint import save_hf_causal_lm
 from marlhf.cli import parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.data.collate import SFTCollator
 from marlhf.data.config import DataConfig
-from marlhf.distributed import all_reduce_sum, is_main, rank, world_size
-from marlhf.engine import build_train_engine
-from marlhf.lm_loss import lm_loss_sum
-from marlhf.models import apply_lora, load_causal_lm, load_tokenizer
+from marlhf.data.tokenize import build_sft_dataset
+from marlhf.models.lm_loss import lm_loss_sum
+from marlhf.models.load import load_causal_lm, load_tokenizer
+from marlhf.models.lora import apply_lora
+from marlhf.models.save import save_hf_causal_lm
+from marlhf.runtime import startup
+from marlhf.runtime.batching import padded_eval_shard
+from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
+from marlhf.runtime.engine import build_train_engine, ds_config
 from marlhf.stages.common import (
     ensure_output_dir,
     plan_steps,
@@ -48,6 +52,9 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        self.model.check_lora()
 
 
 @torch.no_grad()
@@ -77,15 +84,13 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
 
 
 def train(cfg: SFTConfig) -> Path:
-    from marlhf.data.collate import SFTCollator
-    from marlhf.data.tokenize import build_sft_dataset
-
-    start(cfg.ds, cfg.optim.seed)
+    start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(cfg.model, padding_side="right")
     train_ds = build_sft_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
     eval_ds = build_sft_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
     collate = SFTCollator(tokenizer.pad_token_id)
+    startup.mark("data")
 
     plan = plan_steps(len(train_ds), cfg.optim, "SFT split", "examples")
 
@@ -93,12 +98,11 @@ def train(cfg: SFTConfig) -> Path:
     if (
         cfg.ds.zero_stage == 3
     ):  # load the weights partitioned across ranks (big models never fit whole)
-        from marlhf.engine import ds_config
-
         zero3 = ds_config(
             zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=plan.micro, inference=True
         )
     model = apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
+    startup.mark("model")
     engine, ds_json = build_train_engine(
         model,
         model_cfg=cfg.model,
@@ -107,6 +111,7 @@ def train(cfg: SFTConfig) -> Path:
         total_steps=plan.total,
         micro_batch_size=plan.micro,
     )
+    startup.mark("engine")
     run_config = write_run_config(out, cfg, ds_json)
     if is_main():
         log.info(
@@ -153,6 +158,8 @@ def train(cfg: SFTConfig) -> Path:
         n_train=len(train_ds),
         seed=cfg.optim.seed,
         desc="sft",
+        run_name="SFT",
+        run_config=run_config,
         logger=log,
         train_step=train_step,
         evaluate=lambda: evaluate(engine, eval_ds, collate, cfg),

@@ -5,8 +5,9 @@ import logging
 
 import pytest
 
-from marlhf.data.adapters import ADAPTERS, carve, get_adapter, load_examples
+from marlhf.data.adapters import ADAPTERS, get_adapter
 from marlhf.data.schema import DataError
+from marlhf.data.sources import carve, load_examples
 
 
 def write_jsonl(path, rows):

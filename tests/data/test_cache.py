@@ -54,3 +54,10 @@ def test_entry_that_does_not_load_is_rebuilt(tmp_path, caplog):
         ds = cached(tmp_path, {"k": 1}, lambda: datasets.Dataset.from_dict({"x": [1, 2]}))
     assert ds["x"][:] == [1, 2] and "does not load or is empty: rebuilding" in caplog.text
     assert cached(tmp_path, {"k": 1}, lambda: 1 / 0)["x"][:] == [1, 2]  # the rebuilt entry is kept
+
+
+def test_saving_an_entry_shows_no_progress_bar_and_keeps_the_setting(tmp_path, capfd):
+    datasets.enable_progress_bars()
+    cached(tmp_path, {"k": 1}, lambda: datasets.Dataset.from_dict({"x": list(range(50))}))
+    assert "Saving the dataset" not in capfd.readouterr().err
+    assert datasets.is_progress_bar_enabled()  # the caller's setting is back

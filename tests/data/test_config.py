@@ -36,8 +36,8 @@ def test_data_seed_defaults_to_the_stage_seed():
     ("module", "stage", "seed_of"),
     [
         ("marlhf.stages.sft", "SFTConfig", lambda c: c.optim.seed),
-        ("marlhf.stages.reward", "RewardStageConfig", lambda c: c.optim.seed),
-        ("marlhf.stages.ppo", "PPOStageConfig", lambda c: c.ppo.seed),
+        ("marlhf.stages.reward.train", "RewardStageConfig", lambda c: c.optim.seed),
+        ("marlhf.stages.ppo.config", "PPOStageConfig", lambda c: c.ppo.optim.seed),
     ],
 )
 def test_every_stage_takes_data_seed(module, stage, seed_of):

@@ -67,7 +67,7 @@ def test_answer_lengths_follow_the_horizon_in_tiny_tokens():
     """Reference answers in tokens of the policies' (tiny) tokenizer, 200 posts per task."""
     from transformers import AutoTokenizer
 
-    from marlhf.tiny import BASE_DIR
+    from marlhf.models.zoo import BASE_DIR
 
     tok = AutoTokenizer.from_pretrained(BASE_DIR)
     bands = {16: (13, 20), 64: (55, 72), 256: (192, 256)}
@@ -242,10 +242,10 @@ def test_gold_scorer_for_data_paths():
 
 
 def test_ppo_stage_uses_the_task_gold_scorer():
-    from marlhf.rl.scoring import gold_scorer as _gold_scorer
+    from marlhf.stages.ppo.scoring import gold_scorer as _gold_scorer
 
     def cfg(*paths):
-        return SimpleNamespace(data=SimpleNamespace(data_path=paths))
+        return SimpleNamespace(data_path=paths)
 
     assert _gold_scorer(cfg("synthetic-facts-256")) is L.facts_gold
     assert _gold_scorer(cfg("synthetic-verdict-16")) is L.verdict_gold
@@ -254,7 +254,7 @@ def test_ppo_stage_uses_the_task_gold_scorer():
 
 
 def test_data_path_generates_once_and_loads_through_the_adapter(tmp_path, monkeypatch):
-    from marlhf.data.adapters import load_examples
+    from marlhf.data.sources import load_examples
     from marlhf.data.tokenize import _source_fingerprint
 
     monkeypatch.setenv("MARLHF_HOME", str(tmp_path))

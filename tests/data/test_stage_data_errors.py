@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from stage_env import stage_env
+
+from tests.support.stage_env import stage_env
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import statistics
 import pytest
 
 import marlhf.data.synthetic as S
-from marlhf.data.adapters import BUNDLED_SYNTHETIC
+from marlhf.data.sources import BUNDLED_SYNTHETIC
 
 PROMPT = (
     "POST\nSubreddit: r/family\nLast week, my sister borrowed my car. Sorry for the long post. "

@@ -189,7 +189,7 @@ def test_phases_partition_bundled(tok, tmp_path):
 # --- --data_seed: the phase split's own seed ----------------------------------------------------
 def _phase_ids(split_seed, phase, n=60):
     """Prompt ids of ``phase`` of the bundled train split, from the raw rows and ``phase_indices``."""
-    from marlhf.data.adapters import load_examples
+    from marlhf.data.sources import load_examples
     from marlhf.data.split import phase_indices
 
     exs, _ = load_examples("synthetic-tldr", "train", max_samples=n)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from judge.fake_openai import FakeOpenAI, shown
+from tests.support.fake_openai import FakeOpenAI, shown
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-README-flag-secret-9999"
@@ -138,8 +138,8 @@ def test_dry_run_needs_no_key_or_server(tmp_path):
 
 def test_help_of_every_script_renders():
     from marlhf.cli import build_parser
+    from marlhf.judge.config import JudgeStage
     from marlhf.judge.human import HumanEvalStage
-    from marlhf.judge.run import JudgeStage
     from marlhf.judge.sampling import SampleStage
 
     for stage, flags in (

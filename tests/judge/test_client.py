@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from judge.fake_openai import FakeOpenAI
 from marlhf.judge.cache import JudgeCache
 from marlhf.judge.client import JudgeRequest, RetryPolicy, run_requests
+from tests.support.fake_openai import FakeOpenAI
 
 FAST = RetryPolicy(max_retries=3, base_delay=0.001, max_delay=0.01)
 OK = "Reason: r\nVerdict: [[A]]"

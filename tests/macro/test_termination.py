@@ -14,9 +14,9 @@ from marlhf.macro.termination import (
     TerminationInputs,
     TerminationOutput,
     build_termination,
-    derive_row_seeds,
     register_rule,
 )
+from marlhf.runtime.rows import derive_row_seeds
 
 
 def random_inputs(seed: int, B: int = 9, A: int = 40, with_generator: bool = False):
@@ -222,36 +222,6 @@ def test_randomized_row_depends_only_on_its_seed(mode):
     assert not torch.equal(rule(inputs).macro_end, whole)
 
 
-def test_derive_row_seeds():
-    # SplitMix64 against its published reference outputs (seed 0, and seed 1234567's first five)
-    golden = 0x9E3779B97F4A7C15
-    assert termination_module._splitmix64(0) == 0xE220A8397B1DCDAF
-    assert [termination_module._splitmix64((1234567 + i * golden) % 2**64) for i in range(5)] == [
-        6457827717110365317,
-        3203168211198807973,
-        9817491932198370423,
-        4593380528125082431,
-        16408922859458223821,
-    ]
-    rows = torch.tensor([0, 3, 17, 2**40])
-    seeds = derive_row_seeds(1234, 5, rows)
-    assert seeds.dtype == torch.long and seeds.shape == (4,)
-    assert bool(((seeds >= 0) & (seeds < 2**32)).all())
-    # a row's seed depends on its own index only, not on the other rows
-    for i in range(4):
-        assert int(derive_row_seeds(1234, 5, rows[i : i + 1])) == int(seeds[i])
-    # and on seed, step and stream: 4 x 3 x 2 x 50 rows, all different
-    grid = torch.cat(
-        [
-            derive_row_seeds(seed, step, torch.arange(50), stream)
-            for seed in (0, 1, 1234, -1)
-            for step in (0, 1, 2)
-            for stream in (0, 1)
-        ]
-    )
-    assert len(set(grid.tolist())) == grid.numel()
-
-
 # ------------------------------------------------------------------ ppl
 
 
@@ -378,7 +348,7 @@ def test_entropy_target_macro_len_hits_target(target, eos_own_macro):
 
 def _fake_all_gather(parts: list[TerminationInputs], r: int):
     """Rank r's `all_gather` over the simulated ranks' batches `parts`: the same field of every part,
-    in rank order, widths right-padded (what `marlhf.distributed.all_gather_padded` returns)."""
+    in rank order, widths right-padded (what `marlhf.runtime.distributed.all_gather_padded` returns)."""
 
     def gather(x, pad):
         name = (

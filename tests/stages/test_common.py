@@ -18,8 +18,8 @@ import torch
 
 import marlhf.stages.common as common
 from marlhf.config import LoggingConfig, OptimConfig
+from marlhf.runtime.tracking import read_metrics
 from marlhf.stages.common import StepPlan, plan_steps, supervised_loop
-from marlhf.tracking import read_metrics
 
 SEED = 7
 
@@ -242,7 +242,7 @@ def test_stage_state_travels_with_the_checkpoint(tmp_path):
 def test_run_stage_tears_the_process_group_down_after_success(monkeypatch):
     """A finished stage destroys its process group: left alive, gloo's threads can abort a rank at
     interpreter exit ("terminate called without an active exception") after the model is saved."""
-    from marlhf.distributed import init_distributed
+    from marlhf.runtime.distributed import init_distributed
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(var, "")  # restored (or removed) afterwards, whatever the set-up writes

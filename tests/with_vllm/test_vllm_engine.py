@@ -1,4 +1,4 @@
-"""The vLLM engine (`marlhf.vllm_engine`) against the static decoder and the trainer's log-probs, on
+"""The vLLM engine (`marlhf.models.vllm_engine`) against the static decoder and the trainer's log-probs, on
 the shipped ``tiny-base`` in float32 on CPU. One engine for the module (T = 0.7; each test uses its
 own top-k / top-p). Runs where vLLM is installed (``make test-vllm``: ``.venv-vllm``).
 
@@ -26,10 +26,10 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 
-from marlhf.decode import filter_logits, sample  # noqa: E402
-from marlhf.logprobs import token_logprobs  # noqa: E402
-from marlhf.rl.rollout import response_mask  # noqa: E402
-from marlhf.vllm_engine import VLLMEngine, VLLMError, check_model  # noqa: E402
+from marlhf.models.decode import filter_logits, sample  # noqa: E402
+from marlhf.models.logprobs import token_logprobs  # noqa: E402
+from marlhf.models.sequences import response_mask  # noqa: E402
+from marlhf.models.vllm_engine import VLLMEngine, VLLMError, check_model  # noqa: E402
 
 T = 1.5  # the tiny base is peaked: at 0.7 most positions have one likely token
 N = 2000  # responses per sampler in the distribution test
@@ -52,7 +52,7 @@ PROMPT = (  # a PPO prompt of the bundled synthetic task
 def base():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from marlhf.models import resolve_model_path
+    from marlhf.models.load import resolve_model_path
 
     path = resolve_model_path("tiny-base")
     tok = AutoTokenizer.from_pretrained(path)
@@ -280,7 +280,7 @@ def _engine_vs_trainer(engine, trainer, seqs: torch.Tensor) -> float:
 def test_weight_sync_in_place_plain_and_lora(base, engine):
     """The engine follows the trainer's weights only once they are loaded (every parameter moved,
     tied embeddings included); a peft LoRA model is merged; the engine's storage does not move."""
-    from marlhf.rl.vllm_rollout import actor_weights
+    from marlhf.stages.ppo.vllm_rollout import actor_weights
 
     _, tok, model = base
     seqs = torch.cat([_prompt(tok, 1)[0], torch.randint(3, 900, (1, 12))], 1).repeat(3, 1)
@@ -294,7 +294,7 @@ def test_weight_sync_in_place_plain_and_lora(base, engine):
     assert engine.llm.apply_model(lambda m: sorted(p.data_ptr() for p in m.parameters())) == ptrs
     # LoRA, merged: B != 0 so the adapter changes the policy
     from marlhf.config import ModelConfig
-    from marlhf.models import apply_lora
+    from marlhf.models.lora import apply_lora
 
     lora = apply_lora(_perturbed(model, 0.0), ModelConfig(lora_dim=4, lora_module_name="layers."))
     with torch.no_grad():

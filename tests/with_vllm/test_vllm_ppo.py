@@ -1,5 +1,5 @@
 """PPO, MA-PPO, grpo and macro_mc trained end to end through ``--generation_backend vllm`` on CPU
-(real DeepSpeed, the stage as a subprocess, ``tests/with_vllm/vllm_record.py`` recording each weight sync).
+(real DeepSpeed, the stage as a subprocess, ``tests/support/vllm_record.py`` recording each weight sync).
 Runs where vLLM is installed (``make test-vllm``: ``.venv-vllm``).
 
 At every sync after an actor update the recorder compares, on the rank's last rollout, the engine's
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from stage_env import run_stage, stage_env
 
-from marlhf.tracking import read_metrics
+from marlhf.runtime.tracking import read_metrics
+from tests.support.stage_env import run_stage, stage_env
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm)")
 pytestmark = pytest.mark.slow
 
-RECORD = Path(__file__).with_name("vllm_record.py")
+RECORD = Path(__file__).resolve().parents[1] / "support" / "vllm_record.py"
 ROOT = Path(__file__).resolve().parents[2]
 # the engine's log-probs against the trainer's, fp32 on CPU: measured up to 2e-5 (after a sync, and
 # the engine's record against scoring's π_old); an update moves them by more than 1e-2
@@ -44,8 +44,8 @@ def models(tmp_path_factory) -> Path:
     """``tiny-base`` as the actor and a reward model on it (random head)."""
     from transformers import AutoTokenizer
 
-    from marlhf.models import resolve_model_path
-    from marlhf.reward_model import RewardModel, save_reward_model
+    from marlhf.models.load import resolve_model_path
+    from marlhf.models.reward_model import RewardModel, save_reward_model
 
     base = tmp_path_factory.mktemp("vllm_ppo")
     actor = resolve_model_path("tiny-base")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage 1 (SFT) on the embedded default: the tiny Gemma-architecture model, shipped pretrained
-# (tiny-base, see marlhf/tiny.py), and the bundled synthetic TL;DR data, on CPU in under a minute. Usage: run_tiny.sh [OUTPUT_DIR] [extra flags...]
+# (tiny-base, see marlhf/pipeline/recipes.py), and the bundled synthetic TL;DR data, on CPU in under a minute. Usage: run_tiny.sh [OUTPUT_DIR] [extra flags...]
 set -euo pipefail
 CMD=$(printf '%q ' "$0" "$@")  # for the log's header line
 OUTPUT=${1:-./output/tiny/sft}

@@ -1,0 +1,7 @@
+"""``python -m marlhf COMMAND``: the ``marlhf`` command (:mod:`marlhf.commands`)."""
+
+import sys
+
+from marlhf.commands import main
+
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""Flags of the LLM judge (``evaluation/gpt4-eval.py``, ``evaluation/gpt4-webgpt-eval.py``): the
+result files, the judge model and its server, concurrency and retries, prices, the bootstrap; the
+template of each dataset and the checks of the input and output paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from marlhf.data.names import canonical, names_help
+from marlhf.judge.pairing import output_overwrites
+
+# Dataset name (marlhf.data.names, the names every tool shares) -> judge template.
+JUDGE_TEMPLATES = {
+    "summarize": "summarize",
+    "hh-rlhf": "hh-rlhf",
+    "webgpt": "webgpt",
+    "synthetic": "summarize",  # the bundled synthetic task is a TL;DR summarisation task
+}
+
+
+DATASETS = tuple(JUDGE_TEMPLATES)
+
+
+# USD per 1M (input, output) tokens, list prices of OpenAI's API as published in 2024-2025; override
+# with --price_input/--price_output for other models or when prices change.
+PRICES_PER_1M: dict[str, tuple[float, float]] = {
+    "gpt-4o-2024-05-13": (5.00, 15.00),
+    "gpt-4o-2024-08-06": (2.50, 10.00),
+    "gpt-4o-2024-11-20": (2.50, 10.00),
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4o-mini-2024-07-18": (0.15, 0.60),
+    "gpt-4-turbo": (10.00, 30.00),
+    "gpt-4-turbo-2024-04-09": (10.00, 30.00),
+    "gpt-4": (30.00, 60.00),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+}
+
+
+@dataclass
+class JudgeConfig:
+    """Pairwise LLM-judge evaluation of two result files."""
+
+    model_name_a: str = field(
+        metadata={"help": "Result JSONL of model a.", "aliases": ("--model_a", "--model-name-a")}
+    )
+    model_name_b: str = field(
+        metadata={"help": "Result JSONL of model b.", "aliases": ("--model_b", "--model-name-b")}
+    )
+    output: str = field(
+        metadata={"help": "Per-pair results JSONL (summary: <output>.summary.json)."}
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Dataset, which picks the judge template: {names_help(DATASETS)} "
+            "(synthetic: the summarize template; apps has none, programs are scored by tests). "
+            "Default summarize; gpt4-webgpt-eval.py always uses webgpt."
+        },
+    )
+    sk: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "API key (compatibility flag; prefer OPENAI_API_KEY). Never logged."},
+    )
+    base_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "OpenAI-compatible endpoint (default: OPENAI_BASE_URL, else api.openai.com).",
+            "aliases": ("--base-url",),
+        },
+    )
+    judge_model: str = field(
+        default="gpt-4o-2024-05-13",
+        metadata={"help": "Judge model (a fixed snapshot).", "aliases": ("--judge-model",)},
+    )
+    concurrency: int = field(default=8, metadata={"help": "Requests in flight at most."})
+    max_retries: int = field(
+        default=5,
+        metadata={
+            "help": "Retries on 429/5xx/timeouts before an item is invalid.",
+            "aliases": ("--max-retries",),
+        },
+    )
+    retry_base_delay: float = field(
+        default=1.0,
+        metadata={
+            "help": "First backoff in seconds (doubles each retry, with jitter).",
+            "aliases": ("--retry-base-delay",),
+        },
+    )
+    timeout: float = field(default=60.0, metadata={"help": "Per-request timeout in seconds."})
+    cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reply cache directory (default: .judge_cache next to --output).",
+            "aliases": ("--cache-dir",),
+        },
+    )
+    seed: int = field(default=42, metadata={"help": "Seed of the bootstrap, jitter and API seed."})
+    limit: int | None = field(default=None, metadata={"help": "Judge only the first N pairs."})
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Print the cost estimate and exit.", "aliases": ("--dry-run",)},
+    )
+    price_input: float | None = field(
+        default=None,
+        metadata={
+            "help": "USD per 1M input tokens (overrides the table).",
+            "aliases": ("--price-input",),
+        },
+    )
+    price_output: float | None = field(
+        default=None,
+        metadata={
+            "help": "USD per 1M output tokens (overrides the table).",
+            "aliases": ("--price-output",),
+        },
+    )
+    bootstrap: int = field(
+        default=2000, metadata={"help": "Bootstrap resamples for the 95 percent CI."}
+    )
+    length_tolerance: float = field(
+        default=0.10,
+        metadata={"help": "Relative length difference of a length-matched pair."},
+    )
+    retry_unparseable: bool = field(
+        default=False,
+        metadata={
+            "help": "Ask the judge again for cached replies without a valid verdict (they are "
+            "replaced in the cache); otherwise those pairs stay invalid on a re-run.",
+            "aliases": ("--retry-unparseable",),
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.dataset is not None:
+            template_for(self.dataset)  # raises for a name without a judge template
+        if self.concurrency < 1:
+            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.max_retries < 0:
+            raise ValueError(f"--max_retries must be >= 0, got {self.max_retries}")
+        if self.retry_base_delay < 0:
+            raise ValueError(f"--retry_base_delay must be >= 0, got {self.retry_base_delay}")
+        if self.timeout <= 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {self.limit}")
+        for name in ("price_input", "price_output"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ValueError(f"--{name} must be >= 0, got {v}")
+        if self.bootstrap < 1:
+            raise ValueError(f"--bootstrap must be >= 1, got {self.bootstrap}")
+        if not 0 <= self.length_tolerance < 1:
+            raise ValueError(f"--length_tolerance must be in [0, 1), got {self.length_tolerance}")
+
+
+@dataclass
+class JudgeStage:
+    """Pairwise LLM-judge evaluation (one part, so the shared CLI generator can build the flags)."""
+
+    judge: JudgeConfig
+
+
+class JudgeInputError(ValueError):
+    """Flags or files the judge cannot run with (``main`` exits 2)."""
+
+
+def template_for(dataset: str) -> str:
+    """The judge template of a dataset name or alias (``hh`` -> ``hh-rlhf``); ValueError otherwise."""
+    name = canonical(dataset)
+    if name == "apps":
+        raise ValueError(
+            "--dataset apps: the judge has no template for code; APPS programs are scored by their "
+            "tests (inference/inference_with_rewards.py --dataset apps)"
+        )
+    if name not in JUDGE_TEMPLATES:
+        raise ValueError(f"--dataset must be one of: {names_help(DATASETS)}; got {dataset!r}")
+    return JUDGE_TEMPLATES[name]
+
+
+def check_output_path(cfg: JudgeConfig) -> None:
+    """Refuse an ``--output`` (or its summary file) that is one of the input files."""
+    problem = output_overwrites(
+        cfg.output, {"--model_name_a": cfg.model_name_a, "--model_name_b": cfg.model_name_b}
+    )
+    if problem:
+        raise JudgeInputError(problem)
+
+
+def prices(cfg: JudgeConfig) -> tuple[float | None, float | None]:
+    """(input, output) USD per 1M tokens: the flags if given, else the table, else None."""
+    table = PRICES_PER_1M.get(cfg.judge_model, (None, None))
+    pin = cfg.price_input if cfg.price_input is not None else table[0]
+    pout = cfg.price_output if cfg.price_output is not None else table[1]
+    return pin, pout

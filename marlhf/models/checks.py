@@ -1,0 +1,151 @@
+"""Do the models of one run share one tokenizer: the critic and the reward model read the actor's
+token ids, so actor, reference, critic and reward model must have the same vocabulary, special token
+ids and BOS rule, and no embedding may be smaller than the actor's vocabulary
+(:func:`check_same_tokenizer`, called by the PPO stage before any weights are loaded and by
+``python -m marlhf.preflight ppo``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from marlhf.config import ModelConfig
+from marlhf.data.tokenize import bos_prefix
+from marlhf.models.load import load_tokenizer, resolve_model_path
+
+
+# --- tokenizers -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TokenizerSignature:
+    """What decides which ids a tokenizer produces: vocabulary (with added tokens), special ids,
+    whether it prepends BOS."""
+
+    source: str
+    size: int  # len(tokenizer): vocabulary including added tokens
+    special: tuple[tuple[str, int | None], ...]  # (("bos", id), ("eos", id), ("unk", id))
+    adds_bos: bool
+    vocab_sha256: str
+    vocab: dict[str, int] = field(compare=False, repr=False)
+
+
+def tokenizer_signature(tokenizer: Any, source: str | None = None) -> TokenizerSignature:
+    vocab = dict(tokenizer.get_vocab())
+    blob = json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8")
+    special = tuple((k, getattr(tokenizer, f"{k}_token_id", None)) for k in ("bos", "eos", "unk"))
+    return TokenizerSignature(
+        source=source or getattr(tokenizer, "name_or_path", "") or "?",
+        size=len(tokenizer),
+        special=special,
+        adds_bos=bool(bos_prefix(tokenizer)),
+        vocab_sha256=hashlib.sha256(blob).hexdigest(),
+        vocab=vocab,
+    )
+
+
+def _signature(t: Any) -> TokenizerSignature:
+    return t if isinstance(t, TokenizerSignature) else tokenizer_signature(t)
+
+
+def tokenizer_differences(a: Any, b: Any) -> list[str]:
+    """What differs between two tokenizers (or signatures); empty when they map text to the same
+    ids. E.g. ``["vocabulary size 256000 vs 50257", "eos id 1 vs 50256", ...]``."""
+    a, b = _signature(a), _signature(b)
+    out = []
+    if a.size != b.size:
+        out.append(f"vocabulary size {a.size} vs {b.size}")
+    for (name, ia), (_, ib) in zip(a.special, b.special, strict=True):
+        if ia != ib:
+            out.append(f"{name} id {ia} vs {ib}")
+    if a.adds_bos != b.adds_bos:
+        out.append(f"adds BOS: {'yes' if a.adds_bos else 'no'} vs {'yes' if b.adds_bos else 'no'}")
+    if a.vocab_sha256 != b.vocab_sha256:
+        moved = sum(1 for t, i in a.vocab.items() if b.vocab.get(t) != i)
+        moved += sum(1 for t in b.vocab if t not in a.vocab)
+        out.append(
+            f"vocabulary hash {a.vocab_sha256[:12]} vs {b.vocab_sha256[:12]} "
+            f"({moved} tokens missing or with another id)"
+        )
+    return out
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Two tokenizers produce the same ids for the same text (see :func:`tokenizer_differences`)."""
+    return not tokenizer_differences(a, b)
+
+
+def _embedding_rows(path: str) -> int | None:
+    """``vocab_size`` of a local model directory's config.json (text config of multimodal ones)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    rows = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    return rows if isinstance(rows, int) else None
+
+
+def check_same_tokenizer(
+    models: dict[str, str], *, trust_remote_code: bool = False, what_to_do: str | None = None
+) -> None:
+    """Refuse models that do not share the first one's tokenizer.
+
+    Args:
+        models: flag -> model (path or hub id), the first being the one whose token ids the others
+            read (the actor). Each distinct model's tokenizer is loaded once.
+        what_to_do: the advice appended to the error; a default for PPO otherwise.
+
+    Raises:
+        ValueError naming both flags, both models and what differs (vocabulary size, special ids,
+        BOS, vocabulary hash), or a model whose embedding has fewer rows than the first tokenizer has
+        tokens (its ``index out of range``).
+    """
+    sigs: dict[str, TokenizerSignature] = {}
+    problems = []
+    (first_flag, first), *_ = models.items()
+    for flag, name in models.items():
+        path = resolve_model_path(name)
+        if path not in sigs:
+            tok = load_tokenizer(
+                ModelConfig(model_name_or_path=path, trust_remote_code=trust_remote_code)
+            )
+            sigs[path] = tokenizer_signature(tok, name)
+        ref = sigs[resolve_model_path(first)]
+        diff = tokenizer_differences(ref, sigs[path])
+        if diff:
+            problems.append(
+                f"{first_flag} {first} and {flag} {name} have different tokenizers: "
+                + "; ".join(diff)
+            )
+        rows = _embedding_rows(path) if os.path.isdir(path) else None
+        if rows is not None and rows < ref.size:
+            problems.append(
+                f"{flag} {name}: its embedding has {rows} rows but the tokenizer of {first_flag} "
+                f"{first} has {ref.size} tokens (ids >= {rows} would be out of range)"
+            )
+    if problems:
+        advice = what_to_do or (
+            "The critic and the reward model read the actor's token ids: train the reward model "
+            "(stage 2) from the SFT model the actor starts from, or pass models that share its "
+            "tokenizer"
+        )
+        raise ValueError("\n".join(problems) + "\n" + advice)
+
+
+def ppo_model_roles(models_cfg: Any, reward_source: str) -> dict[str, str]:
+    """flag -> model of stage 3 (``ActorCriticConfig``), actor first, with the stage's defaults
+    (reference = actor, critic = actor when not given, reward model = critic)."""
+    actor = models_cfg.actor.model.model_name_or_path
+    roles = {
+        "--actor_model_name_or_path": actor,
+        "--reference_model_name_or_path": models_cfg.reference_model_name_or_path or actor,
+        "--critic_model_name_or_path": models_cfg.critic.model.model_name_or_path or actor,
+    }
+    if reward_source in ("rm", "rm+code"):
+        roles["--reward_model_name_or_path"] = (
+            models_cfg.reward_model_name_or_path or roles["--critic_model_name_or_path"]
+        )
+    return roles

@@ -1,0 +1,71 @@
+"""The figures recorded with a shipped long-horizon base (``pretraining.json``): answers of the model to
+held-out prompts of its tasks, and their gold score, length and verdict accuracy, greedy and
+sampled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
+from marlhf.data.long_tasks import gold as gold_of
+from marlhf.data.synthetic import prompt_of
+from marlhf.models.zoo import HORIZON_NEW_TOKENS
+
+
+def generate_answers(
+    model, tok, prompts: list[str], max_new_tokens: int, temperature: float, batch: int = 16
+) -> tuple[list[str], list[int], int]:
+    """Answers of a causal LM (left-padded batches; temperature 0: greedy, else pure sampling with
+    the torch RNG as it stands), their token lengths without EOS, and how many ended with EOS."""
+    kwargs = {"do_sample": False}
+    if temperature > 0:
+        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0}
+    answers, lengths, ended = [], [], 0
+    for i in range(0, len(prompts), batch):
+        enc = tok(prompts[i : i + batch], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, **kwargs
+            )
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            n = row.index(tok.eos_token_id) if tok.eos_token_id in row else len(row)
+            ended += n < len(row)
+            lengths.append(n)
+            answers.append(tok.decode(row[:n], skip_special_tokens=True))
+    return answers, lengths, ended
+
+
+def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> dict:
+    """Gold score (mean), verdict accuracy, EOS rate and answer tokens (mean, min, max) of a model on
+    the first ``prompts`` held-out (``valid1``) prompts of both tasks at ``horizon``, greedy and
+    sampled at temperature 1 (seed 0, at most ``HORIZON_NEW_TOKENS[horizon]`` new tokens)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    figures: dict = {"prompts_per_task": prompts}
+    for family in ("facts", "verdict"):
+        task = TASKS[f"synthetic-{family}-{horizon}"]
+        texts = [prompt_of(r) for r in generate(task, prompts, 0, "valid1", id_offset=N_TRAIN)]
+        for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
+            torch.manual_seed(0)
+            answers, lengths, ended = generate_answers(
+                model, tok, texts, HORIZON_NEW_TOKENS[horizon], temperature
+            )
+            pairs = list(zip(texts, answers, strict=True))
+            entry = {
+                "gold": round(sum(gold_of(task)(p, a) for p, a in pairs) / len(pairs), 3),
+                "eos_rate": round(ended / len(pairs), 3),
+                "tokens_mean": round(sum(lengths) / len(lengths), 1),
+                "tokens_min": min(lengths),
+                "tokens_max": max(lengths),
+            }
+            if family == "verdict":
+                right = sum(answer_verdict(a) == correct_verdict(p) for p, a in pairs)
+                entry["verdict_accuracy"] = round(right / len(pairs), 3)
+            figures[f"{task.name}/{mode}"] = entry
+    return figures

@@ -1,0 +1,175 @@
+"""Checks that run before any model is loaded: do the models and data exist, is a directory the kind
+of model its flag expects, and do the models of one run share one tokenizer.
+
+Run once before launching ranks (every ``training/step*/training_scripts/run_*.sh`` does this before
+``deepspeed``), with the stage's own flags::
+
+    python -m marlhf.preflight sft --model_name_or_path google/gemma-2b --data_path ...
+    python -m marlhf.preflight ppo --actor_model_name_or_path out/sft --critic_model_name_or_path out/rm
+
+It prints one line per problem, each naming the flag, the model or data path and what to do, and
+exits with status 2 (0 when everything is in place), in seconds, instead of every rank failing
+with its own traceback. What it checks:
+
+* a local-looking path (``/``, ``./``, ``../``, ``~``, more than one ``/``, a first component that
+  exists here, ...) that does not exist: "does not exist";
+* a hub id that is not in the local Hugging Face cache while ``HF_HUB_OFFLINE=1`` is set (or the
+  hub cannot be reached): named with the cache directory and the variable;
+* a directory that is not a model (no ``config.json``), a reward-model directory
+  (``reward_config.json``) given as a causal LM (actor, reference, SFT base), and a critic or reward
+  model that is not a reward-model directory;
+* stage 3: actor, reference, critic and reward model with different tokenizers (vocabulary size,
+  special token ids, whether BOS is added, a hash of the vocabulary), or an embedding smaller than
+  the actor's vocabulary; the critic and the reward model read the actor's token ids, so they must
+  share its tokenizer (:func:`check_same_tokenizer`, also called by the PPO stage itself);
+* data: a local ``--data_path`` entry that does not exist, or a name that is no known dataset.
+
+Hub datasets are not looked up (``datasets`` has its own cache and offline rules); they fail, with
+their name, when the stage loads them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import marlhf.cli
+from marlhf.cli import parse_config
+from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
+from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
+from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
+from marlhf.stages.ppo.config import PPOStageConfig
+from marlhf.stages.reward.config import RewardStageConfig
+from marlhf.stages.sft import SFTConfig
+
+# --- data -----------------------------------------------------------------------------------------
+_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
+
+
+def data_problem(spec: str) -> str | None:
+    """A ``--data_path`` entry that is a missing local path or no known dataset, else None."""
+    if os.path.exists(spec):
+        return None
+    if ":" in spec:
+        head, rest = spec.split(":", 1)
+        if ALIASES.get(head, head) in ADAPTERS:
+            if os.path.exists(rest):
+                return None
+            return f"--data_path {spec}: {os.path.abspath(os.path.expanduser(rest))} does not exist"
+    if looks_local(spec) or spec.lower().endswith(_DATA_SUFFIXES):
+        return f"--data_path {spec}: {os.path.abspath(os.path.expanduser(spec))} does not exist"
+    try:
+        get_adapter(spec)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+# --- the command ----------------------------------------------------------------------------------
+def _stage_config(stage: str) -> type:
+    if stage == "sft":
+        return SFTConfig
+    if stage == "reward":
+        return RewardStageConfig
+
+    return PPOStageConfig
+
+
+def _model_checks(stage: str, cfg: Any) -> list[tuple[str, str, str]]:
+    """(flag, model, kind) to check; kind: ``causal`` (no reward-model dir), ``reward`` (must be
+    one), ``model`` (any model directory) or ``tokenizer``."""
+    out: list[tuple[str, str, str]] = []
+    if stage in ("sft", "reward"):
+        m = cfg.model
+        out.append(
+            ("--model_name_or_path", m.model_name_or_path, "causal" if stage == "sft" else "model")
+        )
+        if m.tokenizer_name_or_path:
+            out.append(("--tokenizer_name_or_path", m.tokenizer_name_or_path, "tokenizer"))
+        ref = (
+            getattr(cfg.reward, "reference_model_name_or_path", None) if stage == "reward" else None
+        )
+        if ref:
+            out.append(("--reference_model_name_or_path", ref, "causal"))
+        return out
+    mc, source = cfg.models, cfg.ppo.reward_source
+    roles = ppo_model_roles(mc, source)
+    out.append(("--actor_model_name_or_path", roles["--actor_model_name_or_path"], "causal"))
+    if mc.reference_model_name_or_path:
+        out.append(("--reference_model_name_or_path", mc.reference_model_name_or_path, "causal"))
+    critic = roles["--critic_model_name_or_path"]
+    out.append(("--critic_model_name_or_path", critic, "model" if source == "code" else "reward"))
+    if "--reward_model_name_or_path" in roles and mc.reward_model_name_or_path:
+        out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
+    return out
+
+
+def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
+    """Every problem with the models and data of a parsed stage config (empty: all in place)."""
+    problems = []
+    for flag, name, kind in _model_checks(stage, cfg):
+        if kind == "reward" and not os.path.isdir(name):
+            # reward models are read from local directories only
+            p = (
+                f"{flag} {name}: the directory {os.path.abspath(name)} does not exist; pass the "
+                "output directory of stage 2 (marlhf.stages.reward)"
+            )
+        else:
+            p = model_source_problem(
+                name, flag, probe_network=probe_network, tokenizer_only=kind == "tokenizer"
+            )
+        if p is None and kind in ("causal", "reward") and os.path.isdir(name):
+            p = reward_dir_problem(name, flag, want_reward=kind == "reward")
+        if p:
+            problems.append(p)
+    for spec in cfg.data.data_path:
+        p = data_problem(spec)
+        if p:
+            problems.append(p)
+    if stage == "ppo" and not problems:
+        trust = cfg.models.shared.trust_remote_code
+        try:
+            check_same_tokenizer(
+                ppo_model_roles(cfg.models, cfg.ppo.reward_source), trust_remote_code=trust
+            )
+        except (ValueError, OSError) as e:
+            problems.append(str(e))
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stages = ("sft", "reward", "ppo")
+    if argv and argv[0] in ("-h", "--help"):
+        print(
+            f"usage: {marlhf.cli.PROG or 'python -m marlhf.preflight'} "
+            f"{{{','.join(stages)}}} [stage flags...] [--config FILE]\n\n{__doc__.strip()}"
+        )
+        raise SystemExit(0)
+    if not argv or argv[0] not in stages:
+        print(
+            f"usage: python -m marlhf.preflight {{{','.join(stages)}}} [stage flags...]",
+            file=sys.stderr,
+        )
+        return 2
+    stage = argv[0]
+    cfg = parse_config(_stage_config(stage), argv[1:], description=f"preflight of stage {stage}")
+    problems = preflight(stage, cfg)
+    for p in problems:
+        print(f"preflight: {p}", file=sys.stderr)
+    if problems:
+        print(
+            f"preflight: {len(problems)} problem(s) with the models or data of stage {stage}; "
+            "nothing was launched",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"preflight: stage {stage}: models and data in place", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

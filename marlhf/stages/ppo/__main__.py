@@ -1,0 +1,5 @@
+"""``python -m marlhf.stages.ppo``: the MA-PPO stage's command line (:mod:`marlhf.stages.ppo.main`)."""
+
+from marlhf.stages.ppo.main import main
+
+main()

@@ -1,0 +1,174 @@
+"""The forward passes of PPO: log-probabilities and entropies of the response tokens under a policy
+(actor, reference), the critic's values before each response token, and the reward model's value
+at every position; by default at the response positions only and in passes of rows of similar length
+(:mod:`marlhf.runtime.length_groups`). Scoring runs them without grad, the update with grad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from marlhf.models.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
+from marlhf.models.response_logits import logits_at
+from marlhf.models.sequences import gather_response, response_logprobs_and_entropy
+from marlhf.runtime.length_groups import Grouping, grouped
+from marlhf.stages.ppo.rollout import Rollout, sequence_lengths, slice_rollout
+
+
+def response_positions(ro: Rollout) -> torch.Tensor:
+    """(B, A) long: the position whose logit predicts response token j of each row,
+    ``response_start[b] − 1 + j`` clamped into the row (padding entries are masked by callers)."""
+    A, T = ro.response_ids.shape[1], ro.sequences.shape[1]
+    j = torch.arange(A, device=ro.sequences.device)
+    return (ro.response_start.to(j.device).unsqueeze(1) - 1 + j).clamp(0, T - 2)
+
+
+# the no-grad score pass materialises at most this many logits at once (rows are scored in chunks):
+# 2^28 = 512 MiB in bf16. With grad (the update's minibatches) every row's logits are kept anyway.
+SCORE_CHUNK_ELEMENTS = 2**28
+
+
+def _vocab_size(module) -> int | None:
+    config = getattr(module, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "vocab_size", None)
+
+
+def policy_forward(
+    engine,
+    ro: Rollout,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    all_positions: bool = False,
+    chunk_elements: int = SCORE_CHUNK_ELEMENTS,
+    groups: Grouping | None = None,
+):
+    """(logprobs (B, A), entropy (B, A) | None) of the response tokens under ``engine``'s policy.
+
+    By default the LM head runs at the response positions only
+    (:func:`marlhf.models.response_logits.logits_at`), the attention is plain causal, without the
+    padding mask (the rows are flush-left: padding only follows a row's tokens, which no real token
+    attends to), the temperature is applied block by block inside the chunked log-softmax
+    (`marlhf.models.logprobs`), the rows go through the model in passes of rows of similar length
+    (``groups``, :mod:`marlhf.runtime.length_groups`), and without grad in chunks of at most
+    ``chunk_elements`` logits (B·A·V). ``all_positions`` is the reference path (the head at
+    every position, the padding mask passed, one pass): equal up to float rounding."""
+    if all_positions:
+        logits = engine(
+            input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
+        ).logits
+        logits = logits / temperature
+        A = ro.response_ids.shape[1]
+        return response_logprobs_and_entropy(
+            logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy
+        )
+    if groups is not None and groups.max_groups > 1:
+        return _by_length(
+            lambda r: policy_forward(
+                engine, r, temperature, with_entropy=with_entropy, chunk_elements=chunk_elements
+            ),
+            ro,
+            (ro.response_ids.shape[1],) * 2,
+            groups,
+        )
+    B, A = ro.response_ids.shape
+    V = _vocab_size(engine.module)
+    rows = B if torch.is_grad_enabled() or not V else max(1, chunk_elements // (A * V))
+    if rows >= B:
+        return _response_forward(engine, ro, temperature, with_entropy)
+    block = min(chunk_elements, DEFAULT_CHUNK_ELEMENTS)  # the log-softmax's float32 scratch
+    parts = [
+        _response_forward(engine, _rows(ro, b, min(B, b + rows)), temperature, with_entropy, block)
+        for b in range(0, B, rows)
+    ]
+    logp = torch.cat([p[0] for p in parts])
+    return logp, torch.cat([p[1] for p in parts]) if with_entropy else None
+
+
+def _rows(ro: Rollout, b0: int, b1: int) -> Rollout:
+    """Rows b0..b1 of ``ro`` at the full widths (T, A)."""
+    return Rollout(
+        sequences=ro.sequences[b0:b1],
+        attention_mask=ro.attention_mask[b0:b1],
+        response_start=ro.response_start[b0:b1],
+        response_ids=ro.response_ids[b0:b1],
+        action_mask=ro.action_mask[b0:b1],
+        ends_with_eos=ro.ends_with_eos[b0:b1],
+        prompt_ids=ro.prompt_ids[b0:b1],
+    )
+
+
+def _response_forward(
+    engine, ro: Rollout, temperature: float, with_entropy: bool, block=DEFAULT_CHUNK_ELEMENTS
+):
+    """One forward pass of :func:`policy_forward`'s default path over all of ``ro``'s rows;
+    ``block``: the chunked log-softmax's block (logits upcast at once)."""
+    pos = response_positions(ro)
+    with logits_at(engine.module, pos):
+        logits = engine(input_ids=ro.sequences, use_cache=False).logits
+    if logits.shape[1] != pos.shape[1]:  # no LM head to hook: the full (B, T, V) came back
+        V = logits.shape[-1]
+        logits = torch.gather(logits, 1, pos.unsqueeze(-1).expand(*pos.shape, V))
+    labels = torch.gather(ro.sequences, 1, pos + 1)
+    # the temperature is applied block by block inside (no tempered copy of the logits)
+    logp = token_logprobs(logits, labels, temperature=temperature, chunk_elements=block)
+    ent = (
+        entropy_from_logits(logits, temperature=temperature, chunk_elements=block)
+        if with_entropy
+        else None
+    )
+    return logp, ent
+
+
+def _by_length(forward, ro: Rollout, widths, groups: Grouping | None):
+    """``forward(rollout)`` over ``ro`` in passes of rows of similar length (``groups``), or in one
+    pass (None or one group): :func:`marlhf.runtime.length_groups.grouped` over ``ro``'s rows, each
+    group cut to its own longest row (``slice_rollout``)."""
+    if groups is None or groups.max_groups == 1:
+        return forward(ro)
+    return grouped(
+        lambda rows: forward(slice_rollout(ro, rows)), sequence_lengths(ro), widths, groups
+    )
+
+
+def critic_forward(
+    engine, ro: Rollout, *, all_positions: bool = False, groups: Grouping | None = None
+) -> torch.Tensor:
+    """V(s_j) for every response token j: the value at the position just before it. (B, A)
+    Plain causal attention in passes of rows of similar length (``groups``), unless
+    ``all_positions`` (see :func:`policy_forward`)."""
+
+    def forward(r: Rollout) -> torch.Tensor:
+        values = engine(input_ids=r.sequences, attention_mask=_mask(r, all_positions))
+        return gather_response(values, r.response_start, r.response_ids.shape[1])
+
+    return _by_length(forward, ro, ro.response_ids.shape[1], None if all_positions else groups)
+
+
+def reward_forward(
+    engine, ro: Rollout, *, all_positions: bool = False, groups: Grouping | None = None
+) -> torch.Tensor:
+    """The reward model's value at every position, (B, T); passes as in :func:`critic_forward`.
+    Past a row's tokens the values are meaningless (what padding scores, or 0 when grouped)."""
+
+    def forward(r: Rollout) -> torch.Tensor:
+        return engine(input_ids=r.sequences, attention_mask=_mask(r, all_positions))
+
+    return _by_length(forward, ro, ro.sequences.shape[1], None if all_positions else groups)
+
+
+def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
+    """The attention mask to pass: none (causal attention; flush-left rows) unless asked."""
+    return ro.attention_mask.long() if padding_mask else None
+
+
+@dataclass
+class KeptValues:
+    """The critic's forward pass over the first minibatch's rows, run while scoring (with its graph),
+    for that minibatch's critic step: its critic is the scoring critic, so the pass is the same."""
+
+    rows: torch.Tensor  # (mb,) long  the rows (:func:`first_minibatch_rows`)
+    values: torch.Tensor  # (mb, A') float  V(s_j) over ``slice_rollout(rollout, rows)``, with grad

@@ -1,0 +1,444 @@
+"""The training loop of stage 3 (MA-RLHF, Alg. 1). Each PPO step:
+
+1. generate  — sample this step's prompts, generate responses with the actor    (rollout.py)
+2. score     — log π_old, log π_ref (+ entropy), critic values, reward-model score, and the
+               sequence-level reward of each response                            (scoring.py)
+3. segment   — termination rule → macro actions (``--termination_condition``); per-token rewards
+               r_t = −β·KL_t, + clipped score on the last response token; gathered over ranks
+4. estimate  — advantages (``--advantage_estimator``): GAE over macro actions with the critic,
+               broadcast to tokens (``--termination_condition fixed --ngram 1`` is token-level
+               PPO), or critic-free: GRPO / Dr. GRPO / RLOO over the ``--n_samples_per_prompt``
+               samples of a prompt, REINFORCE++, or ``macro_mc`` with Monte-Carlo values at
+               macro-action boundaries (mc.py)                                   (experience.py)
+5. update    — ``--ppo_epochs`` × minibatches: clipped policy loss (token, macro or sequence
+               ratio; ``--loss_agg_mode``), clipped value loss (with a critic)   (update.py)
+6. log/save  — metrics, checkpoints                                              (state.py)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from marlhf.algo.losses import explained_variance, masked_mean
+from marlhf.cli import config_to_dict
+from marlhf.data.collate import PromptCollator
+from marlhf.macro import TerminationRule, build_termination
+from marlhf.macro.render import render_terminal, token_pieces
+from marlhf.models.load import load_tokenizer
+from marlhf.rewards.code import CodeRewarder
+from marlhf.runtime import startup
+from marlhf.runtime.checkpoint import write_json
+from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
+from marlhf.runtime.resources import PhaseResources
+from marlhf.runtime.rows import derive_row_seeds, global_rows
+from marlhf.stages.common import ensure_output_dir, start
+from marlhf.stages.ppo import vllm_rollout
+from marlhf.stages.ppo.config import PPOStageConfig
+from marlhf.stages.ppo.experience import (
+    Experience,
+    estimate,
+    gather_experience,
+    make_experience,
+)
+from marlhf.stages.ppo.mc import monte_carlo
+from marlhf.stages.ppo.models import Models, build_models, model_config
+from marlhf.stages.ppo.naming import run_label
+from marlhf.stages.ppo.prompts import (
+    RolloutPlan,
+    load_prompts,
+    plan_rollouts,
+    prompt_metas,
+    sft_batches,
+    step_prompts,
+)
+from marlhf.stages.ppo.rollout import (
+    SEEDED_BACKENDS,
+    Rollout,
+    concat_rollouts,
+    eos_token_ids,
+    generate,
+    resolve_backend,
+)
+from marlhf.stages.ppo.scoring import (
+    Scored,
+    SequenceReward,
+    concat_scored,
+    dense_rewards,
+    gold_scorer,
+    kept_critic_values,
+    reuses_critic_forward,
+    score,
+    segment_rule,
+)
+from marlhf.stages.ppo.state import TrainState, open_tracker, resume, save_checkpoint
+from marlhf.stages.ppo.update import first_minibatch_rows, ppo_update
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+    from marlhf.rewards.segment import LocationNormalizer
+
+log = logging.getLogger("marlhf.ppo")
+
+
+def train(cfg: PPOStageConfig) -> Path:
+    """Stage 3 from the start (or its latest checkpoint) to the final actor (and critic)."""
+    run = setup(cfg)
+    state = resume(run.models, cfg, run.out)
+    vllm_rollout.sync_weights(run.models)  # vllm: the (resumed) actor's weights into the engine
+    unsup = pretraining_mix(run, state)
+    tracker, bar = open_tracker(cfg.log, state, run.plan.total, run_label(cfg), run.run_config)
+    g = cfg.generation
+    while state.step < run.plan.total:
+        metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
+        startup.first_step(log)
+        # 6. log and save
+        tracker.log(metrics, state.step)
+        bar.update(1)
+        bar.set_postfix(
+            score=f"{metrics['objective/score']:.3f}",
+            kl=f"{metrics['objective/kl']:.3f}",
+            macro=f"{metrics['macro/mean_len']:.1f}",
+        )
+        if g.print_answers and is_main() and state.step % g.print_answers_interval == 0:
+            print_answer(run.tokenizer, ro, exp, prompt_texts)
+        save_steps = cfg.log.save_steps
+        if save_steps and state.step % save_steps == 0 and state.step < run.plan.total:
+            save_checkpoint(run.models, state, run.tokenizer, cfg, run.run_config, final=False)
+    bar.close()
+    save_checkpoint(run.models, state, run.tokenizer, cfg, run.run_config, final=True)
+    tracker.close()
+    if run.rewarder is not None:
+        run.rewarder.close()
+    if is_main():
+        log.info("%s actor saved to %s", run_label(cfg), run.out / "actor")
+    vllm_rollout.close(run.models)  # last: vLLM's teardown ends the process group
+    return run.out
+
+
+def ppo_step(run: Run, state: TrainState, unsup=None):
+    """One PPO step: returns its metrics (over all ranks), this rank's rollout, the experience
+    (global batch) and this rank's prompt texts."""
+    cfg, ppo, plan = run.cfg, run.cfg.ppo, run.plan
+    clock = _Clock(PhaseResources() if cfg.perf.log_phase_resources else None)
+    t = time.perf_counter()
+    # the update's first minibatch: its critic pass is run once, while scoring, and kept for it
+    first = None
+    if reuses_critic_forward(run.models, cfg.perf):
+        first = first_minibatch_rows(plan.rollout_size * plan.world, ppo, state.shuffle)
+    # 1. generate, 2. score (the forward passes), one generation batch at a time
+    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first)
+    kept = None
+    if first is not None:
+        with clock("time/score"):
+            scored, kept = kept_critic_values(run.models, ro, scored, first, cfg.perf)
+    # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
+    with clock("time/code_reward" if run.rewarder is not None else None):
+        scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
+    # per-row randomness is drawn from (seed, step, the row's global index): split-independent, and
+    # a resumed run redraws it without a saved generator state (streams 0 segments, 1 dense rewards)
+    rows = global_rows(len(ro.prompt_ids), plan.generation_batch, rank(), plan.world)
+    dense = None
+    if ppo.dense_reward:
+        dense_seeds = derive_row_seeds(ppo.optim.seed, state.step, rows, stream=1)
+        dense = dense_rewards(run.seg_rule, run.seg_norm, ro, scored, ppo, dense_seeds)
+    with clock("time/macro"):
+        # 3. segment: macro actions, per-token rewards
+        seeds = derive_row_seeds(ppo.optim.seed, state.step, rows)
+        term, exp = make_experience(
+            run.rule, ro, scored, scores, ppo, state.kl_ctl.value,
+            row_seeds=seeds, dense=dense, all_gather=all_gather_padded,
+        )  # fmt: skip
+    mc_stats: dict[str, float] = {}
+    if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
+        with clock("time/mc"):
+            exp, mc_stats = monte_carlo(
+                run.models, cfg, run.backend, run.tokenizer, run.eos_ids, run.reward,
+                state.step, exp, rows, metas, prompt_texts,
+            )  # fmt: skip
+    with clock("time/macro"):
+        # the global batch on every rank, then 4. estimate: advantages (and returns)
+        exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)
+        exp = estimate(exp, term, cfg)
+    # 5. update
+    with clock("time/train"):
+        train_actor = state.step >= ppo.critic_warmup_steps
+        # the rates this update is taken with (read before the engines step)
+        lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
+        vllm_rollout.sleep(run.models)  # vllm on a GPU: the engine's memory is the update's
+        upd = ppo_update(
+            run.models, exp, cfg, train_actor, state.shuffle, unsup if train_actor else None, kept
+        )
+        if state.ema is not None and train_actor:
+            state.ema.update(run.models.actor.module)
+    with clock("time/sync" if run.models.rollout is not None else None):
+        vllm_rollout.sync_weights(run.models)  # vllm: the updated actor into the engine
+    clock.times["time/step"] = time.perf_counter() - t
+    state.step += 1
+    # the KL coefficient of the next step (adaptive: towards --target_kl)
+    kl_now = float(all_reduce_mean(torch.tensor(exp.stats["objective/kl"])))
+    state.kl_ctl.update(kl_now, plan.rollout_size * plan.world)
+    # 6. metrics (the loop logs them)
+    metrics = {**exp.stats, **upd, **clock.times, **clock.resources_metrics(), **code_metrics}
+    metrics.update(mc_stats)
+    metrics = step_metrics(run, state, metrics, ro, scored, scores, exp, prompt_texts)
+    return {**metrics, **lrs}, ro, exp, prompt_texts
+
+
+def step_metrics(
+    run: Run,
+    state: TrainState,
+    metrics: dict,
+    ro: Rollout,
+    scored: Scored,
+    scores: torch.Tensor,
+    exp: Experience,
+    prompt_texts: list[str],
+) -> dict[str, float]:
+    """``metrics`` with the step's score, KL coefficient, critic and gold metrics, averaged over
+    ranks. ``metrics`` (experience and update stats) are over the global batch already (the same on
+    every rank); the row means of this rank's rows (score, gold) average over ranks (equal counts)."""
+    raw_rm = scored.rm_scores
+    metrics["objective/score"] = (
+        float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
+    )
+    metrics["objective/kl_coef"] = state.kl_ctl.value
+    if run.models.critic is not None:
+        metrics.update(critic_metrics(exp))
+    if run.gold is not None:
+        texts = run.tokenizer.batch_decode(ro.response_ids, skip_special_tokens=True)
+        metrics["objective/gold"] = sum(
+            run.gold(p, r) for p, r in zip(prompt_texts, texts, strict=True)
+        ) / len(texts)
+    return {k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())}
+
+
+def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Tensor | None = None):
+    """1.–2. This rank's rollout of step ``step``, scored: ``--generation_batches`` calls of generate
+    then score. ``later_values``: rows (of the concatenated rollout) whose critic values scoring
+    leaves for :func:`~marlhf.stages.ppo.scoring.kept_critic_values`. Returns the concatenated rollout and
+    scores, the prompts' metas and texts."""
+    cfg, plan = run.cfg, run.plan
+    rollouts, scoreds, metas = [], [], []
+    # the static decoder (and vLLM) sample each row from (seed, step, its global row; stream 2,
+    # apart from the termination's 0 and the dense rewards' 1): the rollouts do not depend on the
+    # split over ranks, and a resumed run redraws them without a saved generator state
+    gen_bs = plan.generation_batch
+    gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
+    micro = step_prompts(plan, cfg.ppo.optim.seed, step)
+    offset = 0  # the first row of generation batch j in the concatenated rollout
+    for j, idx in enumerate(micro):
+        batch = run.collate([run.prompts[i] for i in idx])
+        sample_seeds = None
+        if run.backend in SEEDED_BACKENDS:
+            rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
+            sample_seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
+        with clock("time/generate"):
+            ro = generate(
+                run.models.actor, batch, cfg.generation, run.backend, run.tokenizer, run.eos_ids,
+                row_seeds=sample_seeds, engine=run.models.rollout,
+            )  # fmt: skip
+        later = None
+        if later_values is not None:  # those of this generation batch's rows, local indices
+            inside = (later_values >= offset) & (later_values < offset + len(idx))
+            later = later_values[inside] - offset
+        offset += len(idx)
+        with clock("time/score"):
+            scoreds.append(score(run.models, ro, cfg, run.need_entropy, later))
+        rollouts.append(ro)
+        metas.extend(prompt_metas(batch, len(idx)))
+    prompt_texts = [t for idx in micro for t in (run.prompts[i]["prompt"] for i in idx)]
+    ro = concat_rollouts(rollouts, run.tokenizer.pad_token_id)
+    scored = concat_scored(scoreds, ro.sequences.shape[1], ro.response_ids.shape[1])
+    return ro, scored, metas, prompt_texts
+
+
+def _trained(models: Models) -> dict:
+    """The engines the update trains: the actor, and the critic when there is one."""
+    return {k: e for k, e in (("actor", models.actor), ("critic", models.critic)) if e is not None}
+
+
+def critic_metrics(exp: Experience) -> dict[str, float]:
+    """How well the critic's values (from scoring) predict the returns of this batch."""
+    mask = exp.rollout.action_mask
+    return {
+        "value/explained_variance": explained_variance(exp.values, exp.returns, mask),
+        "value/mean": float(masked_mean(exp.values, mask)),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# set-up
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the loop reads, built once by :func:`setup`."""
+
+    cfg: PPOStageConfig
+    out: Path
+    tokenizer: PreTrainedTokenizerBase
+    prompts: Dataset  # the tokenised PPO prompts
+    collate: PromptCollator  # left-pads a list of prompts
+    plan: RolloutPlan
+    models: Models
+    backend: str  # the rollouts' decoder: `hf`, `static` or `vllm` (--generation_backend resolved)
+    rule: TerminationRule  # cuts responses into macro actions (--termination_condition)
+    seg_rule: TerminationRule | None  # --dense_reward: the segment RM's own rule
+    seg_norm: LocationNormalizer | None  # --dense_reward: its location normaliser
+    need_entropy: bool  # a rule reads the reference's entropies
+    eos_ids: list[int]
+    gold: Callable[[str, str], float] | None  # the synthetic task's gold scorer (logged)
+    rewarder: CodeRewarder | None  # the execution reward (--reward_source code / rm+code)
+    reward: SequenceReward  # the step's sequence-level reward (--reward_source)
+    run_config: dict  # run_config.json: the config as it ran (the backend resolved)
+
+
+def setup(cfg: PPOStageConfig) -> Run:
+    """Process group and seeds, tokenizer, prompts and plan, the four models, the termination
+    rules and the reward sources; writes run_config.json and ds_config.json."""
+    mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
+    start(mc.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
+    if g.generation_backend == "vllm":
+        vllm_rollout.check_flags(cfg)  # before any data or model is loaded
+    out = ensure_output_dir(cfg.log.output_dir)
+    tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
+    prompts, dropped = load_prompts(cfg, tokenizer)
+    startup.mark("data")
+    plan = plan_rollouts(len(prompts), cfg)
+    if (
+        g.generation_backend == "static"
+        and mc.actor.ds.zero_stage == 3
+        and not g.enable_zero3_generation_gather
+    ):
+        raise ValueError(
+            "--generation_backend static under ZeRO-3 needs --enable_zero3_generation_gather "
+            "(the static decoder has no synced_gpus mode)"
+        )
+    models = build_models(cfg, plan.total_updates)
+    startup.mark("models + engines")
+    backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
+    if backend == "vllm":  # the engine, once per run; weights synced by `train`
+        models.rollout = vllm_rollout.build_engine(cfg, plan)
+    rule = build_termination(cfg.macro, tokenizer)
+    # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
+    seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)
+    need_entropy = "ref_entropy" in rule.needs or (
+        seg_rule is not None and "ref_entropy" in seg_rule.needs
+    )
+    gold, rewarder = _reward_sources(cfg)
+    # what ran: the config with the resolved backend (a copy; the config itself keeps `auto`)
+    run_config = config_to_dict(replace(cfg, generation=replace(g, generation_backend=backend)))
+    if is_main():
+        write_json(out / "run_config.json", run_config)
+        ds = {"actor": models.actor_ds, "critic": models.critic_ds}
+        write_json(out / "ds_config.json", {k: v for k, v in ds.items() if v is not None})
+        log.info(
+            "%s: %d prompts (%d over-long %s), %d steps, rollout %d/device (%d sample(s) "
+            "per prompt), termination=%s, estimator=%s",
+            run_label(cfg),
+            len(prompts),
+            dropped,
+            "dropped" if g.overlong_prompts == "drop" else "truncated",
+            plan.total,
+            plan.rollout_size,
+            ppo.n_samples_per_prompt,
+            cfg.macro.termination_condition,
+            ppo.estimator,
+        )
+    score_stats = models.reward_info.get("score_stats") if models.reward_info else None
+    oracle = gold if ppo.reward_source == "gold" else None
+    return Run(
+        cfg=cfg,
+        out=out,
+        tokenizer=tokenizer,
+        prompts=prompts,
+        collate=PromptCollator(tokenizer.pad_token_id),
+        plan=plan,
+        models=models,
+        backend=backend,
+        rule=rule,
+        seg_rule=seg_rule,
+        seg_norm=seg_norm,
+        need_entropy=need_entropy,
+        eos_ids=eos_token_ids(tokenizer, cfg.data),
+        gold=gold,
+        rewarder=rewarder,
+        reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle),
+        run_config=run_config,
+    )
+
+
+def _reward_sources(cfg: PPOStageConfig):
+    """The gold scorer (or None) and the code rewarder (or None) of ``--reward_source``."""
+    ppo = cfg.ppo
+    gold = gold_scorer(cfg.data)
+    if ppo.reward_source == "gold" and gold is None:
+        raise ValueError(
+            "--reward_source gold needs a synthetic task's prompts (--data_path synthetic-tldr, "
+            "synthetic-facts-16|64|256 or synthetic-verdict-16|64|256): the gold score is only "
+            "defined there"
+        )
+    rewarder = None
+    if ppo.reward_source in ("code", "rm+code"):
+        rewarder = CodeRewarder.from_config(cfg.code)
+    return gold, rewarder
+
+
+def pretraining_mix(run: Run, state: TrainState):
+    """The SFT batches of ``--unsup_coef`` (None without it); a resumed run skips those consumed."""
+    ppo = run.cfg.ppo
+    if ppo.unsup_coef <= 0:
+        return None
+    minibatches = run.plan.rollout_size // ppo.per_device_training_batch_size
+    consumed = max(0, state.step - ppo.critic_warmup_steps) * ppo.ppo_epochs * minibatches
+    return sft_batches(run.cfg, run.tokenizer, skip=consumed)
+
+
+class _Clock:
+    """Seconds per phase of a step, summed over its calls: ``with clock("time/score"): ...``; with
+    ``resources`` (``--log_phase_resources``) also each phase's CPU time and peak memory."""
+
+    def __init__(self, resources: PhaseResources | None = None) -> None:
+        self.times: dict[str, float] = {}
+        self.resources = resources
+        self.cpu0 = time.process_time()
+
+    @contextmanager
+    def __call__(self, key: str | None):
+        if self.resources is not None and key is not None:
+            self.resources.start()
+        t0 = time.perf_counter()
+        yield
+        if key is not None:
+            self.times[key] = self.times.get(key, 0.0) + time.perf_counter() - t0
+            if self.resources is not None:
+                self.resources.stop(key.split("/", 1)[1])
+
+    def resources_metrics(self) -> dict[str, float]:
+        """The phases' resource metrics and ``time_cpu/step`` (CPU seconds since the clock began)."""
+        if self.resources is None:
+            return {}
+        return {**self.resources.metrics, "time_cpu/step": time.process_time() - self.cpu0}
+
+
+def print_answer(tokenizer, ro: Rollout, exp: Experience, prompts: list[str]) -> None:
+    """The first response of the step, its macro actions marked with ``|``."""
+    n = int(ro.action_mask[0].sum())
+    ids = ro.response_ids[0, :n].tolist()
+    ends = (exp.segment_ids[0, :n] != torch.roll(exp.segment_ids[0, :n], -1)).tolist()
+    ends[-1] = True
+    print(
+        f"\n--- prompt ---\n{prompts[0]}\n--- response (| = macro-action boundary), "
+        f"score {float(exp.scores[0]):.3f} ---"
+    )
+    print(render_terminal(token_pieces(tokenizer, ids), ends))

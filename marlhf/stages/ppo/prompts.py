@@ -1,0 +1,162 @@
+"""Stage 3's data: the PPO prompts, how each step walks them, and the SFT batches of the pretraining
+mix (``--unsup_coef``).
+
+Step ``s`` of epoch ``e`` takes, on each of ``world`` ranks, ``--generation_batches`` batches of
+``--per_device_generation_batch_size`` prompts from the permutation seeded ``--seed + e``
+(:mod:`marlhf.runtime.batching`): the data position is the step itself, so a resumed run needs no saved
+sampler state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from marlhf.data.collate import SFTCollator
+from marlhf.data.tokenize import build_prompt_dataset, build_sft_dataset
+from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
+from marlhf.runtime.distributed import rank, world_size
+from marlhf.runtime.rows import step_prompt_indices
+from marlhf.stages.ppo.scoring import has_tests
+
+if TYPE_CHECKING:
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+log = logging.getLogger("marlhf.ppo")
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """How the run walks its prompts: each step generates ``generation_batches`` batches of
+    ``generation_batch`` prompts on each of ``world`` ranks; an epoch is ``steps_per_epoch`` such
+    steps; the run is ``total`` steps and ``total_updates`` optimizer steps per trained model."""
+
+    n_prompts: int
+    generation_batch: int
+    generation_batches: int
+    world: int
+    steps_per_epoch: int
+    total: int
+    total_updates: int
+    samples_per_prompt: int = (
+        1  # G: each prompt of a step is sampled G times (--n_samples_per_prompt)
+    )
+
+    @property
+    def rollout_size(self) -> int:
+        """Responses per step on each rank."""
+        return self.generation_batch * self.generation_batches
+
+
+def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
+    """The plan for ``n_prompts`` prompts: ``--num_train_epochs`` epochs, capped at ``--max_steps``."""
+    g, ppo = cfg.generation, cfg.ppo
+    gen_bs, gen_batches, ws = g.per_device_generation_batch_size, g.generation_batches, world_size()
+    rollout_size = gen_bs * gen_batches
+    if rollout_size % ppo.per_device_training_batch_size:
+        raise ValueError(
+            f"rollout per device ({gen_bs} x {gen_batches}) must be a multiple of "
+            f"--per_device_training_batch_size {ppo.per_device_training_batch_size}"
+        )
+    G = ppo.n_samples_per_prompt
+    if rollout_size * ws % G:
+        raise ValueError(
+            f"the rollout of a step ({gen_bs} x {gen_batches} responses per device x {ws} ranks = "
+            f"{rollout_size * ws}) must be a multiple of --n_samples_per_prompt {G}: change "
+            "--per_device_generation_batch_size or --generation_batches"
+        )
+    spe = n_prompts // (rollout_size * ws // G)
+    if spe == 0:
+        raise ValueError(
+            f"PPO split has {n_prompts} prompts, fewer than one rollout ({rollout_size} x {ws}"
+            + (f" / {G} samples per prompt)" if G > 1 else ")")
+        )
+    total = spe * ppo.optim.num_train_epochs
+    if ppo.optim.max_steps:
+        total = min(total, ppo.optim.max_steps)
+    minibatches = rollout_size // ppo.per_device_training_batch_size
+    total_updates = max(
+        1, total * ppo.ppo_epochs * minibatches // ppo.optim.gradient_accumulation_steps
+    )
+    return RolloutPlan(
+        n_prompts=n_prompts,
+        generation_batch=gen_bs,
+        generation_batches=gen_batches,
+        world=ws,
+        steps_per_epoch=spe,
+        total=total,
+        total_updates=total_updates,
+        samples_per_prompt=G,
+    )
+
+
+def load_prompts(cfg: PPOStageConfig, tokenizer):
+    """The PPO split's tokenised prompts (left-padded by the collator later), and the number of
+    over-long prompts dropped or truncated. With a code reward, problems without usable test cases
+    are left out (APPS has a few)."""
+    g, ppo = cfg.generation, cfg.ppo
+    prompts, dropped = build_prompt_dataset(
+        cfg.data,
+        tokenizer,
+        "train",
+        ppo.optim.seed,
+        g.max_prompt_seq_len,
+        phase=3,
+        overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
+    )
+    if ppo.reward_source in ("code", "rm+code"):
+        keep = [i for i, m in enumerate(prompts["meta"]) if has_tests(m)]
+        if len(keep) < len(prompts):
+            log.warning(
+                "%d of %d PPO prompts have no usable test cases for the code reward; left out",
+                len(prompts) - len(keep),
+                len(prompts),
+            )
+            prompts = prompts.select(keep)
+    return prompts, dropped
+
+
+def step_prompts(plan: RolloutPlan, seed: int, step: int) -> list[list[int]]:
+    """This rank's generation batches of step ``step``: lists of prompt indices (each prompt G
+    times with ``--n_samples_per_prompt G``, :func:`marlhf.runtime.rows.step_prompt_indices`)."""
+    epoch, step_in_epoch = divmod(step, plan.steps_per_epoch)
+    perm = epoch_permutation(plan.n_prompts, seed, epoch)
+    if plan.samples_per_prompt > 1:
+        return step_prompt_indices(
+            perm,
+            step_in_epoch,
+            batch=plan.generation_batch,
+            batches=plan.generation_batches,
+            world=plan.world,
+            rank=rank(),
+            samples_per_prompt=plan.samples_per_prompt,
+        )
+    return step_micro_batches(
+        perm, step_in_epoch, plan.generation_batch, plan.generation_batches, plan.world, rank()
+    )
+
+
+def prompt_metas(batch: dict, n: int) -> list[dict]:
+    """The ``meta`` of each of a collated batch's ``n`` prompts (test cases for code rewards)."""
+    return [json.loads(m) if isinstance(m, str) else (m or {}) for m in batch.get("meta", [{}] * n)]
+
+
+def sft_batches(cfg: PPOStageConfig, tokenizer, skip: int):
+    """Endless SFT micro-batches for the pretraining-mix loss (``--unsup_coef``), this rank's shard,
+    from the ``skip``-th on (the batches a resumed run already consumed)."""
+    data = replace(cfg.data, data_path=cfg.ppo.unsup_data_path or cfg.data.data_path)
+    ds = build_sft_dataset(data, tokenizer, "train", cfg.ppo.optim.seed)
+    collate = SFTCollator(tokenizer.pad_token_id)
+    mb, ws = cfg.ppo.per_device_training_batch_size, world_size()
+    spe = steps_per_epoch(len(ds), mb, 1, ws)
+    if spe == 0:
+        raise ValueError(f"--unsup_coef: the SFT data has {len(ds)} examples, fewer than one batch")
+    i = skip
+    while True:
+        epoch, step = divmod(i, spe)
+        perm = epoch_permutation(len(ds), cfg.ppo.optim.seed + 1, epoch)
+        (idx,) = step_micro_batches(perm, step, mb, 1, ws, rank())
+        yield collate([ds[j] for j in idx])
+        i += 1

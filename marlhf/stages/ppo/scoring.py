@@ -1,0 +1,319 @@
+"""2. Score a rollout: the forward passes (log π_old, log π_ref, entropies, critic values, the reward
+model) and the sequence-level reward of each response (reward model, code execution or the gold
+oracle, and Segment-PPO's dense segment rewards).
+
+What the forward passes give is a :class:`Scored`; the sequence-level reward a (B,) tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from marlhf.algo.kl_rewards import normalize_scores, spread_segment_rewards
+from marlhf.data.long_tasks import gold_scorer_for
+from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
+from marlhf.models.sequences import end_index
+from marlhf.rewards.code import TestSuite, code_stats, parse_tests
+from marlhf.rewards.segment import segment_positions, segment_readout
+from marlhf.runtime.distributed import all_gather_padded, world_size
+from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward, reward_forward
+from marlhf.stages.ppo.models import eval_mode
+from marlhf.stages.ppo.rollout import Rollout, pad_right, slice_rollout
+
+if TYPE_CHECKING:
+    from marlhf.data.config import DataConfig
+    from marlhf.rewards.code import CodeRewarder
+    from marlhf.rewards.segment import ScoreStats
+    from marlhf.stages.ppo.config import PerfConfig, PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.models import Models
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The forward passes over one rollout (B rows, A response tokens, T positions)."""
+
+    old_logprobs: torch.Tensor  # (B, A) log π_old(a_t | s_t) at the sampling temperature
+    entropy: torch.Tensor  # (B, A) entropy of π_old(· | s_t) at the sampling temperature
+    ref_logprobs: torch.Tensor  # (B, A) log π_ref(a_t | s_t)
+    values: torch.Tensor  # (B, A) critic V(s_t); 0 without a critic
+    ref_entropy: torch.Tensor | None = None  # (B, A) entropy of π_ref, when a rule reads it
+    rm_values: torch.Tensor | None = None  # (B, T) the reward model's value at every position
+    rm_scores: torch.Tensor | None = None  # (B,) its value at each row's last token (the score)
+
+
+@torch.inference_mode()
+def score(
+    models: Models,
+    ro: Rollout,
+    cfg: PPOStageConfig,
+    need_entropy: bool,
+    later_values: torch.Tensor | None = None,
+) -> Scored:
+    """The forward passes of one generation batch (:class:`Scored`), all with dropout off (:func:`marlhf.stages.ppo.models.eval_mode`). ``need_entropy``: also the reference's
+    entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
+    autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
+    rollout when the decoder recorded both (the static decoder: same weights, same dtype), unless
+    ``--recompute_old_logprobs``; vLLM's record (log-probs, no entropy) leaves them to the actor.
+    ``later_values``: (k,) long rows whose critic values are left
+    at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them)."""
+    T = cfg.generation.temperature
+    full = cfg.perf.score_all_positions
+    groups = None if full else cfg.perf.grouping
+    critic = models.critic  # None: a critic-free estimator (values are 0)
+    with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
+        recorded = ro.logprobs is not None and ro.entropy is not None  # the static decoder's
+        if recorded and not cfg.perf.recompute_old_logprobs:
+            old_logp, entropy = ro.logprobs, ro.entropy
+        else:
+            old_logp, entropy = policy_forward(
+                models.actor, ro, T, with_entropy=True, all_positions=full, groups=groups
+            )
+        ref_logp, ref_ent = policy_forward(
+            models.ref, ro, T, with_entropy=need_entropy, all_positions=full, groups=groups
+        )
+        if critic is None:
+            values = torch.zeros_like(old_logp)
+        elif later_values is None:
+            values = critic_forward(critic, ro, all_positions=full, groups=groups)
+        else:
+            values = torch.zeros_like(old_logp)
+            rest = _other_rows(ro.sequences.shape[0], later_values)
+            if len(rest):
+                part = critic_forward(critic, slice_rollout(ro, rest), groups=groups)
+                values[rest, : part.shape[1]] = part
+    rm_values = rm_scores = None
+    if models.reward is not None:
+        rm_values = reward_forward(models.reward, ro, all_positions=full, groups=groups)
+        rm_scores = torch.gather(rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)).squeeze(1)
+    return Scored(
+        old_logprobs=old_logp,
+        entropy=entropy,
+        ref_logprobs=ref_logp,
+        values=values,
+        ref_entropy=ref_ent,
+        rm_values=rm_values,
+        rm_scores=rm_scores,
+    )
+
+
+def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
+    """The rows 0 … B−1 not in ``rows``, in order: (B − k,) long."""
+    keep = torch.ones(B, dtype=torch.bool)
+    keep[rows.cpu()] = False
+    return keep.nonzero()[:, 0]
+
+
+def reuses_critic_forward(models: Models, perf: PerfConfig) -> bool:
+    """Whether the update's first minibatch takes its critic pass from scoring
+    (``--reuse_critic_forward``): on one rank (elsewhere the first minibatch holds other ranks'
+    rows), on the default path, with no dropout in the critic (scoring runs it without dropout,
+    the update with it)."""
+    if not perf.reuse_critic_forward or models.critic is None or world_size() != 1:
+        return False
+    if perf.score_all_positions:
+        return False
+    for m in models.critic.module.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p > 0:
+            return False
+        p = getattr(m, "attention_dropout", None)
+        if isinstance(p, float) and p > 0:
+            return False
+    return True
+
+
+def kept_critic_values(
+    models: Models, ro: Rollout, scored: Scored, rows: torch.Tensor, perf: PerfConfig
+) -> tuple[Scored, KeptValues]:
+    """The critic's pass over ``rows`` of ``ro`` with grad, as the update's first minibatch runs it
+    (train mode: no dropout, see :func:`reuses_critic_forward`): ``scored`` with those rows' values
+    (left at 0 by :func:`score`) filled in, and the pass
+    (:class:`marlhf.stages.ppo.forward.KeptValues`) for the update."""
+    values = critic_forward(models.critic, slice_rollout(ro, rows), groups=perf.grouping)
+    filled = scored.values.clone()  # a normal tensor (scoring made an inference-mode one)
+    filled[rows, : values.shape[1]] = values.detach()
+    return replace(scored, values=filled), KeptValues(rows=rows, values=values)
+
+
+def concat_scored(scoreds: list[Scored], seq_width: int, num_actions: int) -> Scored:
+    """Concatenate the :class:`Scored` of generation batches, right-padding per-token tensors with 0
+    to ``seq_width`` (``rm_values``) or ``num_actions`` (the rest)."""
+    if len(scoreds) == 1:
+        return scoreds[0]
+    parts: dict[str, torch.Tensor | None] = {}
+    for f in fields(Scored):
+        vals = [getattr(s, f.name) for s in scoreds]
+        if vals[0] is None:
+            parts[f.name] = None
+        elif vals[0].dim() == 1:
+            parts[f.name] = torch.cat(vals)
+        else:
+            width = seq_width if f.name == "rm_values" else num_actions
+            parts[f.name] = torch.cat([pad_right(v, width, 0.0) for v in vals])
+    return Scored(**parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# sequence-level rewards
+
+
+def gold_scorer(data: DataConfig):
+    """The synthetic task's true quality, logged when the prompts come from it (else None):
+    ``synthetic-tldr`` or a long-horizon task (`marlhf.data.long_tasks.gold_scorer_for`)."""
+    return gold_scorer_for(data.data_path)
+
+
+def _test_suite(meta: dict):
+    """The test cases of a prompt's problem (APPS ``input_output``); an empty suite if none."""
+    raw = meta.get("tests") or meta.get("input_output")
+    return parse_tests(raw) if raw else TestSuite((), ())
+
+
+def has_tests(meta_json: str) -> bool:
+    """Whether a prompt's ``meta`` (JSON) holds usable test cases for the code reward."""
+    try:
+        return len(_test_suite(json.loads(meta_json or "{}"))) > 0
+    except ValueError:  # malformed tests: the problem cannot be scored
+        return False
+
+
+def _code_rewards(
+    ro: Rollout, metas: list[dict], tokenizer, rewarder
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Execution reward (B,) of each response against its task's test cases (sandboxed), and the
+    batch's ``code/*`` metrics (:func:`marlhf.rewards.code.code_stats`)."""
+    texts = tokenizer.batch_decode(
+        ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
+        skip_special_tokens=True,
+    )
+    rewards, results = rewarder.evaluate(texts, [_test_suite(m) for m in metas])
+    return torch.tensor(rewards, dtype=torch.float32), code_stats(results, rewards)
+
+
+def sequence_scores(
+    ro: Rollout,
+    rm_scores: torch.Tensor | None,
+    metas: list[dict],
+    tokenizer,
+    ppo: PPOConfig,
+    rewarder=None,
+    score_stats=None,
+    oracle=None,
+    prompt_texts: list[str] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The sequence-level reward of each response, (B,): the reward model's end score ``rm_scores``
+    ((B,), :attr:`Scored.rm_scores`; None without a reward model), normalised with
+    ``--normalize_reward``, plus, with a ``rewarder`` (``--reward_source code`` or
+    ``rm+code``), the execution reward of the program against ``metas[b]``'s tests, plus, with an
+    ``oracle`` (``--reward_source gold``: ``oracle(prompt, response_text) -> float``), the oracle's
+    score of each response to ``prompt_texts[b]``. Returns the scores and the ``code/*`` metrics
+    ({} without a rewarder). The (clipped) score goes on each row's last valid token
+    (:func:`marlhf.stages.ppo.experience.token_rewards`)."""
+    scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
+    if oracle is not None:
+        if prompt_texts is None or len(prompt_texts) != len(scores):
+            raise ValueError("an oracle reward needs one prompt text per response")
+        texts = tokenizer.batch_decode(
+            ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
+            skip_special_tokens=True,
+        )
+        scores = scores + torch.tensor(
+            [float(oracle(p, r)) for p, r in zip(prompt_texts, texts, strict=True)],
+            device=scores.device,
+        )
+    stats: dict[str, float] = {}
+    if rm_scores is not None:
+        rm = rm_scores
+        if ppo.normalize_reward and score_stats is not None:
+            rm = normalize_scores(rm, score_stats.mean, score_stats.std)
+        scores = scores + rm
+    if rewarder is not None:
+        code, stats = _code_rewards(ro, metas, tokenizer, rewarder)
+        scores = scores + code.to(scores.device)
+    return scores, stats
+
+
+@dataclass(frozen=True)
+class SequenceReward:
+    """The step's sequence-level reward (``--reward_source``), built once by the loop and read by the
+    step and by ``macro_mc``'s continuations alike: ``reward(ro, rm_scores, metas, prompt_texts)`` is
+    :func:`sequence_scores` with the run's tokenizer, reward settings, code rewarder, the reward
+    model's score statistics and (``--reward_source gold``) the oracle."""
+
+    tokenizer: Any
+    ppo: PPOConfig
+    rewarder: CodeRewarder | None = None
+    score_stats: ScoreStats | None = None
+    oracle: Callable[[str, str], float] | None = None
+
+    def __call__(
+        self,
+        ro: Rollout,
+        rm_scores: torch.Tensor | None,
+        metas: list[dict],
+        prompt_texts: list[str],
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return sequence_scores(
+            ro,
+            rm_scores,
+            metas,
+            self.tokenizer,
+            self.ppo,
+            self.rewarder,
+            self.score_stats,
+            oracle=self.oracle,
+            prompt_texts=prompt_texts,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Segment-PPO's dense rewards (--dense_reward)
+
+
+def segment_rule(models: Models, tokenizer):
+    """The termination rule the segment reward model was trained with (its reward_config.json)
+    and its location-aware normaliser (or None)."""
+    info = models.reward_info or {}
+    if info.get("rm_type") != "segment":
+        raise ValueError(
+            "--dense_reward needs a segment reward model (stage 2 with --rm_type segment)"
+        )
+    seg_cfg = MacroConfig(
+        **{k: (tuple(v) if isinstance(v, list) else v) for k, v in info["termination"].items()}
+    )
+    return build_termination(seg_cfg, tokenizer), info.get("normalizer")
+
+
+def dense_rewards(
+    seg_rule,
+    normalizer,
+    ro: Rollout,
+    scored: Scored,
+    ppo: PPOConfig,
+    seeds: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Segment-PPO dense rewards (B, A): the segment RM's value at each of its segments' last
+    tokens, location-normalised (``normalizer``), spread over the segment's tokens. ``seg_rule`` and
+    ``normalizer``: from :func:`segment_rule`."""
+    if scored.rm_values is None:
+        raise ValueError("--dense_reward needs the segment reward model's per-token values")
+    term = seg_rule(
+        TerminationInputs(
+            ro.response_ids,
+            ro.action_mask,
+            ro.ends_with_eos,
+            scored.ref_logprobs,
+            scored.ref_entropy,
+            row_seeds=seeds,
+            all_gather=all_gather_padded,
+        )
+    )
+    seg_rewards, seg_mask = segment_readout(scored.rm_values, ro.response_start, term.macro_end)
+    if normalizer is not None:
+        seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
+    seg_ids = build_segments(term.macro_end, ro.action_mask).ids
+    return spread_segment_rewards(seg_rewards, seg_ids, ppo.dense_reward_mode)

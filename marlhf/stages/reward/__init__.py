@@ -1,0 +1,1 @@
+"""Stage 2: the reward model (``python -m marlhf.stages.reward``; :mod:`~marlhf.stages.reward.train`)."""

@@ -1,0 +1,108 @@
+"""The reward-model stage's configuration: the shared model, data, optimisation, DeepSpeed and logging
+parts, the objective (end or segment score, Bradley–Terry options, the normaliser fit) and, for a
+segment RM, the macro-action rule that cuts responses into segments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.data.config import DataConfig
+from marlhf.macro import MacroConfig
+from marlhf.models.reward_model import RM_TYPES
+
+NORMALIZER_SPLITS = ("train", "eval")
+
+
+@dataclass
+class RewardConfig:
+    """Reward-model objective: end or segment score, Bradley–Terry options, normaliser fit."""
+
+    rm_type: str = field(
+        default="end",
+        metadata={
+            "help": "`end`: score = value at the last token; `segment` (Segment-PPO): score = mean "
+            "of the values at the last token of each segment cut by --termination_condition.",
+            "choices": RM_TYPES,
+        },
+    )
+    use_margin: bool = field(
+        default=False,
+        metadata={
+            "help": "Subtract the data's `margin` column from the score gap (rows without one: 0)."
+        },
+    )
+    center_rewards_coef: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the reward-centering penalty mean((r_c + r_r)^2) (0: off)."},
+    )
+    reference_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Frozen SFT model whose entropies / log-probs the `entropy` / `ppl` rules read "
+            "(segment RM only); default: --model_name_or_path."
+        },
+    )
+    normalizer_split: str = field(
+        default="train",
+        metadata={
+            "help": "Segment RM: split whose chosen responses fit the location-aware normaliser.",
+            "choices": NORMALIZER_SPLITS,
+        },
+    )
+    normalizer_max_samples: int = field(
+        default=4096,
+        metadata={
+            "help": "Segment RM: at most this many chosen responses for the normaliser fit (0: all)."
+        },
+    )
+    init_value_head: bool = field(
+        default=False,
+        metadata={
+            "help": "Start from the value head saved with --model_name_or_path "
+            "(value_head.safetensors, e.g. tiny-rm-base's, preference-pretrained) instead of a "
+            "fresh one."
+        },
+    )
+    num_padding_at_beginning: int = field(
+        default=0,
+        metadata={
+            "help": "Accepted for compatibility with the original scripts and ignored: it skipped "
+            "OPT's leading padding token; the end score here is read from the attention mask, "
+            "which needs no such offset for any model."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.rm_type not in RM_TYPES:
+            raise ValueError(f"--rm_type must be one of {RM_TYPES}, got {self.rm_type!r}")
+        if not math.isfinite(self.center_rewards_coef) or self.center_rewards_coef < 0:
+            raise ValueError(f"--center_rewards_coef must be >= 0, got {self.center_rewards_coef}")
+        if self.normalizer_split not in NORMALIZER_SPLITS:
+            raise ValueError(f"--normalizer_split must be one of {NORMALIZER_SPLITS}")
+        if self.normalizer_max_samples < 0:
+            raise ValueError(
+                f"--normalizer_max_samples must be >= 0, got {self.normalizer_max_samples}"
+            )
+        if self.num_padding_at_beginning < 0:
+            raise ValueError(
+                f"--num_padding_at_beginning must be >= 0, got {self.num_padding_at_beginning}"
+            )
+
+
+@dataclass
+class RewardStageConfig:
+    """Stage 2: reward-model training (Bradley–Terry on end or segment scores)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    log: LoggingConfig = field(default_factory=LoggingConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    macro: MacroConfig = field(default_factory=MacroConfig)
+
+    def __post_init__(self) -> None:
+        self.model.check_lora()

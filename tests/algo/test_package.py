@@ -1,0 +1,96 @@
+"""The shape of the RL code: pure math without DeepSpeed, short functions, a loop that fits a screen."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ALGO = ROOT / "marlhf" / "algo"
+PPO = ROOT / "marlhf" / "stages" / "ppo"
+PURE = ("gae", "losses", "kl_rewards")
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    """Top-level package of every import statement anywhere in ``tree``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_pure_modules_import_only_torch_and_the_standard_library():
+    allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    for name in PURE:
+        used = _imports(ast.parse((ALGO / f"{name}.py").read_text()))
+        assert used <= allowed, (name, used - allowed)
+    # the packing helpers of the rollout too, and the log-probabilities they read: torch only
+    models = ROOT / "marlhf" / "models"
+    assert _imports(ast.parse((models / "logprobs.py").read_text())) <= allowed
+    tree = ast.parse((models / "sequences.py").read_text())
+    own = {
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("marlhf")
+    }
+    assert own == {"marlhf.models.logprobs"}, own
+    assert _imports(tree) <= allowed | {"marlhf"}
+
+
+def test_importing_the_package_does_not_import_deepspeed():
+    modules = [
+        f"marlhf.{pkg}.{p.stem}"
+        for pkg, path in (("algo", ALGO), ("stages.ppo", PPO))
+        for p in sorted(path.glob("*.py"))
+        if not p.stem.startswith("__")  # __main__ runs the stage
+    ]
+    modules += [
+        "marlhf.runtime.length_groups",
+        "marlhf.runtime.resources",
+        "marlhf.models.response_logits",
+    ]
+    assert {f"marlhf.algo.{n}" for n in PURE} <= set(modules)
+    code = (
+        "import sys, importlib\n"
+        "import marlhf.stages.ppo\n"
+        "assert 'deepspeed' not in sys.modules, 'marlhf.stages.ppo'\n"
+        f"for name in {modules + ['marlhf.stages.ppo']!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    assert 'deepspeed' not in sys.modules, name\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def _functions(path: Path) -> dict[str, int]:
+    tree = ast.parse(path.read_text())
+    return {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+
+
+def test_no_function_in_the_package_is_longer_than_100_lines():
+    """Issue #12: no function anywhere in ``marlhf/`` (nested ones included) over 100 lines."""
+    long = []
+    for path in sorted((ROOT / "marlhf").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > 100:
+                    long.append(f"{path.relative_to(ROOT)}::{node.name} ({n} lines)")
+    assert not long, long
+
+
+def test_the_training_loop_fits_in_150_lines():
+    """train() and the step it repeats read as the algorithm, on a screen or two."""
+    lengths = _functions(PPO / "loop.py")
+    assert lengths["train"] + lengths["ppo_step"] <= 150, lengths

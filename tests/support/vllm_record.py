@@ -1,0 +1,97 @@
+"""``python -m marlhf.stages.ppo`` with recording hooks, for tests/with_vllm/test_vllm_ppo.py.
+
+Run like the stage (``python tests/support/vllm_record.py ARGS`` or under ``torchrun``); the program is
+unchanged, but
+
+- every weight sync after an update saves ``<output_dir>/record/sync-<k>-rank-<r>.pt``: the largest
+  difference between the engine's log-probs and the trainer's (the actor's forward pass, the
+  scoring code) on this rank's last rollout, just before the sync and just after it, and the
+  largest difference, over the step's rollouts, between the log-probs the engine recorded while
+  sampling and π_old as scoring computed it with the actor;
+- with ``MARLHF_RECORD_KILL_AT_STEP=N`` the process kills itself (SIGKILL) right after saving the
+  step-N checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+import marlhf.stages.ppo.loop as loop
+import marlhf.stages.ppo.main as stage
+from marlhf.runtime.distributed import rank
+from marlhf.stages.ppo import vllm_rollout
+from marlhf.stages.ppo.forward import policy_forward
+from marlhf.stages.ppo.models import eval_mode
+
+_generate, _score, _sync, _save = (
+    loop.generate,
+    loop.score,
+    vllm_rollout.sync_weights,
+    loop.save_checkpoint,
+)
+_state: dict = {"rollouts": [], "sampled_vs_scored": 0.0, "syncs": 0, "cfg": None}
+
+
+def generate(actor, batch, g, backend, tokenizer, eos_ids, **kwargs):
+    ro = _generate(actor, batch, g, backend, tokenizer, eos_ids, **kwargs)
+    _state["rollouts"].append(ro)
+    return ro
+
+
+def score(models, ro, cfg, need_entropy, later_values=None):
+    out = _score(models, ro, cfg, need_entropy, later_values)
+    _state["cfg"] = cfg
+    if ro.logprobs is not None:  # the engine's record against the trainer's π_old
+        diff = (ro.logprobs - out.old_logprobs).abs()[ro.action_mask]
+        _state["sampled_vs_scored"] = max(_state["sampled_vs_scored"], float(diff.max()))
+    return out
+
+
+@torch.no_grad()
+def _engine_vs_trainer(models, ro, temperature: float) -> float:
+    with eval_mode(models.actor):
+        trainer, _ = policy_forward(models.actor, ro, temperature)
+    full = models.rollout.token_logprobs(ro.sequences, ro.attention_mask.sum(1))
+    j = torch.arange(ro.response_ids.shape[1])
+    at = (ro.response_start.cpu()[:, None] + j).clamp(max=full.shape[1] - 1)
+    engine = full.gather(1, at).to(trainer.device)
+    return float((engine - trainer).abs()[ro.action_mask].max())
+
+
+def sync_weights(models):
+    if not _state["rollouts"]:  # the sync at the start of the run
+        return _sync(models)
+    ro, T = _state["rollouts"][-1], _state["cfg"].generation.temperature
+    before = _engine_vs_trainer(models, ro, T)
+    _sync(models)
+    after = _engine_vs_trainer(models, ro, T)
+    _state["syncs"] += 1
+    out = Path(_state["cfg"].log.output_dir) / "record"
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "before": before,
+        "after": after,
+        "sampled_vs_scored": _state["sampled_vs_scored"],
+        "responses": [r.response_ids.cpu() for r in _state["rollouts"]],
+    }
+    torch.save(record, out / f"sync-{_state['syncs']}-rank-{rank()}.pt")
+    _state["rollouts"].clear()
+    _state["sampled_vs_scored"] = 0.0
+
+
+def save_checkpoint(models, state, *args, **kwargs):
+    _save(models, state, *args, **kwargs)
+    if str(state.step) == os.environ.get("MARLHF_RECORD_KILL_AT_STEP"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+loop.generate, loop.score, loop.save_checkpoint = generate, score, save_checkpoint
+vllm_rollout.sync_weights = sync_weights
+
+if __name__ == "__main__":
+    stage.main(sys.argv[1:])
