@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: demo test test-main test-vllm lint install install-vllm clean
+.PHONY: demo test test-main test-vllm lint install install-vllm clean gpu-check
 
 $(VENV)/.installed: requirements.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,12 @@ test-main: $(VENV)/.installed
 
 test-vllm: $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/with_vllm $(VLLM_ARGS)
+
+# The GPU acceptance run (marlhf/gpu_check; README, "GPU machine"): with the machine's own python
+# and torch (GPU_PY), not the CPU venv; on a machine without a GPU it runs at CPU size.
+GPU_PY ?= python3
+gpu-check:
+	env -u DS_ACCELERATOR PYTHONPATH=$(CURDIR):$(PYTHONPATH) $(GPU_PY) -m marlhf.gpu_check --output_dir output/gpu_check $(ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts

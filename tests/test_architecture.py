@@ -157,6 +157,7 @@ LAYERS = (
     "marlhf.inference",
     "marlhf.judge",
     "marlhf.pipeline",
+    "marlhf.gpu_check",
 )
 
 

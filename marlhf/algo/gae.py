@@ -48,6 +48,9 @@ def gae(
             f"{tuple(mask.shape)} must all be (B, S)"
         )
     mask = mask.bool()
+    # float32 at least: a bf16 critic's values would round each reversed-sum step to 8 bits
+    dtype = torch.promote_types(torch.promote_types(rewards.dtype, values.dtype), torch.float32)
+    values, rewards = values.to(dtype), rewards.to(dtype)
     zeros = torch.zeros_like(values)
     values = torch.where(mask, values, zeros)  # padding may hold garbage; V beyond the end is 0
     rewards = torch.where(mask, rewards, zeros)
@@ -83,6 +86,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torc
     [[-0.7071067690849304, 0.7071067690849304, 0.0]]
     """
     mask = mask.bool()
+    x = x.to(torch.promote_types(x.dtype, torch.float32))  # the statistics in float32 at least
     xm = torch.where(mask, x, torch.zeros_like(x))
     n = mask.sum()
     n_f = n.to(x.dtype).clamp(min=1)

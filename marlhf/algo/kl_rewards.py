@@ -60,7 +60,11 @@ def kl_penalty(
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)} and ref_logprobs {tuple(ref_logprobs.shape)} differ in shape"
         )
-    d = logprobs - ref_logprobs
+    # float32 at least: half-precision log-probs differ in their last bits by more than a KL
+    dtype = torch.promote_types(
+        torch.promote_types(logprobs.dtype, ref_logprobs.dtype), torch.float32
+    )
+    d = logprobs.to(dtype) - ref_logprobs.to(dtype)
     if estimator == "k1":
         return d
     if estimator == "k2":

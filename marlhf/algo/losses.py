@@ -85,6 +85,7 @@ def masked_whiten(
     tensor([-0.7071,  0.7071,  0.0000])
     """
     mask = mask.bool()
+    x = x.to(torch.promote_types(x.dtype, torch.float32))  # the statistics in float32 at least
     mean = masked_mean(x, mask)
     var = masked_var(x, mask)
     out = (x - mean) * torch.rsqrt(var + eps)
@@ -252,6 +253,7 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     num_seqs: torch.Tensor | None = None,
     norm_length: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, `agg(max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps)))`.
 
@@ -282,6 +284,9 @@ def policy_loss(
         loss_agg_mode, num_seqs, norm_length: how the terms reduce to the loss (`agg_loss`;
             ``token-mean``, the default, is the mean over the terms); `num_seqs` is the minibatch's
             number of sequences over all ranks (`policy_terms(...).any(1).sum()`) for the seq modes.
+        is_weights: `(B, A)` float without gradient, or None: each term's loss is multiplied by the
+            weight on its token (the rollout correction's importance weights,
+            `marlhf.algo.mismatch.importance_weights`, which give every token its term's weight).
 
     Returns:
         `(loss: 0-d tensor, stats)` with stats `policy/clipfrac` (fraction of ratios, tokens or macro
@@ -304,8 +309,12 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    terms = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        _check_same_shape(action_mask, is_weights=is_weights)
+        terms = terms * is_weights.detach().to(terms.dtype)
     loss = agg_loss(
-        torch.maximum(unclipped, clipped),
+        terms,
         weight,
         loss_agg_mode,
         num_terms=num_terms,

@@ -439,6 +439,7 @@ def sample(
     stop_check_every: int = 8,
     prompt_bucket: int = 64,
     return_logprobs: bool = False,
+    inference_mode: bool = True,
 ):
     """Sample responses to left-padded prompts with a static KV cache.
 
@@ -450,6 +451,8 @@ def sample(
     ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) on CUDA; elsewhere it is ignored, and the
     eager steps attend over the cache slots written so far only (`_window_cache`) and, for the model
     families of `LEAN_MODEL_TYPES`, call the model's modules directly (`lean_parts`).
+    ``inference_mode=False`` runs under ``torch.no_grad`` (for a ZeRO-3 model whose parameters
+    it gathers: `marlhf.stages.ppo.scoring.no_grad_mode`).
     Runs under ``torch.inference_mode`` (no autograd bookkeeping per op: ~10 % of an eager CPU
     decode), ``torch.no_grad`` when compiled.
     ``stop_check_every``: steps between checks that every row has finished (each check syncs the host).
@@ -468,7 +471,7 @@ def sample(
     _check_args(max_new_tokens, temperature, top_p, top_k, generator, row_seeds, B)
     _check_model(model.config)
     compile = compile and input_ids.device.type == "cuda"
-    with torch.no_grad() if compile else torch.inference_mode():
+    with torch.no_grad() if compile or not inference_mode else torch.inference_mode():
         return _sample(
             model, input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p, eos_ids,
             pad_id, generator, row_seeds, compile, stop_check_every, prompt_bucket, return_logprobs,

@@ -96,6 +96,17 @@ def _hidden_size(config: Any) -> int:
     return int(text.hidden_size)
 
 
+class Float32Head(nn.Linear):
+    """A linear head computed in float32 whatever its weights' dtype: under bf16 the backbone's
+    hidden states and the head's weight are upcast before the product (a bf16 product would round
+    every value and score to 8 significant bits, 3 decimal digits). A module call, so ZeRO-3 gathers
+    its weight as for any layer; same parameters and state-dict keys as ``nn.Linear``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        return nn.functional.linear(x.float(), self.weight.float(), bias)
+
+
 class RewardModel(nn.Module):
     """Base transformer + ``v_head = Linear(hidden, 1, bias=False)``: one scalar per position.
 
@@ -116,7 +127,7 @@ class RewardModel(nn.Module):
         param = next(backbone.parameters(), None)
         dtype = param.dtype if param is not None else None
         device = param.device if param is not None else None
-        self.v_head = nn.Linear(hidden, 1, bias=False, dtype=dtype, device=device)
+        self.v_head = Float32Head(hidden, 1, bias=False, dtype=dtype, device=device)
         std = 1.0 / math.sqrt(hidden + 1) if init_std is None else init_std
         with _gathered(self.v_head.weight):
             nn.init.normal_(self.v_head.weight, mean=0.0, std=std)

@@ -226,7 +226,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="PPO's reward: the trained reward model (the pipeline, default) or the synthetic "
         "task's gold score (an oracle; shows what the RL stage does without the RM's errors)",
     )
+    ap.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="precision of every training stage and of inference (default: each program's own)",
+    )
     return ap.parse_args(argv)
+
+
+def with_dtype(stages: list[Stage], dtype: str | None) -> list[Stage]:
+    """``stages`` with ``--dtype`` added to the training stages and inference (not the labeller)."""
+    if dtype is None:
+        return stages
+    for s in stages:
+        if s.args[0] != "-m" or s.args[1].startswith("marlhf.stages."):
+            s.args = [*s.args, "--dtype", dtype]
+    return stages
 
 
 def labelling_stages(out: Path) -> list[Stage]:
@@ -359,7 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.time()
     infer, results = inference_stages(args, out)
     timings = {
-        s.key: _run(s, out / "logs", args.fresh) for s in [*training_stages(args, out), *infer]
+        s.key: _run(s, out / "logs", args.fresh)
+        for s in with_dtype([*training_stages(args, out), *infer], args.dtype)
     }
 
     report = write_report(

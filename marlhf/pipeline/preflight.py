@@ -40,6 +40,7 @@ from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.models.checks import check_same_tokenizer, ppo_model_roles
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
+from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_flags
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.sft import SFTConfig
@@ -139,8 +140,24 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     return problems
 
 
+def print_plan(cfg: Any, opts: dict) -> list[str]:
+    """``--plan``: prints the per-GPU memory plan of a PPO run (`marlhf.pipeline.memory_plan`); a
+    problem when it does not fit ``--gpu_memory``."""
+    plan = ppo_plan(cfg, opts["num_gpus"], opts["gpu_memory_gb"])
+    print(format_plan(plan))
+    if plan.fits is False:
+        return [
+            f"the plan needs {plan.total / GiB:.1f} GiB per GPU, more than --gpu_memory "
+            f"{opts['gpu_memory_gb']:g}: add GPUs (--num_gpus), raise --actor_zero_stage / "
+            "--critic_zero_stage, --offload, LoRA, activation checkpointing or smaller batches"
+        ]
+    return []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise."""
+    """``python -m marlhf.preflight STAGE [stage flags]``: 0 when the run can start, 2 otherwise.
+    Stage ``ppo`` also takes ``--plan --num_gpus N [--gpu_memory GB]``: the memory plan
+    (`marlhf.pipeline.memory_plan`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     stages = ("sft", "reward", "ppo")
     if argv and argv[0] in ("-h", "--help"):
@@ -156,8 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     stage = argv[0]
-    cfg = parse_config(_stage_config(stage), argv[1:], description=f"preflight of stage {stage}")
+    rest, plan = split_plan_flags(argv[1:]) if stage == "ppo" else (argv[1:], None)
+    cfg = parse_config(_stage_config(stage), rest, description=f"preflight of stage {stage}")
     problems = preflight(stage, cfg)
+    if plan is not None and not problems:
+        problems = print_plan(cfg, plan)
     for p in problems:
         print(f"preflight: {p}", file=sys.stderr)
     if problems:

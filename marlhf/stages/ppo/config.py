@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from marlhf.algo.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estimator
 from marlhf.algo.kl_rewards import KL_ESTIMATORS
 from marlhf.algo.losses import LOSS_AGG_MODES, RATIO_LEVELS
+from marlhf.algo.mismatch import CORRECTIONS
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
@@ -361,6 +362,28 @@ class PPOConfig:
             "choices": KL_ESTIMATORS,
         },
     )
+    rollout_correction: str = field(
+        default="auto",
+        metadata={
+            "help": "Correct for the gap between the rollout engine's log-probs (the static "
+            "decoder's or vLLM's record) and the trainer's: `none` (pi_old is the rollout's "
+            "record; with vllm the trainer's score, uncorrected), or the "
+            "trainer scores pi_old itself every step and weights each policy-loss term by "
+            "pi_trainer(old) / pi_rollout at the ratio level in use, truncated at --rollout_is_cap "
+            "(`tis`), masked outside [1/cap, cap] (`mis`), or truncated with whole responses "
+            "masked whose geometric-mean ratio is outside the band (`seq_mask_tis`). `auto` "
+            "(default): `none` in fp32, `tis` in bf16/fp16 (README, rollout-trainer mismatch). "
+            "No effect with --generation_backend hf (no record: pi_old is always scored).",
+            "choices": ("auto", *CORRECTIONS),
+        },
+    )
+    rollout_is_cap: float = field(
+        default=2.0,
+        metadata={
+            "help": "C of --rollout_correction: weights truncated at C, or masked outside "
+            "[1/C, C] (> 1)."
+        },
+    )
     whiten_advantages: bool = field(
         default=False, metadata={"help": "Whiten advantages over valid tokens."}
     )
@@ -394,6 +417,13 @@ class PPOConfig:
             raise ValueError("--target_kl must be > 0")
         if not 0 < self.ema_decay < 1:
             raise ValueError("--ema_decay must be in (0, 1)")
+        if self.rollout_correction not in ("auto", *CORRECTIONS):
+            raise ValueError(
+                f"--rollout_correction must be auto or one of {CORRECTIONS}, "
+                f"got {self.rollout_correction!r}"
+            )
+        if not self.rollout_is_cap > 1.0:
+            raise ValueError(f"--rollout_is_cap must be > 1, got {self.rollout_is_cap}")
         self._check_estimator()
 
     def _check_estimator(self) -> None:
@@ -467,6 +497,11 @@ class PPOConfig:
         return self.loss_agg_mode or ESTIMATORS[self.estimator].loss_agg_mode or "token-mean"
 
 
+# the trainer-side mismatch check costs one actor forward over the rollout (README: measured);
+# every 10th step keeps it under a few per cent of a step
+MISMATCH_CHECK_EVERY = 10
+
+
 @dataclass
 class PerfConfig:
     """How a step is computed, not what it computes: the reference paths the fast ones are tested
@@ -516,6 +551,17 @@ class PerfConfig:
             "critic dropout; --no_reuse_critic_forward scores every value without grad."
         },
     )
+    mismatch_check_every: int = field(
+        default=MISMATCH_CHECK_EVERY,
+        metadata={
+            "help": "When pi_old is the rollout engine's record (--rollout_correction none), the "
+            "trainer also scores the sampled tokens itself on the first step and every N steps and "
+            "logs rollout/logprob_diff_mean, rollout/logprob_diff_max, rollout/k3_kl and "
+            "rollout/ratio_{min,max}_{token,macro,seq} (0: never; with a correction, and with "
+            "--generation_backend vllm, whose pi_old the trainer always scores, they are logged "
+            "every step). One actor forward pass per check (README)."
+        },
+    )
     log_phase_resources: bool = field(
         default=False,
         metadata={
@@ -526,6 +572,10 @@ class PerfConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.mismatch_check_every < 0:
+            raise ValueError(
+                f"--mismatch_check_every must be >= 0, got {self.mismatch_check_every}"
+            )
         if self.length_groups < 1:
             raise ValueError(f"--length_groups must be >= 1, got {self.length_groups}")
         if self.length_group_call_tokens < 0:
@@ -552,8 +602,26 @@ class PPOStageConfig:
     log: LoggingConfig = field(default_factory=LoggingConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
 
+    @property
+    def correction(self) -> str:
+        """``--rollout_correction`` with ``auto`` resolved for the dtype: ``none`` in fp32 (the
+        decoder's record is the trainer's forward to float rounding), ``tis`` in half precision."""
+        mode = self.ppo.rollout_correction
+        if mode != "auto":
+            return mode
+        return "none" if self.models.effective_dtype == "fp32" else "tis"
+
     def __post_init__(self) -> None:
         ppo, mc = self.ppo, self.models
+        if self.generation.generation_backend == "hf" and ppo.rollout_correction not in (
+            "auto",
+            "none",
+        ):
+            raise ValueError(
+                f"--rollout_correction {ppo.rollout_correction} weights pi_old against the "
+                "rollout engine's record of log-probs; --generation_backend hf records none "
+                "(use static or auto, or leave --rollout_correction out)"
+            )
         if (
             not ppo.needs_critic
             and ppo.reward_source in ("rm", "rm+code")

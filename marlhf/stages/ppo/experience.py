@@ -65,6 +65,10 @@ class Experience:
     mc_positions: torch.Tensor | None = None  # (B, N) long  boundary positions, -1 where none
     mc_values: torch.Tensor | None = None  # (B, N) float  V̂ there (mean continuation reward)
     mc_prompt_values: torch.Tensor | None = None  # (B,) V̂(prompt) (G = 1 only; else None)
+    # the rollout engine's record of log π_old and the actor's own score of the same tokens, when
+    # the trainer scored a recorded rollout (marlhf.stages.ppo.scoring.old_policy; else None)
+    rollout_logprobs: torch.Tensor | None = None  # (B, A) log π_rollout(a_t | s_t), 0 on padding
+    trainer_logprobs: torch.Tensor | None = None  # (B, A) log π_trainer(a_t | s_t), 0 on padding
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,7 +150,14 @@ def token_rewards(
         fallback=term.fallback,
         kl_rewards=kl_rewards,
         outcome=outcome,
+        rollout_logprobs=_masked(scored.rollout_logprobs, mask),
+        trainer_logprobs=_masked(scored.trainer_logprobs, mask),
     )
+
+
+def _masked(x: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor | None:
+    """(B, A) float with 0 on padding (None stays None)."""
+    return None if x is None else x.masked_fill(~mask.bool(), 0.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -332,4 +343,6 @@ _OPTIONAL_ROWS = {
     "mc_positions": -1,
     "mc_values": 0.0,
     "mc_prompt_values": 0.0,
+    "rollout_logprobs": 0.0,
+    "trainer_logprobs": 0.0,
 }

@@ -13,6 +13,7 @@ import torch
 from marlhf.models.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
 from marlhf.models.response_logits import logits_at
 from marlhf.models.sequences import gather_response, response_logprobs_and_entropy
+from marlhf.runtime.distributed import world_size
 from marlhf.runtime.length_groups import Grouping, grouped
 from marlhf.stages.ppo.rollout import Rollout, sequence_lengths, slice_rollout
 
@@ -36,6 +37,16 @@ def _vocab_size(module) -> int | None:
     return getattr(text, "vocab_size", None)
 
 
+def lockstep(engine) -> bool:
+    """Whether ``engine`` must run the same number of forward passes on every rank: a ZeRO-3
+    engine (trained or frozen) gathers each layer's weights with a collective in every pass, so
+    ranks that split their rows into different numbers of passes (length groups, logit chunks
+    sized by the local response width) would wait on each other forever. Such engines score and
+    train each batch in one pass."""
+    stage = getattr(engine, "zero_optimization_stage", None)
+    return world_size() > 1 and callable(stage) and stage() == 3
+
+
 def policy_forward(
     engine,
     ro: Rollout,
@@ -55,7 +66,11 @@ def policy_forward(
     (`marlhf.models.logprobs`), the rows go through the model in passes of rows of similar length
     (``groups``, :mod:`marlhf.runtime.length_groups`), and without grad in chunks of at most
     ``chunk_elements`` logits (B·A·V). ``all_positions`` is the reference path (the head at
-    every position, the padding mask passed, one pass): equal up to float rounding."""
+    every position, the padding mask passed, one pass): equal up to float rounding. A
+    :func:`lockstep` engine runs one pass."""
+    one_pass = lockstep(engine)
+    if one_pass:
+        groups = None
     if all_positions:
         logits = engine(
             input_ids=ro.sequences, attention_mask=ro.attention_mask.long(), use_cache=False
@@ -76,7 +91,7 @@ def policy_forward(
         )
     B, A = ro.response_ids.shape
     V = _vocab_size(engine.module)
-    rows = B if torch.is_grad_enabled() or not V else max(1, chunk_elements // (A * V))
+    rows = B if torch.is_grad_enabled() or not V or one_pass else max(1, chunk_elements // (A * V))
     if rows >= B:
         return _response_forward(engine, ro, temperature, with_entropy)
     block = min(chunk_elements, DEFAULT_CHUNK_ELEMENTS)  # the log-softmax's float32 scratch
@@ -145,7 +160,8 @@ def critic_forward(
         values = engine(input_ids=r.sequences, attention_mask=_mask(r, all_positions))
         return gather_response(values, r.response_start, r.response_ids.shape[1])
 
-    return _by_length(forward, ro, ro.response_ids.shape[1], None if all_positions else groups)
+    one = all_positions or lockstep(engine)
+    return _by_length(forward, ro, ro.response_ids.shape[1], None if one else groups)
 
 
 def reward_forward(
@@ -157,7 +173,8 @@ def reward_forward(
     def forward(r: Rollout) -> torch.Tensor:
         return engine(input_ids=r.sequences, attention_mask=_mask(r, all_positions))
 
-    return _by_length(forward, ro, ro.sequences.shape[1], None if all_positions else groups)
+    one = all_positions or lockstep(engine)
+    return _by_length(forward, ro, ro.sequences.shape[1], None if one else groups)
 
 
 def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:

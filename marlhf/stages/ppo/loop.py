@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.losses import explained_variance, masked_mean
+from marlhf.algo.mismatch import mismatch_metrics
 from marlhf.cli import config_to_dict
 from marlhf.data.collate import PromptCollator
 from marlhf.macro import TerminationRule, build_termination
@@ -136,7 +137,8 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     if reuses_critic_forward(run.models, cfg.perf):
         first = first_minibatch_rows(plan.rollout_size * plan.world, ppo, state.shuffle)
     # 1. generate, 2. score (the forward passes), one generation batch at a time
-    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first)
+    check = mismatch_check_step(cfg, state.step)
+    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
     kept = None
     if first is not None:
         with clock("time/score"):
@@ -190,6 +192,9 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     # 6. metrics (the loop logs them)
     metrics = {**exp.stats, **upd, **clock.times, **clock.resources_metrics(), **code_metrics}
     metrics.update(mc_stats)
+    if exp.trainer_logprobs is not None:  # the trainer scored the rollout's record
+        mask, seg = exp.rollout.action_mask, exp.segment_ids
+        metrics.update(mismatch_metrics(exp.trainer_logprobs, exp.rollout_logprobs, mask, seg))
     metrics = step_metrics(run, state, metrics, ro, scored, scores, exp, prompt_texts)
     return {**metrics, **lrs}, ro, exp, prompt_texts
 
@@ -222,11 +227,25 @@ def step_metrics(
     return {k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())}
 
 
-def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Tensor | None = None):
+def mismatch_check_step(cfg: PPOStageConfig, step: int) -> bool:
+    """Whether step ``step`` (0-based) checks the rollout's record of log π_old against the
+    trainer's: the first step and every ``--mismatch_check_every``-th after it."""
+    every = cfg.perf.mismatch_check_every
+    return every > 0 and step % every == 0
+
+
+def collect_rollouts(
+    run: Run,
+    step: int,
+    clock: _Clock,
+    later_values: torch.Tensor | None = None,
+    check_rollout: bool = False,
+):
     """1.–2. This rank's rollout of step ``step``, scored: ``--generation_batches`` calls of generate
     then score. ``later_values``: rows (of the concatenated rollout) whose critic values scoring
-    leaves for :func:`~marlhf.stages.ppo.scoring.kept_critic_values`. Returns the concatenated rollout and
-    scores, the prompts' metas and texts."""
+    leaves for :func:`~marlhf.stages.ppo.scoring.kept_critic_values`; ``check_rollout``: the
+    actor also scores the decoder's record (:func:`~marlhf.stages.ppo.scoring.old_policy`).
+    Returns the concatenated rollout and scores, the prompts' metas and texts."""
     cfg, plan = run.cfg, run.plan
     rollouts, scoreds, metas = [], [], []
     # the static decoder (and vLLM) sample each row from (seed, step, its global row; stream 2,
@@ -253,7 +272,7 @@ def collect_rollouts(run: Run, step: int, clock: _Clock, later_values: torch.Ten
             later = later_values[inside] - offset
         offset += len(idx)
         with clock("time/score"):
-            scoreds.append(score(run.models, ro, cfg, run.need_entropy, later))
+            scoreds.append(score(run.models, ro, cfg, run.need_entropy, later, check_rollout))
         rollouts.append(ro)
         metas.extend(prompt_metas(batch, len(idx)))
     prompt_texts = [t for idx in micro for t in (run.prompts[i]["prompt"] for i in idx)]

@@ -108,6 +108,8 @@ def _sample(
             compile=g.compile_generation,
             prompt_bucket=g.max_prompt_seq_len,
             return_logprobs=True,
+            # ZeRO-3: parameters gathered here must not become inference tensors (scoring.py)
+            inference_mode=actor.zero_optimization_stage() != 3,
         )
 
     zero3 = actor.zero_optimization_stage() == 3

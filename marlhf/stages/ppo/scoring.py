@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
     from marlhf.rewards.code import CodeRewarder
     from marlhf.rewards.segment import ScoreStats
+    from marlhf.runtime.length_groups import Grouping
     from marlhf.stages.ppo.config import PerfConfig, PPOConfig, PPOStageConfig
     from marlhf.stages.ppo.models import Models
 
@@ -44,35 +45,71 @@ class Scored:
     ref_entropy: torch.Tensor | None = None  # (B, A) entropy of π_ref, when a rule reads it
     rm_values: torch.Tensor | None = None  # (B, T) the reward model's value at every position
     rm_scores: torch.Tensor | None = None  # (B,) its value at each row's last token (the score)
+    # the rollout engine's record of log π_old and the actor's own score of the same tokens, when
+    # the trainer scored a recorded rollout (:func:`old_policy`; else None)
+    rollout_logprobs: torch.Tensor | None = None  # (B, A) log π_rollout(a_t | s_t)
+    trainer_logprobs: torch.Tensor | None = None  # (B, A) log π_trainer(a_t | s_t)
 
 
-@torch.inference_mode()
+@dataclass(frozen=True)
+class OldPolicy:
+    """π_old of a rollout's tokens (:func:`old_policy`), all (B, A)."""
+
+    logprobs: torch.Tensor  # log π_old(a_t | s_t): the record, or the trainer's score
+    entropy: torch.Tensor  # entropy of π_old(· | s_t)
+    rollout_logprobs: torch.Tensor | None = None  # the rollout engine's record, when checked
+    trainer_logprobs: torch.Tensor | None = None  # the actor's score of the same tokens, then
+
+
+def no_grad_mode(*engines):
+    """``torch.inference_mode()``, or ``torch.no_grad()`` when one of ``engines`` is a trained
+    ZeRO-3 engine: ZeRO-3 keeps small parameters gathered after their first fetch (its persistence
+    threshold), and one first fetched under inference mode stays an inference tensor, which the
+    next training forward cannot save for backward ("Inference tensors cannot be saved for
+    backward", seen with two ranks)."""
+    zero3 = any(
+        e is not None and getattr(e, "optimizer", None) is not None
+        and e.zero_optimization_stage() == 3
+        for e in engines
+    )  # fmt: skip
+    return torch.no_grad() if zero3 else torch.inference_mode()
+
+
 def score(
     models: Models,
     ro: Rollout,
     cfg: PPOStageConfig,
     need_entropy: bool,
     later_values: torch.Tensor | None = None,
+    check_rollout: bool = False,
 ) -> Scored:
-    """The forward passes of one generation batch (:class:`Scored`), all with dropout off (:func:`marlhf.stages.ppo.models.eval_mode`). ``need_entropy``: also the reference's
-    entropies (the termination rules that read them). Under ``torch.inference_mode`` (no
-    autograd bookkeeping; the outputs are only read later). log π_old and its entropy come from the
-    rollout when the decoder recorded both (the static decoder: same weights, same dtype), unless
-    ``--recompute_old_logprobs``; vLLM's record (log-probs, no entropy) leaves them to the actor.
-    ``later_values``: (k,) long rows whose critic values are left
-    at 0 here (the update's first minibatch: :func:`kept_critic_values` computes them)."""
+    """:func:`score_rollout` without autograd (:func:`no_grad_mode`)."""
+    with no_grad_mode(models.actor, models.critic):
+        return score_rollout(models, ro, cfg, need_entropy, later_values, check_rollout)
+
+
+def score_rollout(
+    models: Models,
+    ro: Rollout,
+    cfg: PPOStageConfig,
+    need_entropy: bool,
+    later_values: torch.Tensor | None = None,
+    check_rollout: bool = False,
+) -> Scored:
+    """The forward passes of one generation batch (:class:`Scored`), all with dropout off
+    (:func:`marlhf.stages.ppo.models.eval_mode`). ``need_entropy``: also the reference's
+    entropies (the termination rules that read them). Call under ``torch.inference_mode`` (no
+    autograd bookkeeping; the outputs are only read later) or ``no_grad`` (:func:`score`).
+    log π_old and its entropy: :func:`old_policy`. ``later_values``: (k,) long rows whose critic
+    values are left at 0 here (the update's first minibatch: :func:`kept_critic_values` computes
+    them). ``check_rollout``: the actor also scores a recorded rollout (:func:`old_policy`)."""
     T = cfg.generation.temperature
     full = cfg.perf.score_all_positions
     groups = None if full else cfg.perf.grouping
     critic = models.critic  # None: a critic-free estimator (values are 0)
     with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
-        recorded = ro.logprobs is not None and ro.entropy is not None  # the static decoder's
-        if recorded and not cfg.perf.recompute_old_logprobs:
-            old_logp, entropy = ro.logprobs, ro.entropy
-        else:
-            old_logp, entropy = policy_forward(
-                models.actor, ro, T, with_entropy=True, all_positions=full, groups=groups
-            )
+        old = old_policy(models.actor, ro, cfg, check_rollout, groups)
+        old_logp = old.logprobs
         ref_logp, ref_ent = policy_forward(
             models.ref, ro, T, with_entropy=need_entropy, all_positions=full, groups=groups
         )
@@ -92,13 +129,46 @@ def score(
         rm_scores = torch.gather(rm_values, 1, end_index(ro.attention_mask).unsqueeze(1)).squeeze(1)
     return Scored(
         old_logprobs=old_logp,
-        entropy=entropy,
+        entropy=old.entropy,
         ref_logprobs=ref_logp,
         values=values,
         ref_entropy=ref_ent,
         rm_values=rm_values,
         rm_scores=rm_scores,
+        rollout_logprobs=old.rollout_logprobs,
+        trainer_logprobs=old.trainer_logprobs,
     )
+
+
+def old_policy(
+    actor, ro: Rollout, cfg: PPOStageConfig, check_rollout: bool, groups: Grouping | None
+) -> OldPolicy:
+    """π_old of the rollout's tokens (:class:`OldPolicy`), with the rollout engine's record and
+    the actor's own forward pass over the same tokens whenever the actor scores a recorded rollout
+    for another reason, on a check step, or with a correction (else None: the ``rollout/*``
+    metrics are logged exactly then).
+
+    The record is π_old unless the actor scores it (``--recompute_old_logprobs``, a rollout
+    correction: :attr:`~marlhf.stages.ppo.config.PPOStageConfig.correction`, no record, as with
+    ``hf``, or a record without entropies, as with ``vllm``: the engine's log-probs are then the
+    behaviour policy and the actor's are π_old, compared every step); ``check_rollout`` scores it
+    too while keeping the record as π_old (the mismatch check, ``--mismatch_check_every``). Call
+    with dropout off."""
+    T, full = cfg.generation.temperature, cfg.perf.score_all_positions
+    recorded = ro.logprobs is not None
+    partial = recorded and ro.entropy is None  # vLLM's record: log-probs, no entropies
+    trainer_old = (
+        not recorded or partial or cfg.perf.recompute_old_logprobs or cfg.correction != "none"
+    )
+    if not trainer_old and not check_rollout:
+        return OldPolicy(ro.logprobs, ro.entropy)
+    logp, ent = policy_forward(actor, ro, T, with_entropy=True, all_positions=full, groups=groups)
+    pair = {}
+    if recorded and (check_rollout or partial or cfg.correction != "none"):
+        pair = {"rollout_logprobs": ro.logprobs, "trainer_logprobs": logp}
+    if trainer_old:
+        return OldPolicy(logp, ent, **pair)
+    return OldPolicy(ro.logprobs, ro.entropy, **pair)
 
 
 def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:

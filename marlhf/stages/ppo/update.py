@@ -24,6 +24,7 @@ import torch
 
 from marlhf.algo.kl_rewards import kl_penalty
 from marlhf.algo.losses import agg_loss, entropy_bonus, policy_loss, policy_terms, value_loss
+from marlhf.algo.mismatch import importance_weights
 from marlhf.models.lm_loss import lm_loss_sum
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.stages.ppo.experience import Experience
@@ -137,6 +138,7 @@ def actor_step(
         segment_ids=m.cut(exp.segment_ids),
         num_terms=m.num_terms,
         num_tokens=m.num_tokens,
+        is_weights=correction_weights(exp, m, cfg),
         **agg,
     )
     loss = pg
@@ -166,6 +168,22 @@ def actor_step(
     stats.update(pstats)
     stats["loss/policy"] = pg.detach()
     return stats
+
+
+def correction_weights(exp: Experience, m: Minibatch, cfg: PPOStageConfig):
+    """The rollout correction's importance weights of minibatch ``m`` (mb, A'), or None when
+    there is no correction or no record to correct against (`marlhf.algo.mismatch`)."""
+    if cfg.correction == "none" or exp.rollout_logprobs is None:
+        return None
+    return importance_weights(
+        m.cut(exp.trainer_logprobs),
+        m.cut(exp.rollout_logprobs),
+        m.rollout.action_mask,
+        mode=cfg.correction,
+        cap=cfg.ppo.rollout_is_cap,
+        level=cfg.ppo.ratio_level,
+        segment_ids=m.cut(exp.segment_ids),
+    )
 
 
 def critic_step(

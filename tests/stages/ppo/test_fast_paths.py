@@ -151,8 +151,10 @@ def test_same_weights_and_metrics(runs):
     for x, y in zip(a, b, strict=True):
         assert set(x) == set(y)
         for k in x:
+            # rollout/*: float rounding of the decoder against each path's forward (~1e-6)
+            abs_tol = 1e-5 if k.startswith("rollout/") else 2e-6
             if not k.startswith("time/"):
-                assert y[k] == pytest.approx(x[k], rel=1e-4, abs=2e-6), (x["step"], k)
+                assert y[k] == pytest.approx(x[k], rel=1e-4, abs=abs_tol), (x["step"], k)
 
 
 @pytest.fixture(scope="module")

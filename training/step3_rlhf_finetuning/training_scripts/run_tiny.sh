@@ -2,6 +2,8 @@
 # Stage 3 (MA-PPO, fixed n=5) on the embedded default, on CPU: the tiny SFT policy and tiny reward model
 # from stages 1 and 2 on the bundled synthetic TL;DR prompts.
 # Usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [extra flags...]   (--ngram 1: vanilla PPO)
+# With DS_LAUNCH_ARGS set it launches through `deepspeed` (NUM_GPUS processes per node, default 1),
+# as run_gemma.sh does: the README's multi-node recipe, tested on one machine.
 set -euo pipefail
 CMD=$(printf '%q ' "$0" "$@")  # for the log's header line
 OUTPUT=${1:?usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [flags...]}
@@ -28,4 +30,8 @@ LOG="$OUTPUT/training.log"  # appended to, with one header line per run
 echo "=== $(date '+%Y-%m-%d %H:%M:%S %z') $CMD" >> "$LOG"
 # models and data are checked once here, before any rank starts
 python -m marlhf.preflight ppo "${ARGS[@]}" 2>&1 | tee -a "$LOG"
-python -m marlhf.stages.ppo "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+LAUNCH=(python -m)
+if [ -n "${DS_LAUNCH_ARGS:-}" ]; then  # through the deepspeed launcher (e.g. one node of several)
+   LAUNCH=(deepspeed --num_gpus "${NUM_GPUS:-1}" $DS_LAUNCH_ARGS --module)
+fi
+"${LAUNCH[@]}" marlhf.stages.ppo "${ARGS[@]}" 2>&1 | tee -a "$LOG"
