@@ -8,6 +8,12 @@ unchanged, but
   scoring code) on this rank's last rollout, just before the sync and just after it, and the
   largest difference, over the step's rollouts, between the log-probs the engine recorded while
   sampling and π_old as scoring computed it with the actor;
+- every scoring checks that the engine's record is the behaviour policy and the actor's score is
+  π_old (``Scored.rollout_logprobs`` is the rollout's ``logprobs``, ``old_logprobs`` the
+  ``trainer_logprobs``); a sync's record counts the scorings where that held (``behaviour``);
+- every minibatch's rollout-correction weights (``update.correction_weights``) are saved with the
+  trainer's and the rollout's log-probs and the mask they were computed from
+  (``<output_dir>/record/weights-rank-<r>.pt``, a list over the run);
 - with ``MARLHF_RECORD_KILL_AT_STEP=N`` the process kills itself (SIGKILL) right after saving the
   step-N checkpoint.
 """
@@ -23,6 +29,7 @@ import torch
 
 import marlhf.stages.ppo.loop as loop
 import marlhf.stages.ppo.main as stage
+import marlhf.stages.ppo.update as update
 from marlhf.runtime.distributed import rank
 from marlhf.stages.ppo import vllm_rollout
 from marlhf.stages.ppo.forward import policy_forward
@@ -34,7 +41,11 @@ _generate, _score, _sync, _save = (
     vllm_rollout.sync_weights,
     loop.save_checkpoint,
 )
-_state: dict = {"rollouts": [], "sampled_vs_scored": 0.0, "syncs": 0, "cfg": None}
+_weights = update.correction_weights
+_state: dict = {
+    "rollouts": [], "sampled_vs_scored": 0.0, "syncs": 0, "cfg": None, "behaviour": 0,
+    "weights": [],
+}  # fmt: skip
 
 
 def generate(actor, batch, g, backend, tokenizer, eos_ids, **kwargs):
@@ -43,9 +54,11 @@ def generate(actor, batch, g, backend, tokenizer, eos_ids, **kwargs):
     return ro
 
 
-def score(models, ro, cfg, need_entropy, later_values=None):
-    out = _score(models, ro, cfg, need_entropy, later_values)
+def score(models, ro, cfg, *args, **kwargs):
+    out = _score(models, ro, cfg, *args, **kwargs)
     _state["cfg"] = cfg
+    behaviour = out.rollout_logprobs is ro.logprobs and out.old_logprobs is out.trainer_logprobs
+    _state["behaviour"] += int(ro.logprobs is not None and behaviour)
     if ro.logprobs is not None:  # the engine's record against the trainer's π_old
         diff = (ro.logprobs - out.old_logprobs).abs()[ro.action_mask]
         _state["sampled_vs_scored"] = max(_state["sampled_vs_scored"], float(diff.max()))
@@ -77,11 +90,30 @@ def sync_weights(models):
         "before": before,
         "after": after,
         "sampled_vs_scored": _state["sampled_vs_scored"],
+        "behaviour": _state["behaviour"],
         "responses": [r.response_ids.cpu() for r in _state["rollouts"]],
     }
     torch.save(record, out / f"sync-{_state['syncs']}-rank-{rank()}.pt")
     _state["rollouts"].clear()
     _state["sampled_vs_scored"] = 0.0
+    _state["behaviour"] = 0
+
+
+def correction_weights(exp, m, cfg):
+    w = _weights(exp, m, cfg)
+    trainer, rollout = exp.trainer_logprobs, exp.rollout_logprobs
+    _state["weights"].append(
+        {
+            "weights": None if w is None else w.cpu(),
+            "trainer": None if trainer is None else m.cut(trainer).cpu(),
+            "rollout": None if rollout is None else m.cut(rollout).cpu(),
+            "mask": m.rollout.action_mask.cpu(),
+        }
+    )
+    out = Path(cfg.log.output_dir) / "record"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(_state["weights"], out / f"weights-rank-{rank()}.pt")
+    return w
 
 
 def save_checkpoint(models, state, *args, **kwargs):
@@ -92,6 +124,7 @@ def save_checkpoint(models, state, *args, **kwargs):
 
 loop.generate, loop.score, loop.save_checkpoint = generate, score, save_checkpoint
 vllm_rollout.sync_weights = sync_weights
+update.correction_weights = correction_weights
 
 if __name__ == "__main__":
     stage.main(sys.argv[1:])

@@ -82,6 +82,18 @@ def _check_syncs(out: Path, steps: int, rank: int = 0) -> None:
         assert s["before"] > 10 * TOL, (k, s)  # the update moved the actor away from the engine
         assert s["after"] < TOL, (k, s)  # the sync brought the engine to it
         assert s["sampled_vs_scored"] < TOL, (k, s)  # sampled with the actor's weights
+        # every scoring: the engine's record the behaviour policy, the actor's score π_old
+        assert s["behaviour"] == len(s["responses"]) > 0, (k, s)
+
+
+def _check_rollout_metrics(rows: list[dict]) -> None:
+    """rollout/* logged on every step (the trainer scores vLLM's π_old anyway), near 0 in fp32."""
+    for r in rows:
+        assert r["rollout/logprob_diff_max"] < TOL, r
+        assert 0 <= r["rollout/k3_kl"] < 1e-8, r
+        for lvl in ("token", "macro", "seq"):  # fp32: ratios within float rounding of 1
+            lo, hi = r[f"rollout/ratio_min_{lvl}"], r[f"rollout/ratio_max_{lvl}"]
+            assert 1 - 1e-3 < lo <= hi < 1 + 1e-3, (lvl, r)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +109,9 @@ def test_ppo_trains_through_vllm_with_synced_weights(ppo):
     rows = read_metrics(ppo / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["time/sync"] > 0 and "value/mean" in r for r in rows)
+    _check_rollout_metrics(rows)  # --mismatch_check_every 10 would check step 1 only
+    weights = torch.load(ppo / "record" / "weights-rank-0.pt", weights_only=False)
+    assert weights and all(w["weights"] is None for w in weights)  # fp32: auto is `none`
     assert (ppo / "actor" / "config.json").exists() and (ppo / "critic").is_dir()
 
 
@@ -139,14 +154,36 @@ def test_mappo_n5_with_lora_merged_into_the_engine(models):
     assert rows[-1]["macro/mean_len"] > 1.0
 
 
-def test_grpo_trains_through_vllm(models):
+# the masked correction's band, log C = 5e-6: inside the fp32 engine-trainer differences
+# (measured up to 2e-5), so it can drop tokens
+MIS_CAP = 1.000005
+
+
+def test_grpo_trains_through_vllm_with_the_rollout_correction(models):
+    """The correction weights each policy-loss term by π_trainer / π_vLLM (here `mis`: ρ inside
+    [1/C, C], else 0), computed from the engine's record and the actor's score."""
     out = models / "grpo"
     extra = ("--advantage_estimator", "grpo", "--n_samples_per_prompt", "2", "--reward_source",
-             "gold", "--max_steps", "2")  # fmt: skip
+             "gold", "--max_steps", "2", "--rollout_correction", "mis",
+             "--rollout_is_cap", str(MIS_CAP))  # fmt: skip
     run_stage(_cmd(models, out, *extra), models / "home")
     _check_syncs(out, 2)
     rows = read_metrics(out / "metrics.jsonl")
     assert "group/score_std" in rows[-1] and not (out / "critic").exists()
+    _check_rollout_metrics(rows)
+    weights = torch.load(out / "record" / "weights-rank-0.pt", weights_only=False)
+    assert len(weights) >= 2
+    kept = changed = 0
+    log_cap = torch.tensor(MIS_CAP).log()  # float32, as the flag's value is used
+    for w in weights:  # against ρ and the band computed here, token by token
+        mask = w["mask"]
+        log_rho = w["trainer"].float() - w["rollout"].float()
+        inside = (log_rho.abs() <= log_cap) & mask
+        want = torch.where(inside, log_rho.exp(), torch.zeros_like(log_rho))
+        torch.testing.assert_close(w["weights"], want, rtol=1e-6, atol=0)
+        kept += int(inside.sum())
+        changed += int((w["weights"][mask] != 1).sum())
+    assert kept > 0 and changed > 0, (kept, changed)  # the weights are not all 1: applied
 
 
 def _free_port() -> int:

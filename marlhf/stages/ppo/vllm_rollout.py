@@ -16,9 +16,10 @@ sleeps during the update (:func:`sleep`) and wakes with the new weights.
 The rows are seeded like the static decoder's (``--seed``, step, global row; stream 2; ``macro_mc``
 continuations stream 3): a run is reproducible, and on any number of ranks each row draws what it
 draws in one process, up to the float rounding of the engine's batched kernels. The engine records
-each sampled token's log π_old at ``--temperature`` before top-k/top-p (``Rollout.logprobs``), but
-no entropy: scoring computes π_old and its entropy with the actor, and the record is there for
-comparing the two.
+each sampled token's log-prob at ``--temperature`` before top-k/top-p (``Rollout.logprobs``), but
+no entropy: scoring computes π_old and its entropy with the actor, and the record is the behaviour
+policy, compared with π_old on every step (``rollout/*``) and corrected for by
+``--rollout_correction`` (:func:`marlhf.stages.ppo.scoring.old_policy`).
 """
 
 from __future__ import annotations
