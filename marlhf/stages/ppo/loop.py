@@ -43,6 +43,7 @@ from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_ma
 from marlhf.runtime.resources import PhaseResources
 from marlhf.runtime.rows import derive_row_seeds, global_rows
 from marlhf.stages.common import check_resume, ensure_output_dir, start
+from marlhf.stages.ppo import vllm_rollout
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.evaluation import due as eval_due
 from marlhf.stages.ppo.evaluation import evaluate_policy, load_eval_prompts
@@ -65,6 +66,7 @@ from marlhf.stages.ppo.prompts import (
     step_prompts,
 )
 from marlhf.stages.ppo.rollout import (
+    SEEDED_BACKENDS,
     Rollout,
     concat_rollouts,
     eos_token_ids,
@@ -98,6 +100,7 @@ def train(cfg: PPOStageConfig) -> Path:
     """Stage 3 from the start (or its latest checkpoint) to the final actor (and critic)."""
     run = setup(cfg)
     state = resume(run.models, cfg, run.out)
+    vllm_rollout.sync_weights(run.models)  # vllm: the (resumed) actor's weights into the engine
     unsup = pretraining_mix(run, state)
     tracker, bar = open_tracker(cfg.log, state, run.plan.total, run_label(cfg), run.run_config)
     preemption.enter_training()
@@ -131,6 +134,7 @@ def train(cfg: PPOStageConfig) -> Path:
         run.rewarder.close()
     if is_main():
         log.info("%s actor saved to %s", run_label(cfg), run.out / "actor")
+    vllm_rollout.close(run.models)  # last: vLLM's teardown ends the process group
     return run.out
 
 
@@ -205,6 +209,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         train_actor = state.step >= ppo.critic_warmup_steps
         # the rates this update is taken with (read before the engines step)
         lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
+        vllm_rollout.sleep(run.models)  # vllm on a GPU: the engine's memory is the update's
         upd = ppo_update(
             run.models,
             exp,
@@ -217,6 +222,8 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         )
         if state.ema is not None and train_actor:
             state.ema.update(run.models.actor.module)
+    with clock("time/sync" if run.models.rollout is not None else None):
+        vllm_rollout.sync_weights(run.models)  # vllm: the updated actor into the engine
     clock.times["time/step"] = time.perf_counter() - t
     state.step += 1
     # the KL coefficient of the next step (adaptive: towards --target_kl)
@@ -281,9 +288,9 @@ def collect_rollouts(
     Returns the concatenated rollout and scores, the prompts' metas and texts."""
     cfg, plan = run.cfg, run.plan
     rollouts, scoreds, metas = [], [], []
-    # the static decoder samples each row from (seed, step, its global row; stream 2, apart from
-    # the termination's 0 and the dense rewards' 1): the rollouts do not depend on the split over
-    # ranks, and a resumed run redraws them without a saved generator state
+    # the static decoder (and vLLM) sample each row from (seed, step, its global row; stream 2,
+    # apart from the termination's 0 and the dense rewards' 1): the rollouts do not depend on the
+    # split over ranks, and a resumed run redraws them without a saved generator state
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
     micro = step_prompts(plan, cfg.ppo.optim.seed, step)
@@ -291,13 +298,13 @@ def collect_rollouts(
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
         sample_seeds = None
-        if run.backend == "static":
+        if run.backend in SEEDED_BACKENDS:
             rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
             sample_seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro = generate(
                 run.models.actor, batch, cfg.generation, run.backend, run.tokenizer, run.eos_ids,
-                row_seeds=sample_seeds,
+                row_seeds=sample_seeds, engine=run.models.rollout,
             )  # fmt: skip
         later = None
         if later_values is not None:  # those of this generation batch's rows, local indices
@@ -343,7 +350,7 @@ class Run:
     collate: PromptCollator  # left-pads a list of prompts
     plan: RolloutPlan
     models: Models
-    backend: str  # the rollouts' decoder: `hf` or `static` (--generation_backend, `auto` resolved)
+    backend: str  # the rollouts' decoder: `hf`, `static` or `vllm` (--generation_backend resolved)
     rule: TerminationRule  # cuts responses into macro actions (--termination_condition)
     seg_rule: TerminationRule | None  # --dense_reward: the segment RM's own rule
     seg_norm: LocationNormalizer | None  # --dense_reward: its location normaliser
@@ -362,6 +369,8 @@ def setup(cfg: PPOStageConfig) -> Run:
     rules and the reward sources; writes run_config.json and ds_config.json."""
     mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
     start(mc.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
+    if g.generation_backend == "vllm":
+        vllm_rollout.check_flags(cfg)  # before any data or model is loaded
     out = ensure_output_dir(cfg.log.output_dir)
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
     check_context(ppo_model_roles(mc, ppo.reward_source), sequence_lengths(cfg))
@@ -381,6 +390,8 @@ def setup(cfg: PPOStageConfig) -> Run:
     models = build_models(cfg, plan.total_updates)
     startup.mark("models + engines")
     backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
+    if backend == "vllm":  # the engine, once per run; weights synced by `train`
+        models.rollout = vllm_rollout.build_engine(cfg, plan)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)

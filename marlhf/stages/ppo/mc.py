@@ -14,8 +14,9 @@ of the group's rewards and costs nothing.
 
 All continuations of a rank (every boundary × K) are drawn in a few large generate calls of
 ``--mc_generation_batch_size`` rows, sorted by prefix length so that a call's rows have similar
-budgets. With ``--generation_backend static`` each continuation's noise is seeded from (``--seed``,
-step, its key; stream 3, apart from the responses' 2), its key being (global row, boundary slot, k):
+budgets. With ``--generation_backend static`` or ``vllm`` each continuation's noise is seeded from
+(``--seed``, step, its key; stream 3, apart from the responses' 2), its key being (global row,
+boundary slot, k):
 the continuations do not depend on how the batch is split over ranks or into calls, and a resumed run
 redraws them. Each rank draws the continuations of its own rows; the values travel with the rows'
 experience when it is gathered.
@@ -43,7 +44,7 @@ from marlhf.models.sequences import end_index, pack_flush_left
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_sum, world_size
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.experience import Experience, segments_of
-from marlhf.stages.ppo.rollout import Rollout, generate
+from marlhf.stages.ppo.rollout import SEEDED_BACKENDS, Rollout, generate
 from marlhf.stages.ppo.scoring import SequenceReward
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ def continuation_rewards(
     g, ppo = cfg.generation, cfg.ppo
     pad = tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
-    static = backend == "static"
+    seeded = backend in SEEDED_BACKENDS  # each continuation's noise from its key
     engines = (models.actor, models.reward)
     zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
     device = ro.sequences.device
@@ -218,10 +219,12 @@ def continuation_rewards(
         else:
             rows, prefix, key = jobs.row[idx], jobs.prefix[idx], keys[idx]
         rows, prefix = rows.to(device), prefix.to(device)
-        seeds = derive_row_seeds(ppo.optim.seed, step, key, MC_STREAM) if static else None
+        seeds = derive_row_seeds(ppo.optim.seed, step, key, MC_STREAM) if seeded else None
         call = replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
         batch = prefix_batch(ro, rows, prefix, pad)
-        cont = generate(models.actor, batch, call, backend, tokenizer, eos_ids, row_seeds=seeds)
+        cont = generate(
+            models.actor, batch, call, backend, tokenizer, eos_ids, seeds, engine=models.rollout
+        )
         full = continued_rollout(ro, rows, prefix, cont, g.max_answer_seq_len, pad)
         if dummy:
             if models.reward is not None:

@@ -54,6 +54,7 @@ class Models:
     reward_info: dict  # the reward model's reward_config.json ({} when there is none)
     actor_ds: dict  # the actor's DeepSpeed config (saved as ds_config.json)
     critic_ds: dict | None  # the critic's DeepSpeed config (None without a critic)
+    rollout: object | None = None  # the vLLM engine (--generation_backend vllm), else None
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from marlhf.runtime.distributed import world_size
 
 if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
+    from marlhf.models.vllm_engine import VLLMEngine
     from marlhf.stages.ppo.config import GenerationConfig
 
 
@@ -29,8 +30,9 @@ class Rollout:
     action_mask: torch.Tensor  # (B, A) bool  valid response tokens (a prefix; includes the EOS)
     ends_with_eos: torch.Tensor  # (B,) bool  false for responses cut at max length
     prompt_ids: list[str]  # dataset prompt ids, for logging and code rewards
-    # recorded by the static decoder while sampling (None otherwise): log π_old(a_j | s_j) and the
-    # entropy of π_old(· | s_j) at the sampling temperature, before top-k/top-p; 0 on padding
+    # recorded while sampling (None otherwise): log π_old(a_j | s_j) (static decoder and vLLM) and
+    # the entropy of π_old(· | s_j) (static decoder only) at the sampling temperature, before
+    # top-k/top-p; 0 on padding
     logprobs: torch.Tensor | None = None  # (B, A) float32
     entropy: torch.Tensor | None = None  # (B, A) float32
 
@@ -48,6 +50,9 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
             ids.append(eot[0])
     return ids
 
+
+# the backends that seed each row's draws from (--seed, step, its global row): split-independent
+SEEDED_BACKENDS = ("static", "vllm")
 
 # model families the static decoder is tested on (full attention, 4-D additive masks)
 STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
@@ -133,33 +138,45 @@ def generate(
     tokenizer,
     eos_ids: list[int],
     row_seeds: torch.Tensor | None = None,
+    engine: VLLMEngine | None = None,
 ) -> Rollout:
     """Sample one response per prompt of ``batch`` with the ``actor`` engine, by the ``backend``
-    decoder (:func:`resolve_backend`), as ``g`` (``--max_answer_seq_len``, temperature, ...) says.
+    decoder (:func:`resolve_backend`), as ``g`` (``--max_answer_seq_len``, temperature, ...) says;
+    with ``vllm`` the rollout ``engine`` samples (the actor's weights synced into it by
+    :mod:`marlhf.stages.ppo.vllm_rollout`).
 
-    ``row_seeds`` ((B,) long, static backend only): the static decoder's counter-based noise, so each
-    row's response depends on its seed and prompt, not on the rows beside it; ``None`` draws from the
-    global RNG. The ``hf`` backend (``model.generate``) always draws from the global RNG, one stream
-    per rank, and left-pads to the local batch: its samples depend on how the batch is split."""
+    ``row_seeds`` ((B,) long, static and vllm backends): the static decoder's counter-based noise,
+    or each vLLM request's seed, so each row's response depends on its seed and prompt, not on the
+    rows beside it; ``None`` draws from the global RNG (the engine's RNG with vllm). The ``hf``
+    backend (``model.generate``) always draws from the global RNG, one stream per rank, and
+    left-pads to the local batch: its samples depend on how the batch is split."""
     device = actor.device
     prompt_ids = batch["input_ids"].to(device)
     prompt_mask = batch["attention_mask"].to(device)
-    actor.eval()
-    with _zero3_gather(actor, g.enable_zero3_generation_gather):
-        response_ids, logprobs, entropy = _sample(
-            actor, prompt_ids, prompt_mask, g, backend, eos_ids, tokenizer.pad_token_id, row_seeds
-        )
-    actor.train()
+    if backend == "vllm":
+        response_ids, logprobs = engine.sample(
+            prompt_ids, prompt_mask, max_new_tokens=g.max_answer_seq_len, top_k=g.top_k,
+            top_p=g.top_p, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id, row_seeds=row_seeds,
+            temperature=g.temperature,
+        )  # fmt: skip
+        entropy = None  # vLLM returns none
+    else:
+        actor.eval()
+        with _zero3_gather(actor, g.enable_zero3_generation_gather):
+            response_ids, logprobs, entropy = _sample(
+                actor, prompt_ids, prompt_mask, g, backend, eos_ids, tokenizer.pad_token_id,
+                row_seeds,
+            )  # fmt: skip
+        actor.train()
     if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
         response_ids = torch.full((prompt_ids.shape[0], 1), tokenizer.pad_token_id, device=device)
         logprobs = entropy = None
     action_mask, ends = response_mask(response_ids, eos_ids)
     response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
     if logprobs is not None:
-        logprobs, entropy = (
-            logprobs.masked_fill(~action_mask, 0.0),
-            entropy.masked_fill(~action_mask, 0.0),
-        )
+        logprobs = logprobs.masked_fill(~action_mask, 0.0)
+    if entropy is not None:
+        entropy = entropy.masked_fill(~action_mask, 0.0)
     seq, att, start = pack_flush_left(
         prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
     )

@@ -144,21 +144,27 @@ def old_policy(
     actor, ro: Rollout, cfg: PPOStageConfig, check_rollout: bool, groups: Grouping | None
 ) -> OldPolicy:
     """π_old of the rollout's tokens (:class:`OldPolicy`), with the rollout engine's record and
-    the actor's own forward pass over the same tokens on a check step or with a correction (else
-    None: the ``rollout/*`` metrics are logged exactly then).
+    the actor's own forward pass over the same tokens whenever the actor scores a recorded rollout
+    for another reason, on a check step, or with a correction (else None: the ``rollout/*``
+    metrics are logged exactly then).
 
     The record is π_old unless the actor scores it (``--recompute_old_logprobs``, a rollout
-    correction: :attr:`~marlhf.stages.ppo.config.PPOStageConfig.correction`, or no record, as
-    with ``hf``); ``check_rollout`` scores it too while keeping the record as π_old (the mismatch
-    check, ``--mismatch_check_every``). Call with dropout off."""
+    correction: :attr:`~marlhf.stages.ppo.config.PPOStageConfig.correction`, no record, as with
+    ``hf``, or a record without entropies, as with ``vllm``: the engine's log-probs are then the
+    behaviour policy and the actor's are π_old, compared every step); ``check_rollout`` scores it
+    too while keeping the record as π_old (the mismatch check, ``--mismatch_check_every``). Call
+    with dropout off."""
     T, full = cfg.generation.temperature, cfg.perf.score_all_positions
     recorded = ro.logprobs is not None
-    trainer_old = not recorded or cfg.perf.recompute_old_logprobs or cfg.correction != "none"
+    partial = recorded and ro.entropy is None  # vLLM's record: log-probs, no entropies
+    trainer_old = (
+        not recorded or partial or cfg.perf.recompute_old_logprobs or cfg.correction != "none"
+    )
     if not trainer_old and not check_rollout:
         return OldPolicy(ro.logprobs, ro.entropy)
     logp, ent = policy_forward(actor, ro, T, with_entropy=True, all_positions=full, groups=groups)
     pair = {}
-    if recorded and (check_rollout or cfg.correction != "none"):
+    if recorded and (check_rollout or partial or cfg.correction != "none"):
         pair = {"rollout_logprobs": ro.logprobs, "trainer_logprobs": logp}
     if trainer_old:
         return OldPolicy(logp, ent, **pair)

@@ -151,7 +151,9 @@ def _run(setup, reward_source="rm", **ppo):
             no_eos_penalty=-0.25, optim=ppo_optim(seed=7), **ppo,
         ),
     )  # fmt: skip
-    models = SimpleNamespace(actor=actor, reward=reward if reward_source == "rm" else None)
+    models = SimpleNamespace(
+        actor=actor, reward=reward if reward_source == "rm" else None, rollout=None
+    )
     oracle = gold_score if reward_source == "gold" else None
     return SimpleNamespace(
         cfg=cfg, models=models, tokenizer=tok, eos_ids=[tok.eos_token_id], gold=gold_score,

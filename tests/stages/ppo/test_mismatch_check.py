@@ -103,3 +103,23 @@ def test_defaults_per_dtype_and_validation():
             generation=GenerationConfig(generation_backend="hf"),
             ppo=PPOConfig(rollout_correction="tis"),
         )
+
+
+def test_a_record_without_entropies_is_the_behaviour_policy(recorded):
+    """vLLM's record (log-probs, no entropies): π_old and its entropy are the trainer's on every
+    step, and the record is returned beside them on every step, check step or not, for the
+    rollout/* metrics and the correction."""
+    actor, ro = recorded
+    shifted = torch.where(ro.action_mask, ro.logprobs - 0.2, ro.logprobs)
+    vllm_like = type(ro)(**{**ro.__dict__, "logprobs": shifted, "entropy": None})
+    for mode in ("none", "tis"):
+        with torch.no_grad():
+            out = old_policy(actor, vllm_like, _cfg("--rollout_correction", mode), False, None)
+        assert out.logprobs is out.trainer_logprobs and out.rollout_logprobs is shifted
+        torch.testing.assert_close(out.logprobs, ro.logprobs, rtol=0, atol=1e-4)  # the actor's
+        torch.testing.assert_close(out.entropy, ro.entropy, rtol=0, atol=1e-4)
+    m = mismatch_metrics(out.trainer_logprobs, out.rollout_logprobs, ro.action_mask)
+    assert m["rollout/logprob_diff_mean"] == pytest.approx(0.2, abs=1e-4)
+    w = importance_weights(out.trainer_logprobs, shifted, ro.action_mask, mode="tis", cap=1.1)
+    mask = ro.action_mask
+    assert torch.equal(w[mask], torch.full((int(mask.sum()),), 1.1))  # ρ = e^0.2 > 1.1: truncated
