@@ -77,7 +77,7 @@ def test_strict_build_catches_a_broken_anchor(tmp_path):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(path.read_bytes())
     guide = docs / "guide" / "index.md"
-    guide.write_text(guide.read_text() + "\n[gone](../results/index.md#no-such-question)\n")
+    guide.write_text(guide.read_text() + "\n[gone](../results.md#no-such-question)\n")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=site,
