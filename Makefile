@@ -48,7 +48,7 @@ test-main: $(VENV)/.installed
 test-vllm: $(VLLM_VENV)/.installed
 	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/with_vllm $(VLLM_ARGS)
 
-# The GPU acceptance run (marlhf/gpu_check; README, "GPU machine"): with the machine's own python
+# The GPU acceptance run (marlhf/gpu_check; docs/gpu.md): with the machine's own python
 # and torch (GPU_PY), not the CPU venv; on a machine without a GPU it runs at CPU size.
 GPU_PY ?= python3
 gpu-check:

@@ -143,7 +143,7 @@ def test_no_import_circles_between_packages():
     assert _cycles(packages) == []
 
 
-# The packages from the ground up (README, "Layout"): each imports only packages before it.
+# The packages from the ground up (docs/CONVENTIONS.md, "Layout"): each imports only packages before it.
 LAYERS = (
     "marlhf.config",
     "marlhf.cli",

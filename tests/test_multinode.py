@@ -1,4 +1,4 @@
-"""The README's multi-node recipe on one machine: two invocations of the recipe's lines (node ranks 0
+"""The guide's multi-node recipe (docs/guide/scale.md) on one machine: two invocations of the recipe's lines (node ranks 0
 and 1, one process each, rendezvous on 127.0.0.1, no ssh: the `deepspeed` launcher's ``--no_ssh``)
 train MA-PPO with ZeRO-3 (``run_tiny.sh`` in place of ``run_gemma.sh``), are both killed after the
 step-2 checkpoint, and the same two commands resume and finish: one metrics row per step, the final
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.slow
 
 
 def recipe_lines() -> str:
-    """The shell lines of the README's multi-node recipe (the bash block after its marker)."""
-    text = (ROOT / "README.md").read_text()
+    """The shell lines of the guide's multi-node recipe (the bash block after its marker)."""
+    text = (ROOT / "docs" / "guide" / "scale.md").read_text()
     marker = text.index("<!-- multi-node recipe:")
     block = re.search(r"```bash\n(.*?)```", text[marker:], re.DOTALL)
-    assert block, "README: no bash block after the multi-node recipe marker"
+    assert block, "docs/guide/scale.md: no bash block after the multi-node recipe marker"
     return block.group(1)
 
 
