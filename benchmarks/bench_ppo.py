@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# random-initialised shapes for a GPU session: hidden × layers (heads of 64)
+# random-initialised shapes for a GPU run: hidden × layers (heads of 64)
 GPU_SHAPES = {"0.1b": (768, 12), "0.5b": (1536, 16), "1b": (2048, 16)}
 GPU_VOCAB = 32000
 PHASES = ("generate", "score", "macro", "train")

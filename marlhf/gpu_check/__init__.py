@@ -20,7 +20,7 @@ What a user with a GPU runs first, and the first thing to run on any GPU the pro
 - ``ppo_update`` (`marlhf.gpu_check.bench`): seconds per PPO update at 934 M parameters (hidden
   2048 × 16 layers, batch 64, 128 + 128 tokens) next to TRL 1.12's 9.52 s on one H100 (goal:
   ≤ 1.9 s), with each phase's time and peak memory;
-- ``mismatch``: the bf16 rollout–trainer log-prob mismatch (`marlhf.rl.mismatch`) of the pipeline
+- ``mismatch``: the bf16 rollout–trainer log-prob mismatch (`marlhf.algo.mismatch`) of the pipeline
   model, batch 64 × 128 tokens.
 
 Without a GPU it runs at CPU size by itself (the embedded tiny model, one step each, small
@@ -28,7 +28,7 @@ benchmark shapes: a few minutes on 2 cores); the test suite runs it that way. Th
 run go to ``docs/gpu.md``.
 
 On a GPU machine without deepspeed and datasets (e.g. torch 2.11 + CUDA 13 and transformers 5.17
-preinstalled, no network), the README's "GPU machine" section gives the wheels to carry and the
+preinstalled, no network), docs/gpu.md ("Preparing a bare GPU machine") gives the wheels to carry and the
 install line; then, from the repository root::
 
     PYTHONPATH=/tmp/site:$PWD python3 -m marlhf.gpu_check --output_dir output/gpu_check

@@ -1,4 +1,4 @@
-"""The judge scripts run as users run them (README command lines) against a local server."""
+"""The judge scripts run as users run them (docs/guide/evaluation.md) against a local server."""
 
 import json
 import os

@@ -404,7 +404,7 @@ class PPOConfig:
             "pi_trainer(old) / pi_rollout at the ratio level in use, truncated at --rollout_is_cap "
             "(`tis`), masked outside [1/cap, cap] (`mis`), or truncated with whole responses "
             "masked whose geometric-mean ratio is outside the band (`seq_mask_tis`). `auto` "
-            "(default): `none` in fp32, `tis` in bf16/fp16 (README, rollout-trainer mismatch). "
+            "(default): `none` in fp32, `tis` in bf16/fp16 (docs/gpu.md, rollout-trainer mismatch). "
             "No effect with --generation_backend hf (no record: pi_old is always scored).",
             "choices": ("auto", *CORRECTIONS),
         },
@@ -538,7 +538,7 @@ class PPOConfig:
         return self.loss_agg_mode or ESTIMATORS[self.estimator].loss_agg_mode or "token-mean"
 
 
-# the trainer-side mismatch check costs one actor forward over the rollout (README: measured);
+# the trainer-side mismatch check costs one actor forward over the rollout (docs/gpu.md: measured);
 # every 10th step keeps it under a few per cent of a step
 MISMATCH_CHECK_EVERY = 10
 
@@ -600,7 +600,7 @@ class PerfConfig:
             "logs rollout/logprob_diff_mean, rollout/logprob_diff_max, rollout/k3_kl and "
             "rollout/ratio_{min,max}_{token,macro,seq} (0: never; with a correction, and with "
             "--generation_backend vllm, whose pi_old the trainer always scores, they are logged "
-            "every step). One actor forward pass per check (README)."
+            "every step). One actor forward pass per check (docs/gpu.md)."
         },
     )
     log_phase_resources: bool = field(

@@ -99,7 +99,7 @@ CASES = {
 CASES = {k: (*v, "--recompute_old_logprobs") for k, v in CASES.items()}
 CASES["reused"] = CASES["sampled"][:-1]
 # the rollout correction: π_old scored by the trainer, each macro action's loss weighted by its
-# truncated importance weight against the decoder's record (marlhf.rl.mismatch)
+# truncated importance weight against the decoder's record (marlhf.algo.mismatch)
 CASES["tis"] = (*CASES["reused"], "--rollout_correction", "tis", "--ratio_level", "macro")
 CRITIC_FREE = ("grpo", "macro_mc")
 FLAGS = (

@@ -7,7 +7,7 @@
 #   run_tiny.sh out/oracle tiny-base-64 - --reward_source gold --data_path synthetic-facts-64 \
 #       --max_prompt_seq_len 256 --max_answer_seq_len 112
 # With DS_LAUNCH_ARGS set it launches through `deepspeed` (NUM_GPUS processes per node, default 1),
-# as run_gemma.sh does: the README's multi-node recipe, tested on one machine.
+# as run_gemma.sh does: the guide's multi-node recipe (docs/guide/scale.md), tested on one machine.
 set -euo pipefail
 CMD=$(printf '%q ' "$0" "$@")  # for the log's header line
 OUTPUT=${1:?usage: run_tiny.sh OUTPUT_DIR SFT_DIR RM_DIR [flags...]}
