@@ -89,7 +89,7 @@ R3. *The ``facts`` family at 64 tokens.* ``--task facts --horizons 64 --arms
     --no_ablation --tag _r3 --output_dir output/hs_facts``. Question: with credit spread over the
     answer (no single decisive token), does any arm separate from PPO (final and held-out gold)?
     Prediction: smaller differences than on ``verdict``.
-R4. *The new options at 64 and 256 tokens.* (a) ``--horizons 64 --arms
+R4. *Boundary credit and lowprob at 64 and 256 tokens.* (a) ``--horizons 64 --arms
     ppo,fixed10,fixed10_boundary,macro_mc5,macro_mc5_boundary,lowprob10 --seeds $SEEDS --steps 80
     --sources gold --no_ablation --tag _r4 --output_dir output/hs_credit`` (shares R1's ppo, fixed10
     and macro_mc5 runs); (b) ``--horizons 256 --arms ppo,fixed10,fixed10_boundary,lowprob10 --seeds
@@ -1194,7 +1194,7 @@ def main(argv: list[str] | None = None) -> None:
         default="policy",
         help="the RM's data: also two answers of tiny-base-H per train prompt labelled like the "
         "task's comparisons (policy, as the demo's RM; default), or the task's generated "
-        "comparisons only (task; session 3's sweep)",
+        "comparisons only (task; the RM of the horizon-sweep tables in docs/measurement-log.md)",
     )
     ap.add_argument("--workers", type=int, default=None, help="processes (default: per size)")
     ap.add_argument("--spacy_model", default=None, help="spaCy pipeline of the parsing arm "

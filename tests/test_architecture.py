@@ -255,17 +255,67 @@ HISTORY = re.compile(
     r"(?<![:\w])#\d+\b|\bissues? #?\d|\bsessions? \d|\bthis session\b|\btoday'?s?\b|\bas before\b",
     re.IGNORECASE,
 )
+# Other projects' trackers cited as references (verl's RFC #7244, TRL issue #6789) are sources, not
+# history.
+EXTERNAL_REFERENCE = re.compile(
+    r"\b(?:RFC|(?:TRL|verl|vLLM|DeepSpeed|transformers|OpenRLHF|PyTorch)(?:'s)? (?:issue|PR)) #\d+",
+    re.IGNORECASE,
+)
+# Outside marlhf/: the scripts, benchmarks and tests, Python and shell.
+SCRIPT_DIRS = ("tests", "benchmarks", "scripts", "training", "inference", "evaluation")
+# The self-tests of the patterns hold what the patterns forbid: their bodies are not scanned.
+PATTERN_SELF_TEST = "history_pattern_matches_what_it_forbids"
+
+
+def _pattern_self_test_lines(path: Path, text: str) -> set[int]:
+    if path.suffix != ".py":
+        return set()
+    return {
+        i
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef) and node.name.endswith(PATTERN_SELF_TEST)
+        for i in range(node.lineno, node.end_lineno + 1)
+    }
+
+
+def history_lines(path: Path, pattern: re.Pattern = HISTORY) -> list[str]:
+    """The lines of `path` that `pattern` finds once other projects' trackers are left out, as
+    `path:line: text`; the bodies of the patterns' self-tests are skipped."""
+    text = path.read_text()
+    skip = _pattern_self_test_lines(path, text)
+    return [
+        f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{i}: {line.strip()}"
+        for i, line in enumerate(text.splitlines(), 1)
+        if i not in skip and pattern.search(EXTERNAL_REFERENCE.sub("", line))
+    ]
+
+
+def script_files(root: Path = ROOT) -> list[Path]:
+    return sorted(
+        p for d in SCRIPT_DIRS for ext in ("py", "sh") for p in (root / d).rglob(f"*.{ext}")
+    )
 
 
 def test_the_library_speaks_of_what_it_does_not_of_its_history():
-    """No tracker numbers, work sessions or "today's" / "as before" in marlhf/ (code, docstrings,
-    comments, help texts): the product describes what it does."""
-    found = []
-    for path in MODULES.values():
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if HISTORY.search(line):
-                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
-    assert found == []
+    """No line of marlhf/ (code, docstrings, comments, help texts) matches HISTORY: the product
+    describes what it does, not the tracker items or work sessions that made it."""
+    assert [line for path in MODULES.values() for line in history_lines(path)] == []
+
+
+def test_scripts_benchmarks_and_tests_speak_of_what_they_do_not_of_their_history():
+    """The same for every Python and shell file of tests/, benchmarks/, scripts/, training/,
+    inference/ and evaluation/: test names, docstrings, comments and printed labels."""
+    files = script_files()
+    names = {p.relative_to(ROOT).as_posix() for p in files}
+    assert {
+        "tests/test_architecture.py",
+        "benchmarks/horizon_sweep.py",
+        "scripts/make_synthetic_data.py",
+        "inference/inference_with_rewards.py",
+        "evaluation/gpt4-eval.py",
+        "training/step3_rlhf_finetuning/training_scripts/run_tiny.sh",
+    } <= names
+    assert [line for path in files for line in history_lines(path)] == []
 
 
 def test_history_pattern_matches_what_it_forbids():
@@ -273,3 +323,34 @@ def test_history_pattern_matches_what_it_forbids():
         assert HISTORY.search(text), text
     for text in ("the tissue", "a new session (setsid)", "color:#555", "x = d['#']"):
         assert not HISTORY.search(text), text
+
+
+def test_scan_for_history_pattern_matches_what_it_forbids(tmp_path):
+    """The scan for HISTORY reads the Python and shell files of every scripts directory, leaves
+    other projects' trackers alone and skips only the body of a pattern self-test."""
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "training").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "benchmarks" / "b.py").write_text('print("sweep of session 3")\n')
+    (tmp_path / "training" / "run.sh").write_text("# recipe as before\necho ok\n")
+    (tmp_path / "training" / "notes.txt").write_text("issue #12\n")
+    (tmp_path / "tests" / "test_x.py").write_text(
+        f"def test_{PATTERN_SELF_TEST}():\n"
+        '    assert "issue #12"\n'
+        "\n"
+        "def test_y():\n"
+        '    """issue 13, item 3; verl RFC #7244."""\n'
+    )
+    files = script_files(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == [
+        "benchmarks/b.py",
+        "tests/test_x.py",
+        "training/run.sh",
+    ]
+    found = [line.split(": ", 1)[0] for path in files for line in history_lines(path)]
+    assert found == [
+        f"{tmp_path}/benchmarks/b.py:1",
+        f"{tmp_path}/tests/test_x.py:5",
+        f"{tmp_path}/training/run.sh:1",
+    ]
+    assert history_lines(tmp_path / "tests" / "test_x.py", re.compile("RFC")) == []

@@ -1,6 +1,6 @@
 """The documentation: the mkdocs site builds with --strict (no broken link, image or anchor), the README
-and docs speak of what the project does (no work sessions, tracker numbers, "today's"), and every flag
-the guide names is a flag of some program."""
+and docs speak of what the project does (no work sessions, tracker numbers or days of work), and
+every flag the guide names is a flag of some program."""
 
 from __future__ import annotations
 
@@ -13,19 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_architecture import HISTORY
+from tests.test_architecture import EXTERNAL_REFERENCE, HISTORY, history_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
-# Beyond the library's pattern: section signs of an issue's items, "as before", "run 1 (session ...".
+# Beyond the library's pattern: section signs of a tracker's items, the bare word "session" and
+# "run 1 (" headings.
 DOC_HISTORY = re.compile(HISTORY.pattern + r"|§|\bsession\b|\brun \d+ \(", re.IGNORECASE)
-# Other projects' trackers cited as references (verl's RFC #7244, TRL issue #6789) are sources, not
-# history.
-EXTERNAL_REFERENCE = re.compile(
-    r"\b(?:RFC|(?:TRL|verl|vLLM|DeepSpeed|transformers|OpenRLHF|PyTorch)(?:'s)? (?:issue|PR)) #\d+",
-    re.IGNORECASE,
-)
 
 # Flags in the guide that belong to other programs, with the program.
 EXTERNAL_FLAGS = {
@@ -103,12 +98,7 @@ def test_every_docs_page_is_in_the_nav():
 
 
 def test_readme_and_docs_speak_of_what_the_project_does_not_of_its_history():
-    found = []
-    for path in doc_files():
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if DOC_HISTORY.search(EXTERNAL_REFERENCE.sub("", line)):
-                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
-    assert found == []
+    assert [line for path in doc_files() for line in history_lines(path, DOC_HISTORY)] == []
 
 
 def test_doc_history_pattern_matches_what_it_forbids():

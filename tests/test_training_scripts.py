@@ -181,7 +181,7 @@ def _run(script: Path, args: list[str], env: dict, cwd: Path):
 
 def test_gemma_sft_offline_fails_once_naming_the_model_without_launching(tmp_path):
     """Offline with no cached google/gemma-2b: one line naming it and HF_HUB_OFFLINE, from one
-    process, before deepspeed starts any rank (it used to be 33-50 s and 805 lines from 8 ranks)."""
+    process, before deepspeed starts any rank (not 33-50 s and 805 lines from 8 ranks)."""
     env, marker = _fake_bin(tmp_path)
     r, wall = _run(STEP1 / "run_gemma.sh", [str(tmp_path / "out" / "sft")], env, tmp_path)
     assert r.returncode != 0 and not marker.exists()

@@ -176,10 +176,11 @@ def test_worked_example_two_macro_actions():
 
 
 def test_weighted_agg_keeps_a_truncated_rows_score_whole():
-    """#13 item 34. Row 0 is truncated: its last macro action {2, 3, 4} is an ordinary chunk, and
-    `weighted` used to average the score into it (R1 = (-1.2 + 1.5) / 3 = 0.1). Given apart, the
-    score enters whole: R1 = -1.2 / 3 + 1.5 = 1.1. Row 1 ends with EOS, its own macro action {3}:
-    the score was whole there already, and stays so."""
+    """With `weighted`, a score given apart enters the last macro action whole, also in a truncated
+    row. Row 0 is truncated: its last macro action {2, 3, 4} is an ordinary chunk; averaged with its
+    KL rewards the score would give R1 = (-1.2 + 1.5) / 3 = 0.1, given apart it enters whole:
+    R1 = -1.2 / 3 + 1.5 = 1.1. Row 1 ends with EOS, its own macro action {3}: the score is whole
+    there either way."""
     kl_rewards = torch.tensor(
         [[-0.1, -0.2, -0.3, -0.6, -0.3], [-0.2, -0.4, -0.6, -0.5, 0.0]], dtype=torch.float64
     )
@@ -195,13 +196,13 @@ def test_weighted_agg_keeps_a_truncated_rows_score_whole():
         [[0.95, 0.95, 1.1, 1.1, 1.1], [1.1, 1.1, 1.1, 1.5, 0.0]], dtype=torch.float64
     )
     torch.testing.assert_close(adv, want)
-    # with the score already in the rewards (today's callers) nothing changes: row 1 agrees
+    # with the score added to the rewards instead (no `scores`), row 1 agrees and row 0 averages it
     combined = kl_rewards.clone()
     combined[0, 4] += 1.5
     combined[1, 3] += 2.0
-    old_adv, _ = macro_advantages(combined, values, mask, seg, **kw)
-    torch.testing.assert_close(old_adv[1], want[1])
-    assert old_adv[0, 4].item() == pytest.approx(0.1)  # the averaged score, documented above
+    combined_adv, _ = macro_advantages(combined, values, mask, seg, **kw)
+    torch.testing.assert_close(combined_adv[1], want[1])
+    assert combined_adv[0, 4].item() == pytest.approx(0.1)  # the averaged score, documented above
 
 
 @pytest.mark.parametrize("value_function", ["equal", "position", "unit", "start"])
@@ -271,7 +272,7 @@ def enumerated_policy_gradients(macro_end_row, value_functions, V=3, L=3, seed=0
 
 @pytest.mark.parametrize("macro_end_row", [[0, 1, 1], [1, 0, 1], [0, 0, 1]])
 def test_start_value_gives_the_true_policy_gradient_and_the_others_do_not(macro_end_row):
-    """Issue #12 §2: with `start` the macro action's baseline is V at the state where it begins, which
+    """With `start` the macro action's baseline is V at the state where it begins, which
     does not depend on its own tokens, so the expected policy gradient is the true gradient whatever
     the critic; `equal`, `position` and `unit` read states inside the macro action and are biased."""
     true_grad, grads = enumerated_policy_gradients(

@@ -78,7 +78,7 @@ def _functions(path: Path) -> dict[str, int]:
 
 
 def test_no_function_in_the_package_is_longer_than_100_lines():
-    """Issue #12: no function anywhere in ``marlhf/`` (nested ones included) over 100 lines."""
+    """No function anywhere in ``marlhf/`` (nested ones included) over 100 lines."""
     long = []
     for path in sorted((ROOT / "marlhf").rglob("*.py")):
         tree = ast.parse(path.read_text())

@@ -177,7 +177,8 @@ def test_command_lines_parse_into_valid_configs(size, tmp_path):
 
 
 def test_estimator_arms():
-    """The critic-free arms of issue #12 and the value-function arms of §2, as specified."""
+    """The critic-free arms (GRPO at the token and macro level, Monte-Carlo credit) and the
+    value-function arms get the estimator, ratio level and sampling settings they name."""
     from marlhf.cli import parse_config
     from marlhf.stages.ppo.config import PPOStageConfig
 

@@ -286,7 +286,7 @@ def test_missing_local_file(tmp_path):
         load_examples(f"plain:{tmp_path / 'nope.jsonl'}", "train")
 
 
-# --- encodings (issue 13, item 6) ----------------------------------------------------------------
+# --- encodings -----------------------------------------------------------------------------------
 def test_bytes_that_are_not_utf8_name_the_line_and_skip(tmp_path):
     lines = [json.dumps(r).encode() for r in plain_rows()]
     lines[2] = lines[2].replace(b"C2", b"C\xe92")  # "Cé2" in Latin-1: not UTF-8
@@ -325,7 +325,7 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path, suffix):
         assert bad == 0 and sorted(e.prompt for e in tr + ev) == [f"P{i}" for i in range(5)]
 
 
-# --- TL;DR "choice": one rule whatever else the file holds (issue 13, item 8) ----------------------
+# --- TL;DR "choice": one rule whatever else the file holds ----------------------------------------
 @pytest.mark.parametrize("choice", ["1", 1.0, True])
 def test_tldr_choice_must_be_an_integer_in_clean_and_broken_files(tmp_path, choice):
     rows = [tldr_row(i) for i in range(4)]

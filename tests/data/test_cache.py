@@ -34,8 +34,8 @@ def test_hit_and_miss(tmp_path):
 
 
 def test_empty_set_is_never_cached(tmp_path):
-    # An empty set with features loads back (so the old cache returned it); without features it
-    # cannot even be loaded. Either way nothing is saved and the error says so.
+    # An empty set with features loads back (so a cache that saved it would return it); without
+    # features it cannot even be loaded. Either way nothing is saved and the error says so.
     feats = datasets.Features({"x": datasets.Value("int32")})
     for empty in (
         datasets.Dataset.from_dict({"x": []}, features=feats),
@@ -47,8 +47,8 @@ def test_empty_set_is_never_cached(tmp_path):
 
 
 def test_entry_that_does_not_load_is_rebuilt(tmp_path, caplog):
-    # What an earlier version cached for an empty phase: a featureless empty set that
-    # `load_from_disk` fails on (IndexError) on every run.
+    # An entry holding an empty phase saved without features: a set that `load_from_disk` fails on
+    # (IndexError) on every run.
     datasets.Dataset.from_dict({"input_ids": []}).save_to_disk(str(tmp_path / key_hash({"k": 1})))
     with caplog.at_level(logging.WARNING):
         ds = cached(tmp_path, {"k": 1}, lambda: datasets.Dataset.from_dict({"x": [1, 2]}))

@@ -57,7 +57,7 @@ def test_no_mapping_keeps_the_data_cache_key():
 
     tok = load_tokenizer(ModelConfig(model_name_or_path="tiny-base"))
     key = cache_key(DataConfig(), tok, "train", 1, 1)
-    assert "data_columns" not in key["data"]  # the key of runs before the flag existed
+    assert "data_columns" not in key["data"]  # the key of runs without the flag
     mapped = cache_key(DataConfig(data_columns=("prompt=query",)), tok, "train", 1, 1)
     assert mapped["data"]["data_columns"] == ("prompt=query",)
 

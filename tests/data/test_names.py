@@ -1,4 +1,4 @@
-"""#13.29: one set of dataset names for inference, the LLM judge and evaluation-set sampling."""
+"""One set of dataset names for inference, the LLM judge and evaluation-set sampling."""
 
 import doctest
 

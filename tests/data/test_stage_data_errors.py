@@ -1,5 +1,5 @@
-"""A stage run as a subprocess on data that leaves a phase empty: one clear error, nothing cached
-(issue 13, item 3). The data-layer tests (``test_tokenize.py``) cover the cases one by one."""
+"""A stage run as a subprocess on data that leaves a phase empty: one clear error, nothing cached.
+The data-layer tests (``test_tokenize.py``) cover the cases one by one."""
 
 from __future__ import annotations
 

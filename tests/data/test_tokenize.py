@@ -220,7 +220,7 @@ def test_data_seed_fixes_the_split_whatever_the_seed(tok, tmp_path, monkeypatch)
     assert other == _phase_ids(8, 3) and set(other) != set(a)
     assert len(calls) == 2
     assert sft(1, data_seed=7) == sft(2, data_seed=7) != sft(1, data_seed=8)
-    # default (no --data_seed): the stage's seed splits, as before the flag existed
+    # default (no --data_seed): the stage's seed splits
     assert prompts(1) == _phase_ids(1, 3) and prompts(2) == _phase_ids(2, 3) != _phase_ids(1, 3)
     assert prompts(7) == a  # --seed 7 alone splits like --data_seed 7
 
@@ -228,7 +228,7 @@ def test_data_seed_fixes_the_split_whatever_the_seed(tok, tmp_path, monkeypatch)
 def test_cache_key_holds_the_split_seed(tok, tmp_path):
     cfg = DataConfig(data_output_path=str(tmp_path))
     key = T.cache_key(cfg, tok, "train", 5, 1)
-    assert key["seed"] == 5 and "data_seed" not in key["data"]  # the key of runs before the flag
+    assert key["seed"] == 5 and "data_seed" not in key["data"]  # the key of runs without the flag
     pinned = T.cache_key(
         DataConfig(data_output_path=str(tmp_path), data_seed=5), tok, "train", 9, 1
     )
@@ -238,7 +238,7 @@ def test_cache_key_holds_the_split_seed(tok, tmp_path):
     assert T.cache_key(moved, tok, "train", 5, 1) != key
 
 
-# --- empty sets: a clear error with counts, nothing cached (issue 13, item 3) ----------------------
+# --- empty sets: a clear error with counts, nothing cached ----------------------------------------
 def _plain_file(tmp_path, n, name="rows.jsonl"):
     f = tmp_path / name
     rows = [
@@ -312,10 +312,10 @@ def test_every_prompt_over_long(tok, tmp_path):
     assert "dropped while building: 5 prompts longer than --max_prompt_seq_len 4" in msg
     assert "raise --max_prompt_seq_len, or pass --overlong_prompts truncate" in msg
     ds, n = T.build_prompt_dataset(cfg, tok, "train", 1, 4, overlong="truncate_left")
-    assert len(ds) == 5 and n == 5  # item 4: truncated prompts are counted too
+    assert len(ds) == 5 and n == 5  # truncated prompts are counted too
 
 
-# --- prompts cut to --max_seq_len are counted and logged (issue 13, item 5) -----------------------
+# --- prompts cut to --max_seq_len are counted and logged ------------------------------------------
 def test_prompt_cut_to_max_seq_len_is_counted_and_warned(tok, data_file, tmp_path, caplog):
     full = [len(ids(tok, r["prompt"])) for r in ROWS]
     for _ in range(2):  # the build, then a cache hit: both warn
@@ -338,14 +338,14 @@ def test_prompt_cut_to_max_seq_len_is_counted_and_warned(tok, data_file, tmp_pat
     assert "SFT examples" not in caplog.text  # everything fits in 512 tokens: no warning
 
 
-# --- a pair with no preference is dropped and counted (issue 13, item 7) -------------------------
+# --- a pair with no preference is dropped and counted ---------------------------------------------
 def test_identical_pairs_are_dropped_and_counted(tok, tmp_path, caplog):
     rows = [dict(r) for r in ROWS] + [
         {"prompt": "POST\nSame.\nTL;DR: ", "chosen": "my dog", "rejected": "my dog"},
         # the same first five words: identical once cut to the budget below
         {
             "prompt": "Q: ",
-            "chosen": "my dog ate my lunch today",
+            "chosen": "my dog ate my lunch twice",
             "rejected": "my dog ate my lunch again",
         },
     ]
@@ -377,7 +377,7 @@ def test_identical_pairs_are_dropped_and_counted(tok, tmp_path, caplog):
         T.build_pair_dataset(cfg_for(one, tmp_path, data_split="0,1,0"), tok, "train", 0)
 
 
-# --- --end_of_conversation_token must be one token (issue 13, item 9) -----------------------------
+# --- --end_of_conversation_token must be one token ------------------------------------------------
 def test_end_of_conversation_token_must_be_one_token(tok_nobos, data_file, tmp_path):
     cfg = cfg_for(data_file, tmp_path, end_of_conversation_token="<|endoftext|>")
     pieces = tok_nobos.convert_ids_to_tokens(ids(tok_nobos, "<|endoftext|>"))

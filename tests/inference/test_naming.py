@@ -25,9 +25,10 @@ def test_output_path_layout():
 
 
 def test_output_naming_rule(tmp_path, monkeypatch):
-    """#13.30: one naming rule. Models under --proj-path are named by their whole path relative to it
-    (old: the last three components, so `runs/llama/sft` kept `runs` and `runs/llama/mappo_n5/actor`
-    lost it); a local data file names the results directory by its stem, not `webgpt.jsonl/`."""
+    """One naming rule. Models under --proj-path are named by their whole path relative to it (not
+    the last three components, which keep `runs` of `runs/llama/sft` and lose it from
+    `runs/llama/mappo_n5/actor`); a local data file names the results directory by its stem, not
+    `webgpt.jsonl/`."""
     proj = tmp_path / "proj"
     (proj / "data").mkdir(parents=True)
     (proj / "data" / "webgpt.jsonl").write_text("")

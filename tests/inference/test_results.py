@@ -34,7 +34,7 @@ def test_summary_hand_worked():
 
 
 def test_corrupt_result_line_names_line_and_column(tmp_path):
-    """#13.27 for result files read by inference: the JSON error keeps its column."""
+    """A corrupt line of a result file read by inference: the JSON error keeps its column."""
     path = tmp_path / "r.jsonl"
     path.write_text('{"prompt_id": "a"}\n{"prompt_id": "b", "response": "x\ty"}\n')
     with pytest.raises(

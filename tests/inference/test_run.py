@@ -288,8 +288,8 @@ def test_render_macro_html(assets, tmp_path, macro):
 
 
 def test_failed_run_without_rows_does_not_block_the_corrected_rerun(assets, tmp_path):
-    """#13.31: a run that failed before writing any row (here: a reward-model path that does not
-    exist) left settings that refused the corrected re-run ("refusing to mix results")."""
+    """A run that failed before writing any row (here: a reward-model path that does not exist)
+    leaves settings that do not refuse the corrected re-run ("refusing to mix results")."""
     out = str(tmp_path / "out.jsonl")
     with pytest.raises(FileNotFoundError, match="not a reward-model directory"):
         run_inference(
@@ -300,7 +300,7 @@ def test_failed_run_without_rows_does_not_block_the_corrected_rerun(assets, tmp_
     assert summary["n"] == 2
     meta = json.loads(open(out + ".meta.json").read())["settings"]
     assert meta["reward_model_path"] == os.path.abspath(assets["rm"])
-    # once rows exist, other settings are refused as before
+    # once rows exist, other settings are refused
     with pytest.raises(ValueError, match="refusing to mix results"):
         run_inference(inference_args(assets, tmp_path, output=out, temperature=1.0))
 

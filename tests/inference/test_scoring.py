@@ -32,8 +32,8 @@ def test_reward_equals_direct_rm_forward(assets, tmp_path):
 
 
 def test_reward_scoring_refuses_a_multi_token_end_of_conversation_token():
-    # issue 13 item 9 on the inference side: "TL;DR" is several tokens of the tiny tokenizer; it was
-    # appended as ~4 tokens to every response before the reward model read its score
+    # the one-token rule on the inference side: "TL;DR" is several tokens of the tiny tokenizer;
+    # accepted, it would append ~4 tokens to every response before the reward model read its score
     from types import SimpleNamespace
 
     from marlhf.config import ModelConfig

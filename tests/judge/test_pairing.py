@@ -91,8 +91,8 @@ def test_same_id_different_prompt_is_an_error(tmp_path):
 
 
 def test_one_row_without_prompt_id_is_an_error(tmp_path):
-    """#13.26: one row lacking prompt_id used to switch both files to matching by prompt text,
-    silently; now it is an error naming the file and the line."""
+    """One row lacking prompt_id is an error naming the file and the line (not a silent switch of
+    both files to matching by prompt text)."""
     rows = [{"prompt_id": f"id{i}", "prompt": f"p{i}", "response": "r"} for i in range(4)]
     a = write(tmp_path / "a.jsonl", rows)
     rows_b = [dict(r) for r in rows]
@@ -111,7 +111,7 @@ def test_one_row_without_prompt_id_is_an_error(tmp_path):
 
 
 def test_invalid_json_names_the_column(tmp_path):
-    """#13.27: a JSON error names line and column (old: the message lost the column)."""
+    """A JSON error names line and column."""
     bad = tmp_path / "bad.jsonl"
     ok = json.dumps({"prompt": "p", "response": "r"})
     bad.write_text(ok + "\n" + '{"prompt": "p", "response": "tab\there"}\n')  # raw control char

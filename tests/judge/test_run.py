@@ -255,11 +255,11 @@ def test_config_validation_names_flag(tmp_path):
     assert "sk-" not in repr(JudgeConfig(model_name_a="a", model_name_b="b", output="o", sk="sk-x"))
 
 
-# --- #13 items 22-29 ------------------------------------------------------------------------------
+# --- unparseable replies, failures, empty responses, output paths, cached spend, dataset names ----
 
 
 def test_unparseable_counted_apart_and_asked_again_with_flag(tmp_path, monkeypatch):
-    """#13.22: an unparseable reply is counted as `unparseable` (not `failed`); it stays cached (a parser
+    """An unparseable reply is counted as `unparseable` (not `failed`); it stays cached (a parser
     fix needs no new request), and --retry_unparseable asks again and replaces it in the cache."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     fixed = {"on": False}
@@ -295,8 +295,8 @@ def test_unparseable_counted_apart_and_asked_again_with_flag(tmp_path, monkeypat
 
 @pytest.mark.parametrize("failure", ["401", "connection refused"])
 def test_every_request_failed_exits_nonzero(tmp_path, monkeypatch, capsys, failure):
-    """#13.23: when nothing could be judged the CLI exits 1 with a message (old code: exit 0 with
-    "win rate n/a"); the outputs are still written."""
+    """When nothing could be judged the CLI exits 1 with a message (not 0 with "win rate n/a");
+    the outputs are still written."""
     import socket
 
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
@@ -322,7 +322,7 @@ def test_every_request_failed_exits_nonzero(tmp_path, monkeypatch, capsys, failu
 
 
 def test_empty_responses_warned_and_counted(tmp_path, monkeypatch):
-    """#13.24: empty or whitespace-only responses are judged as given but warned about, with the
+    """Empty or whitespace-only responses are judged as given but warned about, with the
     file and line, and counted in the summary."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     pairs = [("WIN a", ""), ("   \n ", "plain"), ("WIN c", "plain c")]
@@ -347,8 +347,8 @@ def test_empty_responses_warned_and_counted(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("which", ["a", "b", "summary-of-b"])
 def test_output_naming_an_input_is_refused(tmp_path, monkeypatch, capsys, which):
-    """#13.25: --output equal to an input (or whose summary file is one) is refused before anything
-    is written; the input is unchanged (old code overwrote it)."""
+    """--output equal to an input (or whose summary file is one) is refused before anything is
+    written; the input is unchanged."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     pa, pb = write_results(tmp_path)
     if which == "summary-of-b":
@@ -371,8 +371,8 @@ def test_output_naming_an_input_is_refused(tmp_path, monkeypatch, capsys, which)
 
 
 def test_rerun_keeps_the_spend_of_cached_replies(tmp_path, monkeypatch):
-    """#13.28: a re-run served from the cache reports this run's cost (0) and what the replies it used
-    cost when they were bought (old code: usage and cost 0, the spend lost from the summary)."""
+    """A re-run served from the cache reports this run's cost (0) and what the replies it used cost
+    when they were bought (the spend stays in the summary, not usage and cost 0)."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     with FakeOpenAI(judge) as srv:
         s1 = run_judge(config(tmp_path, srv), log=io.StringIO(), progress=False)
@@ -395,7 +395,7 @@ def test_rerun_keeps_the_spend_of_cached_replies(tmp_path, monkeypatch):
 
 
 def test_dataset_names_and_aliases(tmp_path, monkeypatch):
-    """#13.29: the judge takes the shared dataset names and aliases (`hh` as inference does)."""
+    """The judge takes the shared dataset names and aliases (`hh` as inference does)."""
     from marlhf.judge.config import template_for
 
     assert template_for("hh") == template_for("hh-rlhf") == "hh-rlhf"
@@ -415,7 +415,7 @@ def test_dataset_names_and_aliases(tmp_path, monkeypatch):
     [([], False), (["--dataset", "webgpt"], False), (["--dataset", "summarize"], True)],
 )
 def test_webgpt_script_notes_only_a_dataset_it_was_given(tmp_path, capsys, extra, noted):
-    """#13.29: gpt4-webgpt-eval.py notes an ignored --dataset only when one was passed."""
+    """gpt4-webgpt-eval.py notes an ignored --dataset only when one was passed."""
     pa, pb = write_results(tmp_path)
     argv = ["--model_name_a", str(pa), "--model_name_b", str(pb), "--output", str(tmp_path / "o")]
     assert main([*argv, "--dry-run", *extra], force_template="webgpt") == 0

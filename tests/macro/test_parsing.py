@@ -340,12 +340,12 @@ def test_token_char_spans_non_incremental_decoders(tok, ids, incremental):
 
 
 def test_split_sentences():
-    t = 'He left.  "Why?" she asked.\nMr. Brown met J. Smith at 5 p.m. today.\n\n\n(See above.) Done'
+    t = 'He left.  "Why?" she asked.\nMr. Brown met J. Smith at 5 p.m. sharp.\n\n\n(See above.) Done'
     got = [t[s:e] for s, e in split_sentences(t)]
     assert got == [
         "He left.",
         '"Why?" she asked.',
-        "Mr. Brown met J. Smith at 5 p.m. today.",
+        "Mr. Brown met J. Smith at 5 p.m. sharp.",
         "(See above.)",
         "Done",
     ]
@@ -451,8 +451,8 @@ def test_python_backend_truncated_snippet():
 
 @pytest.mark.parametrize("eol", ["\r", "\r\n", "\n\r"])
 def test_python_backend_line_endings_like_python(eol):
-    """Lone CR and CRLF end lines as in Python's own tokenizer (old code: wrong nodes, or an
-    IndexError that made the row fall back to fixed n-grams). Reference: the same program with LF
+    """Lone CR and CRLF end lines as in Python's own tokenizer (not wrong nodes, nor an
+    IndexError that makes the row fall back to fixed n-grams). Reference: the same program with LF
     endings; the node texts (whitespace-normalised) and the macro actions must be the same."""
 
     def texts(code: str) -> set[str]:  # labels left out: equal spans keep either label
@@ -460,7 +460,7 @@ def test_python_backend_line_endings_like_python(eol):
             " ".join(code[n.start : n.end].split()) for n in _walk_all(PythonBackend().parse(code))
         }
 
-    # parses whole (the old code's IndexError case), and with an unparsable tail
+    # parses whole (no IndexError on the line ends), and with an unparsable tail
     for lf in (
         "def f(x):\n    return x + 1\ny = f(2)\n",
         "def f(x):\n    return x + 1\n\nif f(2) > 1:\n    print('ok')\nz = [1,\n",

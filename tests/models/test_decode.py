@@ -264,7 +264,7 @@ def test_reused_cache_gives_fresh_results():
 
 def test_eager_steps_do_not_pad_to_the_bucket():
     """An eager decoder's cache covers the batch's prompts and the new tokens, not the bucket: the
-    bucket only fixes a compiled step's shape (issue #14: padding is work)."""
+    bucket only fixes a compiled step's shape (padding is work)."""
     model = _model("llama")
     ids, mask = _prompts(P=9)
     kw = dict(max_new_tokens=3, top_k=1, eos_ids=[], pad_id=PAD)

@@ -162,8 +162,8 @@ def test_check_same_tokenizer_names_both_models(models):
 
 
 def test_ppo_stage_refuses_mixed_tokenizers_before_loading(models, monkeypatch):
-    """build_models checks the tokenizers before any weights are loaded (today: a silent mismatch
-    or `index out of range in self` deep in the first forward)."""
+    """build_models checks the tokenizers before any weights are loaded (without the check:
+    a silent mismatch or `index out of range in self` deep in the first forward)."""
     import marlhf.stages.ppo.models as ppo
     from marlhf.stages.ppo.config import PPOStageConfig
 

@@ -57,7 +57,7 @@ def test_tiny_base_resolves_to_the_shipped_files():
 
 
 def test_tiny_base_tokenizer_is_the_tiny_tokenizer(tmp_path):
-    """The base was pretrained from `tiny`: its tokenizer must be the one `tiny` builds today."""
+    """The base was pretrained from `tiny`: its tokenizer must be the one `tiny` builds."""
     from transformers import AutoTokenizer
 
     built = AutoTokenizer.from_pretrained(zoo.build_tiny(tmp_path / "tiny"))

@@ -89,7 +89,7 @@ def _warnings(caplog) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# checksums (item 17)
+# checksums
 
 
 def test_every_tag_records_the_sha256_of_each_file(tmp_path):
@@ -127,7 +127,7 @@ def test_64_bytes_overwritten_in_the_optimizer_state_fall_back(tmp_path, caplog)
 
 
 # --------------------------------------------------------------------------------------------------
-# damaged or missing latest checkpoint (item 16)
+# damaged or missing latest checkpoint
 
 
 @pytest.mark.parametrize("damage", ["truncated", "file deleted", "folder deleted"])
@@ -209,7 +209,7 @@ def test_checkpoint_without_checksums_still_resumes_and_falls_back_on_load_error
 
 
 # --------------------------------------------------------------------------------------------------
-# latest.json deleted (item 18)
+# latest.json deleted
 
 
 def test_deleted_latest_json_resumes_from_the_newest_complete_with_a_warning(tmp_path, caplog):
@@ -257,7 +257,7 @@ def test_rotation_keeps_complete_tags_and_drops_unfinished_older_ones(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# stale temporaries (item 19)
+# stale temporaries
 
 
 def test_stale_safetensors_temporaries_are_removed_at_start(tmp_path):
@@ -291,7 +291,7 @@ def test_stale_safetensors_temporaries_are_removed_at_start(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# full disk (item 20)
+# full disk
 
 
 def _disk_full(monkeypatch):

@@ -1,4 +1,4 @@
-"""Rows grouped by length (issue #14): the partition is the least padded one over *all* partitions
+"""Rows grouped by length: the partition is the least padded one over *all* partitions
 (enumerated, not only the contiguous ones the dynamic programme searches), and the grouped forward
 passes of scoring and training give the one-pass outputs and gradients."""
 

@@ -430,7 +430,7 @@ def test_zero3_two_processes_with_uneven_eval_shards(n_eval, eval_batch, env, ti
     data = tmp_path / "data"
     data.mkdir()
     rows = [
-        {"prompt": f"POST: my cat number {i} ran off today.\nTL;DR: ", "chosen": f"cat {i} ran off"}
+        {"prompt": f"POST: my cat number {i} ran off again.\nTL;DR: ", "chosen": f"cat {i} ran off"}
         for i in range(8 + n_eval)
     ]
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))

@@ -94,7 +94,7 @@ CASES = {
     ),
 }  # fmt: skip
 # π_old from a forward pass in the cases above (exact checks of the logged KL, a small difference of
-# large sums); `reused` takes it from the decoder's record (the default, issue #14), whose rounding
+# large sums); `reused` takes it from the decoder's record (the default), whose rounding
 # follows the generation batch's shape (2 rows per rank against 8): its logged KL agrees to 1e-4
 CASES = {k: (*v, "--recompute_old_logprobs") for k, v in CASES.items()}
 CASES["reused"] = CASES["sampled"][:-1]

@@ -1,4 +1,4 @@
-"""The advantage estimators in the real stage (issue #12): every estimator at every ratio level with
+"""The advantage estimators in the real stage: every estimator at every ratio level with
 every termination rule trains end to end; the critic-free ones build, train and save no critic; a
 killed grpo or macro_mc run resumes to the uninterrupted run's metrics.
 

@@ -174,7 +174,7 @@ def test_macro_ends_rebuild_the_segments_of_gathered_rows():
 
 
 # --------------------------------------------------------------------------------------------------
-# the estimators wired into the experience (issue #12; #13 item 34)
+# the estimators wired into the experience
 
 
 def _kl_reward(scored, b, t, kl_coef):
@@ -182,7 +182,7 @@ def _kl_reward(scored, b, t, kl_coef):
 
 
 def test_weighted_macro_reward_keeps_a_truncated_rows_score_whole():
-    """#13 item 34: with --macro_reward_agg weighted, the KL rewards of a macro action are averaged
+    """With --macro_reward_agg weighted, the KL rewards of a macro action are averaged
     but the sequence score enters the last macro action whole, also for a truncated row, whose last
     macro action is an ordinary chunk (here row 1: 3 tokens, no EOS, one macro action of 3)."""
     ro, scored, scores, lengths = _rollout()

@@ -1,17 +1,19 @@
-"""Issue #14: the fast paths of a PPO step give the reference path's results for the same seed.
+"""The fast paths of a PPO step give the reference path's results for the same seed.
 
 The default step takes log π_old and its entropy from the static decoder (which records them while
 sampling), applies the LM head at the response positions only, runs plain causal attention over
-the flush-left rows and runs rows of similar length together (``marlhf.runtime.length_groups``). ``--recompute_old_logprobs --score_all_positions`` is the reference path: a
-second actor forward pass for log π_old, the LM head at every position and the padding mask in the
-attention (the computation before #14). Both run the real stage (``tests/support/ppo_record.py``
+the flush-left rows and runs rows of similar length together (``marlhf.runtime.length_groups``).
+``--recompute_old_logprobs --score_all_positions`` is the reference path: a second actor forward
+pass for log π_old, the LM head at every position and the padding mask in the attention (the whole
+computation, nothing reused or skipped). Both run the real stage (``tests/support/ppo_record.py``
 records every step) for two PPO steps with the same seed, sampling at temperature 1 from the whole
 vocabulary, with token-level PPO (n=1), 5-gram macro actions (n=5) and n=5 under ZeRO-3; the
-reference is the recorded run of the old path made in the same test. Checked: the same responses at
-both steps (so the update of step 1 did not move the sampling), experience within 2e-5, the same
-update statistics (losses, ratios) and logged metrics, and weights that agree far below the size of
-the two updates. And the reused log π_old is exact: at step 1 the first minibatch's ratio π/π_old,
-with π the initial actor teacher-forced on the recorded sequences, is 1 within 1e-5 on every token.
+reference is the recorded run of the reference path made in the same test. Checked: the same
+responses at both steps (so the update of step 1 did not move the sampling), experience within
+2e-5, the same update statistics (losses, ratios) and logged metrics, and weights that agree far
+below the size of the two updates. And the reused log π_old is exact: at step 1 the first
+minibatch's ratio π/π_old, with π the initial actor teacher-forced on the recorded sequences, is 1
+within 1e-5 on every token.
 """
 
 from __future__ import annotations

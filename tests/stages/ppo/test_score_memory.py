@@ -1,4 +1,4 @@
-"""Issue #14: the chunked log-prob / entropy paths at a large vocabulary: the results of the
+"""The chunked log-prob / entropy paths at a large vocabulary: the results of the
 unchunked computation (within float32 rounding of a float64 reference), at a fraction of its peak
 memory. Measured in a subprocess (`score_memory_probe.py`) whose large buffers glibc maps one by
 one and returns when freed, so its peak resident set size follows the live tensors.
@@ -51,6 +51,6 @@ def test_chunked_logprobs_and_entropy_equal_the_unchunked_at_a_fraction_of_the_m
 
 def test_score_pass_stays_far_below_the_full_logits(probe):
     m = probe["model"]
-    assert m["reference_mb"] > m["full_logits_mb"], m  # the old path holds the (B, T, V) logits
+    assert m["reference_mb"] > m["full_logits_mb"], m  # the reference holds the (B, T, V) logits
     assert m["fast_mb"] < 0.35 * m["full_logits_mb"], m
     assert m["max_diff"] < 1e-5, m

@@ -292,7 +292,7 @@ def test_experience_without_dropout_and_ppo_without_dropout_by_default(dropout_m
     rollout is one minibatch here, so the step's ratio statistics are the first minibatch's.
 
     π_old is scored by a forward pass here (``--recompute_old_logprobs``), the same computation as
-    the reference's, so the KL is 0 to the last bit. By default (#14) π_old is what the static
+    the reference's, so the KL is 0 to the last bit. By default π_old is what the static
     decoder recorded while sampling, also with dropout off: equal up to float rounding (checked at
     the end)."""
     base, actor, rm = dropout_models

@@ -522,7 +522,7 @@ def test_segment_rm_saves_normalizer_and_termination(workdir):
 def test_resumed_run_saves_the_score_stats_of_the_uninterrupted_one(workdir):
     """An intermediate checkpoint holds the end-score statistics of the latest evaluation. Evaluate
     at step 5, save every 2 steps, resume from step 6: the step-8 checkpoint must hold the step-5
-    statistics, as in the run never stopped (a resumed run used to save `score_stats: null`)."""
+    statistics, as in the run never stopped (not `score_stats: null`)."""
     args = [
         "--model_name_or_path", "tiny", "--max_steps", "10", "--eval_interval", "5",
         "--save_steps", "2", "--keep_checkpoints", "5", "--eval_iters", "2",
