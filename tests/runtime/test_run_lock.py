@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -131,6 +132,12 @@ RANKS = textwrap.dedent(
 )
 
 
+def _locks(stdout: str) -> list[tuple[str, str, str, str]]:
+    """(rank, directory, pid, token) of every "rank R locked DIR pid P token T" the ranks printed;
+    found anywhere in the output, since two ranks' lines can interleave in the launcher's pipe."""
+    return re.findall(r"rank (\d) locked (\S+) pid (\d+) token ([0-9a-f]{32})", stdout)
+
+
 def _two_ranks(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
@@ -148,18 +155,21 @@ def _two_ranks(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
 def test_ranks_of_one_run_share_one_lock_and_node_local_dirs_get_their_own(tmp_path):
     shared = _two_ranks(tmp_path, "shared")
     assert shared.returncode == 0, shared.stdout + shared.stderr[-3000:]
-    lines = sorted(x for x in shared.stdout.splitlines() if " locked " in x)
-    assert len(lines) == 2
-    pids = {x.split(" pid ")[1].split()[0] for x in lines}
-    assert len(pids) == 1  # rank 0's lock, seen by rank 1: one lock per run, not per rank
+    locks = _locks(shared.stdout)
+    assert len(locks) == 2, shared.stdout
+    assert (
+        len({pid for _, _, pid, _ in locks}) == 1
+    )  # rank 0's lock, seen by rank 1: one lock per run, not per rank
     assert not (tmp_path / "shared" / "run" / LOCK_FILE).exists()  # released at exit
 
     local = _two_ranks(tmp_path, "node-local")
     assert local.returncode == 0, local.stdout + local.stderr[-3000:]
-    lines = sorted(x for x in local.stdout.splitlines() if " locked " in x)
-    tokens = {x.split(" token ")[1] for x in lines}
-    assert len(lines) == 2 and len(tokens) == 1  # each node's own lock, one run's token
-    assert len({x.split(" pid ")[1].split()[0] for x in lines}) == 2
+    locks = _locks(local.stdout)
+    tokens = {token for _, _, _, token in locks}
+    assert len(locks) == 2 and len(tokens) == 1, (
+        local.stdout
+    )  # each node's own lock, one run's token
+    assert len({pid for _, _, pid, _ in locks}) == 2
 
     # another run holds node 1's directory: every rank stops, not only rank 1
     proc = _sleeper()
@@ -172,8 +182,8 @@ def test_ranks_of_one_run_share_one_lock_and_node_local_dirs_get_their_own(tmp_p
     finally:
         proc.kill()
         proc.wait()
-    refused = [x for x in held.stdout.splitlines() if "refused" in x]
-    assert len(refused) == 2 and all(f"PID {proc.pid}" in x for x in refused), held.stdout
+    refused = re.findall(r"rank \d refused: .*?PID (\d+)", held.stdout)
+    assert refused == [str(proc.pid)] * 2, held.stdout
     assert not (tmp_path / "node0" / "run" / LOCK_FILE).exists()  # rank 0 let its lock go
 
 
