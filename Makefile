@@ -39,8 +39,10 @@ install-vllm: $(VLLM_VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m marlhf.demo --output_dir $(OUT) $(ARGS)
 
-# the whole suite (vLLM's tests skip there), then the vLLM tests in their environment
-test: test-main test-vllm
+# the whole suite (vLLM's tests skip there) and, beside it on the second core, the vLLM tests in
+# their environment; output is kept whole per line
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-main test-vllm
 
 test-main: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
