@@ -40,9 +40,13 @@ demo: $(VENV)/.installed
 	$(PY) -m marlhf.demo --output_dir $(OUT) $(ARGS)
 
 # the whole suite (vLLM's tests skip there) and, beside it on the second core, the vLLM tests in
-# their environment; output is kept whole per line
-test:
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-main test-vllm
+# their environment (their output, kept in output/test-vllm.log, follows the main suite's)
+test: $(VENV)/.installed $(VLLM_VENV)/.installed
+	@mkdir -p output; \
+	( $(MAKE) --no-print-directory test-vllm > output/test-vllm.log 2>&1; echo $$? > output/test-vllm.rc ) & \
+	$(MAKE) --no-print-directory test-main; main=$$?; wait; \
+	echo "--- the vLLM suite, run beside it (output/test-vllm.log):"; cat output/test-vllm.log; \
+	test $$main -eq 0 && test "$$(cat output/test-vllm.rc)" -eq 0
 
 test-main: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
