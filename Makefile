@@ -39,14 +39,18 @@ install-vllm: $(VLLM_VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m marlhf.demo --output_dir $(OUT) $(ARGS)
 
-# the whole suite (vLLM's tests skip there) and, beside it on the second core, the vLLM tests in
-# their environment (their output, kept in output/test-vllm.log, follows the main suite's)
+# The whole suite in two lanes, one per core: the main suite streams its progress while the vLLM
+# suite (in its environment) and then the two end-to-end demo tests run beside it into
+# output/test-side.log, printed after. The status fails when either lane fails. `make test-main`
+# alone runs every test of the main environment, the demos included.
+SIDE_TESTS := tests/pipeline/test_demo.py tests/pipeline/test_demo_bf16.py
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	@mkdir -p output; \
-	( $(MAKE) --no-print-directory test-vllm > output/test-vllm.log 2>&1; echo $$? > output/test-vllm.rc ) & \
-	$(MAKE) --no-print-directory test-main; main=$$?; wait; \
-	echo "--- the vLLM suite, run beside it (output/test-vllm.log):"; cat output/test-vllm.log; \
-	test $$main -eq 0 && test "$$(cat output/test-vllm.rc)" -eq 0
+	( ( $(MAKE) --no-print-directory test-vllm && OMP_NUM_THREADS=1 $(PY) -m pytest -q $(SIDE_TESTS) $(ARGS) ) \
+		> output/test-side.log 2>&1; echo $$? > output/test-side.rc ) & \
+	$(MAKE) --no-print-directory test-main ARGS="$(addprefix --ignore=,$(SIDE_TESTS)) $(ARGS)"; main=$$?; wait; \
+	echo "--- beside it: the vLLM suite, then the demo tests (output/test-side.log):"; cat output/test-side.log; \
+	test $$main -eq 0 && test "$$(cat output/test-side.rc)" -eq 0
 
 test-main: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
