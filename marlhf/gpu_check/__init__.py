@@ -44,7 +44,7 @@ import resource
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -81,9 +81,11 @@ def _load(path: Path, device: str):
     return model.to(device).eval()
 
 
-def run_check(cfg) -> dict:
-    """Every part of ``cfg.parts`` in order; a part that raises is reported under ``errors`` and
-    the others still run. Returns the result (see :mod:`marlhf.gpu_check.report`)."""
+def run_check(cfg, on_part: Callable[[dict], None] | None = None) -> dict:
+    """Every part of ``cfg.parts`` in the order given; a part that raises is reported under
+    ``errors`` and the others still run. ``on_part(result)`` is called after each part (``main``
+    writes the files then, so a run stopped part-way keeps what it measured). Returns the result
+    (see :mod:`marlhf.gpu_check.report`)."""
     t0 = time.perf_counter()
     cuda = torch.cuda.is_available()
     sizes = resolve_sizes(cfg, cuda)
@@ -110,11 +112,19 @@ def run_check(cfg) -> dict:
         result.setdefault("part_seconds", {})[name] = time.perf_counter() - start
         result.setdefault("part_peak", {})[name] = _peak()
         _free()
+        result["wall_s"] = time.perf_counter() - t0
+        if on_part is not None:
+            on_part(result)
 
     def pipeline():
         nonlocal model_dir
         model_dir = _pipeline_model(work, sizes, pipeline_model)
-        runs = run_pipeline(work, str(model_dir), sizes, cfg.stage_timeout_s)
+        def so_far(runs) -> None:  # each finished run is written while the next one runs
+            result["pipeline"] = [asdict(r) for r in runs]
+            if on_part is not None:
+                on_part(result)
+
+        runs = run_pipeline(work, str(model_dir), sizes, cfg.stage_timeout_s, on_run=so_far)
         return [asdict(r) for r in runs]
 
     def decode():
@@ -143,9 +153,11 @@ def run_check(cfg) -> dict:
         del model
         return res
 
-    for name, fn in (("pipeline", pipeline), ("decode", decode), ("ppo_update", ppo_update),
-                     ("mismatch", mismatch)):  # fmt: skip
-        part(name, fn)
+    parts = {"pipeline": pipeline, "decode": decode, "ppo_update": ppo_update,
+             "mismatch": mismatch}  # fmt: skip
+    for name in cfg.parts:
+        if name in parts:
+            part(name, parts[name])
     pipeline_ok = all(r["ok"] for r in result.get("pipeline", []))
     result["ok"] = not result["errors"] and pipeline_ok
     result["wall_s"] = time.perf_counter() - t0
@@ -164,7 +176,7 @@ def _pipeline_model(work: Path, sizes, build) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(GPUCheckStageConfig, argv, description=__doc__.splitlines()[0]).check
-    result = run_check(cfg)
+    result = run_check(cfg, on_part=lambda partial: write(partial, Path(cfg.output_dir)))
     js, md = write(result, Path(cfg.output_dir))
     print(md.read_text())
     print(f"gpu_check: {js} and {md}", file=sys.stderr)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from marlhf.gpu_check.config import Sizes
 from marlhf.gpu_check.models import bench_models, param_count, random_prompts
-from marlhf.gpu_check.pipeline import RunResult, check_metrics, run_process
+from marlhf.gpu_check.pipeline import RunResult, check_metrics, drop_train_state, run_process
 
 TRL_SECONDS = {"934M": 9.52, "134M": 4.38}  # TRL 1.12 PPO update, one H100 (gpu-anchors.md)
 GOAL_SECONDS_934M = 1.9  # >= 5x TRL
@@ -56,6 +56,7 @@ def ppo_update_bench(work: Path, sizes: Sizes, timeout_s: int) -> tuple[dict, Ru
         res = _run(work, program, timeout_s)
         res.problems.insert(0, "--compile_generation failed: " + "; ".join(failed.problems))
         compiled = False
+    drop_train_state(work / "ppo")
     rows = []
     metrics_file = work / "ppo" / "metrics.jsonl"
     if metrics_file.exists():

@@ -30,7 +30,7 @@ class CheckConfig:
     )
     parts: tuple[str, ...] = field(
         default=PARTS,
-        metadata={"help": f"Parts to run, any of {', '.join(PARTS)}."},
+        metadata={"help": f"Parts to run, in the order given, any of {', '.join(PARTS)}."},
     )
     bandwidth: float = field(
         default=0.0,

@@ -81,6 +81,10 @@ def write(result: dict, out_dir: Path) -> tuple[Path, Path]:
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows(result)]
     total = result.get("wall_s")
     lines.append("")
-    lines.append(f"Total {total:.0f} s; all checks passed: {result.get('ok')}." if total else "")
+    if "ok" not in result:  # written after a part, the run still going
+        done = ", ".join(result.get("part_seconds", {}))
+        lines.append(f"Part-way: {total:.0f} s so far; parts done: {done}." if total else "")
+    else:
+        lines.append(f"Total {total:.0f} s; all checks passed: {result['ok']}." if total else "")
     md.write_text("\n".join(lines) + "\n")
     return js, md

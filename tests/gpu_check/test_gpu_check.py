@@ -74,3 +74,34 @@ def test_pipeline_runs_every_stage_in_bf16(check):
     assert grpo["ppo"]["advantage_estimator"] == "grpo"
     assert not (work / "grpo_lora" / "critic").exists()  # critic-free
     assert runs["inference"]["metrics"]["rows"] == 8
+    for name in ("sft", "rm", *zeros):  # later runs read the models only; the resumable state goes
+        model = work / name / ("actor" if name in zeros else "")
+        assert (model / "config.json").exists() and not (work / name / "train_state").exists()
+
+
+def test_parts_run_in_the_order_given_and_each_is_written_when_done(tmp_path, monkeypatch):
+    import marlhf.gpu_check as gc
+    from marlhf.gpu_check.config import CheckConfig
+
+    calls = []
+    monkeypatch.setattr(gc, "rollout_mismatch", lambda *a: calls.append("mismatch") or {"m": 1})
+    monkeypatch.setattr(gc, "_load", lambda path, device: object())
+
+    def decode(*a):
+        calls.append("decode")
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(gc, "decode_throughput", decode)
+    monkeypatch.setattr(gc, "bench_models", lambda *a: None)
+    cfg = CheckConfig(output_dir=str(tmp_path), parts=("mismatch", "decode"))
+    written = []
+
+    def on_part(result):
+        js, md = gc.write(result, tmp_path)
+        written.append((sorted(result["part_seconds"]), md.read_text().splitlines()[-1]))
+
+    result = gc.run_check(cfg, on_part=on_part)
+    assert calls == ["mismatch", "decode"]
+    assert [w[0] for w in written] == [["mismatch"], ["decode", "mismatch"]]
+    assert written[0][1].startswith("Part-way:") and "parts done: mismatch" in written[0][1]
+    assert result["errors"] == {"decode": "RuntimeError: planted"} and result["ok"] is False
