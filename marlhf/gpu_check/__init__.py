@@ -119,6 +119,7 @@ def run_check(cfg, on_part: Callable[[dict], None] | None = None) -> dict:
     def pipeline():
         nonlocal model_dir
         model_dir = _pipeline_model(work, sizes, pipeline_model)
+
         def so_far(runs) -> None:  # each finished run is written while the next one runs
             result["pipeline"] = [asdict(r) for r in runs]
             if on_part is not None:
