@@ -14,3 +14,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` are skipped where torch sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    import pytest
+
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run there with pytest -m cuda)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -25,7 +25,9 @@ def group_stats(outcome: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:
     """``group/score_std``: the mean over groups of the (Bessel) std of their rows' sequence rewards;
     ``group/zero_std_frac``: the share of groups whose rows all scored the same (no signal for the
     group estimators)."""
-    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    _, inverse, counts = torch.unique(
+        ids.to(outcome.device), return_inverse=True, return_counts=True
+    )
     n = counts.numel()
     x = outcome.double()
     mean = x.new_zeros(n).index_add_(0, inverse, x) / counts

@@ -165,11 +165,15 @@ def draw_counter(
     temperature: float,
     top_k: int,
     top_p: float,
+    vocab: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`draw` with `counter_noise`: (B, V) float logits → (B,) long, the same token as
     ``draw(logits, counter_noise(row_seeds, t, arange(V)), ...)``. With ``0 < top_k < V`` the noise
     is made for the top-k candidates only, (B, k) instead of (B, V) (tokens tied with the k-th are
-    dropped here, kept by `filter_logits`)."""
+    dropped here, kept by `filter_logits`). ``vocab``: ``arange(V)`` made outside a compiled graph
+    (the decoder's): inside one, inductor turns an ``arange`` into the kernel's int32 loop index,
+    and Triton refuses the product of that index with SplitMix64's 64-bit increment, so the
+    compiled full-vocabulary draw (``top_k=0``) reads the tokens from memory instead."""
     V = logits.shape[-1]
     if top_k == 1:
         return torch.argmax(logits, dim=-1)
@@ -180,8 +184,8 @@ def draw_counter(
         pick = torch.argmax(probs / counter_noise(row_seeds, t, tokens), dim=-1, keepdim=True)
         return tokens.gather(1, pick)[:, 0]
     probs = torch.softmax(filter_logits(x, 0, top_p), dim=-1)
-    noise = counter_noise(row_seeds, t, torch.arange(V, device=logits.device))
-    return torch.argmax(probs / noise, dim=-1)
+    tokens = vocab if vocab is not None else torch.arange(V, device=logits.device)
+    return torch.argmax(probs / counter_noise(row_seeds, t, tokens), dim=-1)
 
 
 def _check_model(config) -> None:
@@ -294,6 +298,7 @@ class _Decoder:
         self.dtype = dtype
         self.kv_valid = torch.ones(B, L, dtype=torch.bool, device=device)  # (B, L)
         self.key_pos = torch.arange(L, device=device)  # (L,)
+        self.vocab: torch.Tensor | None = None  # (V,) arange(V), a graph input of the step
         self.compiled = compile
         self.step_fn = (
             torch.compile(self.step, mode="reduce-overhead", fullgraph=False)
@@ -360,12 +365,14 @@ class _Decoder:
         t: torch.Tensor | None = None,
         with_stats: bool = False,
         lean=None,
+        vocab: torch.Tensor | None = None,
     ):
         """One decode step. tokens, positions: (B, 1) long; cur: () long, the cache slot written now;
         noise: (B, V) or None, or else ``row_seeds`` (B,) long and ``t`` () long, the decode step, for
         `draw_counter` (its noise is made here, inside the compiled graph). Returns (B,) long, or
         with ``with_stats`` the tuple (tokens, log-probs, entropies) (`token_stats`). ``lean``: the
-        model's `lean_parts` (eager steps), else the model's forward is called."""
+        model's `lean_parts` (eager steps), else the model's forward is called; ``vocab``: (V,)
+        long ``arange(V)`` for `draw_counter` (the decoder's buffer)."""
         n = self.cache.window
         if n is not None:  # the written slots 0..cur (n = cur + 1): only padding is masked
             mask = self.window_mask[:, None, None, :n]
@@ -385,7 +392,7 @@ class _Decoder:
             )
             logits = out.logits[:, -1, :]
         if row_seeds is not None:
-            tok = draw_counter(logits, row_seeds, t, temperature, top_k, top_p)
+            tok = draw_counter(logits, row_seeds, t, temperature, top_k, top_p, vocab)
         else:
             tok = draw(logits, noise, temperature, top_k, top_p)
         return (tok, *token_stats(logits, tok, temperature)) if with_stats else tok
@@ -503,6 +510,8 @@ def _sample(
     stats = [torch.zeros(B, max_new_tokens, device=device) for _ in range(2 * return_logprobs)]
     try:
         logits = dec.prefill(model, input_ids, attention_mask).float()  # (B, V)
+        if dec.vocab is None or dec.vocab.numel() != logits.shape[-1]:
+            dec.vocab = torch.arange(logits.shape[-1], device=device)
         noise = _exp_noise(logits.shape, device, generator) if noisy else None
         if row_seeds is not None:
             tok = draw_counter(logits, row_seeds, 0, temperature, top_k, top_p)  # (B,)
@@ -522,7 +531,7 @@ def _sample(
             noise = _exp_noise(logits.shape, device, generator) if noisy else None
             res = dec.step_fn(
                 model, tok[:, None], positions, cur, noise, temperature, top_k, top_p,
-                row_seeds, t, return_logprobs, lean,
+                row_seeds, t, return_logprobs, lean, dec.vocab,
             )  # fmt: skip
             nxt, new = (res[0], res[1:]) if return_logprobs else (res, ())
             # a CUDA-graph output buffer is overwritten by the next replay: `where` copies it

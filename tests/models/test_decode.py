@@ -460,7 +460,7 @@ def test_greedy_ignores_row_seeds():
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled step runs on CUDA only")
+@pytest.mark.cuda
 @pytest.mark.parametrize("top_k", [0, 10])
 def test_compiled_step_draws_the_eager_tokens_with_row_seeds(top_k):
     """Under torch.compile the counter noise is fused into the step's graph: same bits, same tokens."""

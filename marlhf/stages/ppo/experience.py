@@ -274,7 +274,7 @@ def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> E
         stats["macro/credit_share"] = float(exp.credit.sum() / mask.sum().clamp(min=1))
     G = cfg.ppo.n_samples_per_prompt
     if G > 1 and exp.outcome is not None:
-        stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G)))
+        stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G, exp.outcome.device)))
     return replace(exp, advantages=advantages, returns=returns, stats=stats)
 
 

@@ -303,3 +303,31 @@ def test_macro_mc_reads_the_monte_carlo_values_of_the_experience():
                         b,
                         t,
                     )
+
+
+def _on(obj, device):
+    """A copy of a rollout / scored dataclass with its tensors on ``device``."""
+    from dataclasses import fields, replace
+
+    moved = {f.name: getattr(obj, f.name).to(device) for f in fields(obj)
+             if isinstance(getattr(obj, f.name), torch.Tensor)}  # fmt: skip
+    return replace(obj, **moved)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gae", "grpo", "dr_grpo", "rloo"])
+def test_every_estimator_runs_on_cuda_and_equals_cpu(name):
+    """The whole estimate (advantages, returns, statistics: group statistics included) with every
+    tensor on the GPU equals the CPU one: no tensor is made on the CPU beside them."""
+    ro, scored, scores, _ = _grouped_rollout()
+    ppo = PPOConfig(kl_ctl=0.1, advantage_estimator=name, n_samples_per_prompt=2,
+                    reward_source="gold")  # fmt: skip
+    cfg = PPOStageConfig(ppo=ppo, macro=MacroConfig(termination_condition="fixed", ngram=2))
+    cpu = loop_experience(build_termination(cfg.macro), ro, scored, scores, cfg, 0.1)
+    gpu = loop_experience(build_termination(cfg.macro), _on(ro, "cuda"), _on(scored, "cuda"),
+                          scores.cuda(), cfg, 0.1)  # fmt: skip
+    assert gpu.advantages.device.type == "cuda"
+    torch.testing.assert_close(gpu.advantages.cpu(), cpu.advantages)
+    assert gpu.stats.keys() == cpu.stats.keys()
+    for k, v in cpu.stats.items():
+        assert gpu.stats[k] == pytest.approx(v, abs=1e-6), k
