@@ -1,7 +1,8 @@
 """The GPU acceptance run: ``python -m marlhf.gpu_check [--output_dir DIR]`` (``make gpu-check``).
 
-What a user with a GPU runs first, and the first thing to run on any GPU the project gets: at most
-8 minutes on one 80 GB H100, no network, one JSON (``DIR/gpu_check.json``) and one markdown table
+What a user with a GPU runs first, and the first thing to run on any GPU the project gets: on one
+80 GB H100 the benchmark parts take about 4.5 minutes and the pipeline at ``--size 512x4`` about 4
+(docs/gpu.md, "Time"), no network, one JSON (``DIR/gpu_check.json``) and one markdown table
 (``DIR/gpu_check.md``). Parts (``--parts``):
 
 - ``environment``: Python, torch, CUDA, cuDNN, the driver, the GPU and its memory and bandwidth,
