@@ -114,6 +114,23 @@ CASES = {
 }
 
 
+def _run_matrix(base: Path, runs: dict[str, list[str]], name: str, timeout: int):
+    """Trains every run of ``runs`` ({name: stage flags}) in one process (the matrix runner);
+    returns ({run: error} of the runs that failed, the runner's stderr)."""
+    spec = base / f"{name}.json"
+    spec.write_text(json.dumps(runs))
+    proc = subprocess.run(
+        [sys.executable, str(MATRIX), str(spec)],
+        env=_env(base),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(Path(str(spec) + ".errors.json").read_text()), proc.stderr
+
+
 @pytest.fixture(scope="module")
 def matrix(models):
     """Every case trained one step (one process); returns (base, {case: output dir}, errors, log)."""
@@ -123,19 +140,8 @@ def matrix(models):
         flags = [str(base / "rm") if f == "RM" else f for f in _case_flags(i, est, level, rule)]
         outs[name] = base / "matrix" / name
         cases[name] = [*_common(base), *flags, "--output_dir", str(outs[name])]
-    spec = base / "cases.json"
-    spec.write_text(json.dumps(cases))
-    proc = subprocess.run(
-        [sys.executable, str(MATRIX), str(spec)],
-        env=_env(base),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=1200,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    errors = json.loads(Path(str(spec) + ".errors.json").read_text())
-    return base, outs, errors, proc.stderr
+    errors, stderr = _run_matrix(base, cases, "cases", timeout=1200)
+    return base, outs, errors, stderr
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -207,18 +213,7 @@ RESUME = {
 
 
 def _train_all(base: Path, runs: dict[str, list[str]], name: str) -> None:
-    spec = base / f"{name}.json"
-    spec.write_text(json.dumps(runs))
-    proc = subprocess.run(
-        [sys.executable, str(MATRIX), str(spec)],
-        env=_env(base),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    errors = json.loads(Path(str(spec) + ".errors.json").read_text())
+    errors, _ = _run_matrix(base, runs, name, timeout=900)
     assert not errors, errors
 
 

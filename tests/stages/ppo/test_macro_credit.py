@@ -15,24 +15,7 @@ from marlhf.stages.ppo.experience import Experience
 from marlhf.stages.ppo.mc import mc_boundaries
 from marlhf.stages.ppo.rollout import Rollout
 from marlhf.stages.ppo.update import Minibatch, actor_step, minibatches
-
-
-class _Actor:
-    """A trainable 'engine': logits are a free (1, T, V) parameter; backward records the loss."""
-
-    def __init__(self, T, V, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.logits = torch.nn.Parameter(torch.randn(1, T, V, generator=g))
-        self.losses = []
-
-    def __call__(self, input_ids, attention_mask, use_cache=False):
-        return SimpleNamespace(logits=self.logits.expand(input_ids.shape[0], -1, -1))
-
-    def backward(self, loss):
-        self.losses.append(float(loss.detach()))
-
-    def step(self):
-        pass
+from tests.support.engine_stub import LogitsActor
 
 
 def _experience(B=2, P=2, A=5, V=6, seed=1):
@@ -64,7 +47,7 @@ def test_boundary_credit_trains_the_boundary_tokens_only():
     ms = list(minibatches(exp, PPOConfig(per_device_training_batch_size=2),
                           torch.Generator().manual_seed(0)))  # fmt: skip
     assert len(ms) == 1 and int(ms[0].num_terms) == 5 and int(ms[0].num_tokens) == 8
-    actor = _Actor(T, V)
+    actor = LogitsActor(T, V)
     m = Minibatch(
         idx=torch.arange(2),
         rollout=exp.rollout,

@@ -10,24 +10,7 @@ from marlhf.stages.ppo.config import GenerationConfig, PerfConfig, PPOConfig, PP
 from marlhf.stages.ppo.experience import Experience
 from marlhf.stages.ppo.rollout import Rollout
 from marlhf.stages.ppo.update import Minibatch, actor_step
-
-
-class _Actor:
-    """A trainable 'engine': logits are a free (1, T, V) parameter; backward records the loss."""
-
-    def __init__(self, T, V, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.logits = torch.nn.Parameter(torch.randn(1, T, V, generator=g))
-        self.losses = []
-
-    def __call__(self, input_ids, attention_mask, use_cache=False):
-        return SimpleNamespace(logits=self.logits.expand(input_ids.shape[0], -1, -1))
-
-    def backward(self, loss):
-        self.losses.append(float(loss.detach()))
-
-    def step(self):
-        pass
+from tests.support.engine_stub import LogitsActor
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -53,7 +36,7 @@ def test_kl_loss_is_reduced_like_the_policy_loss(mode, kl_type):
         # the fake engine has logits only (no module to apply the LM head at chosen positions)
         perf=PerfConfig(score_all_positions=True),
     )
-    actor = _Actor(T, V)
+    actor = LogitsActor(T, V)
     m = Minibatch(torch.arange(B), ro, mask.sum(), mask.sum(), 1, torch.tensor(B))
     stats = actor_step(SimpleNamespace(actor=actor), exp, m, cfg)
     # reference: per-token log-probs from the logits, then the two losses by hand
