@@ -218,11 +218,13 @@ class Plan:
             self.model_states
             + self.extras.get("kv_cache", 0.0)
             + self.extras.get("zero3_gather", 0.0)
+            + self.extras.get("vllm_engine", 0.0)
         )
 
     @property
     def train_peak(self) -> float:
-        return self.model_states + self.extras.get("activations", 0.0)
+        held = self.extras.get("vllm_engine_awake", 0.0)  # a vLLM engine kept awake
+        return self.model_states + self.extras.get("activations", 0.0) + held
 
     @property
     def total(self) -> float:
@@ -273,9 +275,12 @@ def ppo_plan(
         plan.params[role] = shape.params
     actor = shapes["actor"]
     positions = g.max_prompt_seq_len + g.max_answer_seq_len
-    plan.extras["kv_cache"] = kv_cache_bytes(
-        actor, g.per_device_generation_batch_size, positions, dtype
-    )
+    if g.generation_backend == "vllm":
+        _vllm_share(plan, g.vllm, actor, g.per_device_generation_batch_size * positions, dtype)
+    else:
+        plan.extras["kv_cache"] = kv_cache_bytes(
+            actor, g.per_device_generation_batch_size, positions, dtype
+        )
     if actor_z == 3 and g.enable_zero3_generation_gather:
         plan.extras["zero3_gather"] = _BYTES[dtype] * actor.params * (1 - 1 / num_gpus)
     micro = ppo.per_device_training_batch_size
@@ -286,6 +291,20 @@ def ppo_plan(
                                 critic_m.gradient_checkpointing, lm_head=False)  # fmt: skip
     plan.extras["activations"] = act
     return plan
+
+
+def _vllm_share(plan: Plan, vcfg, actor: ModelShape, tokens: int, dtype: str) -> None:
+    """``--generation_backend vllm``: the engine takes ``--vllm_gpu_memory_utilization`` of the
+    GPU (its copy of the actor's weights and its KV cache) instead of the static decoder's cache;
+    without ``--gpu_memory`` its floor, the weights and one rollout's KV cache. It holds that share
+    through the update too unless ``--vllm_sleep`` frees it."""
+    if plan.gpu_memory_gb is not None:
+        share = vcfg.vllm_gpu_memory_utilization * plan.gpu_memory_gb * GiB
+    else:
+        share = _BYTES[dtype] * actor.params + kv_cache_bytes(actor, tokens, 1, dtype)
+    plan.extras["vllm_engine"] = share
+    if not vcfg.vllm_sleep:
+        plan.extras["vllm_engine_awake"] = share
 
 
 def _model_paths(cfg) -> dict[str, str]:
@@ -335,6 +354,8 @@ def format_plan(plan: Plan) -> str:
         )
     lines.append(f"{'model states':<46}{_gb(plan.model_states)}")
     for k, label in (("kv_cache", "rollout KV cache"), ("zero3_gather", "ZeRO-3 weights gathered for generation"),
+                     ("vllm_engine", "vLLM engine (weights + KV cache)"),
+                     ("vllm_engine_awake", "vLLM engine kept during training"),
                      ("activations", "training activations (rough)")):  # fmt: skip
         if k in plan.extras:
             lines.append(f"{label:<46}{_gb(plan.extras[k])}")

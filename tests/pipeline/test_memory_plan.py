@@ -131,6 +131,24 @@ def test_the_papers_recipe_on_8_gpus(config):
         assert smaller.fits, smaller.total / 2**30
 
 
+def test_vllm_backend_plans_the_engines_share_instead_of_the_decoders_cache():
+    """--generation_backend vllm: no static KV cache; the engine's --vllm_gpu_memory_utilization
+    share of the GPU while generating, and during the update too unless --vllm_sleep frees it;
+    without --gpu_memory the floor, the actor's weights and one rollout's KV cache."""
+    configs = dict.fromkeys(("actor", "reference", "critic", "reward"), GEMMA_2B)
+    static = ppo_plan(_recipe(), 8, 80, configs)
+    vllm = ("--generation_backend", "vllm", "--vllm_gpu_memory_utilization", "0.25")
+    asleep = ppo_plan(_recipe(*vllm), 8, 80, configs)
+    assert "kv_cache" not in asleep.extras and asleep.extras["vllm_engine"] == 0.25 * 80 * 2**30
+    assert asleep.generation_peak == static.generation_peak - static.extras["kv_cache"] + 20 * 2**30
+    assert asleep.train_peak == static.train_peak
+    awake = ppo_plan(_recipe(*vllm, "--no_vllm_sleep"), 8, 80, configs)
+    assert awake.train_peak == static.train_peak + 20 * 2**30
+    floor = ppo_plan(_recipe(*vllm), 8, None, configs)
+    P = _gemma_params(GEMMA_2B)
+    assert floor.extras["vllm_engine"] == 2 * P + static.extras["kv_cache"]
+
+
 def test_plan_on_the_command_line(tmp_path):
     from transformers import AutoTokenizer
 
