@@ -597,3 +597,27 @@ def test_lean_step_declines_unknown_layouts():
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2))
     assert decode.lean_parts(gpt2) is None
+
+
+def test_decode_steps_draw_from_the_decoders_vocabulary_buffer(monkeypatch):
+    """Compiled steps must not make ``arange(V)`` inside the graph (inductor turns it into the
+    kernel's int32 loop index, and Triton refuses its product with SplitMix64's 64-bit increment:
+    the full-vocabulary draw failed to compile on CUDA). Every decode step passes the decoder's
+    one ``arange(V)`` buffer to `draw_counter`; the tokens are those of a fresh ``arange``."""
+    model = _model("llama")
+    ids, mask = _prompts()
+    kw = dict(max_new_tokens=6, temperature=1.0, top_k=0, eos_ids=[], pad_id=PAD)
+    seeds = torch.tensor([5, 6, 7, 2**50])
+    fresh = sample(model, ids, mask, row_seeds=seeds, **kw)
+    seen = []
+    real = decode.draw_counter
+
+    def spy(logits, row_seeds, t, temperature, top_k, top_p, vocab=None):
+        seen.append(vocab)
+        return real(logits, row_seeds, t, temperature, top_k, top_p, vocab)
+
+    monkeypatch.setattr(decode, "draw_counter", spy)
+    assert torch.equal(sample(model, ids, mask, row_seeds=seeds, **kw), fresh)
+    steps = seen[1:]  # the first token is drawn after the prefill, outside the step
+    assert len(steps) == 5 and all(v is steps[0] for v in steps)
+    assert torch.equal(steps[0], torch.arange(64))
