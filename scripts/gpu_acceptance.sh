@@ -5,9 +5,10 @@
 #   bash scripts/gpu_acceptance.sh OUTPUT_DIR [WHEEL_DIR]
 #
 # WHEEL_DIR: wheels to install first into /tmp/marlhf-site (a machine without network; see
-# docs/gpu.md, "Preparing a bare GPU machine"). Limits in seconds: TESTS_S (120), BENCH_S (330),
-# PIPELINE_S (240); PIPELINE_SIZE (512x4) is the pipeline model's --size. Writes OUTPUT_DIR/
-# tests.log, bench.{log,json,md}, pipeline.{log,json,md} and logs.tgz (every process's log).
+# docs/gpu.md, "Preparing a bare GPU machine"). STEPS picks what runs (default "tests bench
+# pipeline"); limits in seconds: TESTS_S (120), BENCH_S (330), PIPELINE_S (240); PIPELINE_SIZE
+# (512x4) is the pipeline model's --size. Writes OUTPUT_DIR/tests.log, bench.{log,json,md},
+# pipeline.{log,json,md} and logs.tgz (every process's log).
 set -u
 out=${1:?usage: bash scripts/gpu_acceptance.sh OUTPUT_DIR [WHEEL_DIR]}
 wheels=${2:-}
@@ -37,8 +38,12 @@ import marlhf.stages.ppo  # noqa: F401
 print("GPU:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU size)")
 PY
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
-timeout -k 10 "${TESTS_S:-120}" $py -m pytest -q -m cuda -p no:cacheprovider tests > "$out/tests.log" 2>&1
-echo "cuda tests: exit $? at $(elapsed): $(tail -n 1 "$out/tests.log")"
+steps=" ${STEPS:-tests bench pipeline} "
+if [[ $steps == *" tests "* ]]; then
+    timeout -k 10 "${TESTS_S:-120}" $py -m pytest -q -m cuda -p no:cacheprovider tests \
+        > "$out/tests.log" 2>&1
+    echo "cuda tests: exit $? at $(elapsed): $(tail -n 1 "$out/tests.log")"
+fi
 run_part() {  # name, limit, gpu_check arguments...
     local name=$1 limit=$2; shift 2
     timeout -k 10 "$limit" $py -m marlhf.gpu_check "$@" --stage_timeout_s "$limit" \
@@ -49,8 +54,12 @@ run_part() {  # name, limit, gpu_check arguments...
     done
     cat "$out/$name.md" 2>/dev/null
 }
-run_part bench "${BENCH_S:-330}" --parts environment ppo_update decode mismatch
-run_part pipeline "${PIPELINE_S:-240}" --parts pipeline --size "${PIPELINE_SIZE:-512x4}"
-(cd /tmp && find marlhf-gpu-check \( -path '*/logs/*' -o -name metrics.jsonl \) -type f -print0 \
+if [[ $steps == *" bench "* ]]; then
+    run_part bench "${BENCH_S:-330}" --parts environment ppo_update decode mismatch
+fi
+if [[ $steps == *" pipeline "* ]]; then
+    run_part pipeline "${PIPELINE_S:-240}" --parts pipeline --size "${PIPELINE_SIZE:-512x4}"
+fi
+(cd /tmp && find marlhf-gpu-check 2>/dev/null \( -path '*/logs/*' -o -name metrics.jsonl \) -type f -print0 \
     | tar czf "$out/logs.tgz" --null -T -)
 echo "done at $(elapsed): $out"
