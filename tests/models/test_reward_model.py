@@ -16,6 +16,7 @@ from marlhf.models.reward_model import (
     save_reward_model_state,
 )
 from marlhf.rewards.segment import LocationNormalizer, ScoreStats
+from tests.support.tiny_models import tiny_gemma_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,18 +24,7 @@ VOCAB = 128
 
 
 def _tiny_config():
-    return transformers.GemmaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
+    return tiny_gemma_config(VOCAB)
 
 
 def _tiny_tokenizer():

@@ -22,6 +22,7 @@ from marlhf.models.save import save_reward_checkpoint
 from marlhf.stages.reward.config import RewardConfig, RewardStageConfig
 from marlhf.stages.reward.scorer import Scorer, pair_responses, response_scores
 from tests.support.stage_env import stage_env
+from tests.support.tiny_models import tiny_gemma_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -93,18 +94,7 @@ def test_segment_scores_are_means_of_values_at_segment_ends():
 
 def _tiny_causal_lm(seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.GemmaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-    )
+    cfg = tiny_gemma_config(VOCAB, PAD, EOS, BOS)
     return transformers.GemmaForCausalLM(cfg).eval()
 
 
