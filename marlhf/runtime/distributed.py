@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib
 import os
 import socket
+import sys
+import weakref
 
 import torch
+
+# the DeepSpeed engines built in this process (:mod:`marlhf.runtime.engine`), released at teardown
+_ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 
 def _free_port() -> int:
@@ -40,6 +46,10 @@ def init_distributed(local_rank: int = -1, timeout_s: int = 1800) -> None:
         os.environ["LOCAL_RANK"] = "0"
     if local_rank >= 0:
         os.environ["LOCAL_RANK"] = str(local_rank)
+    # before any group exists: this module's collectives take ``group=group.WORLD`` as a default
+    # argument, evaluated on import; imported later (DeepSpeed does, lazily) its ten functions
+    # would hold the default group past ``destroy_process_group`` (see shutdown_distributed)
+    importlib.import_module("torch.distributed.nn")
     acc = deepspeed.get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -66,15 +76,68 @@ def _no_shm_op():
         ds_torch.build_shm_op = build
 
 
-def shutdown_distributed() -> None:
-    """Tear the process group down once every rank has finished (a no-op when none is set up).
+def track_engine(engine) -> None:
+    """Register a DeepSpeed engine for :func:`shutdown_distributed` to release."""
+    _ENGINES.add(engine)
 
-    Without it the group's communication threads are still joinable when the interpreter exits,
-    and a rank can abort ("terminate called without an active exception", SIGABRT) after its work
-    is done and saved, failing the launcher's run."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+
+def _destroy_engines() -> None:
+    # a function of its own: no frame of the teardown keeps the last engine while it collects
+    for engine in list(_ENGINES):
+        engine.destroy()
+    _ENGINES.clear()
+
+
+def shutdown_distributed(wait: bool = True) -> None:
+    """Tear the process group down (after every rank has finished, with ``wait``; an error path
+    leaves without waiting: the other ranks may be anywhere) and release what keeps its groups
+    alive, so that their threads end here and not at interpreter exit.
+
+    ``destroy_process_group`` only unregisters a group; gloo's worker threads end when the last
+    reference to it goes. References that outlive a run: DeepSpeed's own (its clone of the world
+    group, released by DeepSpeed's ``destroy_process_group``), its engines (ZeRO's gradient hooks
+    make cycles the collector cannot see through: ``engine.destroy()`` removes them; each engine
+    holds its data-parallel group), ZeRO-3's stack of modules in forward (DeepSpeed leaves the
+    last one there) and ``torch.distributed.nn``'s default arguments (imported before the group
+    exists by :func:`init_distributed`). A group left alive at exit aborts the rank now and then,
+    after its work is done and saved: a gloo thread releasing a collective's tensors needs the GIL
+    while the interpreter finalizes, CPython ends it with ``pthread_exit``, and the unwinding
+    through the work's ``noexcept`` destructor calls ``std::terminate`` ("terminate called
+    without an active exception", SIGABRT), and the launcher reports a finished run as failed."""
+    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if initialized and wait:
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    _destroy_engines()
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if offload is not None:
+        getattr(offload, "FWD_MODULE_STACK", []).clear()
+    if initialized:
+        ds_comm = sys.modules.get("deepspeed.comm")
+        if ds_comm is not None and ds_comm.is_initialized():
+            ds_comm.destroy_process_group()
+        else:
+            torch.distributed.destroy_process_group()
+    # until nothing more is found: finalizers run by one pass (the engines') free more cycles
+    for _ in range(8):
+        if not gc.collect():
+            break
+
+
+def process_group_threads() -> list[str]:
+    """The names of this process's threads that serve a process group (gloo's), sorted; empty
+    where ``/proc`` does not list threads. None remain once :func:`shutdown_distributed` has
+    released every group."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return []
+    names = []
+    for tid in os.listdir(tasks):
+        try:
+            with open(os.path.join(tasks, tid, "comm")) as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(n for n in names if "gloo" in n)
 
 
 def rank() -> int:

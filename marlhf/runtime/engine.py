@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
-from marlhf.runtime.distributed import world_size
+from marlhf.runtime.distributed import track_engine, world_size
 
 _NO_DECAY = ("bias", "norm", "ln_", "layernorm", "embedding_norm")
 
@@ -177,6 +177,7 @@ def build_train_engine(
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule),
     )
     skip_identity_allreduce(engine)
+    track_engine(engine)
     return engine, cfg
 
 
@@ -213,4 +214,5 @@ def build_eval_engine(
         p.requires_grad_(False)
     engine, *_ = deepspeed.initialize(model=model, config=cfg)
     engine.eval()
+    track_engine(engine)
     return engine, cfg

@@ -20,18 +20,24 @@ with its rank when there are several.
 
 The process group is destroyed before the process exits, on every path: a gloo group left alive
 until interpreter exit can abort the process ("terminate called without an active exception",
-status 134) after the error was printed.
+status 134) after the error was printed or the model saved. :func:`run_program`, a stage's
+process entry, leaves without finalizing the interpreter where a library still keeps a group.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import linecache
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from marlhf.runtime.distributed import process_group_threads, shutdown_distributed
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 INPUT_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
@@ -90,12 +96,12 @@ def error_line(exc: BaseException) -> str | None:
 
 
 def tear_down_process_group() -> None:
-    """Destroy the process group without waiting for the other ranks (they may be anywhere)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        try:
-            torch.distributed.destroy_process_group()
-        except Exception:  # noqa: BLE001 - leaving anyway; the error being reported matters
-            pass
+    """Destroy the process group without waiting for the other ranks (they may be anywhere), and
+    release what keeps its threads alive (:func:`marlhf.runtime.distributed.shutdown_distributed`)."""
+    try:
+        shutdown_distributed(wait=False)
+    except Exception:  # noqa: BLE001 - leaving anyway; the error being reported matters
+        pass
 
 
 def report_and_exit(exc: BaseException, status: int | None = None) -> None:
@@ -108,3 +114,31 @@ def report_and_exit(exc: BaseException, status: int | None = None) -> None:
         handler.flush()
     tear_down_process_group()
     raise SystemExit(exit_status(exc) if status is None else status) from None
+
+
+def run_program(main: Callable[[], None]) -> None:
+    """A stage's process (``python -m marlhf.stages...``): ``main()``, then the process's exit.
+
+    The stage has torn its process groups down (:func:`marlhf.runtime.distributed.shutdown_distributed`).
+    Where a library still keeps one alive (DeepSpeed's ZeRO-3 engines outlive ``destroy()``),
+    its threads would meet the interpreter's finalization, which can abort the rank after its
+    work is saved; then the exit handlers run, the output is flushed and the process leaves with
+    its status without finalizing. Otherwise it exits as usual. An uncaught exception (a bug) is
+    left to the interpreter, with its traceback."""
+    try:
+        main()
+        status: object = 0
+    except SystemExit as e:
+        status = e.code
+    if not process_group_threads():
+        raise SystemExit(status)
+    if status is None:
+        status = 0
+    elif not isinstance(status, int):  # as SystemExit("message") does: the message, status 1
+        print(status, file=sys.stderr)
+        status = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

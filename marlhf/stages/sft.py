@@ -42,6 +42,7 @@ from marlhf.stages.common import (
     to_device,
     write_run_config,
 )
+from marlhf.stages.exits import run_program
 
 log = logging.getLogger("marlhf.sft")
 
@@ -184,4 +185,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

@@ -17,6 +17,7 @@ import marlhf.stages.ppo.loop as loop
 import marlhf.stages.ppo.main as stage
 import marlhf.stages.ppo.update as update
 from marlhf.runtime.distributed import rank
+from marlhf.stages.exits import run_program
 
 _generate, _ppo_update, _slice_rollout = loop.generate, loop.ppo_update, update.slice_rollout
 _setup = loop.setup
@@ -92,4 +93,4 @@ loop.generate, loop.ppo_update, update.slice_rollout = generate, ppo_update, sli
 loop.setup = setup
 
 if __name__ == "__main__":
-    stage.main(sys.argv[1:])
+    run_program(lambda: stage.main(sys.argv[1:]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from marlhf.cli import parse_config
 from marlhf.stages.common import run_stage
+from marlhf.stages.exits import run_program
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.loop import train
 
@@ -25,4 +26,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)

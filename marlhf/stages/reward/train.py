@@ -74,6 +74,7 @@ from marlhf.stages.common import (
     to_device,
     write_run_config,
 )
+from marlhf.stages.exits import run_program
 from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.reward.evaluate import evaluate, fit_normalizer
 from marlhf.stages.reward.scorer import Scorer
@@ -378,4 +379,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_program(main)
