@@ -15,12 +15,15 @@ import contextlib
 import datetime
 import gc
 import importlib
+import logging
 import os
 import socket
 import sys
 import weakref
 
 import torch
+
+log = logging.getLogger(__name__)
 
 # the DeepSpeed engines built in this process (:mod:`marlhf.runtime.engine`), released at teardown
 _ENGINES: weakref.WeakSet = weakref.WeakSet()
@@ -84,8 +87,10 @@ def track_engine(engine) -> None:
 def _destroy_engines() -> None:
     # a function of its own: no frame of the teardown keeps the last engine while it collects
     for engine in list(_ENGINES):
-        engine.destroy()
-    _ENGINES.clear()
+        try:
+            engine.destroy()
+        except Exception as e:  # noqa: BLE001 - the run's work is done and saved: say so, go on
+            log.warning("releasing a DeepSpeed engine failed: %r", e)
 
 
 def shutdown_distributed(wait: bool = True) -> None:
@@ -107,7 +112,9 @@ def shutdown_distributed(wait: bool = True) -> None:
     initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
     if initialized and wait:
         torch.distributed.barrier()
-    _destroy_engines()
+    if initialized:  # DeepSpeed's destroy() asks for the rank: not after vLLM ended the group
+        _destroy_engines()
+    _ENGINES.clear()
     offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
     if offload is not None:
         getattr(offload, "FWD_MODULE_STACK", []).clear()

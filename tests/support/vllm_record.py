@@ -31,6 +31,7 @@ import marlhf.stages.ppo.loop as loop
 import marlhf.stages.ppo.main as stage
 import marlhf.stages.ppo.update as update
 from marlhf.runtime.distributed import rank
+from marlhf.stages.exits import run_program
 from marlhf.stages.ppo import vllm_rollout
 from marlhf.stages.ppo.forward import policy_forward
 from marlhf.stages.ppo.models import eval_mode
@@ -127,4 +128,4 @@ vllm_rollout.sync_weights = sync_weights
 update.correction_weights = correction_weights
 
 if __name__ == "__main__":
-    stage.main(sys.argv[1:])
+    run_program(lambda: stage.main(sys.argv[1:]))
