@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from marlhf.models.reward_model import RewardModel, save_reward_model
 from marlhf.models.zoo import build_tiny
+from marlhf.runtime.distributed import free_port
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +31,6 @@ def recipe_lines() -> str:
     block = re.search(r"```bash\n(.*?)```", text[marker:], re.DOTALL)
     assert block, "docs/guide/scale.md: no bash block after the multi-node recipe marker"
     return block.group(1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +79,7 @@ def _wait(procs, timeout: float) -> list[int]:
 def test_two_nodes_train_zero3_are_killed_and_resume(models):
     base = models
     out = base / "out"
-    procs = _nodes(base, _free_port(), steps=4)
+    procs = _nodes(base, free_port(), steps=4)
     done = [out / "train_state" / e / "step-2" / "checksums.json" for e in ("actor", "critic")]
     end = time.monotonic() + 1800  # generous: a loaded 2-core machine
     while not all(p.exists() for p in done):
@@ -97,7 +91,7 @@ def test_two_nodes_train_zero3_are_killed_and_resume(models):
     _wait(procs, 60)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][:2] == [1, 2] and not (out / "actor").exists()
-    codes = _wait(_nodes(base, _free_port(), steps=4), 1800)
+    codes = _wait(_nodes(base, free_port(), steps=4), 1800)
     log = (base / "node0.log").read_text()
     assert codes == [0, 0], log[-3000:] + (base / "node1.log").read_text()[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

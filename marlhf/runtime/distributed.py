@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 _ENGINES: weakref.WeakSet = weakref.WeakSet()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback interface now (for a rendezvous of this machine's processes)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -43,7 +44,7 @@ def init_distributed(local_rank: int = -1, timeout_s: int = 1800) -> None:
         return
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ["RANK"] = "0"
         os.environ["WORLD_SIZE"] = "1"
         os.environ["LOCAL_RANK"] = "0"
@@ -109,21 +110,19 @@ def shutdown_distributed(wait: bool = True) -> None:
     while the interpreter finalizes, CPython ends it with ``pthread_exit``, and the unwinding
     through the work's ``noexcept`` destructor calls ``std::terminate`` ("terminate called
     without an active exception", SIGABRT), and the launcher reports a finished run as failed."""
-    initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if initialized and wait:
-        torch.distributed.barrier()
-    if initialized:  # DeepSpeed's destroy() asks for the rank: not after vLLM ended the group
-        _destroy_engines()
-    _ENGINES.clear()
-    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
-    if offload is not None:
-        getattr(offload, "FWD_MODULE_STACK", []).clear()
-    if initialized:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if wait:
+            torch.distributed.barrier()
+        _destroy_engines()  # DeepSpeed's destroy() asks for the rank: not after vLLM ended the group
         ds_comm = sys.modules.get("deepspeed.comm")
         if ds_comm is not None and ds_comm.is_initialized():
             ds_comm.destroy_process_group()
         else:
             torch.distributed.destroy_process_group()
+    _ENGINES.clear()
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if offload is not None:
+        getattr(offload, "FWD_MODULE_STACK", []).clear()
     # until nothing more is found: finalizers run by one pass (the engines') free more cycles
     for _ in range(8):
         if not gc.collect():

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from marlhf.runtime.distributed import free_port
 from tests.support.stage_env import stage_env
 
 PROBE = Path(__file__).resolve().parents[1] / "support" / "teardown_probe.py"
@@ -27,18 +27,12 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("zero_stage", [0, 2, 3])
 def test_a_finished_stage_leaves_no_process_group_thread(zero_stage, tmp_path):
     proc = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(_free_port()), str(PROBE), str(zero_stage),
+            "--master_port", str(free_port()), str(PROBE), str(zero_stage),
         ],
         env=stage_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )  # fmt: skip

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from marlhf.runtime.distributed import free_port
 from tests.support.stage_env import stage_env
 
 pytestmark = pytest.mark.slow
@@ -59,12 +60,12 @@ class Env:
         if launcher == "torchrun":
             return [
                 sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port()), "-m", "marlhf.stages.sft", *args,
+                "--master_port", str(free_port()), "-m", "marlhf.stages.sft", *args,
             ]  # fmt: skip
         if launcher == "deepspeed":
             return [
                 sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-                "--master_port", str(_free_port()), "--module", "marlhf.stages.sft", *args,
+                "--master_port", str(free_port()), "--module", "marlhf.stages.sft", *args,
             ]  # fmt: skip
         raise ValueError(launcher)
 
@@ -80,14 +81,6 @@ class Env:
         if check and proc.returncode != 0:
             pytest.fail(f"SFT run failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}")
         return proc
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics(out: Path) -> list[dict]:

@@ -13,13 +13,13 @@ uninterrupted run.
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from marlhf.runtime.distributed import free_port
 from marlhf.runtime.tracking import read_metrics
 from tests.support.stage_env import run_stage, stage_env
 
@@ -186,18 +186,12 @@ def test_grpo_trains_through_vllm_with_the_rollout_correction(models):
     assert kept > 0 and changed > 0, (kept, changed)  # the weights are not all 1: applied
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_zero3_on_two_ranks_with_macro_mc(models):
     """Each rank its own engine, synced by gathering one parameter at a time; the ``macro_mc``
     continuations are drawn by the engine too."""
     out = models / "zero3"
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(_free_port())]  # fmt: skip
+                "--master_port", str(free_port())]  # fmt: skip
     extra = ("--actor_zero_stage", "3", "--advantage_estimator", "macro_mc", "--reward_source",
              "gold", "--mc_rollouts", "2", "--mc_max_boundaries", "2", "--ngram", "3",
              "--max_steps", "2", "--per_device_generation_batch_size", "2")  # fmt: skip

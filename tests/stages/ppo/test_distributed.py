@@ -45,13 +45,13 @@ and whose prompts' left-padding width follows the local batch.
 from __future__ import annotations
 
 import math
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from marlhf.runtime.distributed import free_port
 from marlhf.runtime.tracking import read_metrics
 from tests.support.ppo_weights import assert_same_update, initial_weights, saved_weights
 from tests.support.stage_env import run_stage
@@ -109,12 +109,6 @@ FLAGS = (
     "--ppo_epochs", "2", "--actor_learning_rate", "1e-4", "--critic_learning_rate", "1e-4",
     "--max_steps", "2", "--seed", "1234", "--disable_progress_bar",
 )  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sft_briefly(actor: Path, cache: Path, steps: int = 60) -> None:
@@ -186,7 +180,7 @@ def runs(models, request):
         one: [sys.executable, str(RECORD)],
         two: [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_port", str(_free_port()), str(RECORD),
+            "--master_port", str(free_port()), str(RECORD),
         ],
     }  # fmt: skip
     batches = {
