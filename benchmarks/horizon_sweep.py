@@ -102,6 +102,47 @@ R5. *Learned-RM cells.* For the arms whose held-out gold Δ vs PPO excludes 0 in
 
 Paper-scale (one GPU): the same commands with ``--size gpu`` (64 rollouts a step, 4 workers) and
 ``--steps 300`` at 64 tokens, ``--steps 200`` at 256.
+
+Pre-registered: the headline against PPO at its best (``--tune``)
+-----------------------------------------------------------------
+Written before any of these runs started; reported whatever they show (docs/results.md). At 64
+tokens token-level PPO at λ = 1 matched fixed n = 10 at λ = 0.95 (the runs above), so a comparison at
+one shared λ flatters the macro-action arms. Question: **does any macro-action arm beat token-level
+PPO when each arm is at its own best λ and actor learning rate?**
+
+- Arms: ``ppo``, ``fixed10``, ``lowprob10``, ``macro_mc5`` (spaced boundaries, ``H // 5``).
+- Grid, the same for every arm: λ ∈ {0.95, 1} × actor learning rate ∈ {1e-4, 2e-4}; everything else
+  the sweep's shared settings (critic lr 5e-4, ``--kl_ctl 0.01``, 16 rollouts a step, T = 1).
+- Tuning seeds 1-3; the chosen setting of each arm is the grid point with the highest mean over
+  those seeds of (final training gold + held-out gold) / 2 (benchmarks/tuning.py; ties to the
+  earlier point of λ-then-lr order). Reported seeds: **11-20**, each arm at its chosen setting.
+- Cells: oracle reward at 64 tokens (80 steps) and at 256 tokens (40 steps); the learned reward model
+  at 64 tokens (80 steps; ``--rm_labels policy``, where PPO at λ = 0.95 over-optimised it).
+- Reported per arm: final training gold, held-out gold and right openings with Δ against the tuned
+  PPO (Welch 95 %), the step at which the arm's mean curve reaches the tuned PPO's final gold with its
+  seed-bootstrap interval, and the variance side: seed-to-seed SD of final and held-out gold, the mean
+  largest fall of a seed's trailing-5 curve below its running maximum, seeds ending below their start.
+- Reading: an arm *beats* tuned PPO in a cell only where its held-out or final-gold Δ interval lies
+  above 0; otherwise it *matches* (interval containing 0) or *loses*. No correction for the number of
+  comparisons (three arms, three cells): an isolated interval just above 0 is reported as such.
+- Predictions (from the shared-λ runs and the five-seed 256-token replication with PPO at λ = 1):
+  PPO chooses λ = 1 in both oracle cells and then fixed10 and lowprob10 match it at 64 and 256
+  tokens; ``macro_mc5`` keeps a smaller lead at 64 tokens; with the learned RM the macro-action arms
+  keep their lead (PPO's failure there is over-optimisation, which λ does not fix).
+
+Commands (``--output_dir output/hs_tuned``, ``SEEDS=11,12,13,14,15,16,17,18,19,20``, ``--tune
+--seeds $SEEDS --no_ablation``; each at most 60 min of the idle 2-core CPU; a later command reuses
+the finished runs of an earlier one, and the second of each pair writes the cell's full summary):
+
+- oracle, 64 tokens: ``--horizons 64 --sources gold --steps 80 --tag _h64_gold --arms
+  ppo,fixed10,lowprob10``, then ``--arms ppo,fixed10,lowprob10,macro_mc5``;
+- oracle, 256 tokens: ``--horizons 256 --sources gold --steps 40 --tag _h256_gold --arms
+  ppo,fixed10,lowprob10``, then ``--arms ppo,fixed10,lowprob10,macro_mc5 --tune_only``, then the
+  same without ``--tune_only``;
+- learned RM, 64 tokens: ``--horizons 64 --sources rm --steps 80 --tag _h64_rm --arms
+  ppo,fixed10,lowprob10``, then ``--arms ppo,fixed10,lowprob10,macro_mc5``.
+
+One GPU: the same with ``--size gpu``.
 """
 
 from __future__ import annotations
@@ -137,6 +178,16 @@ from benchmarks.analysis import (  # noqa: E402
     speedup,
 )
 from benchmarks.ppo_vs_mappo import ALL_ARMS, with_overrides  # noqa: E402
+from benchmarks.tuning import (  # noqa: E402
+    TUNE_LAMS,
+    TUNE_LRS,
+    TUNE_SEEDS,
+    Setting,
+    choose,
+    grid,
+    selection_score,
+    stability,
+)
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 HORIZONS = (16, 64, 256)
@@ -159,6 +210,7 @@ PPO_FLAGS = [
     "--num_train_epochs", "100",  # enough passes over the prompts for any --steps
     "--disable_progress_bar",
 ]  # fmt: skip
+ACTOR_LR = 1e-4  # PPO_FLAGS's actor learning rate
 # The reward model of a horizon: the reward stage on the task's comparisons from tiny-base-H
 RM_FLAGS = [
     "--per_device_train_batch_size", "16",
@@ -301,11 +353,13 @@ class RunJob:
     seed: int
     steps: int
     task: str
+    lr: float | None = None  # the actor's learning rate (None: PPO_FLAGS's)
 
     @property
     def cell(self) -> str:
         """The comparison this run belongs to (arms of one cell share everything but the arm)."""
-        return f"{self.source}_lam{self.lam:g}_h{self.horizon}"
+        lr = "" if self.lr is None else f"_lr{self.lr:.0e}"
+        return f"{self.source}_lam{self.lam:g}{lr}_h{self.horizon}"
 
     key = property(lambda self: f"{self.cell}/{self.arm}/seed{self.seed}")
     cost = property(lambda self: self.steps * _STEP_COST[self.horizon])
@@ -320,8 +374,9 @@ class RunJob:
         arm = arm_flags(self.arm, h)
         if self.arm == "parsing" and spacy_model:
             arm = with_overrides(arm, {"--spacy_model": spacy_model})
+        ppo = {**size.ppo, **({} if self.lr is None else {"--actor_learning_rate": f"{self.lr:g}"})}
         return [
-            *with_overrides(PPO_FLAGS, size.ppo), *DATA_FLAGS, *arm,
+            *with_overrides(PPO_FLAGS, ppo), *DATA_FLAGS, *arm,
             "--data_path", f"synthetic-{self.task}-{h}",
             "--max_prompt_seq_len", str(SEQ[h][0]),
             "--max_answer_seq_len", str(SEQ[h][1]),
@@ -370,6 +425,77 @@ def plan(
                 runs.append(RunJob(source, lam, h, arm, seed, steps or size.steps[h], task))
     rms = [RMJob(h, task, size.rm_epochs, rm_max_steps, rm_labels) for h in horizons]
     return rms, runs
+
+
+def tuning_runs(
+    size: Size,
+    horizons: Sequence[int],
+    seeds: Sequence[int],
+    task: str,
+    settings: Sequence[Setting],
+    arms: Sequence[str] | None = None,
+    steps: int | None = None,
+    sources: Sequence[str] = ("gold",),
+) -> list[RunJob]:
+    """``--tune``'s first phase: every arm (``ppo`` always) at every ``settings`` point on the tuning
+    ``seeds``, per reward source and horizon (a setting at the sweep's actor learning rate shares
+    the plain cell's runs)."""
+    runs = []
+    for h in horizons:
+        cell_arms = (BASELINE, *[a for a in (arms or size.arms[h]) if a != BASELINE])
+        for source in sources:
+            for st in settings:
+                for seed in seeds:
+                    for arm in cell_arms:
+                        runs.append(_run_at(source, st, h, arm, seed, steps or size.steps[h], task))
+    return runs
+
+
+def _run_at(source: str, st: Setting, h: int, arm: str, seed: int, steps: int, task: str) -> RunJob:
+    lr = None if math.isclose(st.lr, ACTOR_LR) else st.lr
+    return RunJob(source, st.lam, h, arm, seed, steps, task, lr)
+
+
+Choice = dict[tuple[str, int], dict[str, tuple[Setting | None, dict[Setting, tuple[float, int]]]]]
+
+
+def tuned_choice(root: Path, runs: Sequence[RunJob], settings: Sequence[Setting]) -> Choice:
+    """``choice[(source, horizon)][arm] = (chosen setting, {setting: (score, seeds)})`` from the
+    finished tuning runs, by :func:`benchmarks.tuning.choose` over
+    :func:`benchmarks.tuning.selection_score`."""
+    finals: dict[tuple[str, int], dict[str, dict[Setting, list[tuple[float, float]]]]] = {}
+    for job in runs:
+        out = job.out(root)
+        if not _done(out, "run"):
+            continue
+        gold = load_run(out / "metrics.jsonl")["gold"]
+        held = json.loads((out / "sweep_run.json").read_text())["held_out"]["gold"]
+        st = Setting(job.lam, job.lr if job.lr is not None else ACTOR_LR)
+        arm_scores = finals.setdefault((job.source, job.horizon), {}).setdefault(job.arm, {})
+        arm_scores.setdefault(st, []).append((final_value(gold, FINAL), held))
+    choice: Choice = {}
+    for cell, arms in finals.items():
+        for arm, by_setting in arms.items():
+            scores = {
+                st: (selection_score([f for f, _ in v], [h for _, h in v]), len(v))
+                for st, v in by_setting.items()
+            }
+            best = choose({st: sc for st, (sc, _) in scores.items()}, settings)
+            choice.setdefault(cell, {})[arm] = (best, scores)
+    return choice
+
+
+def tuned_runs(
+    choice: Choice, seeds: Sequence[int], steps: dict[tuple[str, int], int], task: str
+) -> list[RunJob]:
+    """``--tune``'s second phase: every arm at its chosen setting on the reported ``seeds``."""
+    return [
+        _run_at(source, st, h, arm, seed, steps[(source, h)], task)
+        for (source, h), arms in choice.items()
+        for seed in seeds
+        for arm, (st, _) in arms.items()
+        if st is not None
+    ]
 
 
 def installed_spacy_model() -> str | None:
@@ -985,9 +1111,14 @@ def plot_vs_horizon(
 
 
 def _cell_title(cell: str) -> str:
-    source, lam, h = cell.split("_")
+    """``gold_lam0.95_h64`` -> ``H=64, oracle reward, λ=0.95`` (``_lr2e-04`` adds the actor's
+    learning rate; ``gold_tuned_h64``: every arm at its own tuned setting)."""
+    source, *mid, h = cell.split("_")
     name = {"gold": "oracle reward", "rm": "learned RM"}[source]
-    return f"H={h[1:]}, {name}, λ={lam[3:]}"
+    if mid == ["tuned"]:
+        return f"H={h[1:]}, {name}, each arm at its tuned λ and learning rate"
+    lr = f", actor lr {mid[1][2:]}" if len(mid) > 1 else ""
+    return f"H={h[1:]}, {name}, λ={mid[0][3:]}{lr}"
 
 
 def figures(cells: dict, rows: dict[str, list[ArmRow]], fig_dir: Path, prefix: str) -> list[Path]:
@@ -1117,6 +1248,122 @@ def analyze(
     return summary
 
 
+def collect_tuned(root: Path, runs: Sequence[RunJob]) -> dict[str, dict[str, dict[int, dict]]]:
+    """The reported runs of ``--tune`` as cells ``{source}_tuned_h{H}`` (each arm's seeds from the
+    cell of its own chosen setting)."""
+    cells: dict[str, dict[str, dict[int, dict]]] = {}
+    for job in runs:
+        for cell, arms in collect(root, [job]).items():
+            tuned = f"{cell.split('_')[0]}_tuned_h{job.horizon}"
+            cells.setdefault(tuned, {}).setdefault(job.arm, {}).update(arms[job.arm])
+    return cells
+
+
+def tuning_table(choice: Choice, settings: Sequence[Setting]) -> str:
+    """Per reward source, horizon and arm: the selection score of every grid setting on the tuning
+    seeds (``*``: the chosen one)."""
+    lines = [
+        "| horizon | reward | arm | " + " | ".join(st.label for st in settings) + " | chosen |",
+        "|---|---|---|" + "---|" * len(settings) + "---|",
+    ]
+    for (source, h), arms in sorted(choice.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for arm, (best, scores) in arms.items():
+            cells = []
+            for st in settings:
+                sc, n = scores.get(st, (float("nan"), 0))
+                cells.append(f"{sc:.3f} ({n}){' *' if st == best else ''}" if n else "—")
+            name = {"gold": "oracle", "rm": "learned RM"}[source]
+            chosen = best.label if best else "none"
+            lines.append(f"| {h} | {name} | {arm} | " + " | ".join(cells) + f" | {chosen} |")
+    return "\n".join(lines)
+
+
+def stability_table(seeds_by_arm: dict[str, dict[int, dict]]) -> str:
+    """Per arm: the spread over seeds of final training and held-out gold, the mean largest fall of
+    a seed's trailing curve below its running maximum, and the seeds that end below their start."""
+    lines = [
+        "| arm | seeds | SD final gold | SD held-out gold | mean drawdown | ended below start |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, seeds in seeds_by_arm.items():
+        curves = [m["gold"] for m in seeds.values()]
+        st = stability(
+            curves,
+            [final_value(c, FINAL) for c in curves],
+            _held(seeds, "gold"),
+            [smooth(c, SMOOTH) for c in curves],
+        )
+        lines.append(
+            f"| {arm} | {st.n_seeds} | {st.sd_final:.3f} | {st.sd_held_out:.3f} | "
+            f"{st.drawdown:.3f} | {st.collapsed} |"
+        )
+    return "\n".join(lines)
+
+
+def analyze_tuned(
+    root: Path,
+    choice: Choice,
+    settings: Sequence[Setting],
+    tune_seeds: Sequence[int],
+    runs: Sequence[RunJob],
+    fig_dir: Path,
+    prefix: str,
+    tag: str = "",
+) -> str:
+    """``--tune``'s summary: the tuning table, then every arm at its chosen setting on the reported
+    seeds (the sweep's tables, Δ and speed-up against PPO at its own chosen setting, and the
+    variance side); writes ``summary_tune{tag}.md``, ``results_tune{tag}.json``, the curves and a
+    figure per cell."""
+    text = [
+        "# Horizon sweep, every arm tuned\n",
+        f"## Tuning on seeds {','.join(map(str, tune_seeds))}\n",
+        "Score: mean over the tuning seeds of (final training gold + held-out gold) / 2 (seeds "
+        "in brackets); `*` the chosen setting.\n",
+        tuning_table(choice, settings),
+        "",
+    ]
+    cells = collect_tuned(root, runs)
+    rows = {c: summarize_cell(a) for c, a in cells.items() if BASELINE in a}
+    pngs = []
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    for cell in sorted(rows, key=lambda c: (int(c.split("_h")[1]), c)):
+        seeds = sorted({s for arm in cells[cell].values() for s in arm})
+        chosen = choice[(cell.split("_")[0], int(cell.split("_h")[1]))]
+        text += [f"## {_cell_title(cell)}, seeds {','.join(map(str, seeds))}\n"]
+        text += [
+            "Settings: "
+            + "; ".join(f"{a} {st.label}" for a, (st, _) in chosen.items() if st is not None)
+            + "\n"
+        ]
+        text += [cell_table(rows[cell]), ""]
+        text += [f"Held-out after training ({EVAL_PROMPTS} prompts, T = 1):\n"]
+        text += [held_out_table(rows[cell]), ""]
+        text += ["Reach step and plateau:\n", reach_table(rows[cell], cells[cell]), ""]
+        text += ["Variance over seeds:\n", stability_table(cells[cell]), ""]
+        pngs.append(
+            plot_curves([(_cell_title(cell), cells[cell])], fig_dir / f"{prefix}_{cell}.png")
+        )
+    text.append("\nFigures: " + ", ".join(str(p) for p in pngs))
+    write_curves(cells, root / f"curves_tune{tag}.csv")
+    results = {
+        "choice": {
+            f"{source}_h{h}": {
+                arm: {
+                    "chosen": asdict(best) if best else None,
+                    "scores": {st.label: sc for st, (sc, _) in scores.items()},
+                }
+                for arm, (best, scores) in arms.items()
+            }
+            for (source, h), arms in choice.items()
+        },
+        "cells": {c: [asdict(r) for r in rs] for c, rs in rows.items()},
+    }
+    (root / f"results_tune{tag}.json").write_text(json.dumps(results, indent=1))
+    summary = "\n".join(text) + "\n"
+    (root / f"summary_tune{tag}.md").write_text(summary)
+    return summary
+
+
 def write_curves(cells: dict, path: Path) -> None:
     keys = ("gold", "score", "kl", "macro_len", "length", "step_time", "macro_time")
     with open(path, "w") as f:
@@ -1209,6 +1456,21 @@ def main(argv: list[str] | None = None) -> None:
         "default's summary: --tag _estimators)",
     )
     ap.add_argument("--analyze_only", action="store_true")
+    ap.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune every arm on its own grid (--tune_lams x --tune_lrs) on --tune_seeds, then run "
+        "each arm at its chosen setting on --seeds (benchmarks/tuning.py: the selection rule); "
+        "no λ = 1 cell (λ is tuned)",
+    )
+    ap.add_argument(
+        "--tune_only", action="store_true", help="with --tune: stop after the tuning runs"
+    )
+    ap.add_argument("--tune_seeds", default=",".join(map(str, TUNE_SEEDS)), help="tuning seeds")
+    ap.add_argument("--tune_lams", default=",".join(f"{x:g}" for x in TUNE_LAMS), help="λ grid")
+    ap.add_argument(
+        "--tune_lrs", default=",".join(f"{x:g}" for x in TUNE_LRS), help="actor learning rates"
+    )
     args = ap.parse_args(argv)
 
     size = SIZES[args.size]
@@ -1225,6 +1487,17 @@ def main(argv: list[str] | None = None) -> None:
     sources = [s for s in args.sources.split(",") if s]
     if bad := [s for s in sources if s not in ("gold", "rm")]:
         raise SystemExit(f"--sources: unknown {bad}; choose from gold, rm")
+    if args.tune:
+        tune_seeds = [int(s) for s in args.tune_seeds.split(",") if s]
+        if not args.seeds:  # as many reported seeds as the size has, after the tuning seeds
+            seeds = [max(tune_seeds) + 1 + i for i in range(len(size.seeds))]
+        if both := sorted(set(seeds) & set(tune_seeds)):
+            raise SystemExit(f"--seeds: {both} are tuning seeds too; report on other seeds")
+        settings = grid(
+            [float(x) for x in args.tune_lams.split(",") if x],
+            [float(x) for x in args.tune_lrs.split(",") if x],
+        )
+        return _main_tune(args, size, horizons, arms, sources, tune_seeds, seeds, settings)
     rms, runs = plan(
         size,
         horizons,
@@ -1261,6 +1534,45 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[sweep] {wall:.0f}s wall; failed: {failed or 'none'}", flush=True)
     fig_dir = Path(args.figures_dir).resolve() if args.figures_dir else root
     print(analyze(root, rms, runs, fig_dir, args.figures_prefix, args.tag))
+
+
+def _main_tune(args, size, horizons, arms, sources, tune_seeds, seeds, settings) -> None:
+    """``--tune``: the tuning runs, each arm's choice, the reported runs, the summary."""
+    rms, _ = plan(size, horizons, seeds, args.task, arms, args.steps, sources, False,
+                  args.rm_max_steps, args.rm_labels)  # fmt: skip
+    t_runs = tuning_runs(size, horizons, tune_seeds, args.task, settings, arms, args.steps, sources)
+    spacy_model = args.spacy_model or installed_spacy_model()
+    if spacy_model is None and any(r.arm == "parsing" for r in t_runs):
+        print("[sweep] parsing arm skipped: no spaCy English pipeline is installed", flush=True)
+        t_runs = [r for r in t_runs if r.arm != "parsing"]
+    steps = {(src, h): args.steps or size.steps[h] for src in sources for h in horizons}
+    root = Path(args.output_dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    if not args.analyze_only:
+        _set_env(size)
+        t0 = time.time()
+        workers = args.workers or size.workers
+        wall_file = root / f"sweep_wall{args.tag}.json"
+        print(f"[tune] {len(settings)} settings x {len(tune_seeds)} tuning seeds", flush=True)
+        failed = execute(root, size, rms, t_runs, workers, spacy_model, wall_file, started=t0)
+    choice = tuned_choice(root, t_runs, settings)
+    for (source, h), by_arm in sorted(choice.items()):
+        for arm, (st, _) in by_arm.items():
+            print(f"[tune] H={h} {source}: {arm} at {st.label if st else 'no finished run'}")
+    r_runs = tuned_runs(choice, seeds, steps, args.task)
+    if args.tune_only:
+        if not args.analyze_only:
+            record_wall(wall_file, t0, time.time() - t0, workers, failed, done=True)
+        print(tuning_table(choice, settings))
+        return
+    if not args.analyze_only:
+        failed += execute(root, size, rms, r_runs, workers, spacy_model, wall_file, started=t0)
+        wall = time.time() - t0
+        record_wall(wall_file, t0, wall, workers, failed, done=True)
+        print(f"[sweep] {wall:.0f}s wall; failed: {failed or 'none'}", flush=True)
+    fig_dir = Path(args.figures_dir).resolve() if args.figures_dir else root
+    print(analyze_tuned(root, choice, settings, tune_seeds, r_runs, fig_dir,
+                        args.figures_prefix, args.tag))  # fmt: skip
 
 
 def _set_env(size: Size) -> None:

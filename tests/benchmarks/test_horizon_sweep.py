@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import analysis, horizon_sweep
+from benchmarks import analysis, horizon_sweep, tuning
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tuning_docstring_examples():
+    assert doctest.testmod(tuning).failed == 0
 
 
 def test_docstring_examples():
@@ -190,6 +194,99 @@ def test_estimator_arms_plan(tmp_path):
     )
 
 
+# --- tuning every arm (--tune) ----------------------------------------------------------------------
+
+
+def test_tuning_plan_gives_every_arm_the_same_grid_and_parses(tmp_path):
+    from marlhf.cli import parse_config
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+    size = horizon_sweep.SIZES["cpu"]
+    settings = tuning.grid((0.95, 1.0), (1e-4, 2e-4))
+    runs = horizon_sweep.tuning_runs(size, (64,), (1, 2, 3), "verdict", settings, ["fixed10"], 80)
+    assert len(runs) == 2 * 4 * 3  # ppo added; 4 settings; 3 seeds
+    cells = {}
+    for r in runs:
+        cells.setdefault(r.cell, set()).add((r.arm, r.seed))
+    # the sweep's own learning rate shares the plain cell (runs of an untuned sweep are reused)
+    assert set(cells) == {
+        "gold_lam0.95_h64",
+        "gold_lam0.95_lr2e-04_h64",
+        "gold_lam1_h64",
+        "gold_lam1_lr2e-04_h64",
+    }
+    assert all(len(v) == 6 for v in cells.values())
+    for r in runs:
+        cfg = parse_config(PPOStageConfig, r.argv(tmp_path, size, None))
+        assert cfg.ppo.lam == r.lam
+        assert cfg.models.actor.optim.learning_rate == (2e-4 if "_lr" in r.cell else 1e-4)
+    assert horizon_sweep._cell_title("gold_lam1_lr2e-04_h64") == (
+        "H=64, oracle reward, λ=1, actor lr 2e-04"
+    )
+
+
+def _fake_run(root: Path, job, gold: list[float], held: float) -> None:
+    out = job.out(root)
+    (out / "actor").mkdir(parents=True)
+    with open(out / "metrics.jsonl", "w") as f:
+        for i, g in enumerate(gold, 1):
+            f.write(json.dumps({"step": i, "objective/gold": g, "time/step": 1.0}) + "\n")
+    info = {"held_out": {"gold": held}, "startup_s": 1.0, "train_s": 1.0, "eval_s": 0.0}
+    (out / "sweep_run.json").write_text(json.dumps(info))
+
+
+def test_tuned_choice_takes_each_arms_own_best_setting(tmp_path, monkeypatch):
+    monkeypatch.setattr(horizon_sweep, "FINAL", 1)
+    size = horizon_sweep.SIZES["cpu"]
+    settings = tuning.grid((0.95, 1.0), (1e-4,))
+    runs = horizon_sweep.tuning_runs(size, (64,), (1, 2), "verdict", settings, ["fixed10"], 2)
+    # (final training gold, held-out gold) per arm, λ and seed; the score of a setting is the
+    # mean over seeds of (final + held-out) / 2
+    planted = {
+        ("ppo", 0.95): [(0.2, 0.4), (0.4, 0.2)],  # 0.30
+        ("ppo", 1.0): [(0.6, 0.4), (0.3, 0.5)],  # 0.45: PPO's best is λ = 1
+        ("fixed10", 0.95): [(0.7, 0.5), (0.5, 0.5)],  # 0.55: fixed10's best is λ = 0.95
+        ("fixed10", 1.0): [(0.5, 0.5), (0.5, 0.5)],  # 0.50
+    }
+    for job in runs:
+        final, held = planted[(job.arm, job.lam)][job.seed - 1]
+        _fake_run(tmp_path, job, [0.0, final], held)
+    choice = horizon_sweep.tuned_choice(tmp_path, runs, settings)[("gold", 64)]
+    assert choice["ppo"][0] == tuning.Setting(1.0, 1e-4)
+    assert choice["fixed10"][0] == tuning.Setting(0.95, 1e-4)
+    assert choice["ppo"][1][tuning.Setting(0.95, 1e-4)] == (pytest.approx(0.30), 2)
+    assert choice["fixed10"][1][tuning.Setting(1.0, 1e-4)] == (pytest.approx(0.50), 2)
+    reported = horizon_sweep.tuned_runs(
+        {("gold", 64): choice}, (11, 12), {("gold", 64): 2}, "verdict"
+    )
+    assert sorted((r.arm, r.lam, r.seed) for r in reported) == [
+        ("fixed10", 0.95, 11),
+        ("fixed10", 0.95, 12),
+        ("ppo", 1.0, 11),
+        ("ppo", 1.0, 12),
+    ]
+    for job in reported:
+        _fake_run(tmp_path, job, [0.0, 0.5], 0.5)
+    cells = horizon_sweep.collect_tuned(tmp_path, reported)
+    assert set(cells) == {"gold_tuned_h64"}
+    assert {a: sorted(s) for a, s in cells["gold_tuned_h64"].items()} == {
+        "fixed10": [11, 12],
+        "ppo": [11, 12],
+    }
+
+
+def test_stability_table_hand_worked(monkeypatch):
+    monkeypatch.setattr(horizon_sweep, "SMOOTH", 1)
+    monkeypatch.setattr(horizon_sweep, "FINAL", 1)
+    cell = {
+        "ppo": {1: _run([0.0, 0.6, 0.2], held={"gold": 0.1}), 2: _run([0.5, 0.3, 0.4])},
+    }
+    # finals 0.2, 0.4 (SD 0.141); held-out 0.1, 0.5 (SD 0.283); drawdowns 0.4, 0.2; seed 2 ends
+    # below its start
+    line = horizon_sweep.stability_table(cell).splitlines()[2]
+    assert line == "| ppo | 2 | 0.141 | 0.283 | 0.300 | 1 |"
+
+
 # --- end to end ---------------------------------------------------------------------------------------
 
 
@@ -230,6 +327,17 @@ def test_sweep_end_to_end_and_resume(tmp_path):
     wall = json.loads((out / "sweep_wall.json").read_text())
     assert wall["sessions"] == 2 and all(e["done"] for e in wall["invocations"])
     assert wall["seconds"] == pytest.approx(sum(e["seconds"] for e in wall["invocations"]))
+    # --tune over the same runs: seed 1 tunes λ (0.95 or 1), seed 2 is reported at each arm's
+    # choice; every run exists, so the command only chooses and analyses
+    proc = _sweep(out, tmp_path / "home", "--tune", "--tune_seeds", "1", "--seeds", "2",
+                  "--tune_lrs", "1e-4", "--sources", "gold")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("0 jobs to run") == 2, proc.stdout
+    summary = (out / "summary_tune.md").read_text()
+    assert "## H=16, oracle reward, each arm at its tuned λ and learning rate, seeds 2" in summary
+    tuned = json.loads((out / "results_tune.json").read_text())
+    assert set(tuned["choice"]["gold_h16"]) == {"ppo", "fixed5"}
+    assert {r["arm"] for r in tuned["cells"]["gold_tuned_h16"]} == {"ppo", "fixed5"}
 
 
 def test_startup_table_with_and_without_cpu_time():
