@@ -96,13 +96,13 @@ def _free(flag: str) -> bool:
     return flag in HARMLESS or flag.endswith(("seed", "name_or_path"))
 
 
-def what_ran(path: Path, warn: Warn) -> tuple[str, dict[str, Any] | None]:
-    """The run's name (stage 3's ``PPO``, ``MA-PPO n=5``, ``GRPO``...; ``SFT``; ``RM (end)``) and
-    the flags that make it what it is (:func:`settings_of`), from its ``run_config.json``; the
-    directory's name and None without one."""
+def what_ran(path: Path, warn: Warn) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
+    """The run's name (stage 3's ``PPO``, ``MA-PPO n=5``, ``GRPO``...; ``SFT``; ``RM (end)``),
+    the flags that make it what it is (:func:`settings_of`) and its seeds (the flags named
+    ``*seed``), from its ``run_config.json``; the directory's name, None and {} without one."""
     cfg_file = path / "run_config.json"
     if not cfg_file.exists():
-        return path.name, None
+        return path.name, None, {}
     try:
         data = json.loads(cfg_file.read_text(encoding="utf-8"))
         if "ppo" in data:
@@ -114,10 +114,11 @@ def what_ran(path: Path, warn: Warn) -> tuple[str, dict[str, Any] | None]:
         else:
             cfg = config_from_dict(SFTConfig, data)
             name = "SFT"
-        return name, settings_of(cfg)
+        seeds = {k: v for k, v in flag_values(cfg).items() if k.endswith("seed")}
+        return name, settings_of(cfg), seeds
     except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as err:
         warn(f"{cfg_file}: not a run configuration ({err}); the run is named after its directory")
-        return path.name, None
+        return path.name, None, {}
 
 
 def settings_of(cfg: Any) -> dict[str, Any]:
@@ -134,12 +135,14 @@ def differing(settings: Sequence[dict[str, Any]]) -> list[str]:
 
 @dataclass
 class Run:
-    """One run: its directory, ``metric -> {step: value}``, its name and settings (what ran)."""
+    """One run: its directory, ``metric -> {step: value}``, its name, settings and seeds (what
+    ran)."""
 
     path: Path
     series: dict[str, dict[int, float]]
     name: str = ""
     settings: dict[str, Any] | None = None
+    seeds: dict[str, Any] = field(default_factory=dict)
 
     @property
     def last_step(self) -> int | None:
@@ -152,8 +155,8 @@ def load_run(path: Path, watched: Collection[str] = (), warn: Warn | None = None
     f = path / "metrics.jsonl"
     if not f.exists():
         raise ValueError(f"{path}: no metrics.jsonl (is it a run directory?)")
-    name, settings = what_ran(path, warn)
-    return Run(path, read_series(f, watched, warn), name, settings)
+    name, settings, seeds = what_ran(path, warn)
+    return Run(path, read_series(f, watched, warn), name, settings, seeds)
 
 
 def arm_name(path: Path) -> str:
@@ -257,7 +260,8 @@ def arms_of(
 
 
 def _check_arm(name: str, runs: Sequence[Run], warn: Warn) -> None:
-    """Warn about seeds that stop earlier than the others and runs of different settings."""
+    """Warn about seeds that stop earlier than the others, runs of different settings and runs
+    of the same settings and seeds (one seed twice: no spread to measure)."""
     if not runs:
         warn(f"arm {name}: no run with a complete row; left out")
         return
@@ -278,3 +282,13 @@ def _check_arm(name: str, runs: Sequence[Run], warn: Warn) -> None:
         more = f" and {len(keys) - 4} more flags" if len(keys) > 4 else ""
         runs_text = ", ".join(str(r.path) for r in known)
         warn(f"arm {name} pools runs of different settings ({runs_text}): {values}{more}")
+    first: dict[str, Path] = {}
+    for r in known:
+        key = json.dumps([r.settings, r.seeds], sort_keys=True, default=str)
+        if key in first:
+            seeds = ", ".join(f"{k}={v}" for k, v in r.seeds.items())
+            warn(
+                f"arm {name}: {first[key]} and {r.path} ran the same settings and seeds ({seeds}): "
+                "one seed twice, not two seeds"
+            )
+        first.setdefault(key, r.path)

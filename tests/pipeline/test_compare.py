@@ -140,6 +140,7 @@ def test_shell_expanded_globs_with_one_label_per_arm(runs, tmp_path):
     shell hands over five directories; the runs' run_config.json make two arms."""
     for path in sorted(runs.glob("*_s*")):
         cfg = PPOStageConfig(macro=MacroConfig(ngram=5 if path.name.startswith("mappo") else 1))
+        cfg.ppo.optim.seed = int(path.name[-1])
         (path / "run_config.json").write_text(json.dumps(config_to_dict(cfg)))
     expanded = [str(p) for p in sorted(runs.glob("ppo_s*")) + sorted(runs.glob("mappo_s*"))]
     out = tmp_path / "pasted"
@@ -147,6 +148,7 @@ def test_shell_expanded_globs_with_one_label_per_arm(runs, tmp_path):
                    "--output", str(out)]) == 0  # fmt: skip
     report = (out / "report.md").read_text()
     assert "| PPO | 2 |" in report and "| MA-PPO n=5 | 3 |" in report
+    assert "## Warnings" not in report
 
 
 def _stage_run(path, rows):

@@ -25,9 +25,10 @@ def _rows(golds, start=1) -> list[str]:
     return [json.dumps({"step": s, "objective/gold": g}) for s, g in enumerate(golds, start)]
 
 
-def _ppo(path, golds, **macro):
+def _ppo(path, golds, seed=1234, **macro):
     _write(path, _rows(golds))
     cfg = PPOStageConfig(macro=MacroConfig(**macro))
+    cfg.ppo.optim.seed = seed
     (path / "run_config.json").write_text(json.dumps(config_to_dict(cfg)))
     return path
 
@@ -94,8 +95,8 @@ def test_empty_seeds_are_left_out_and_stopped_seeds_named(tmp_path):
 
 
 def test_one_label_over_runs_of_different_settings_is_warned(tmp_path):
-    _ppo(tmp_path / "x_s1", [0.1, 0.2], ngram=5)
-    _ppo(tmp_path / "x_s2", [0.1, 0.2], ngram=3)
+    _ppo(tmp_path / "x_s1", [0.1, 0.2], seed=1, ngram=5)
+    _ppo(tmp_path / "x_s2", [0.1, 0.2], seed=2, ngram=3)
     notes, warn = _collect()
     arms = arms_of([str(tmp_path / "x_s*")], ["MA-PPO"], warn=warn)
     assert [len(v) for v in arms.values()] == [2]
@@ -105,7 +106,7 @@ def test_one_label_over_runs_of_different_settings_is_warned(tmp_path):
 
 def test_without_labels_runs_of_different_settings_are_separate_arms(tmp_path):
     for seed in (1, 2):
-        _ppo(tmp_path / f"lr1_s{seed}", [0.1, 0.2], ngram=5)
+        _ppo(tmp_path / f"lr1_s{seed}", [0.1, 0.2], seed=seed, ngram=5)
     cfg = PPOStageConfig(macro=MacroConfig(ngram=5))
     cfg.models.actor.optim.learning_rate = 2e-5
     _write(tmp_path / "lr2_s1", _rows([0.1, 0.2]))
@@ -124,9 +125,9 @@ def test_without_labels_runs_of_different_settings_are_separate_arms(tmp_path):
 def two_kinds(tmp_path):
     """Three PPO seeds and two MA-PPO n=5 seeds, interleaved by name."""
     for s in (1, 2, 3):
-        _ppo(tmp_path / f"ppo_s{s}", [0.1, 0.2 + s], ngram=1)
+        _ppo(tmp_path / f"ppo_s{s}", [0.1, 0.2 + s], seed=s, ngram=1)
     for s in (1, 2):
-        _ppo(tmp_path / f"mappo_s{s}", [0.3, 0.4 + s], ngram=5)
+        _ppo(tmp_path / f"mappo_s{s}", [0.3, 0.4 + s], seed=s, ngram=5)
     return tmp_path
 
 
@@ -151,3 +152,17 @@ def test_labels_that_fit_neither_say_to_quote(tmp_path):
         ValueError, match=r"2 labels for 3 RUN arguments, which make 3 arms .*quote"
     ):
         arms_of([str(tmp_path / f"ppo_s{s}") for s in (1, 2, 3)], ["A", "B"])
+
+
+def test_one_seed_run_twice_is_warned(tmp_path):
+    _ppo(tmp_path / "a_s1", [0.1, 0.2], seed=1)
+    _ppo(tmp_path / "a_s2", [0.1, 0.2], seed=1)  # a copy, or the seed flag forgotten
+    _ppo(tmp_path / "a_s3", [0.1, 0.3], seed=3)
+    notes, warn = _collect()
+    arms = arms_of([str(tmp_path / "a_s*")], ["A"], warn=warn)
+    assert len(arms["A"]) == 3
+    a1, a2 = tmp_path / "a_s1", tmp_path / "a_s2"
+    assert notes == [
+        f"arm A: {a1} and {a2} ran the same settings and seeds (seed=1, data_seed=None): "
+        "one seed twice, not two seeds"
+    ]
