@@ -172,17 +172,23 @@ def read_view_rows(path: str) -> tuple[list[dict], list[int], list[str]]:
         rows.append(row)
         lines.append(lineno)
     if without:
-        notes.insert(0, f'{path} {_line_list(without)}: no "response" field; not shown')
+        notes.insert(0, f'{path} {_line_list(without)}: no "response" (missing or null); not shown')
     return rows, lines, notes
 
 
 def _settings(path: str) -> dict:
-
+    """The settings the result file was written with (its ``.meta.json``; {} without one)."""
     meta = sidecar(path, "meta")
     if not os.path.exists(meta):
         return {}
-    with open(meta, encoding="utf-8") as f:
-        return json.load(f).get("settings", {})
+    try:
+        with open(meta, encoding="utf-8") as f:
+            settings = json.load(f).get("settings", {})
+    except (ValueError, AttributeError) as err:
+        raise ValueError(f"{meta}: not a result file's settings ({err})") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f'{meta}: field "settings" must be an object')
+    return settings
 
 
 def _response_ids(tok, row: dict, where: str = "") -> list[int]:

@@ -224,7 +224,7 @@ def test_view_rows_not_shown_are_warned_and_an_unterminated_last_row_is_shown(
     path = _rows_file(tmp_path / "r.jsonl", rows, end="")  # the last row without its newline
     out = view_main([path, "--model", "tiny", "--color", "never", "--html", "none"])
     assert ["".join(it["pieces"]) for it in out[0]["items"]] == ["one", "four"]
-    assert f'{path} lines 2, 3: no "response" field; not shown' in caplog.text
+    assert f'{path} lines 2, 3: no "response" (missing or null); not shown' in caplog.text
     # a half-written last line: inference still running
     with open(path, "a") as f:
         f.write('\n{"prompt_id": "e", "respo')
@@ -297,3 +297,10 @@ def test_view_says_where_the_page_is_and_the_page_shows_the_histogram(tmp_path, 
     assert embedded and base64.b64decode(embedded[1]) == png.read_bytes()
     n = len(macro_groups(out[0]["items"][0]["macro_end"]))
     assert f"1 responses, {n} macro actions" in html
+
+
+def test_view_error_for_a_broken_meta_names_it(tmp_path):
+    path = _rows_file(tmp_path / "r.jsonl", [{"prompt_id": "a", "response": "ok"}])
+    (tmp_path / "r.jsonl.meta.json").write_text("{")
+    with pytest.raises(SystemExit, match=re.escape(f"error: {path}.meta.json: not a result file")):
+        view_main([path, "--html", "none"])
