@@ -54,6 +54,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from marlhf.config_file import load_config_file
+
 C = TypeVar("C")
 
 _SCALARS = (int, float, str)
@@ -179,39 +181,6 @@ def _norm(flag: str) -> str:
     return flag.replace("-", "_").lstrip("_")
 
 
-def load_config_file(path: str) -> dict:
-    """The mapping in a YAML (``.yaml``/``.yml``, needs PyYAML) or JSON file (ValueError naming
-    the file otherwise)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise ValueError(f"--config {path}: {err.strerror or err}") from None
-    try:
-        if path.endswith((".yaml", ".yml")):
-            try:
-                import yaml
-            except ImportError:
-                raise ValueError(
-                    f"--config {path}: reading YAML needs PyYAML (pip install pyyaml); or give "
-                    "the file as JSON"
-                ) from None
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except (json.JSONDecodeError, ValueError) as err:
-        if str(err).startswith("--config"):
-            raise
-        raise ValueError(
-            f"--config {path}: not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'} ({err})"
-        ) from None
-    except Exception as err:  # yaml.YAMLError
-        raise ValueError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--config {path}: must hold a mapping of flags to values")
-    return data
-
-
 def _flag_value(value: Any) -> str:
     """A config file's value as the text of a flag (lists comma-joined, None as ``none``)."""
     if value is None:
@@ -278,8 +247,19 @@ class Parser(argparse.ArgumentParser):
         """The flags a config file gives, as command-line tokens (``--flag=value``)."""
         data, flags, dests = load_config_file(path), self._flags(), self._by_dest()
         out: list[str] = []
+        set_by: dict[str, str] = {}  # flag -> the key of the file that sets it
 
         def add(flag: str, value: Any, key: str) -> None:
+            if flag == "--config":
+                raise ValueError(
+                    f"--config {path}: {key} names another config file, which is not read; "
+                    "give each file with its own --config on the command line"
+                )
+            if flag in set_by:
+                raise ValueError(
+                    f"--config {path}: {set_by[flag]} and {key} both set {flag}; keep one"
+                )
+            set_by[flag] = key
             action = self._option_string_actions[flag]
             if isinstance(value, list | tuple) and not value:
                 return  # an empty list has no spelling on the command line: the default stays
@@ -298,9 +278,7 @@ class Parser(argparse.ArgumentParser):
                     walk(f"{dest}.", value)  # a part (or sub-part) of run_config.json
                 elif dest in self.config_paths:
                     continue  # a field of the config that is no flag (it keeps its default)
-                elif (
-                    not prefix and _norm(str(key)) in flags and flags[_norm(str(key))] != "--config"
-                ):
+                elif not prefix and _norm(str(key)) in flags:
                     add(flags[_norm(str(key))], value, str(key))
                 else:
                     raise ValueError(

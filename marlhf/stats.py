@@ -19,6 +19,11 @@ _T975 = (
 )  # fmt: skip
 
 
+def _finite(xs: Sequence[float]) -> bool:
+    """Whether every value is finite (``statistics.stdev`` raises on a NaN or an infinity)."""
+    return all(math.isfinite(x) for x in xs)
+
+
 def t975(df: float) -> float:
     """Two-sided 95 % Student-t critical value for ``df`` degrees of freedom (floored: conservative).
 
@@ -34,7 +39,8 @@ def t975(df: float) -> float:
 def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and half-width of its 95 % t-interval over independent samples (seeds).
 
-    One sample has no spread: its half-width is NaN.
+    One sample has no spread: its half-width is NaN, and so is that of samples with a NaN or an
+    infinity (their mean is what :func:`statistics.fmean` makes of them).
 
     >>> m, h = mean_ci([1.0, 2.0, 3.0])  # sd 1, se 1/sqrt(3), t_2 = 4.303
     >>> m, round(h, 4)
@@ -43,7 +49,7 @@ def mean_ci(xs: Sequence[float]) -> tuple[float, float]:
     if len(xs) == 0:
         return float("nan"), float("nan")
     m = statistics.fmean(xs)
-    if len(xs) < 2:
+    if len(xs) < 2 or not _finite(xs):
         return m, float("nan")
     return m, t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
 
@@ -55,7 +61,7 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]
     >>> d, round(h, 4)
     (2.0, 2.4843)
     """
-    if len(a) < 2 or len(b) < 2:
+    if len(a) < 2 or len(b) < 2 or not _finite(a) or not _finite(b):
         return statistics.fmean(a) - statistics.fmean(b), float("nan")
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     d = statistics.fmean(a) - statistics.fmean(b)
@@ -80,13 +86,16 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value; NaN, NaN for none).
+    """Mean and sample standard deviation (0 for one value; NaN, NaN for none; NaN for a NaN or an
+    infinity among them).
 
     >>> mean_sd([1.0, 2.0, 3.0]), mean_sd([4.0])
     ((2.0, 1.0), (4.0, 0.0))
     """
     if not xs:
         return float("nan"), float("nan")
+    if not _finite(xs):
+        return statistics.fmean(xs), float("nan")
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 

@@ -7,6 +7,7 @@ import pytest
 import marlhf.cli as cli
 from marlhf.cli import build_parser, config_from_dict, config_to_dict, parse_config
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config_file import CONFIG_MAX_VALUES
 
 
 @dataclass
@@ -207,3 +208,54 @@ def test_ppo_flags_of_the_shared_parts_are_theirs():
         flags["--actor_dropout"].default == 0.0
         and flags["--critic_model_name_or_path"].default == ""
     )
+
+
+# ---------------------------------------------------------------- --config files: what is refused
+
+
+def _config_error(tmp_path, capsys, name: str, text: str) -> str:
+    """The error line of parsing ``_Stage`` with a config file ``name`` holding ``text``."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(SystemExit):
+        parse_config(_Stage, ["--config", str(path)])
+    return capsys.readouterr().err
+
+
+def test_config_key_given_twice_is_refused_with_its_line(tmp_path, capsys):
+    pytest.importorskip("yaml")
+    err = _config_error(
+        tmp_path, capsys, "c.yaml", "seed: 1\nlearning_rate: 0.5\nlearning_rate: 0.25\n"
+    )
+    assert "c.yaml line 3: learning_rate is given twice (first on line 2)" in err
+    err = _config_error(tmp_path, capsys, "c.json", '{"learning_rate": 0.5, "learning_rate": 0.25}')
+    assert "c.json: learning_rate is given twice" in err
+    # two spellings of one flag, or a flag given flat and by part
+    err = _config_error(tmp_path, capsys, "d.yaml", "learning_rate: 0.5\nlearning-rate: 0.25\n")
+    assert "learning_rate and learning-rate both set --learning_rate" in err
+    err = _config_error(tmp_path, capsys, "e.json", '{"seed": 3, "optim": {"seed": 4}}')
+    assert "seed and optim.seed both set --seed" in err
+
+
+def test_config_naming_another_config_is_refused(tmp_path, capsys):
+    pytest.importorskip("yaml")
+    err = _config_error(tmp_path, capsys, "c.yaml", "learning_rate: 0.5\nconfig: other.yaml\n")
+    assert "config names another config file" in err and "its own --config" in err
+
+
+def test_config_alias_bomb_is_bounded(tmp_path, capsys):
+    """Six levels of nine aliases each: 9**6 = 531441 values in one flag's value from seven lines."""
+    import time
+
+    pytest.importorskip("yaml")
+    lines = ["lora_module_name:", "  - &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"  - &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 7)]
+    t0 = time.perf_counter()
+    err = _config_error(tmp_path, capsys, "bomb.yaml", "\n".join(lines) + "\n")
+    assert time.perf_counter() - t0 < 10
+    assert f"value of lora_module_name expands to more than {CONFIG_MAX_VALUES}" in err
+    # an alias of a scalar is fine
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("learning_rate: &lr 0.5\nweight_decay: *lr\n")
+    cfg = parse_config(_Stage, ["--config", str(ok)])
+    assert (cfg.optim.learning_rate, cfg.optim.weight_decay) == (0.5, 0.5)

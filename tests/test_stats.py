@@ -84,3 +84,17 @@ def test_pearson_against_a_hand_worked_value():
     # x = 1..4, y = 1,3,2,4: cov 1.0*... = r 0.8
     assert stats.pearson([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     assert math.isnan(stats.pearson([1, 1, 1], [1, 2, 3]))
+
+
+def test_non_finite_values_give_no_interval_instead_of_raising():
+    inf, nan = float("inf"), float("nan")
+    m, h = stats.mean_ci([inf, 1.0])
+    assert m == inf and math.isnan(h)
+    m, h = stats.mean_ci([nan, 1.0, 2.0])
+    assert math.isnan(m) and math.isnan(h)
+    d, h = stats.welch_diff_ci([1.0, inf], [0.0, 1.0])
+    assert d == inf and math.isnan(h)
+    d, h = stats.welch_diff_ci([1.0, 2.0], [nan, 1.0])
+    assert math.isnan(d) and math.isnan(h)
+    m, sd = stats.mean_sd([-inf, 2.0])
+    assert m == -inf and math.isnan(sd)

@@ -79,21 +79,33 @@ def macro_items(
     return items
 
 
+def page_files(html: str) -> tuple[str, str]:
+    """The page and the histogram beside it that :func:`write_macro_page` writes for ``html``
+    (``.html`` -> ``_lengths.png``)."""
+    stem = html[: -len(".html")] if html.endswith(".html") else html
+    return html, stem + "_lengths.png"
+
+
+def default_page(path: str) -> str:
+    """The page of a result file ``<path>.jsonl``: ``<path>.macro.html``."""
+    base = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
+    return base + ".macro.html"
+
+
 def write_macro_view(path: str, items: list[dict], macro: MacroConfig, source: str = "") -> str:
     """``<path>.macro.html`` and ``<path>.macro_lengths.png`` of a result file ``<path>.jsonl``
     (:func:`write_macro_page`); returns the page's path."""
-    base = path[: -len(".jsonl")] if path.endswith(".jsonl") else path
-    return write_macro_page(base + ".macro.html", items, macro, source)
+    return write_macro_page(default_page(path), items, macro, source)
 
 
 def write_macro_page(html: str, items: list[dict], macro: MacroConfig, source: str = "") -> str:
     """``html`` showing ``items`` cut by ``macro`` (the rule read from ``source``, named under the
-    title), and the histogram of their lengths beside it (``.html`` -> ``_lengths.png``)."""
+    title), and the histogram of their lengths (:func:`page_files`), which the page shows at its
+    end."""
     title = f"Macro actions: {describe(macro)}"
-    render_html(items, html, title=title, subtitle=f"rule from {source}" if source else "")
     lengths = [e - s for it in items for s, e in macro_groups(it["macro_end"])]
-    if lengths:
-        stem = html[: -len(".html")] if html.endswith(".html") else html
-        plot_length_histogram(lengths, stem + "_lengths.png")
+    figure = plot_length_histogram(lengths, page_files(html)[1]) if lengths else None
+    subtitle = f"rule from {source}" if source else ""
+    render_html(items, html, title=title, subtitle=subtitle, figure=figure)
     log.info("macro-action view: %s", html)
     return html

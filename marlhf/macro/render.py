@@ -2,6 +2,9 @@
 
 Token pieces come from `token_pieces`, which uses the same character-offset computation as the parsing
 rule (`marlhf.macro.parsing.spans.token_char_spans`), so what is shown is exactly what was segmented.
+Control characters of a response are shown as escapes in both (`visible`): a terminal would obey
+``ESC[2J`` (clear the screen), and a bidirectional override (U+202E) turns ``gnp.exe`` into what
+reads as ``exe.png`` in a terminal and on the page.
 
 >>> print(render_terminal(["The", " cat", " sat", "."], [False, True, False, True], color=False))
 The cat| sat.|
@@ -9,6 +12,7 @@ The cat| sat.|
 
 from __future__ import annotations
 
+import base64
 import html
 import os
 import sys
@@ -24,12 +28,30 @@ __all__ = [
     "render_html",
     "render_terminal",
     "token_pieces",
+    "visible",
 ]
 
 # Two background colours for the terminal (ANSI) and the HTML page, alternating per macro action.
 _ANSI = ("\x1b[30;46m", "\x1b[30;43m")
 _ANSI_RESET = "\x1b[0m"
 _HTML_BG = ("#cdeffd", "#fde9b5")
+
+# control characters shown as escapes: C0 but tab and newline, DEL and C1 (terminal control
+# sequences), and the bidirectional-text controls (marks, embeddings, overrides, isolates)
+_CONTROLS = [*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0)]
+_BIDI = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {c: f"\\x{c:02x}" for c in _CONTROLS} | {c: f"\\u{c:04x}" for c in _BIDI}
+
+
+def visible(text: str) -> str:
+    r"""``text`` with its terminal and bidirectional-text controls written as escapes (``\x1b``,
+    ``\u202e``); tab and newline kept.
+
+    >>> print(visible("a\x1b[2Jb gnp\u202e.exe\n"))
+    a\x1b[2Jb gnp\u202e.exe
+    <BLANKLINE>
+    """
+    return text.translate(_ESCAPES)
 
 
 def token_pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -72,13 +94,17 @@ def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None
         color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     out = []
     for m, (s, e) in enumerate(macro_groups(macro_end)):
-        text = "".join(pieces[s:e])
+        text = visible("".join(pieces[s:e]))
         out.append(f"{_ANSI[m % 2]}{text}{_ANSI_RESET}" if color else text + "|")
     return "".join(out)
 
 
 def render_html(
-    items: list[dict], path: str | os.PathLike, title: str = "Macro actions", subtitle: str = ""
+    items: list[dict],
+    path: str | os.PathLike,
+    title: str = "Macro actions",
+    subtitle: str = "",
+    figure: str | os.PathLike | None = None,
 ) -> Path:
     """Write a self-contained HTML page showing responses split into macro actions.
 
@@ -87,18 +113,23 @@ def render_html(
             ``macro_end`` (list[bool], same length) and optionally ``reward`` (float).
         path: the .html file to write (parent folders are created).
         subtitle: a line under the title (e.g. where the rule came from).
+        figure: a PNG shown at the end of the page, embedded in it (the histogram of macro-action
+            lengths, `plot_length_histogram`).
 
     Each macro action is a ``<span class="ma">`` with alternating background and a tooltip
-    ``macro i, n tokens``; token pieces are HTML-escaped, whitespace kept (``white-space: pre-wrap``).
+    ``macro i, n tokens``; token pieces are HTML-escaped, control characters shown as escapes
+    (`visible`), whitespace kept (``white-space: pre-wrap``). A line under the title counts the
+    responses and macro actions and gives their mean length.
     """
-    blocks = []
+    blocks, lengths = [], []
     for n, item in enumerate(items):
         pieces, ends = list(item["pieces"]), list(item["macro_end"])
         if len(pieces) != len(ends):
             raise ValueError(f"item {n}: {len(pieces)} pieces but {len(ends)} macro_end flags")
         spans = []
         for m, (s, e) in enumerate(macro_groups(ends)):
-            text = html.escape("".join(pieces[s:e]))
+            lengths.append(e - s)
+            text = html.escape(visible("".join(pieces[s:e])))
             spans.append(
                 f'<span class="ma" style="background:{_HTML_BG[m % 2]}" '
                 f'title="macro {m}, {e - s} tokens">{text}</span>'
@@ -107,22 +138,37 @@ def render_html(
         reward_html = (
             "" if reward is None else f'<div class="reward">reward {float(reward):.4f}</div>'
         )
+        prompt = html.escape(visible(str(item.get("prompt", ""))))
         blocks.append(
-            f'<div class="item"><div class="prompt">{html.escape(str(item.get("prompt", "")))}</div>'
+            f'<div class="item"><div class="prompt">{prompt}</div>'
             f'<div class="response">{"".join(spans)}</div>{reward_html}</div>'
+        )
+    mean = sum(lengths) / len(lengths) if lengths else 0.0
+    summary = (
+        f"{len(items)} responses, {len(lengths)} macro actions, mean length {mean:.2f} tokens"
+        + ("; their histogram is at the end of the page" if figure is not None else "")
+    )
+    figure_html = ""
+    if figure is not None:
+        data = base64.b64encode(Path(figure).read_bytes()).decode("ascii")
+        figure_html = (
+            '\n<h2 id="lengths">Macro-action lengths</h2>\n'
+            f'<img alt="histogram of macro-action lengths" src="data:image/png;base64,{data}">'
         )
     page = (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>"
+        f"<title>{html.escape(visible(title))}</title><style>"
         "body{font-family:sans-serif;max-width:60em;margin:auto}"
         ".item{border-bottom:1px solid #ccc;padding:1em 0}"
         ".prompt{color:#555;white-space:pre-wrap;margin-bottom:.5em}"
         ".response{white-space:pre-wrap;font-family:monospace;line-height:1.6}"
         ".ma{border-radius:3px}.reward{color:#060;margin-top:.3em}"
         ".sub{color:#555}"
-        f"</style></head><body><h1>{html.escape(title)}</h1>\n"
-        + (f'<p class="sub">{html.escape(subtitle)}</p>\n' if subtitle else "")
+        f"</style></head><body><h1>{html.escape(visible(title))}</h1>\n"
+        + (f'<p class="sub">{html.escape(visible(subtitle))}</p>\n' if subtitle else "")
+        + f'<p class="sub">{html.escape(summary)}</p>\n'
         + "\n".join(blocks)
+        + figure_html
         + "\n</body></html>\n"
     )
     path = Path(path)

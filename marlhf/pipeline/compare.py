@@ -2,15 +2,20 @@
 
 Each RUN is a run directory (its ``metrics.jsonl``) or a glob of them; several runs with one label
 are the seeds of one arm and are pooled. ``--label`` is given once per RUN argument (a glob's runs
-share it); without labels an arm is named after what ran (``PPO``, ``MA-PPO n=5``, ``GRPO``: the
-stage-3 ``run_config.json``), else after the directory. The first arm is the baseline.
+share it) or, when the shell expanded the globs, once per arm the runs make without labels; without
+labels an arm is named after what ran (``PPO``, ``MA-PPO n=5``, ``GRPO``, ``SFT``, ``RM (end)``:
+the ``run_config.json``), else after the directory (:mod:`marlhf.pipeline.runs`). The first arm is
+the baseline. Rows, values and runs left out (a half-written last line, a NaN, a run without rows,
+a directory given twice), seeds stopping early and arms pooling different settings are warned
+about, on stderr and in the report.
 
-Writes ``DIR/report.md`` and one PNG per metric (reward-model score, gold where the task has one,
-KL, entropy, response length, macro-action length) against step: the mean over seeds with its 95 %
-band (Student t over seeds, per step). The report gives
+Writes ``DIR/report.md`` and one PNG per metric against step (stage 3: reward-model score, gold
+where the task has one, KL, entropy, response length, macro-action length; SFT and reward-model
+runs: training and held-out loss, perplexity, accuracy): the mean over seeds with its 95 % band
+(Student t over seeds, per step). The report gives
 
-- final values (each seed's mean over its last ``--final_window`` steps), mean ± 95 % t-interval over
-  seeds, and each arm's difference to the baseline with Welch's 95 % interval;
+- final values (each seed's mean over its last ``--final_window`` logged steps), mean ± 95 %
+  t-interval over seeds, and each arm's difference to the baseline with Welch's 95 % interval;
 - steps to reach a target (``--target``, default the baseline's final value of ``--target_metric``):
   the first step at which the arm's smoothed mean curve gets there, with a seed-bootstrap 95 %
   interval (resamples that never get there count as not reached);
@@ -21,8 +26,6 @@ band (Student t over seeds, per step). The report gives
 
 from __future__ import annotations
 
-import glob
-import json
 import math
 import random
 import statistics
@@ -31,16 +34,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from marlhf.cli import build_parser, config_from_dict, config_from_namespace
+from marlhf.cli import build_parser, config_from_namespace
 from marlhf.inference.results import read_rows
 from marlhf.judge.outcomes import bootstrap_ci, win_rate
 from marlhf.pipeline.report import paired_gain, rm_judged
-from marlhf.runtime.tracking import read_metrics
-from marlhf.stages.ppo.config import PPOStageConfig
-from marlhf.stages.ppo.naming import run_label
+from marlhf.pipeline.runs import Run, arms_of
 from marlhf.stats import mean_ci, percentile, welch_diff_ci
 
-# (metric key, title, file stem)
+# (metric key, title, file stem): stage 3's, then SFT's and the reward model's
 METRICS = (
     ("objective/score", "reward-model score", "reward"),
     ("objective/gold", "gold score", "gold"),
@@ -48,6 +49,10 @@ METRICS = (
     ("policy/entropy", "entropy", "entropy"),
     ("response/length", "response length (tokens)", "length"),
     ("macro/mean_len", "macro-action length (tokens)", "macro_len"),
+    ("train/loss", "training loss", "train_loss"),
+    ("eval/loss", "held-out loss", "eval_loss"),
+    ("eval/ppl", "held-out perplexity", "eval_ppl"),
+    ("eval/accuracy", "held-out accuracy (chosen scored above rejected)", "eval_accuracy"),
 )
 
 
@@ -72,67 +77,6 @@ def first_reach(steps: Sequence[int], curve: Sequence[float], target: float) -> 
     (2, None)
     """
     return next((s for s, v in zip(steps, curve, strict=True) if v >= target), None)
-
-
-# --- runs and arms --------------------------------------------------------------------------------
-@dataclass
-class Run:
-    """One run: its directory and ``metric -> {step: value}`` (the last value logged per step)."""
-
-    path: Path
-    series: dict[str, dict[int, float]]
-
-
-def load_run(path: Path) -> Run:
-    f = path / "metrics.jsonl"
-    if not f.exists():
-        raise ValueError(f"{path}: no metrics.jsonl (is it a run directory?)")
-    series: dict[str, dict[int, float]] = {}
-    for row in read_metrics(f):
-        for k, v in row.items():
-            if k not in ("step", "time") and isinstance(v, int | float):
-                series.setdefault(k, {})[int(row["step"])] = float(v)
-    return Run(path, series)
-
-
-def arm_name(path: Path) -> str:
-    """What ran (stage 3's run_config.json: ``PPO``, ``MA-PPO n=5``, ``GRPO``...), else the name."""
-    cfg_file = path / "run_config.json"
-    if cfg_file.exists():
-        try:
-            data = json.loads(cfg_file.read_text())
-            if "ppo" in data:
-                return run_label(config_from_dict(PPOStageConfig, data))
-        except (ValueError, TypeError, KeyError):
-            pass
-    return path.name
-
-
-def expand(patterns: Sequence[str]) -> list[list[Path]]:
-    """The run directories of each pattern (a directory or a glob); ValueError for one that matches
-    none."""
-    out = []
-    for p in patterns:
-        found = sorted(Path(x) for x in glob.glob(p)) if any(c in p for c in "*?[") else [Path(p)]
-        found = [f for f in found if f.is_dir()]
-        if not found:
-            raise ValueError(f"{p}: no run directory")
-        out.append(found)
-    return out
-
-
-def arms_of(patterns: Sequence[str], labels: Sequence[str]) -> dict[str, list[Run]]:
-    """``label -> runs`` (the seeds of an arm), in the order first seen."""
-    if labels and len(labels) != len(patterns):
-        raise ValueError(
-            f"--label: give one per RUN argument ({len(patterns)} runs, {len(labels)} labels)"
-        )
-    arms: dict[str, list[Run]] = {}
-    for i, paths in enumerate(expand(patterns)):
-        for path in paths:
-            name = labels[i] if labels else arm_name(path)
-            arms.setdefault(name, []).append(load_run(path))
-    return arms
 
 
 def common_steps(runs: Sequence[Run], key: str) -> list[int]:
@@ -306,7 +250,8 @@ class CompareConfig:
     label: tuple[str, ...] = field(
         default=(),
         metadata={
-            "help": "An arm's name, one per RUN argument (a glob's runs share it); repeat the flag.",
+            "help": "An arm's name, one per RUN argument (a glob's runs share it) or one per arm "
+            "the runs make without labels; repeat the flag.",
             "repeat": True,
         },
     )
@@ -343,16 +288,36 @@ class CompareArgs:
 
 
 def compare(patterns: Sequence[str], cfg: CompareConfig) -> Path:
-    """Write the report (and figures) of ``patterns`` under ``cfg.output``; returns report.md."""
+    """Write the report (and figures) of ``patterns`` under ``cfg.output``; returns report.md.
+    Each row, value or run left out and each arm mixing steps or settings is warned about on
+    stderr (``warning: ...``, naming the file and line) and in the report."""
+    warnings: list[str] = []
+
+    def warn(text: str) -> None:
+        warnings.append(text)
+        print(f"warning: {text}", file=sys.stderr)
+
+    watched = {key for key, _, _ in METRICS}
+    arms = arms_of(patterns, cfg.label, watched, warn) if patterns else {}
+    if patterns and not arms:
+        raise ValueError("no run has a complete row in its metrics.jsonl: nothing to compare")
+    logged = [k for k, _, _ in METRICS if any(k in r.series for rs in arms.values() for r in rs)]
+    if arms and not logged:
+        names = ", ".join(k for k, _, _ in METRICS)
+        raise ValueError(
+            f"{', '.join(str(r.path) for rs in arms.values() for r in rs)}: no run logs a metric "
+            f"marlhf compare reports ({names}); are these runs of marlhf sft, rm or ppo?"
+        )
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Run comparison", ""]
-    arms = arms_of(patterns, cfg.label) if patterns else {}
     if arms:
         lines += [
             f"- **{n}**: " + ", ".join(f"`{r.path}`" for r in runs) for n, runs in arms.items()
         ]
         lines += ["", f"The first arm, **{next(iter(arms))}**, is the baseline.", ""]
+        if warnings:
+            lines += ["## Warnings", "", *(f"- {w}" for w in warnings), ""]
         for key, title, stem in METRICS:
             fig = plot_metric(arms, key, title, out / f"{stem}.png")
             if fig is not None:

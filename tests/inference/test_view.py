@@ -3,6 +3,8 @@ rule resolution it shares with inference's ``--render-macro`` (marlhf/inference/
 
 from __future__ import annotations
 
+import base64
+import html
 import itertools
 import json
 import re
@@ -160,3 +162,145 @@ def test_view_refuses_a_file_without_rows(tmp_path):
     empty.write_text("")
     with pytest.raises(SystemExit, match="no response rows"):
         view_main([str(empty), "--model", "tiny"])
+
+
+# ---------------------------------------------------------------- files that are not clean
+
+
+def _rows_file(path, rows: list, end: str = "\n") -> str:
+    """``rows`` as JSON lines (a str row is written as it is); ``end`` after the last line."""
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    path.write_text("\n".join(lines) + end, encoding="utf-8")
+    return str(path)
+
+
+_CONTROLS = ("\x1b", "\u202e", "\u2066", "\u2069")
+
+
+def test_view_shows_control_characters_as_escapes(tmp_path, capsys):
+    """A response clearing the screen (ESC [2J) and reversing a file name (U+202E): neither reaches
+    the terminal or the page as it is; each shows as its escape."""
+    response = "a\x1b[2J b gnp\u202e.exe \u2066x\u2069 end"
+    path = _rows_file(tmp_path / "r.jsonl", [{"prompt_id": "p\x1b[1m", "prompt": "q\u202eq",
+                                              "response": response}])  # fmt: skip
+    for color in ("never", "always"):
+        out = view_main([path, "--model", "tiny", "--color", color])
+        text = capsys.readouterr().out
+        # the view's own colours are the only escape sequences
+        shown = re.sub(r"\x1b\[(30;4[36]|0)m", "", text) if color == "always" else text
+        assert not any(c in shown for c in _CONTROLS)
+        printed = shown.split("\n[0] ", 1)[1].splitlines()[1:]
+        bare = "".join(line for line in printed if not line.startswith("wrote ")).replace("|", "")
+        # the reference: the response with each control written as Python writes its escape
+        assert bare == "a\\x1b[2J b gnp\\u202e.exe \\u2066x\\u2069 end"
+        assert "[0] p\\x1b[1m" in shown
+    page = open(out[0]["html"], encoding="utf-8").read()
+    assert not any(c in page for c in _CONTROLS)
+    spans = re.findall(r'<span class="ma"[^>]*>(.*?)</span>', page, re.S)
+    assert html.unescape("".join(spans)) == "a\\x1b[2J b gnp\\u202e.exe \\u2066x\\u2069 end"
+    assert "q\\u202eq" in page
+    assert "".join(out[0]["items"][0]["pieces"]) == response  # the data itself is kept
+
+
+def test_view_refuses_a_page_that_overwrites_an_input(tmp_path):
+    path = _rows_file(tmp_path / "r.jsonl", [{"prompt_id": "a", "response": "hi"}])
+    meta = tmp_path / "r.jsonl.meta.json"
+    meta.write_text("{}")
+    before = (open(path).read(), meta.read_text())
+    for target in (path, str(meta), str(tmp_path / "." / "r.jsonl")):
+        with pytest.raises(SystemExit, match=r"^error: --html .* would overwrite the input file"):
+            view_main([path, "--model", "tiny", "--html", target])
+    assert (open(path).read(), meta.read_text()) == before
+    other = _rows_file(tmp_path / "s.jsonl", [{"prompt_id": "a", "response": "hi"}])
+    with pytest.raises(SystemExit, match="one page for 2 result files"):
+        view_main([path, other, "--model", "tiny", "--html", str(tmp_path / "v.html")])
+
+
+def test_view_rows_not_shown_are_warned_and_an_unterminated_last_row_is_shown(
+    tmp_path, capsys, caplog
+):
+    rows = [{"prompt_id": "a", "response": "one"}, {"prompt_id": "b", "prompt": "x"},
+            {"prompt_id": "c", "response": None}, {"prompt_id": "d", "response": "four"}]  # fmt: skip
+    path = _rows_file(tmp_path / "r.jsonl", rows, end="")  # the last row without its newline
+    out = view_main([path, "--model", "tiny", "--color", "never", "--html", "none"])
+    assert ["".join(it["pieces"]) for it in out[0]["items"]] == ["one", "four"]
+    assert f'{path} lines 2, 3: no "response" (missing or null); not shown' in caplog.text
+    # a half-written last line: inference still running
+    with open(path, "a") as f:
+        f.write('\n{"prompt_id": "e", "respo')
+    caplog.clear()
+    out = view_main([path, "--model", "tiny", "--color", "never", "--html", "none"])
+    assert len(out[0]["items"]) == 2
+    assert f"{path} line 5: a half-written last line (inference still running?)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt_id": "a", "response": 5}', 'line 2: field "response" must be a string, got int'),
+        ('{"prompt_id": "a", "response": "x", "reward": "high"}',
+         'line 2: field "reward" must be a number, got str'),
+        ('{"prompt_id": "a", "response": "x", "prompt": ["p"]}',
+         'line 2: field "prompt" must be a string, got list'),
+        ('{"prompt_id": "a", "response": "x", "response_ids": ["x"]}',
+         'line 2: field "response_ids" must be a list of token ids'),
+        ('{"prompt_id": "a", "response": "x", "response_ids": [1, 99999999]}',
+         'line 2: field "response_ids" holds id 99999999, outside the vocabulary'),
+        ('{"prompt_id": "a", "response": "x", "ends_with_eos": "yes"}',
+         'line 2: field "ends_with_eos" must be true or false'),
+        ('{"prompt_id": "a", "response": "x"', "line 2: not valid JSON at column"),
+        ("[1, 2]", "line 2: not a JSON object"),
+    ],
+)  # fmt: skip
+def test_view_errors_name_file_line_and_field(tmp_path, line, message):
+    path = _rows_file(tmp_path / "r.jsonl", ['{"prompt_id": "a", "response": "ok"}', line])
+    with pytest.raises(SystemExit, match=re.escape(f"error: {path} {message}")):
+        view_main([path, "--model", "tiny", "--html", "none"])
+
+
+def test_view_errors_for_a_missing_file_and_invalid_utf8(tmp_path):
+    with pytest.raises(
+        SystemExit, match=re.escape(f"error: {tmp_path / 'no.jsonl'}: no such file")
+    ):
+        view_main([str(tmp_path / "no.jsonl"), "--model", "tiny"])
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(
+        b'{"prompt_id": "a", "response": "ok"}\n{"prompt_id": "b", "response": "\xff"}\n'
+    )
+    with pytest.raises(SystemExit, match=re.escape(f"error: {path} line 2: not UTF-8 (byte 0xff")):
+        view_main([str(path), "--model", "tiny"])
+
+
+def test_view_without_a_spacy_pipeline_is_one_error_line(tmp_path):
+    pytest.importorskip("spacy")
+    path = _rows_file(tmp_path / "r.jsonl", [{"prompt_id": "a", "response": "The cat sat."}])
+    flags = ["--termination_condition", "parsing", "--parser_backend", "spacy",
+             "--spacy_model", str(tmp_path / "no_pipeline")]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        view_main([path, "--model", "tiny", "--html", "none", *flags])
+    text = str(exc.value.code)
+    assert text.startswith("error: --spacy_model") and "spacy download" in text
+    assert "\n" not in text
+
+
+def test_view_says_where_the_page_is_and_the_page_shows_the_histogram(tmp_path, capsys):
+    path = _rows_file(tmp_path / "r.jsonl", [{"prompt_id": "a", "response": "one two three"}])
+    out = view_main([path, "--model", "tiny", "--ngram", "2", "--no_terminal"])
+    page, png = tmp_path / "r.macro.html", tmp_path / "r.macro_lengths.png"
+    assert out[0]["html"] == str(page)
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {page} (histogram of macro-action lengths: {png})"
+    )
+    html = page.read_text(encoding="utf-8")
+    embedded = re.search(r'<img alt="histogram of macro-action lengths" src="data:image/png;'
+                         r'base64,([A-Za-z0-9+/=]+)"', html)  # fmt: skip
+    assert embedded and base64.b64decode(embedded[1]) == png.read_bytes()
+    n = len(macro_groups(out[0]["items"][0]["macro_end"]))
+    assert f"1 responses, {n} macro actions" in html
+
+
+def test_view_error_for_a_broken_meta_names_it(tmp_path):
+    path = _rows_file(tmp_path / "r.jsonl", [{"prompt_id": "a", "response": "ok"}])
+    (tmp_path / "r.jsonl.meta.json").write_text("{")
+    with pytest.raises(SystemExit, match=re.escape(f"error: {path}.meta.json: not a result file")):
+        view_main([path, "--html", "none"])

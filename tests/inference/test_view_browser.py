@@ -88,3 +88,16 @@ def test_screenshot_shows_both_macro_colours(tmp_path):
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=900,500", f"file://{page}")
     colours = {c for _, c in Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)}
     assert (0xCD, 0xEF, 0xFD) in colours and (0xFD, 0xE9, 0xB5) in colours  # the two backgrounds
+
+
+def test_page_shows_controls_as_escapes_and_ends_with_the_histogram(tmp_path):
+    items = [{"prompt": "q", "pieces": ["gnp\u202e", ".exe", " \x1b[2J"],
+              "macro_end": [False, True, True], "reward": None}]  # fmt: skip
+    page = write_macro_page(str(tmp_path / "v.html"), items, MacroConfig(ngram=2))
+    dom = chromium(tmp_path, "--dump-dom", f"file://{page}").stdout
+    spans = _Spans()
+    spans.feed(dom)
+    assert spans.spans == ["gnp\\u202e.exe", " \\x1b[2J"]
+    assert "\u202e" not in dom and "\x1b" not in dom
+    assert dom.rstrip().endswith("</body></html>") and "<img" in dom.split("</span>")[-1]
+    assert 'src="data:image/png;base64,' in dom

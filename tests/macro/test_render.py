@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import doctest
+import html
 import re
 
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -78,3 +80,32 @@ def test_histogram_png(tmp_path):
     path = plot_length_histogram([1, 2, 2, 3, 5, 5, 5], tmp_path / "h.png", title="lengths")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_control_characters_are_shown_as_escapes_in_the_terminal_and_the_page(tmp_path):
+    """ESC [2J would clear a terminal; U+202E would show "gnp.exe" as "exe.png"; C1 CSI (0x9b) is
+    a terminal's escape too. Each shows as its escape; tab and newline stay."""
+    pieces = ["ok\x1b[2J", " gnp\u202e", ".exe", "\t\u2066x\u2069\n", "\x9b1m\x07"]
+    ends = [True, False, True, False, True]
+    want = ["ok\\x1b[2J", " gnp\\u202e.exe", "\t\\u2066x\\u2069\n\\x9b1m\\x07"]
+    assert render_terminal(pieces, ends, color=False) == "|".join(want) + "|"
+    colored = render_terminal(pieces, ends, color=True)
+    assert re.sub(r"\x1b\[(30;4[36]|0)m", "", colored) == "".join(want)
+    path = render_html([{"prompt": "p\u202eq\x1b", "pieces": pieces, "macro_end": ends}],
+                       tmp_path / "p.html", title="t\x1b", subtitle="s\u2067")  # fmt: skip
+    page = path.read_text(encoding="utf-8")
+    spans = re.findall(r'<span class="ma"[^>]*>(.*?)</span>', page, re.S)
+    assert [html.unescape(s) for s in spans] == want
+    assert "p\\u202eq\\x1b" in page and "t\\x1b" in page and "s\\u2067" in page
+    bad = [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0), 0x202E, 0x2066, 0x2067, 0x2069)]
+    assert not any(c in page for c in bad if c not in "\t\n")
+
+
+def test_page_embeds_its_figure_and_counts_macro_actions(tmp_path):
+    png = plot_length_histogram([1, 2, 2], tmp_path / "h.png")
+    items = [{"prompt": "q", "pieces": ["a", "b", "c"], "macro_end": [True, False, True]}]
+    page = render_html(items, tmp_path / "p.html", figure=png).read_text(encoding="utf-8")
+    data = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert data and base64.b64decode(data[1]) == png.read_bytes()
+    assert "1 responses, 2 macro actions, mean length 1.50 tokens" in page
+    assert "data:image" not in render_html(items, tmp_path / "q.html").read_text(encoding="utf-8")

@@ -11,8 +11,11 @@ import statistics
 import pytest
 
 import marlhf.pipeline.compare as compare_mod
+from marlhf.cli import config_to_dict
 from marlhf.commands import main as marlhf
+from marlhf.macro.config import MacroConfig
 from marlhf.pipeline.compare import CompareConfig, arms_of, compare, final_values, reach
+from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stats import t975
 
 
@@ -95,3 +98,96 @@ def test_command_line_and_errors(runs, tmp_path, capsys):
     assert marlhf(["compare", str(runs / "ppo_s1"), *two]) == 2  # two labels, one run
     assert marlhf(["compare", str(runs / "ppo_s1"), str(runs / "mappo_s1"), *two]) == 0
     assert "- **a**:" in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------- inputs that are not clean
+
+
+def test_non_finite_values_in_seeds_are_warned_and_left_out(runs, tmp_path, capsys):
+    """An arm of two seeds with a NaN and an inf: the report is written from the finite values."""
+    with open(runs / "ppo_s1" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "time": 0.0, "objective/gold": NaN, "objective/kl": Infinity}\n')
+    out = tmp_path / "nan"
+    assert marlhf(["compare", str(runs / "ppo_s*"), "--label", "PPO", "--output", str(out),
+                   "--final_window", "2"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    f = runs / "ppo_s1" / "metrics.jsonl"
+    assert f"warning: {f} line 5: objective/gold non-finite (NaN, inf or null); left out" in err
+    assert f"{f} line 5: objective/kl non-finite" in err
+    report = (out / "report.md").read_text()
+    half = 12.706 * statistics.stdev([1.0, 1.2]) / math.sqrt(2)  # the finite finals 1.0, 1.2
+    assert f"| PPO | 2 | 1.100 ± {half:.3f}" in report
+    assert "## Warnings" in report and "line 5: objective/gold non-finite" in report
+
+
+def test_a_run_still_going_is_compared_on_its_complete_rows(runs, tmp_path, capsys):
+    with open(runs / "mappo_s1" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "time": 0.0, "objective/gold": 1.')  # half-written
+    out = tmp_path / "going"
+    assert marlhf(["compare", str(runs / "ppo_s*"), str(runs / "mappo_s*"), "--label", "PPO",
+                   "--label", "MA-PPO", "--output", str(out)]) == 0  # fmt: skip
+    assert "line 5: a half-written last line (a run still going?)" in capsys.readouterr().err
+    assert "| MA-PPO | 3 |" in (out / "report.md").read_text()
+
+
+def test_a_directory_given_twice_is_one_seed(runs):
+    arms = arms_of([str(runs / "ppo_s1"), str(runs / "ppo_s1")], ["PPO", "PPO"])
+    assert len(arms["PPO"]) == 1
+
+
+def test_shell_expanded_globs_with_one_label_per_arm(runs, tmp_path):
+    """`marlhf compare out/ppo_s* out/mappo_s* --label PPO --label "MA-PPO n=5"` as pasted: the
+    shell hands over five directories; the runs' run_config.json make two arms."""
+    for path in sorted(runs.glob("*_s*")):
+        cfg = PPOStageConfig(macro=MacroConfig(ngram=5 if path.name.startswith("mappo") else 1))
+        cfg.ppo.optim.seed = int(path.name[-1])
+        (path / "run_config.json").write_text(json.dumps(config_to_dict(cfg)))
+    expanded = [str(p) for p in sorted(runs.glob("ppo_s*")) + sorted(runs.glob("mappo_s*"))]
+    out = tmp_path / "pasted"
+    assert marlhf(["compare", *expanded, "--label", "PPO", "--label", "MA-PPO n=5",
+                   "--output", str(out)]) == 0  # fmt: skip
+    report = (out / "report.md").read_text()
+    assert "| PPO | 2 |" in report and "| MA-PPO n=5 | 3 |" in report
+    assert "## Warnings" not in report
+
+
+def _stage_run(path, rows):
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_sft_and_rm_runs_compare_their_losses(tmp_path):
+    # SFT: train/loss every step, eval/loss and eval/ppl at steps 2 and 4
+    for name, shift in (("sft_a", 0.0), ("sft_b", 0.5)):
+        rows = [{"step": s, "time": 0.0, "train/loss": 3.0 - 0.5 * s + shift} for s in (1, 2, 3, 4)]
+        rows += [{"step": s, "time": 0.0, "eval/loss": 2.0 - 0.25 * s + shift,
+                  "eval/ppl": 7.0 - s} for s in (2, 4)]  # fmt: skip
+        _stage_run(tmp_path / name, rows)
+    out = tmp_path / "sft_cmp"
+    report = compare(
+        [str(tmp_path / "sft_a"), str(tmp_path / "sft_b")],
+        CompareConfig(output=str(out), final_window=2),
+    ).read_text()
+    for stem in ("train_loss", "eval_loss", "eval_ppl"):
+        assert (out / f"{stem}.png").stat().st_size > 1000
+    # finals: train/loss mean of steps 3, 4 = (1.5 + 1.0) / 2; eval/loss of steps 2, 4 = 1.25
+    assert "| arm | seeds | training loss | held-out loss | held-out perplexity |" in report
+    assert "| sft_a | 1 | 1.250 | 1.250 | 4.000 |" in report
+    assert "| sft_b | 0.500 | 0.500 | 0.000 |" in report  # the difference to sft_a
+    assert "| |" not in report and "|  |" not in report  # no unnamed column
+    # a reward model: accuracy
+    _stage_run(tmp_path / "rm", [{"step": s, "time": 0.0, "train/loss": 0.7, "eval/accuracy": 0.5 + 0.1 * s}
+                                 for s in (1, 2)])  # fmt: skip
+    report = compare([str(tmp_path / "rm")], CompareConfig(output=str(tmp_path / "rm_cmp"),
+                                                          final_window=1)).read_text()  # fmt: skip
+    assert "held-out accuracy" in report and "| rm | 1 | 0.700 | 0.700 |" in report
+
+
+def test_runs_without_a_reported_metric_are_refused(tmp_path, capsys):
+    _stage_run(tmp_path / "odd", [{"step": 1, "time": 0.0, "something/else": 1.0}])
+    out = tmp_path / "odd_cmp"
+    assert marlhf(["compare", str(tmp_path / "odd"), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no run logs a metric marlhf compare reports" in err
+    assert "Traceback" not in err and not (out / "report.md").exists()
