@@ -387,7 +387,7 @@ def setup(cfg: PPOStageConfig) -> Run:
             "--generation_backend static under ZeRO-3 needs --enable_zero3_generation_gather "
             "(the static decoder has no synced_gpus mode)"
         )
-    models = build_models(cfg, plan.total_updates)
+    models = build_models(cfg, plan.total_updates, tokenizer)
     startup.mark("models + engines")
     backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
     if backend == "vllm":  # the engine, once per run; weights synced by `train`
