@@ -222,7 +222,13 @@ class LoggingConfig:
             "the eval split's PPO prompts, batches of --per_device_generation_batch_size)."
         },
     )
-    log_interval: int = field(default=1, metadata={"help": "Log scalars every N optimizer steps."})
+    log_interval: int = field(
+        default=1,
+        metadata={
+            "help": "Log scalars every N optimizer steps (and the last), and with "
+            "--disable_progress_bar print the step's line as often."
+        },
+    )
     resume: str = field(
         default="auto",
         metadata={
