@@ -40,6 +40,23 @@ def test_every_command_has_help(name, capsys):
     assert out.startswith(f"usage: marlhf {name}") and "--config FILE" in out
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_opens_with_what_the_program_does(name, capsys):
+    """The text under the usage line is for users: what the program does, not how its flags are
+    generated; the judge's names its main flags."""
+    with pytest.raises(SystemExit):
+        marlhf([name, "--help"])
+    out = capsys.readouterr().out
+    opening = out.split("\n\n")[1]  # the paragraph after the usage line
+    for developer in ("generator", "one part", "dataclass"):
+        assert developer not in opening.lower(), (name, opening)
+    if name == "judge":
+        text = " ".join(opening.split())
+        assert text.startswith("Compare two models by their answers to the same prompts")
+        for flag in ("--model_name_a", "--model_name_b", "--dataset", "--judge_model", "--dry_run"):
+            assert flag in text, flag
+
+
 HEAVY = ("torch", "transformers", "deepspeed", "datasets")
 # the commands whose --help and flag errors must come without the heavy packages
 LIGHT = ("sft", "rm", "ppo", "infer", "judge", "human-eval", "sample")
