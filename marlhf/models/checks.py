@@ -116,9 +116,11 @@ def check_same_tokenizer(
     for flag, name in models.items():
         path = resolve_model_path(name)
         if path not in sigs:
-            tok = (loaded or {}).get(name) or load_tokenizer(
-                ModelConfig(model_name_or_path=path, trust_remote_code=trust_remote_code)
-            )
+            tok = (loaded or {}).get(name)
+            if tok is None:
+                tok = load_tokenizer(
+                    ModelConfig(model_name_or_path=path, trust_remote_code=trust_remote_code)
+                )
             sigs[path] = tokenizer_signature(tok, name)
         ref = sigs[resolve_model_path(first)]
         diff = tokenizer_differences(ref, sigs[path])

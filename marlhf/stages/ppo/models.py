@@ -227,11 +227,12 @@ def build_models(cfg: PPOStageConfig, total_updates: int, tokenizer: Any = None)
     actor's as the stage loaded it, is not loaded again). The critic only when the estimator reads
     one (``--advantage_estimator gae``)."""
     roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
-    actor = cfg.models.actor.model
-    # the stage's tokenizer is the actor directory's own unless --actor_tokenizer_name_or_path
+    # the stage's tokenizer is the one the check loads for the actor's directory (unless a
+    # tokenizer is named apart from the model)
+    own = cfg.models.actor.model
     loaded = (
-        {actor.model_name_or_path: tokenizer}
-        if tokenizer and not actor.tokenizer_name_or_path
+        {own.model_name_or_path: tokenizer}
+        if tokenizer is not None and not own.tokenizer_name_or_path
         else {}
     )
     check_same_tokenizer(
