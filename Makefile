@@ -68,8 +68,10 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check marlhf tests benchmarks inference evaluation scripts
 	$(VENV)/bin/ruff format --check marlhf tests benchmarks inference evaluation scripts
 
+# offline: the installed environment's mkdocs, never an install (which needs the network)
 .PHONY: docs
-docs: $(VENV)/.installed
+docs:
+	@test -x $(VENV)/bin/mkdocs || { echo "make docs: no mkdocs in $(VENV): run make install first (it needs the network once), or pass VENV=..." >&2; exit 2; }
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:

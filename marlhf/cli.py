@@ -531,7 +531,11 @@ def config_from_namespace(
             name: _build(tp, _sub_default(f, tp), values, name)
             for name, f, tp in _leaf_fields(stage_cls)
         }
-        return stage_cls(**built)
+        cfg = stage_cls(**built)
+        for part in built.values():  # what the flags need installed (a tracker's package, ...)
+            if hasattr(part, "check_environment"):
+                part.check_environment()
+        return cfg
     except ValueError as err:
         parser.error(str(err))
         raise  # unreachable: parser.error exits

@@ -46,6 +46,17 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 ALIASES = {"reward": "rm", "inference": "infer", "human_eval": "human-eval"}
 
+# name -> (module, config class, module whose docstring's first line describes the program, or None
+# for the class's own) of the programs whose flags are their config class alone: the flags are
+# parsed here first, from modules that import no torch, so that --help and a flag's error come in
+# a fraction of a second; the program (which imports torch) then parses them again, identically.
+FLAGS: dict[str, tuple[str, str, str | None]] = {
+    "sft": ("marlhf.stages.sft_config", "SFTConfig", None),
+    "rm": ("marlhf.stages.reward.config", "RewardStageConfig", None),
+    "ppo": ("marlhf.stages.ppo.config", "PPOStageConfig", None),
+    "infer": ("marlhf.inference.config", "InferenceArgs", "marlhf.inference"),
+}
+
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
@@ -54,6 +65,18 @@ def usage() -> str:
         "usage: marlhf COMMAND [flags]   (marlhf COMMAND --help lists its flags)\n\n"
         "commands:\n" + "\n".join(lines) + "\n"
     )
+
+
+def parse_flags(name: str, argv: list[str]) -> None:
+    """Parse command ``name``'s flags with its config class (:data:`FLAGS`) before its program is
+    imported: ``--help`` prints and a bad flag exits here (argparse's ``SystemExit``)."""
+    if name not in FLAGS:
+        return
+    module, cls, described_by = FLAGS[name]
+    description = None
+    if described_by is not None:
+        description = (importlib.import_module(described_by).__doc__ or "").strip().splitlines()[0]
+    marlhf.cli.parse_config(getattr(importlib.import_module(module), cls), argv, description)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module, function, _ = COMMANDS[name]
     before, marlhf.cli.PROG = marlhf.cli.PROG, f"marlhf {name}"
     try:
+        parse_flags(name, argv[1:])
         result = getattr(importlib.import_module(module), function)(argv[1:])
     finally:
         marlhf.cli.PROG = before

@@ -9,11 +9,37 @@ rewrites a value.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass, field
 
 DTYPES = ("fp32", "fp16", "bf16")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 TRACKERS = ("tensorboard", "wandb", "trackio", "none")
+TRACKER_INSTALL = "pip install 'ma-rlhf[trackers]'"
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (found without importing it)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def tracker_problem(report_to: tuple[str, ...]) -> str | None:
+    """Why ``--report_to`` cannot log here (a tracker whose package is not installed), or None."""
+    missing = [t for t in report_to if t in ("wandb", "trackio") and not installed(t)]
+    if not missing:
+        return None
+    names = " and ".join(missing)
+    return (
+        f"--report_to {','.join(report_to)}: {names} {'is' if len(missing) == 1 else 'are'} not "
+        f"installed in this environment; {TRACKER_INSTALL} (or pip install {' '.join(missing)}), "
+        f"or leave {'it' if len(missing) == 1 else 'them'} out of --report_to"
+    )
 
 
 @dataclass
@@ -196,7 +222,13 @@ class LoggingConfig:
             "the eval split's PPO prompts, batches of --per_device_generation_batch_size)."
         },
     )
-    log_interval: int = field(default=1, metadata={"help": "Log scalars every N optimizer steps."})
+    log_interval: int = field(
+        default=1,
+        metadata={
+            "help": "Log scalars every N optimizer steps (and the last), and with "
+            "--disable_progress_bar print the step's line as often."
+        },
+    )
     resume: str = field(
         default="auto",
         metadata={
@@ -250,3 +282,11 @@ class LoggingConfig:
             raise ValueError("--log_interval must be >= 1")
         if self.keep_checkpoints < 1:
             raise ValueError("--keep_checkpoints must be >= 1")
+
+    def check_environment(self) -> None:
+        """What the flags ask of this environment: the packages of ``--report_to``'s trackers.
+        Checked when the flags are parsed (:func:`marlhf.cli.config_from_namespace`), not when a
+        saved configuration is read back (a run logged to wandb compares where wandb is not)."""
+        problem = tracker_problem(self.report_to)
+        if problem is not None:
+            raise ValueError(problem)

@@ -40,6 +40,61 @@ def test_every_command_has_help(name, capsys):
     assert out.startswith(f"usage: marlhf {name}") and "--config FILE" in out
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_opens_with_what_the_program_does(name, capsys):
+    """The text under the usage line is for users: what the program does, not how its flags are
+    generated; the judge's names its main flags."""
+    with pytest.raises(SystemExit):
+        marlhf([name, "--help"])
+    out = capsys.readouterr().out
+    opening = out.split("\n\n")[1]  # the paragraph after the usage line
+    for developer in ("generator", "one part", "dataclass"):
+        assert developer not in opening.lower(), (name, opening)
+    if name == "judge":
+        text = " ".join(opening.split())
+        assert text.startswith("Compare two models by their answers to the same prompts")
+        for flag in ("--model_name_a", "--model_name_b", "--dataset", "--judge_model", "--dry_run"):
+            assert flag in text, flag
+
+
+HEAVY = ("torch", "transformers", "deepspeed", "datasets")
+# the commands whose --help and flag errors must come without the heavy packages
+LIGHT = ("sft", "rm", "ppo", "infer", "judge", "human-eval", "sample")
+_PROBE = (
+    "import json, sys\n"
+    "from marlhf.commands import main\n"
+    "try:\n"
+    "    code = main(sys.argv[1:])\n"
+    "except SystemExit as e:\n"
+    "    code = e.code\n"
+    f"print(json.dumps([code, [m for m in {HEAVY!r} if m in sys.modules]]))\n"
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        *([name, "--help"] for name in LIGHT),
+        ["ppo", "--ngram", "x"],
+        ["sft", "--learning_rate", "fast"],
+        ["infer", "--temperature", "hot"],
+    ],
+    ids=" ".join,
+)
+def test_help_and_flag_errors_import_no_torch(argv):
+    """``marlhf``, ``marlhf SUB --help`` and a bad flag answer before torch (and transformers,
+    DeepSpeed, datasets) is imported: seconds on a CPU that the answer does not need."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    code, heavy = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert heavy == []
+    if argv[-1] == "--help":
+        assert code == 0 and "usage: marlhf" in proc.stdout
+    else:
+        assert code == 2 and f"error: argument --{argv[1][2:]}" in proc.stderr, proc.stderr
+
+
 def test_console_script_and_original_paths():
     # `python -m marlhf`, as the console script runs it, and a script path of the original
     for cmd in ([sys.executable, "-m", "marlhf", "view", "--help"],

@@ -155,3 +155,26 @@ def test_every_flag_in_the_guide_is_a_flag_of_some_program():
                 continue
             unknown.append(f"{path.relative_to(ROOT)}: {flag}")
     assert unknown == []
+
+
+def test_make_docs_is_offline(tmp_path):
+    """``make docs`` builds with the installed environment's mkdocs and never installs (an install
+    reaches the network); without one it says to run ``make install`` first."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    mkdocs = venv / "bin" / "mkdocs"
+    mkdocs.write_text('#!/bin/sh\necho built "$@"\n')
+    mkdocs.chmod(0o755)
+    # no .installed stamp, as on a fresh clone: what make would run (-n runs nothing) has no install
+    plan = subprocess.run(["make", "-n", "--no-print-directory", "docs", f"VENV={venv}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert plan.returncode == 0 and "mkdocs build" in plan.stdout
+    assert "pip" not in plan.stdout and "-m venv" not in plan.stdout, plan.stdout
+    run = subprocess.run(["make", "--no-print-directory", "docs", f"VENV={venv}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "built build --strict --site-dir site" in run.stdout and "pip" not in run.stdout
+    missing = subprocess.run(["make", "--no-print-directory", "docs", f"VENV={tmp_path / 'none'}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode != 0 and "pip" not in missing.stdout
+    assert "run make install first" in missing.stderr

@@ -56,6 +56,7 @@ import torch
 from marlhf.algo.gae import gae
 from marlhf.algo.losses import masked_whiten
 from marlhf.algo.macro_gae import macro_advantages
+from marlhf.algo.names import ESTIMATOR_ALIASES, ESTIMATOR_TRAITS, resolve_estimator
 from marlhf.macro.segments import MacroSegments
 
 __all__ = [
@@ -506,36 +507,26 @@ class AdvantageEstimator(Protocol):
 
 EstimatorFactory = Callable[[EstimatorOptions], AdvantageEstimator]
 ESTIMATORS: dict[str, EstimatorFactory] = {}
-ESTIMATOR_ALIASES: dict[str, str] = {}
 
 
-def register_estimator(
-    name: str, aliases: tuple[str, ...] = ()
-) -> Callable[[EstimatorFactory], EstimatorFactory]:
-    """Class decorator: register an estimator under its CLI name (and aliases)."""
+def register_estimator(name: str) -> Callable[[EstimatorFactory], EstimatorFactory]:
+    """Class decorator: register an estimator under its CLI name. Its aliases and what it needs
+    (``needs_critic``, ...) are declared in :data:`marlhf.algo.names.ESTIMATOR_TRAITS` (the
+    configuration reads them there, without torch) and set on the class here."""
 
     def decorate(factory: EstimatorFactory) -> EstimatorFactory:
-        for key in (name, *aliases):
-            if key in ESTIMATORS or key in ESTIMATOR_ALIASES:
-                raise ValueError(f"advantage estimator {key!r} is registered twice")
+        if name in ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is registered twice")
+        if name not in ESTIMATOR_TRAITS:
+            raise ValueError(
+                f"advantage estimator {name!r} has no traits in marlhf.algo.names.ESTIMATOR_TRAITS"
+            )
+        for trait, value in vars(ESTIMATOR_TRAITS[name]).items():
+            setattr(factory, trait, value)
         ESTIMATORS[name] = factory
-        ESTIMATOR_ALIASES.update({alias: name for alias in aliases})
         return factory
 
     return decorate
-
-
-def resolve_estimator(name: str) -> str:
-    """The canonical name of `name` (an estimator or an alias); ValueError listing the valid names."""
-    if name in ESTIMATORS:
-        return name
-    if name in ESTIMATOR_ALIASES:
-        return ESTIMATOR_ALIASES[name]
-    aliases = ", ".join(f"{a} = {c}" for a, c in sorted(ESTIMATOR_ALIASES.items()))
-    raise ValueError(
-        f"--advantage_estimator {name!r} is not known; valid: {', '.join(ESTIMATORS)} "
-        f"(aliases: {aliases})"
-    )
 
 
 def build_estimator(name: str, options: EstimatorOptions | None = None) -> AdvantageEstimator:
@@ -568,8 +559,6 @@ class GAEEstimator(_Estimator):
     enters the last macro action whole. Returns (advantages, returns)."""
 
     name: ClassVar[str] = "gae"
-    needs_critic: ClassVar[bool] = True
-    needs_segments: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         _require(inputs, self.name, "segments", "values")
@@ -587,14 +576,12 @@ class GAEEstimator(_Estimator):
         )
 
 
-@register_estimator("grpo", aliases=("group_norm",))
+@register_estimator("grpo")
 @dataclass(frozen=True)
 class GRPOEstimator(_Estimator):
     """GRPO (Shao et al. 2024): the group-normalised outcome `(r - mean_g) / (std_g + eps)`."""
 
     name: ClassVar[str] = "grpo"
-    needs_groups: ClassVar[bool] = True
-    batch_level: ClassVar[bool] = True
     scale: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -609,7 +596,7 @@ class GRPOEstimator(_Estimator):
         return adv, None
 
 
-@register_estimator("dr_grpo", aliases=("dr-grpo",))
+@register_estimator("dr_grpo")
 @dataclass(frozen=True)
 class DrGRPOEstimator(GRPOEstimator):
     """Dr. GRPO (Liu et al. 2025): `r - mean_g`, no std division; its loss has no length
@@ -617,7 +604,6 @@ class DrGRPOEstimator(GRPOEstimator):
 
     name: ClassVar[str] = "dr_grpo"
     scale: ClassVar[bool] = False
-    loss_agg_mode: ClassVar[str | None] = "seq-mean-token-sum-norm"
 
 
 @register_estimator("rloo")
@@ -626,8 +612,6 @@ class RLOOEstimator(_Estimator):
     """RLOO (Ahmadian et al. 2024): `r_i - mean_{j != i} r_j` over the row's group."""
 
     name: ClassVar[str] = "rloo"
-    needs_groups: ClassVar[bool] = True
-    batch_level: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         baseline = leave_one_out_mean(inputs.scores, inputs.group_ids, self.name)
@@ -636,13 +620,12 @@ class RLOOEstimator(_Estimator):
         return adv, None
 
 
-@register_estimator("reinforce_pp", aliases=("reinforce++", "reinforce_plus_plus"))
+@register_estimator("reinforce_pp")
 @dataclass(frozen=True)
 class ReinforcePPEstimator(_Estimator):
     """REINFORCE++ (`reinforce_pp_advantages`). Returns (whitened advantages, the returns)."""
 
     name: ClassVar[str] = "reinforce_pp"
-    batch_level: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         return reinforce_pp_advantages(
@@ -650,7 +633,7 @@ class ReinforcePPEstimator(_Estimator):
         )
 
 
-@register_estimator("macro_mc", aliases=("macro-mc",))
+@register_estimator("macro_mc")
 @dataclass(frozen=True)
 class MacroMCEstimator(_Estimator):
     """Monte-Carlo credit per macro action (`macro_mc_advantages`). The trainer segments, chooses the
@@ -659,10 +642,6 @@ class MacroMCEstimator(_Estimator):
     row's group's scores (then `group_ids` is needed, and the estimator is batch-level)."""
 
     name: ClassVar[str] = "macro_mc"
-    needs_segments: ClassVar[bool] = True
-    needs_groups: ClassVar[bool] = True
-    needs_mc: ClassVar[bool] = True
-    batch_level: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         _require(inputs, self.name, "mc")

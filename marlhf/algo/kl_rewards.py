@@ -29,7 +29,8 @@ import math
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from marlhf.algo.names import KL_ESTIMATORS
+
 SPREAD_MODES = ("interpolate", "last")
 
 

@@ -23,13 +23,7 @@ from __future__ import annotations
 
 import torch
 
-RATIO_LEVELS = ("token", "macro", "sequence")
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+from marlhf.algo.names import LOSS_AGG_MODES, RATIO_LEVELS
 
 
 def masked_mean(

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import torch
 
-CORRECTIONS = ("none", "tis", "mis", "seq_mask_tis")
+from marlhf.algo.names import CORRECTIONS
 
 
 def _valid(mask: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:

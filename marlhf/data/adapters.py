@@ -26,8 +26,8 @@ plain local files             columns ``prompt`` (+ ``chosen``, ``rejected``, ``
                               optional ``rejected`` answer; the prompt's plain text is HH-style.
 ============================  =========================================================================
 
-Local paths (``.json``, ``.jsonl``, ``.parquet`` or a directory of them, optionally ``adapter:path``)
-are matched to an adapter by their columns. A directory's files are assigned to splits by name
+Local paths (``.json``, ``.jsonl``, ``.csv``, ``.tsv``, ``.parquet`` or a directory of them,
+optionally ``adapter:path``) are matched to an adapter by their columns. A directory's files are assigned to splits by name
 (``train*`` -> train; ``valid*``, ``validation*``, ``eval*``, ``dev*``, ``test*`` -> eval). A single
 file whose rows carry a ``split`` field (the TL;DR schema) is divided by it; any other single file
 is all train, carved 95/5 like WebGPT.
@@ -35,8 +35,10 @@ is all train, carved 95/5 like WebGPT.
 Bad rows raise ``DataError`` naming the file, the row (1-based line for jsonl) and the field; with
 ``skip_bad_rows`` they are skipped, counted and the count is logged. Local JSON files are parsed here,
 not through ``datasets`` (whose type inference rewrites a column of mixed types, e.g. decodes
-``"choice": "1"`` to ``1`` when another row has an integer), so every row is read as written. They
-must be UTF-8 (a leading byte-order mark is ignored); a line with other bytes is a bad row.
+``"choice": "1"`` to ``1`` when another row has an integer), so every row is read as written; so are
+CSV / TSV files (their cells are text: a numeric field such as ``margin`` reads its text, an empty
+cell is a missing value). They must be UTF-8 (a leading byte-order mark is ignored); a line with
+other bytes is a bad row.
 """
 
 from __future__ import annotations
@@ -91,10 +93,17 @@ def _opt_text(row: dict, dotted: str, where: str) -> str | None:
         raise
 
 
-def _number(row: dict, key: str, where: str) -> float | None:
+def _number(row: dict, key: str, where: str, options: dict | None = None) -> float | None:
+    """The number in field ``key`` (None when missing); from a file of text cells (CSV,
+    ``options["text_cells"]``) the number its text writes."""
     value = row.get(key)
     if value is None:
         return None
+    if isinstance(value, str) and (options or {}).get("text_cells"):
+        try:
+            return float(value)
+        except ValueError:
+            raise DataError(f'{where}: field "{key}" must be a number, got {value!r}') from None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DataError(f'{where}: field "{key}" must be a number, got {type(value).__name__}')
     return float(value)
@@ -198,7 +207,7 @@ def _strip_citations(text: str) -> str:
 def _webgpt(row: dict, where: str, options: dict) -> Example | None:
     question = _text(row, "question.full_text", where)
     a0, a1 = _text(row, "answer_0", where), _text(row, "answer_1", where)
-    s0, s1 = _number(row, "score_0", where), _number(row, "score_1", where)
+    s0, s1 = _number(row, "score_0", where, options), _number(row, "score_1", where, options)
     if s0 is None or s1 is None:
         raise DataError(f'{where}: field "{"score_0" if s0 is None else "score_1"}" missing')
     if s0 == s1 and options.get("webgpt_skip_ties"):
@@ -297,7 +306,7 @@ def _messages(row: dict, where: str, options: dict) -> Example:
         prompt=prompt,
         chosen=chosen,
         rejected=rejected,
-        margin=_number(row, "margin", where),
+        margin=_number(row, "margin", where, options),
         prompt_id=f"local/{pid}" if pid is not None else _hash_id("local", prompt),
         meta={"messages": prompt_msgs},
     )
@@ -313,7 +322,7 @@ def _plain(row: dict, where: str, options: dict) -> Example:
         prompt = _text(row, "prompt", where)
     chosen = _answer(row, "chosen", where) if "chosen" in cols else None
     rejected = _answer(row, "rejected", where) if "rejected" in cols else None
-    margin = _number(row, "margin", where)
+    margin = _number(row, "margin", where, options)
     if margin is not None and not math.isfinite(margin):
         raise DataError(f'{where}: field "margin" must be finite, got {margin}')
     pid = row.get("id")

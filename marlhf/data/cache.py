@@ -44,11 +44,13 @@ def _dist():
     return None
 
 
-def _loads(path: Path) -> bool:
+def _load(path: Path) -> datasets.Dataset | None:
+    """The entry at ``path``, or None when it does not load or is empty."""
     try:
-        return len(datasets.load_from_disk(str(path))) > 0
+        ds = datasets.load_from_disk(str(path))
     except Exception:  # noqa: BLE001 - whatever a damaged entry raises, rebuilding is the cure
-        return False
+        return None
+    return ds if len(ds) > 0 else None
 
 
 class BuilderFailed(RuntimeError):
@@ -109,7 +111,8 @@ def cached(
     dist = _dist()
     # Without torch.distributed every process builds for itself (no one to wait for).
     builder = dist is None or int(os.environ.get("LOCAL_RANK", dist.get_rank())) == 0
-    if builder and path.exists() and not _loads(path):
+    loaded = _load(path) if builder and path.exists() else None
+    if builder and path.exists() and loaded is None:
         log.warning("data cache entry %s does not load or is empty: rebuilding it", path)
         shutil.rmtree(path)
     error = None
@@ -122,4 +125,5 @@ def cached(
         _share_failure(dist, error)  # a collective: the ranks wait here for the builders
     if error is not None:
         raise error
-    return datasets.load_from_disk(str(path))
+    # a hit on a builder is loaded once (above); a fresh build and the other ranks load it here
+    return loaded if loaded is not None else datasets.load_from_disk(str(path))

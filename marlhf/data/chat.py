@@ -12,6 +12,11 @@ A dataset's prompt becomes a list of messages (``{"role": "user" | "assistant" |
 The responses are the assistant's answer: their leading whitespace (HH's answers start with a space
 after ``Assistant:``) is dropped, and the end-of-conversation token still follows them.
 
+A template the tokenizer cannot spell (markers such as ``<|user|>`` that encode to its unknown
+token, or that its decoding loses: another model's template, a tokenizer without those pieces) is
+refused before any prompt is rendered (:func:`check_spelling`): the model would read ``<unk>``
+where the turns are.
+
 >>> hh_messages("\\n\\nHuman: Hi there\\n\\nAssistant: Hello!\\n\\nHuman: How are you?\\n\\nAssistant:")
 [{'role': 'user', 'content': 'Hi there'}, {'role': 'assistant', 'content': 'Hello!'}, {'role': 'user', 'content': 'How are you?'}]
 >>> hh_messages("POST\\nSubreddit: r/cats\\nTL;DR: ") is None
@@ -23,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,6 +97,67 @@ def require_template(tokenizer: Any) -> str:
     return template if isinstance(template, str) else repr(template)
 
 
+# what a template is probed with: two turns of each role, words any tokenizer spells
+_PROBE = [
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi"},
+    {"role": "user", "content": "Thanks"},
+]
+# tokenizer -> the templates it spells (checked once each)
+_SPELLED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _no_space(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def spelling_problem(tokenizer: Any) -> str | None:
+    """Why the tokenizer cannot spell what its chat template renders, or None: a probe conversation
+    is rendered and encoded; its unknown tokens, or a marker of the template (the text around the
+    messages) missing from the decoded ids, mean the model would read ``<unk>`` or nothing there."""
+    text = _render(tokenizer, _PROBE)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    markers, rest = [], text
+    for m in _PROBE:
+        head, _, rest = rest.partition(m["content"])
+        markers.append(head)
+    markers = [_no_space(m) for m in (*markers, rest) if _no_space(m)]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    n_unk = sum(i == unk for i in ids) if unk is not None else 0
+    decoded = _no_space(tokenizer.decode(ids, skip_special_tokens=False))
+    lost = [m for m in markers if m not in decoded]
+    if not n_unk and not lost:
+        return None
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    what = (
+        f"{n_unk} of its {len(ids)} tokens are the unknown token {tokenizer.unk_token!r}"
+        if n_unk
+        else f"the markers {lost} do not survive encoding and decoding"
+    )
+    return (
+        f"--apply_chat_template: the tokenizer of {name} cannot spell its chat template's "
+        f"markers: a probe conversation renders to {text!r}, and {what}. The model would read "
+        "no turns. Use a template written in this tokenizer's vocabulary (the model's own), "
+        "or leave the flag off"
+    )
+
+
+def check_spelling(tokenizer: Any) -> None:
+    """Raise ``ValueError`` with :func:`spelling_problem`'s line (once per tokenizer and
+    template: a stage renders thousands of prompts)."""
+    template = require_template(tokenizer)
+    try:
+        done = _SPELLED.setdefault(tokenizer, set())
+    except TypeError:  # not weakly referable: checked each time
+        done = set()
+    if template in done:
+        return
+    problem = spelling_problem(tokenizer)
+    if problem is not None:
+        raise ValueError(problem)
+    done.add(template)
+
+
 def template_fingerprint(tokenizer: Any) -> str:
     """SHA-256 of the chat template (part of the tokenised-data cache key)."""
     return hashlib.sha256(require_template(tokenizer).encode("utf-8")).hexdigest()
@@ -98,7 +165,13 @@ def template_fingerprint(tokenizer: Any) -> str:
 
 def render_prompt(tokenizer: Any, messages: Sequence[dict]) -> str:
     """The prompt text the template makes for ``messages``, up to where the assistant answers. A
-    leading BOS text is dropped: the stages put the BOS token in front themselves."""
+    leading BOS text is dropped: the stages put the BOS token in front themselves. ValueError
+    when the tokenizer has no template or cannot spell it (:func:`check_spelling`)."""
+    check_spelling(tokenizer)
+    return _render(tokenizer, messages)
+
+
+def _render(tokenizer: Any, messages: Sequence[dict]) -> str:
     require_template(tokenizer)
     text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
     bos = getattr(tokenizer, "bos_token", None)

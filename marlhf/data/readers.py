@@ -1,12 +1,16 @@
-"""Reading a local dataset file into raw rows: JSON lines or one JSON document, UTF-8 only (a leading
-byte-order mark is ignored; a line with other bytes, a surrogate or a value that is not a JSON object
-is a bad row, named with its file and line, or skipped and counted with ``--skip_bad_rows``).
-Parquet and other formats go through ``datasets``.
+"""Reading a local dataset file into raw rows: JSON lines or one JSON document, CSV (``.csv``) or TSV
+(``.tsv``) with a header row, UTF-8 only (a leading byte-order mark is ignored; a line with other
+bytes, a surrogate, a value that is not a JSON object or a record with more or fewer cells than the
+header is a bad row, named with its file and line, or skipped and counted with ``--skip_bad_rows``).
+A CSV cell is text as written (no type guessing; an empty cell is a missing value, like JSON's
+``null``); the fields that hold numbers (``margin``) read it (:attr:`RawRows.text_cells`). Parquet
+goes through ``datasets``.
 """
 
 from __future__ import annotations
 
 import codecs
+import csv
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -26,6 +30,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
+# the local files a --data_path entry (or a directory's split files) may be
+LOCAL_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet")
+_DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
 
 @dataclass
 class RawRows:
@@ -35,6 +43,7 @@ class RawRows:
     label: Callable[[int], str]  # 0-based row index -> "file line 17"
     columns: frozenset[str]
     bad: list[str]  # errors already found while reading (unparseable jsonl lines)
+    text_cells: bool = False  # every value is text as written (CSV): a number is read from it
 
 
 def _not_utf8(text: str) -> str | None:
@@ -139,13 +148,70 @@ def _read_json(path: Path, skip_bad_rows: bool) -> RawRows:
     return RawRows(parsed, lambda i: f"{path} row {row_of[i]}", columns, bad)
 
 
+def _csv_records(path: Path, f) -> Iterable[tuple[int, list[str]]]:
+    """(first line, cells) of every non-blank record; a quoted cell may span lines."""
+    reader = csv.reader(f, delimiter=_DELIMITERS[path.suffix], strict=True)
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise DataError(
+                f"{path} line {start}: not valid {path.suffix[1:].upper()} ({e})"
+            ) from None
+        if cells and any(c.strip() for c in cells):
+            yield start, cells
+
+
+def _read_csv(path: Path, skip_bad_rows: bool) -> RawRows:
+    """A ``.csv`` / ``.tsv`` file: the header row names the columns; each record is a row whose
+    empty cells are missing values. Read here (not through ``datasets``, whose type inference would
+    turn ``"1"`` into ``1``), so that every cell is the text written and an error names its line."""
+    kind = path.suffix[1:].upper()
+    parsed: list[dict] = []
+    line_of: list[int] = []
+    bad: list[str] = []
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        records = _csv_records(path, f)
+        first = next(records, None)
+        if first is None:
+            return RawRows([], lambda i: f"{path} line {line_of[i]}", frozenset(), [], True)
+        lineno, header = first
+        names = [h.strip() for h in header]
+        why = _not_utf8("".join(names))
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if why or dup or "" in names:
+            what = why or (f"columns {dup} repeat" if dup else "a column has no name")
+            raise DataError(f"{path} line {lineno}: the {kind} header: {what}")
+        for lineno, cells in records:
+            why = _not_utf8("".join(cells))
+            if why is None and len(cells) != len(names):
+                why = f"{len(cells)} cells, the header has {len(names)} ({', '.join(names)})"
+            if why is not None:
+                msg = f"{path} line {lineno}: {why}"
+                if not skip_bad_rows:
+                    raise DataError(msg)
+                bad.append(msg)
+                continue
+            parsed.append({n: c for n, c in zip(names, cells, strict=True) if c != ""})
+            line_of.append(lineno)
+    return RawRows(parsed, lambda i: f"{path} line {line_of[i]}", frozenset(names), bad, True)
+
+
 def _read_local(path: Path, skip_bad_rows: bool) -> RawRows:
     if path.suffix == ".jsonl":
         return _read_jsonl(path, skip_bad_rows)
     if path.suffix == ".json":
         return _read_json(path, skip_bad_rows)
+    if path.suffix in _DELIMITERS:
+        return _read_csv(path, skip_bad_rows)
     if path.suffix != ".parquet":
-        raise DataError(f"{path}: unsupported file type (expected .json, .jsonl or .parquet)")
+        raise DataError(
+            f"{path}: unsupported file type (expected {', '.join(LOCAL_SUFFIXES[:-1])} or "
+            f"{LOCAL_SUFFIXES[-1]})"
+        )
     import datasets
 
     try:

@@ -7,6 +7,7 @@ what was read, skipped and kept.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from marlhf.data.adapters import (
 )
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.long_tasks import data_file as long_task_file
-from marlhf.data.readers import RawRows, _read_local
+from marlhf.data.readers import LOCAL_SUFFIXES, RawRows, _read_csv, _read_local
 from marlhf.data.report import SourceCounts
 from marlhf.data.schema import DataError, Example
 
@@ -47,11 +48,7 @@ _SPLIT_NAMES = {
 
 
 def _split_files(directory: Path, split: str) -> list[Path]:
-    files = sorted(
-        p
-        for p in directory.iterdir()
-        if p.is_file() and p.suffix in (".json", ".jsonl", ".parquet")
-    )
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in LOCAL_SUFFIXES)
     return [p for p in files if p.name.lower().startswith(_SPLIT_NAMES[split])]
 
 
@@ -98,6 +95,8 @@ def peek_columns(path: Path, max_rows: int = 200) -> frozenset[str] | None:
             import pyarrow.parquet as pq
 
             return frozenset(pq.read_schema(path).names)
+        if path.suffix in (".csv", ".tsv"):
+            return _read_csv(path, skip_bad_rows=True).columns
         if path.suffix == ".json" and path.read_text(errors="replace").lstrip().startswith("["):
             rows = json.loads(path.read_text())[:max_rows]
         else:
@@ -153,7 +152,7 @@ def _convert_rows(
     out: list[Example] = []
     if adapter is None and len(raw.rows) > 0:  # no rows: no schema to tell, nothing to convert
         adapter = detect_adapter(raw.columns, source)
-    opts = dict(options, columns=raw.columns)
+    opts = dict(options, columns=raw.columns, text_cells=raw.text_cells)
     wanted = None if keep is None else set(keep.tolist())
     for i, row in enumerate(raw.rows):
         if wanted is not None and i not in wanted:
@@ -259,7 +258,7 @@ def _load_files(
         if options.get("rename"):
             rows = rename_columns(list(raw.rows), options["rename"])
             names = frozenset(options["rename"].get(c, c) for c in raw.columns)
-            raw = RawRows(rows, raw.label, names, raw.bad)
+            raw = dataclasses.replace(raw, rows=rows, columns=names)
         counts.files.append(str(f))
         counts.rows_read += len(raw.rows) + len(raw.bad)
         split_filter = None
@@ -274,7 +273,7 @@ def _load_files(
                 split_filter = lambda row: _row_split(row) == split  # noqa: E731
         if mode:
             rows = list(raw.rows)
-            raw = RawRows(rows, raw.label, raw.columns, raw.bad)
+            raw = dataclasses.replace(raw, rows=rows)
             keep = carve(len(rows), split)
             counts.carve_min_rows = carve_min_rows()
         cap = max_samples - len(examples) if max_samples else 0

@@ -32,11 +32,13 @@ Datasets listed in ``--data_path`` are concatenated in order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+import weakref
 from dataclasses import asdict
 from pathlib import Path
 
@@ -97,8 +99,35 @@ def eot_ids(cfg: DataConfig, tokenizer) -> list[int]:
     )
 
 
+# tokenizer -> (its size, special tokens and name, its fingerprint): a stage asks once per data set
+# (train, eval, prompts, ...), and hashing a large vocabulary costs most of a second
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def tokenizer_fingerprint(tokenizer) -> dict:
-    """What identifies a tokenizer for the cache: its name, a hash of vocabulary and special tokens."""
+    """What identifies a tokenizer for the cache: its name, a hash of vocabulary and special tokens.
+
+    Computed once per tokenizer object, again when its size, special tokens, bos or name change (a
+    token added, a pad token set)."""
+    state = (
+        len(tokenizer),
+        tuple(tokenizer.all_special_tokens),
+        tuple(bos_prefix(tokenizer)),
+        getattr(tokenizer, "name_or_path", ""),
+    )
+    try:
+        seen = _FINGERPRINTS.get(tokenizer)
+    except TypeError:  # not weakly referable: computed each time
+        seen = None
+    if seen is not None and seen[0] == state:
+        return dict(seen[1])
+    fingerprint = _fingerprint(tokenizer)
+    with contextlib.suppress(TypeError):
+        _FINGERPRINTS[tokenizer] = (state, fingerprint)
+    return dict(fingerprint)
+
+
+def _fingerprint(tokenizer) -> dict:
     vocab = sorted(tokenizer.get_vocab().items())
     blob = json.dumps(
         [vocab, tokenizer.all_special_tokens, bos_prefix(tokenizer), type(tokenizer).__name__]

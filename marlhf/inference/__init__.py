@@ -47,6 +47,7 @@ yet (a run that failed before writing any): then the new settings replace the ol
 ``--n-samples-per-prompt`` programs per problem, runs them on the problem's tests in the sandbox
 (:mod:`marlhf.rewards.code`), uses the pass fraction as reward and reports unbiased pass@k.
 
+>>> from marlhf.inference import dataset_dir_name, dataset_spec, model_name
 >>> model_name("/runs/run1/checkpoints/step-100")
 'run1-checkpoints-step-100'
 >>> model_name("google/gemma-2b"), model_name("tiny")
@@ -67,11 +68,13 @@ paths), :mod:`~marlhf.inference.prompts` (selection and encoding), :mod:`~marlhf
 program). The names below are the public API.
 """
 
+from __future__ import annotations
+
+import importlib
+
 from marlhf.data.names import DATASETS
 from marlhf.inference.config import DTYPE_CHOICES, GOLD_CHOICES, InferenceArgs, InferenceConfig
-from marlhf.inference.generation import generate
 from marlhf.inference.naming import dataset_dir_name, dataset_spec, model_name, output_path, sidecar
-from marlhf.inference.prompts import left_pad, select_prompts, selection_key
 from marlhf.inference.results import (
     append_rows,
     prepare_output,
@@ -80,8 +83,31 @@ from marlhf.inference.results import (
     run_settings,
     summarize,
 )
-from marlhf.inference.run import main, run_inference
-from marlhf.inference.scoring import TextScorer, end_rewards, right_pad, score_rollout
+
+# The names that need torch load their module on first use: the flags (``--help``) and the result
+# files import without it.
+_LAZY = {
+    "generate": "marlhf.inference.generation",
+    "left_pad": "marlhf.inference.prompts",
+    "select_prompts": "marlhf.inference.prompts",
+    "selection_key": "marlhf.inference.prompts",
+    "main": "marlhf.inference.run",
+    "run_inference": "marlhf.inference.run",
+    "TextScorer": "marlhf.inference.scoring",
+    "end_rewards": "marlhf.inference.scoring",
+    "right_pad": "marlhf.inference.scoring",
+    "score_rollout": "marlhf.inference.scoring",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DATASETS",

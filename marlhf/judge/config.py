@@ -161,9 +161,21 @@ class JudgeConfig:
             raise ValueError(f"--length_tolerance must be in [0, 1), got {self.length_tolerance}")
 
 
+# what `marlhf judge --help` opens with
+JUDGE_HELP = (
+    "Compare two models by their answers to the same prompts, judged by an LLM: each pair of "
+    "answers (the result files of marlhf infer) is judged in both orders and the verdicts "
+    "combined; the per-pair verdicts go to --output and model a's win rate over model b, with a "
+    "bootstrap interval and a length-controlled check, to <output>.summary.json and the console. "
+    "Main flags: --model_name_a and --model_name_b (the result files), --dataset (which judge "
+    "prompt), --judge_model and --base_url (any OpenAI-compatible server; the key comes from "
+    "OPENAI_API_KEY), --dry_run (print the cost estimate and stop)."
+)
+
+
 @dataclass
 class JudgeStage:
-    """Pairwise LLM-judge evaluation (one part, so the shared CLI generator can build the flags)."""
+    """The LLM judge's flags (:data:`JUDGE_HELP`)."""
 
     judge: JudgeConfig
 

@@ -51,7 +51,7 @@ class HumanEvalConfig:
 
 @dataclass
 class HumanEvalStage:
-    """Blind pairwise human evaluation (one part for the shared CLI generator)."""
+    """Judge two models' answers to the same prompts yourself, blind, in the terminal."""
 
     human: HumanEvalConfig
 

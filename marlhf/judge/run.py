@@ -35,6 +35,7 @@ from marlhf.cli import parse_config
 from marlhf.judge.cache import JudgeCache
 from marlhf.judge.collect import _atomic_write, _send, collect, empty_responses, unparseable_cached
 from marlhf.judge.config import (
+    JUDGE_HELP,
     JudgeConfig,
     JudgeInputError,
     JudgeStage,
@@ -113,7 +114,7 @@ SK_WARNING = (
 
 def main(argv: Sequence[str] | None = None, *, force_template: str | None = None) -> int:
     """CLI entry point of the judge scripts: 0 on success, 2 on bad input, 1 if nothing was judged."""
-    cfg = parse_config(JudgeStage, argv).judge
+    cfg = parse_config(JudgeStage, argv, description=JUDGE_HELP).judge
     if cfg.sk:
         print(SK_WARNING, file=sys.stderr)
     if force_template is not None and cfg.dataset is not None:

@@ -75,7 +75,7 @@ class SampleConfig:
 
 @dataclass
 class SampleStage:
-    """Evaluation subset sampling (one part for the shared CLI generator)."""
+    """Choose the same evaluation prompts from result files (by prompt set and seed only)."""
 
     sample: SampleConfig
 

@@ -90,7 +90,11 @@ def _embedding_rows(path: str) -> int | None:
 
 
 def check_same_tokenizer(
-    models: dict[str, str], *, trust_remote_code: bool = False, what_to_do: str | None = None
+    models: dict[str, str],
+    *,
+    trust_remote_code: bool = False,
+    what_to_do: str | None = None,
+    loaded: dict[str, Any] | None = None,
 ) -> None:
     """Refuse models that do not share the first one's tokenizer.
 
@@ -98,6 +102,8 @@ def check_same_tokenizer(
         models: flag -> model (path or hub id), the first being the one whose token ids the others
             read (the actor). Each distinct model's tokenizer is loaded once.
         what_to_do: the advice appended to the error; a default for PPO otherwise.
+        loaded: model (as in ``models``) -> its tokenizer, already loaded by the caller (not
+            loaded again).
 
     Raises:
         ValueError naming both flags, both models and what differs (vocabulary size, special ids,
@@ -110,9 +116,11 @@ def check_same_tokenizer(
     for flag, name in models.items():
         path = resolve_model_path(name)
         if path not in sigs:
-            tok = load_tokenizer(
-                ModelConfig(model_name_or_path=path, trust_remote_code=trust_remote_code)
-            )
+            tok = (loaded or {}).get(name)
+            if tok is None:
+                tok = load_tokenizer(
+                    ModelConfig(model_name_or_path=path, trust_remote_code=trust_remote_code)
+                )
             sigs[path] = tokenizer_signature(tok, name)
         ref = sigs[resolve_model_path(first)]
         diff = tokenizer_differences(ref, sigs[path])

@@ -42,13 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from marlhf.models.config import RM_TYPES
 from marlhf.rewards.segment import (
     LocationNormalizer,
     ScoreStats,
 )
 from marlhf.runtime.checkpoint_files import naming_write_errors
 
-RM_TYPES = ("end", "segment")
 VALUE_HEAD_FILE = "value_head.safetensors"
 REWARD_CONFIG_FILE = "reward_config.json"
 BACKBONE_WEIGHTS_FILE = "model.safetensors"

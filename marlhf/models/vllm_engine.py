@@ -45,10 +45,11 @@ import logging
 import os
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from marlhf.models.config import VLLMConfig
 
 INSTALL = (
     "pip install 'ma-rlhf[vllm]' (a CUDA build of vLLM), or on CPU `make install-vllm` "
@@ -74,40 +75,6 @@ class VLLMError(ValueError):
     """A one-line problem with the vLLM backend: vLLM missing, an architecture it cannot serve, a
     context beyond the engine's limit, a combination of flags it does not support. Bad input, so
     the stage exits with status 2."""
-
-
-@dataclass
-class VLLMConfig:
-    """The vLLM engine of ``--generation_backend vllm`` (colocated: it shares the trainer's device)."""
-
-    vllm_gpu_memory_utilization: float = field(
-        default=0.3,
-        metadata={
-            "help": "GPU: the fraction of the device's memory the engine takes (its weights and KV "
-            "cache); the rest is the trainer's. vLLM requires it to be free when the engine "
-            "starts, after the four models are loaded. Ignored on CPU, where the KV cache is "
-            "sized for the largest generation call."
-        },
-    )
-    vllm_sleep: bool = field(
-        default=True,
-        metadata={
-            "help": "GPU: free the engine's weights and KV cache during each update (vLLM sleep "
-            "mode, level 2) and wake it with the updated weights for the next rollout. Skipped "
-            "on CPU."
-        },
-    )
-    vllm_enforce_eager: bool = field(
-        default=False,
-        metadata={"help": "GPU: run the engine without CUDA graphs (less memory, slower)."},
-    )
-
-    def __post_init__(self) -> None:
-        if not 0 < self.vllm_gpu_memory_utilization < 1:
-            raise ValueError(
-                "--vllm_gpu_memory_utilization must be in (0, 1), got "
-                f"{self.vllm_gpu_memory_utilization}"
-            )
 
 
 def require_vllm(flag: str = "--generation_backend vllm") -> None:

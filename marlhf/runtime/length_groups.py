@@ -31,18 +31,10 @@ change (with call cost 0 the 16-token step was 20 % slower: one-row passes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class Grouping:
-    """How a batch is split: at most ``max_groups`` passes, each pass's fixed cost counted as
-    ``call_tokens`` padded positions (:func:`length_groups`)."""
-
-    max_groups: int = 1
-    call_tokens: float = 0.0
+from marlhf.runtime.grouping import Grouping
 
 
 def length_groups(

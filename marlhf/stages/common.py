@@ -140,10 +140,12 @@ def start(ds_cfg, seed: int, progress_bars: bool = True) -> None:
 class StepLines:
     """The progress bar's stand-in when bars are off (``--disable_progress_bar``): one log line per
     step, ``<desc> step N/T: k=v ...`` with the fields the bar would show (the fields come with
-    ``set_postfix`` after ``update``; a step without them is logged at the next update or close)."""
+    ``set_postfix`` after ``update``; a step without them is logged at the next update or close);
+    with ``every`` (``--log_interval``) only every ``every``-th step's line and the last's."""
 
-    def __init__(self, total: int, initial: int, desc: str, enabled: bool):
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool, every: int = 1):
         self.total, self.n, self.desc, self.enabled = total, initial, desc, enabled
+        self.every = every
         self._pending = False
         self._log = logging.getLogger("marlhf.progress")
 
@@ -156,7 +158,8 @@ class StepLines:
         self._flush(fields)
 
     def _flush(self, fields: dict) -> None:
-        if self._pending and self.enabled:
+        due = self.n % self.every == 0 or self.n == self.total
+        if self._pending and self.enabled and due:
             shown = " ".join(f"{k}={v}" for k, v in fields.items())
             self._log.info(
                 "%s step %d/%d%s", self.desc, self.n, self.total, f": {shown}" * bool(shown)
@@ -167,11 +170,11 @@ class StepLines:
         self._flush({})
 
 
-def progress(total: int, initial: int, desc: str, disable: bool = False):
-    """A tqdm bar on rank 0 (a no-op object elsewhere); with ``disable``, one log line per step on
-    rank 0 instead (:class:`StepLines`)."""
+def progress(total: int, initial: int, desc: str, disable: bool = False, every: int = 1):
+    """A tqdm bar on rank 0 (a no-op object elsewhere); with ``disable``, one log line every
+    ``every`` steps (``--log_interval``) and at the last, on rank 0, instead (:class:`StepLines`)."""
     if disable:
-        return StepLines(total, initial, desc, enabled=is_main())
+        return StepLines(total, initial, desc, enabled=is_main(), every=every)
     return tqdm(
         total=total,
         initial=initial,
@@ -303,7 +306,8 @@ def _eval_due(log_cfg: LoggingConfig, step: int, steps_per_epoch: int, total: in
     return step % steps_per_epoch == 0 or step == total
 
 
-def _log_eval(metrics: dict[str, float], step: int, tracker: Tracker, logger) -> None:
+def log_eval(metrics: dict[str, float], step: int, tracker: Tracker, logger) -> None:
+    """An evaluation's metrics to the tracker and, on rank 0, one line to the console."""
     tracker.log(metrics, step)
     if is_main():
         logger.info("step %d: %s", step, {k: round(v, 4) for k, v in metrics.items()})
@@ -375,7 +379,9 @@ def supervised_loop(
     state_root = out / "train_state"
     global_step = _resume(engine, state_root, log_cfg.resume, logger, load_stage_state)
     tracker = Tracker(log_cfg, start_step=global_step, run_name=run_name, config=run_config)
-    bar = progress(plan.total, global_step, desc, log_cfg.disable_progress_bar)
+    bar = progress(
+        plan.total, global_step, desc, log_cfg.disable_progress_bar, log_cfg.log_interval
+    )
     engine.train()
     preemption.enter_training()
 
@@ -413,7 +419,7 @@ def supervised_loop(
             metrics["train/epoch"] = epoch + (step_in_epoch + 1) / spe
             tracker.log(metrics, global_step)
         if _eval_due(log_cfg, global_step, spe, total):
-            _log_eval(evaluate(), global_step, tracker, logger)
+            log_eval(evaluate(), global_step, tracker, logger)
         saved = log_cfg.save_steps and global_step % log_cfg.save_steps == 0
         if saved and global_step < total:
             checkpoint(global_step, out / "checkpoints" / f"step-{global_step}", final=False)

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from marlhf.cli import parse_config
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.collate import SFTCollator
-from marlhf.data.config import DataConfig
 from marlhf.data.tokenize import build_sft_dataset
 from marlhf.models.context import check_context
 from marlhf.models.lm_loss import lm_loss_sum
@@ -43,22 +40,9 @@ from marlhf.stages.common import (
     write_run_config,
 )
 from marlhf.stages.exits import run_program
+from marlhf.stages.sft_config import SFTConfig
 
 log = logging.getLogger("marlhf.sft")
-
-
-@dataclass
-class SFTConfig:
-    """Stage 1: supervised fine-tuning (SFT)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    log: LoggingConfig = field(default_factory=LoggingConfig)
-
-    def __post_init__(self) -> None:
-        self.model.check_lora()
 
 
 @torch.no_grad()

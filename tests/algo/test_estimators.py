@@ -144,16 +144,16 @@ def test_registry_names_aliases_and_needs():
     with pytest.raises(ValueError, match="'ppo' is not known; valid: gae, grpo, dr_grpo, rloo"):
         build_estimator("ppo")
     needs = {
-        n: (e.needs_critic, e.needs_groups, e.needs_mc, e.batch_level)
+        n: (e.needs_critic, e.needs_groups, e.needs_mc, e.batch_level, e.needs_segments)
         for n, e in ((n, build_estimator(n)) for n in est.ESTIMATORS)
     }
     assert needs == {
-        "gae": (True, False, False, False),
-        "grpo": (False, True, False, True),
-        "dr_grpo": (False, True, False, True),
-        "rloo": (False, True, False, True),
-        "reinforce_pp": (False, False, False, True),
-        "macro_mc": (False, True, True, True),
+        "gae": (True, False, False, False, True),
+        "grpo": (False, True, False, True, False),
+        "dr_grpo": (False, True, False, True, False),
+        "rloo": (False, True, False, True, False),
+        "reinforce_pp": (False, False, False, True, False),
+        "macro_mc": (False, True, True, True, True),
     }
     assert build_estimator("dr_grpo").loss_agg_mode == "seq-mean-token-sum-norm"
     assert build_estimator("grpo").loss_agg_mode is None

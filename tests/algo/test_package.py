@@ -22,10 +22,23 @@ def _imports(tree: ast.AST) -> set[str]:
     return names
 
 
+def _own_imports(tree: ast.AST) -> set[str]:
+    return {
+        n.module
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("marlhf")
+    }
+
+
 def test_pure_modules_import_only_torch_and_the_standard_library():
     allowed = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    # the names the flags choose among (marlhf.algo.names) are plain data: the standard library only
+    names = ast.parse((ALGO / "names.py").read_text())
+    assert _imports(names) <= set(sys.stdlib_module_names) | {"__future__"}
     for name in PURE:
-        used = _imports(ast.parse((ALGO / f"{name}.py").read_text()))
+        tree = ast.parse((ALGO / f"{name}.py").read_text())
+        assert _own_imports(tree) <= {"marlhf.algo.names"}, name
+        used = _imports(tree) - ({"marlhf"} if _own_imports(tree) else set())
         assert used <= allowed, (name, used - allowed)
     # the packing helpers of the rollout too, and the log-probabilities they read: torch only
     models = ROOT / "marlhf" / "models"

@@ -355,3 +355,64 @@ def test_webgpt_answer_follows_assistant_with_a_space(tmp_path):
     assert (
         ex.prompt + ex.rejected == " Human: What is the capital of France? Assistant: It is Lyon."
     )
+
+
+# --- CSV and TSV ---------------------------------------------------------------------------------
+def test_csv_and_tsv_read_like_jsonl(tmp_path):
+    """The same rows as CSV (quoted cells with commas, quotes and a line break), TSV and JSON
+    lines give the same examples; an empty cell is a missing value; margin reads its text."""
+    rows = [
+        {"prompt": 'He said "hi", twice.\nTL;DR:', "chosen": " hi, hi", "rejected": " no",
+         "margin": 0.5},
+        {"prompt": "Second", "chosen": " yes", "rejected": " no"},  # no margin: an empty cell
+    ]  # fmt: skip
+    write_jsonl(tmp_path / "ref.jsonl", rows)
+    (tmp_path / "pairs.csv").write_text(
+        "prompt,chosen,rejected,margin\n"
+        '"He said ""hi"", twice.\nTL;DR:"," hi, hi", no,0.5\n'
+        "\n"  # a blank line is no record
+        "Second, yes, no,\n"
+    )
+    (tmp_path / "pairs.tsv").write_text(
+        'prompt\tchosen\trejected\tmargin\n"He said ""hi"", twice.\nTL;DR:"\t hi, hi\t no\t0.5\n'
+        "Second\t yes\t no\t\n"
+    )
+    ref, _ = load_examples(f"plain:{tmp_path / 'ref.jsonl'}", "train")
+    for name in ("pairs.csv", "pairs.tsv"):
+        got, _ = load_examples(f"plain:{tmp_path / name}", "train")
+        assert got == ref, name
+    assert (ref[0].margin, ref[1].margin) == (0.5, None)
+    # detected by columns like any local file, and in a directory of split files
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.csv").write_text((tmp_path / "pairs.csv").read_text())
+    (tmp_path / "d" / "test.csv").write_text("prompt,chosen,rejected\nQ, a, b\n")
+    train, _ = load_examples(str(tmp_path / "d"), "train")
+    evals, _ = load_examples(str(tmp_path / "d"), "eval")
+    assert train == ref and [(e.prompt, e.chosen, e.rejected) for e in evals] == [("Q", " a", " b")]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("prompt,chosen\nP1,C1\nP2,C2,extra\n", "line 3: 3 cells, the header has 2 (prompt, chosen)"),
+        ("prompt,chosen\nP1,C1\n\n\"P2\nstill P2\",\n", 'line 4: field "chosen" missing'),
+        ("prompt,chosen,margin\nP1,C1,lots\n", "line 2: field \"margin\" must be a number, got 'lots'"),
+        ("prompt,prompt\nP1,C1\n", "line 1: the CSV header: columns ['prompt'] repeat"),
+        ('prompt,chosen\n"P1,C1\n', "line 2: not valid CSV"),
+    ],
+)  # fmt: skip
+def test_bad_csv_row_names_file_line_field(tmp_path, text, message):
+    f = tmp_path / "train.csv"
+    f.write_text(text)
+    with pytest.raises(DataError) as err:
+        load_examples(f"plain:{f}", "train")
+    assert str(err.value).startswith(f"{f} {message}"), str(err.value)
+
+
+def test_bad_csv_rows_are_skipped_and_counted(tmp_path):
+    f = tmp_path / "train.csv"
+    f.write_bytes(b"prompt,chosen\nP1,C1\nP2,C2,extra\nP3,caf\xe9\nP4,C4\n")
+    with pytest.raises(DataError, match=r"train\.csv line 3: 3 cells"):
+        load_examples(f"plain:{f}", "train")
+    exs, bad = load_examples(f"plain:{f}", "train", skip_bad_rows=True)
+    assert [e.prompt for e in exs] == ["P1", "P4"] and bad == 2

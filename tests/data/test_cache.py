@@ -33,6 +33,17 @@ def test_hit_and_miss(tmp_path):
     )
 
 
+def test_a_hit_reads_the_entry_once(tmp_path, monkeypatch):
+    cached(tmp_path, {"k": 1}, lambda: datasets.Dataset.from_dict({"x": [1, 2]}))
+    loads = []
+    real = datasets.load_from_disk
+    monkeypatch.setattr(
+        datasets, "load_from_disk", lambda *a, **k: loads.append(a) or real(*a, **k)
+    )
+    assert cached(tmp_path, {"k": 1}, lambda: 1 / 0)["x"][:] == [1, 2]
+    assert len(loads) == 1
+
+
 def test_empty_set_is_never_cached(tmp_path):
     # An empty set with features loads back (so a cache that saved it would return it); without
     # features it cannot even be loaded. Either way nothing is saved and the error says so.

@@ -116,3 +116,66 @@ def test_sft_rm_and_ppo_data_use_the_template(tok, tmp_path):
     off = DataConfig(**{**cfg.__dict__, "apply_chat_template": False})
     assert "chat_template" in cache_key(cfg, tok, "train", 1, 1)
     assert "apply_chat_template" not in cache_key(off, tok, "train", 1, 1)["data"]
+
+
+def _word_tokenizer(words: list[str]):
+    """A word-level tokenizer that knows only ``words`` (and its special tokens): anything else is
+    its unknown token, as a tokenizer without byte fallback reads another model's markers."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<pad>", "<bos>", "<eos>"]
+    vocab = {w: i for i, w in enumerate(specials + words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>",
+                                  bos_token="<bos>", eos_token="<eos>")  # fmt: skip
+    out.name_or_path = "word-model"
+    return out
+
+
+def test_template_the_tokenizer_cannot_spell_is_one_error_naming_it(tmp_path):
+    from tests.support.chat_model import TEMPLATE
+
+    words = ["Hello", "Hi", "Thanks", "Q", "A", "B"]
+    tok = _word_tokenizer(words)
+    tok.chat_template = TEMPLATE  # <|user|> and <|assistant|>: not words of this vocabulary
+    msgs = [{"role": "user", "content": "Q"}]
+    # the independent reference: what the template renders, encoded by hand, is mostly <unk>
+    ids = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True),
+              add_special_tokens=False)["input_ids"]  # fmt: skip
+    assert ids.count(tok.unk_token_id) >= 2
+    with pytest.raises(ValueError) as err:
+        render_prompt(tok, msgs)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(
+        "--apply_chat_template: the tokenizer of word-model"
+    )
+    assert "cannot spell its chat template's markers" in text and "'<unk>'" in text
+    # through the data of a stage: the same error before anything is tokenised or cached
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "Q", "chosen": "A"}) + "\n" for _ in range(12)))
+    cfg = DataConfig(data_path=(str(data),), data_output_path=str(tmp_path / "cache"),
+                     data_split="1,0,0", apply_chat_template=True)  # fmt: skip
+    with pytest.raises(ValueError, match="cannot spell its chat template's markers"):
+        build_sft_dataset(cfg, tok, "train", 0)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    # a template in the tokenizer's own words renders
+    tok.chat_template = "{% for m in messages %}Q {{ m['content'] }} {% endfor %}A "
+    assert render_prompt(tok, msgs) == "Q Q A "
+
+
+def test_template_markers_lost_in_decoding_are_refused():
+    """No unknown token, but the markers do not come back from the ids (a tokenizer that drops
+    what it cannot spell)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "Hello", "Hi", "Thanks", "user"])}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    inner.normalizer = normalizers.Replace("<|", "")  # the markers' brackets vanish
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, pad_token="<pad>", eos_token="<eos>")
+    tok.chat_template = "{% for m in messages %}<|user {{ m['content'] }} {% endfor %}"
+    with pytest.raises(ValueError, match=r"the markers \['<\|user'"):
+        render_prompt(tok, [{"role": "user", "content": "Hello"}])

@@ -177,6 +177,54 @@ def test_cache_hit_and_source_change(tok, data_file, tmp_path, monkeypatch):
     assert len(calls) == 3 and len(ds) == 3  # changed file -> rebuilt
 
 
+def test_tokenizer_hashed_once_per_stage_and_again_when_it_changes(data_file, tmp_path):
+    """A stage's data sets (train, eval, prompts, ...) share one tokenizer: its vocabulary is hashed once;
+    a token added or a special token set changes the fingerprint, which is then recomputed."""
+    from tests.data.conftest import make_tokenizer
+
+    tok = make_tokenizer(add_bos=True)
+    reads = []
+    real = tok.get_vocab
+    tok.get_vocab = lambda: reads.append(1) or real()
+    cfg = cfg_for(data_file, tmp_path)
+    first = T.tokenizer_fingerprint(tok)
+    T.build_sft_dataset(cfg, tok, "train", 0)
+    T.build_pair_dataset(cfg_for(data_file, tmp_path, data_split="0,1,0"), tok, "train", 0)
+    T.build_prompt_dataset(cfg_for(data_file, tmp_path, data_split="0,0,1"), tok, "train", 0, 64)
+    assert len(reads) == 1
+    tok.add_tokens(["zzzunseen"])
+    added = T.tokenizer_fingerprint(tok)
+    assert added != first and len(reads) == 2
+    # an independent reference: a fresh copy of the changed tokenizer, never memoised
+    fresh = make_tokenizer(add_bos=True)
+    fresh.add_tokens(["zzzunseen"])
+    assert T.tokenizer_fingerprint(fresh)["vocab_sha256"] == added["vocab_sha256"]
+
+
+def test_csv_data_gives_the_sets_jsonl_gives(tok, data_file, tmp_path):
+    """SFT examples, reward-model pairs (a margin in one row, an empty cell in the other) and PPO
+    prompts from a CSV file of the rows equal those from the JSON lines (``--data_path
+    pairs.csv``)."""
+    import csv
+
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    f = tmp_path / "pairs.csv"
+    with open(f, "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=["prompt", "chosen", "rejected", "margin"])
+        writer.writeheader()
+        writer.writerows(rows)
+    for split in ("1,0,0", "0,1,0", "0,0,1"):
+        a, b = (cfg_for(p, tmp_path, data_split=split) for p in (data_file, f))
+        if split == "1,0,0":
+            sets = [T.build_sft_dataset(c, tok, "train", 0) for c in (a, b)]
+        elif split == "0,1,0":
+            sets = [T.build_pair_dataset(c, tok, "train", 0) for c in (a, b)]
+        else:
+            sets = [T.build_prompt_dataset(c, tok, "train", 0, 64)[0] for c in (a, b)]
+        as_json = [json.dumps(s.to_list()) for s in sets]  # NaN margins compare as text
+        assert len(sets[0]) == len(rows) and as_json[0] == as_json[1], split
+
+
 def test_phases_partition_bundled(tok, tmp_path):
     cfg = DataConfig(data_output_path=str(tmp_path), max_samples=60)
     a = T._phase_examples(cfg, "train", 1234, 1)

@@ -326,3 +326,31 @@ def test_long_task_gold(assets, tmp_path, monkeypatch):
     assert "gold_mean" in summary
     with pytest.raises(ValueError, match="--gold_score on"):
         run_inference(inference_args(assets, tmp_path, dataset=assets["data"], gold_score="on"))
+
+
+def test_csv_dataset_scores_like_jsonl(assets, tmp_path):
+    """``marlhf infer --dataset pairs.csv``: the rows of a CSV file (quoted cells with commas and
+    line breaks) give the results the same rows give as JSON lines."""
+    import csv
+
+    from marlhf.commands import main as marlhf
+
+    rows = [{"id": i, "prompt": f"POST\n{p}, too\nTL;DR: ", "chosen": c, "rejected": r}
+            for i, (p, c, r) in enumerate(PAIRS)]  # fmt: skip
+    with open(tmp_path / "pairs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "same.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = []
+    for name in ("pairs.csv", "same.jsonl"):
+        argv = ["infer", "--dataset", str(tmp_path / name), "--split", "train", "--ref-scores",
+                "--proj-path", str(tmp_path), "--reward-model", assets["rm"], "--model",
+                assets["policy"], "--max-prompt-len", "64", "--disable_progress_bar"]  # fmt: skip
+        assert marlhf(argv) == 0
+        out = tmp_path / "results" / name.split(".")[0] / "temperature=0.8"
+        (path,) = out.glob("*.jsonl")
+        results.append(sorted(read_rows(str(path)), key=lambda r: r["prompt_id"]))
+    csv_rows, json_rows = results
+    assert len(csv_rows) == len(PAIRS) and csv_rows == json_rows
+    assert {r["prompt"] for r in csv_rows} == {r["prompt"] for r in rows}

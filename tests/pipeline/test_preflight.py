@@ -184,6 +184,29 @@ def test_ppo_stage_refuses_mixed_tokenizers_before_loading(models, monkeypatch):
     assert loaded == []
 
 
+def test_ppo_stage_loads_the_actors_tokenizer_once(models, monkeypatch):
+    """The stage's own tokenizer (the actor's) serves the check: only the critic's is loaded."""
+    import marlhf.models.checks as checks
+    import marlhf.stages.ppo.models as ppo
+    from marlhf.models.load import load_tokenizer
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+    base = models
+    sft, rm = str(base / "sft"), str(base / "rm")
+    cfg = parse_config(
+        PPOStageConfig, ["--actor_model_name_or_path", sft, "--critic_model_name_or_path", rm]
+    )
+    actor_tok = load_tokenizer(ppo.model_config(cfg.models, cfg.models.actor), "left")
+    paths = []
+    monkeypatch.setattr(
+        checks, "load_tokenizer", lambda m: paths.append(m.model_name_or_path) or load_tokenizer(m)
+    )
+    monkeypatch.setattr(ppo, "build_actor", lambda *a: 1 / 0)  # stop after the check
+    with pytest.raises(ZeroDivisionError):
+        ppo.build_models(cfg, 1, actor_tok)
+    assert paths == [rm]
+
+
 def test_command_line_is_fast_and_quiet(tmp_path):
     """One process, one line per problem, a few seconds: not a traceback from every rank."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")

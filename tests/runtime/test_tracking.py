@@ -104,6 +104,41 @@ def test_missing_tracker_package_is_one_error_line(tmp_path, monkeypatch):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("stage", ["sft", "rm", "ppo", "preflight"])
+def test_missing_tracker_package_is_refused_when_the_flags_are_parsed(stage, monkeypatch, capsys):
+    """Not after a start-up of seconds (the tracker opens after the models are loaded): the flags'
+    parse refuses it, with how to install it; ``marlhf preflight`` too."""
+    import sys
+
+    from marlhf.commands import main as marlhf
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "trackio", None)
+    argv = [stage, *(["sft"] if stage == "preflight" else []), "--report_to", "tensorboard,wandb"]
+    with pytest.raises(SystemExit) as e:
+        marlhf(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 2
+    assert "error: --report_to tensorboard,wandb: wandb is not installed" in err
+    assert "pip install 'ma-rlhf[trackers]'" in err
+
+
+def test_tracker_check_reads_the_environment_not_the_saved_config(monkeypatch):
+    import sys
+    import types
+
+    from marlhf.cli import config_from_dict, config_to_dict, parse_config
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+    monkeypatch.setitem(sys.modules, "wandb", types.ModuleType("wandb"))  # installed
+    cfg = parse_config(PPOStageConfig, ["--report_to", "wandb"])
+    assert cfg.log.report_to == ("wandb",)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # compared where wandb is not installed
+    assert config_from_dict(PPOStageConfig, config_to_dict(cfg)).log.report_to == ("wandb",)
+    with pytest.raises(SystemExit):
+        parse_config(PPOStageConfig, ["--report_to", "wandb"])
+
+
 def test_wandb_offline_logs_the_run_under_its_name(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")

@@ -149,12 +149,18 @@ def test_rows_cadence_and_checkpoints(tmp_path):
     assert sorted(p.name for p in (state / "model").iterdir()) == ["step-12", "step-4", "step-8"]
 
 
-def test_eval_interval_and_log_interval(tmp_path):
+def test_eval_interval_and_log_interval(tmp_path, caplog):
     run = Run(tmp_path / "run", StepPlan(2, 1, 1, 5, 7), 10, eval_interval=3, log_interval=2)
-    run()
+    with caplog.at_level(logging.INFO):
+        run()
     assert run.evals == [3, 6, 7]  # every 3 steps and the last
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows if "train/loss" in r] == [2, 4, 6, 7]  # and the last
+    # --disable_progress_bar: the console's step lines as often as the scalars, and each evaluation
+    lines = [r.getMessage() for r in caplog.records if r.name == "marlhf.progress"]
+    assert [line.split(":")[0] for line in lines] == [f"test step {s}/7" for s in (2, 4, 6, 7)]
+    evals = [m for r in caplog.records if r.name == "test" and "eval" in (m := r.getMessage())]
+    assert evals == [f"step {s}: {{'eval/loss': {-float(s)}}}" for s in (3, 6, 7)]
     assert run.saves == [(7, tmp_path / "run", True)]  # --save_steps 0: only the final model
     assert [p.name for p in (tmp_path / "run" / "train_state" / "model").iterdir()] == ["step-7"]
 

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.algo.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estimator
-from marlhf.algo.kl_rewards import KL_ESTIMATORS
-from marlhf.algo.losses import LOSS_AGG_MODES, RATIO_LEVELS
-from marlhf.algo.mismatch import CORRECTIONS
+from marlhf.algo.names import (
+    CORRECTIONS,
+    ESTIMATOR_ALIASES,
+    ESTIMATOR_TRAITS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    RATIO_LEVELS,
+    resolve_estimator,
+)
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
-from marlhf.models.vllm_engine import VLLMConfig
+from marlhf.models.config import VLLMConfig
 from marlhf.rewards.code import CodeRewardConfig
-from marlhf.runtime.length_groups import Grouping
+from marlhf.runtime.grouping import Grouping
 
 GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
 
@@ -461,7 +466,7 @@ class PPOConfig:
     def _check_estimator(self) -> None:
         """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation."""
         name = resolve_estimator(self.advantage_estimator)  # ValueError listing the names
-        est = ESTIMATORS[name]
+        est = ESTIMATOR_TRAITS[name]
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(
                 f"--ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}"
@@ -525,17 +530,17 @@ class PPOConfig:
     @property
     def needs_critic(self) -> bool:
         """Whether the estimator reads a critic (else none is built, loaded or saved)."""
-        return ESTIMATORS[self.estimator].needs_critic
+        return ESTIMATOR_TRAITS[self.estimator].needs_critic
 
     @property
     def needs_mc(self) -> bool:
         """Whether the estimator reads Monte-Carlo values (``macro_mc``)."""
-        return ESTIMATORS[self.estimator].needs_mc
+        return ESTIMATOR_TRAITS[self.estimator].needs_mc
 
     @property
     def policy_loss_agg_mode(self) -> str:
         """``--loss_agg_mode``, else the estimator's own, else token-mean."""
-        return self.loss_agg_mode or ESTIMATORS[self.estimator].loss_agg_mode or "token-mean"
+        return self.loss_agg_mode or ESTIMATOR_TRAITS[self.estimator].loss_agg_mode or "token-mean"
 
 
 # the trainer-side mismatch check costs one actor forward over the rollout (docs/gpu.md: measured);

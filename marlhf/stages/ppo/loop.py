@@ -42,7 +42,7 @@ from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
 from marlhf.runtime.resources import PhaseResources
 from marlhf.runtime.rows import derive_row_seeds, global_rows
-from marlhf.stages.common import check_resume, ensure_output_dir, start
+from marlhf.stages.common import check_resume, ensure_output_dir, log_eval, start
 from marlhf.stages.ppo import vllm_rollout
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.evaluation import due as eval_due
@@ -108,10 +108,11 @@ def train(cfg: PPOStageConfig) -> Path:
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
         startup.first_step(log)
-        # 6. log, evaluate and save
-        tracker.log(metrics, state.step)
+        # 6. log (every --log_interval steps and the last), evaluate and save
+        if state.step % cfg.log.log_interval == 0 or state.step == run.plan.total:
+            tracker.log(metrics, state.step)
         if run.eval_prompts is not None and eval_due(cfg, state.step, run.plan.total):
-            tracker.log(evaluate_policy(run, state.step), state.step)
+            log_eval(evaluate_policy(run, state.step), state.step, tracker, log)
         bar.update(1)
         bar.set_postfix(
             score=f"{metrics['objective/score']:.3f}",
@@ -387,7 +388,7 @@ def setup(cfg: PPOStageConfig) -> Run:
             "--generation_backend static under ZeRO-3 needs --enable_zero3_generation_gather "
             "(the static decoder has no synced_gpus mode)"
         )
-    models = build_models(cfg, plan.total_updates)
+    models = build_models(cfg, plan.total_updates, tokenizer)
     startup.mark("models + engines")
     backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
     if backend == "vllm":  # the engine, once per run; weights synced by `train`

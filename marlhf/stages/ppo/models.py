@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -219,13 +220,24 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
     return engine, info
 
 
-def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
+def build_models(cfg: PPOStageConfig, total_updates: int, tokenizer: Any = None) -> Models:
     """Actor, reference, critic and reward model, in that order (each may draw from the RNG:
     LoRA and fresh value heads are initialised randomly). The four share one tokenizer: checked
-    before any weights are loaded (`marlhf.models.checks.check_same_tokenizer`). The critic only when
-    the estimator reads one (``--advantage_estimator gae``)."""
+    before any weights are loaded (`marlhf.models.checks.check_same_tokenizer`; ``tokenizer``, the
+    actor's as the stage loaded it, is not loaded again). The critic only when the estimator reads
+    one (``--advantage_estimator gae``)."""
     roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
-    check_same_tokenizer(roles, trust_remote_code=cfg.models.shared.trust_remote_code)
+    # the stage's tokenizer is the one the check loads for the actor's directory (unless a
+    # tokenizer is named apart from the model)
+    own = cfg.models.actor.model
+    loaded = (
+        {own.model_name_or_path: tokenizer}
+        if tokenizer is not None and not own.tokenizer_name_or_path
+        else {}
+    )
+    check_same_tokenizer(
+        roles, trust_remote_code=cfg.models.shared.trust_remote_code, loaded=loaded
+    )
     actor, actor_ds = build_actor(cfg, total_updates)
     ref = build_reference(cfg.models)
     if cfg.ppo.needs_critic:

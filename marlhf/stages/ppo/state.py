@@ -157,7 +157,9 @@ def open_tracker(
     """The metrics tracker (dropping rows an interrupted run logged after the checkpoint), named
     ``run_name`` (what runs: ``run_label``), and the progress bar."""
     tracker = Tracker(log_cfg, start_step=state.step, run_name=run_name, config=run_config)
-    bar = progress(total, state.step, run_name or "ppo", log_cfg.disable_progress_bar)
+    bar = progress(
+        total, state.step, run_name or "ppo", log_cfg.disable_progress_bar, log_cfg.log_interval
+    )
     return tracker, bar
 
 

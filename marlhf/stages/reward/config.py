@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
-from marlhf.macro import MacroConfig
-from marlhf.models.reward_model import RM_TYPES
+from marlhf.macro.config import MacroConfig
+from marlhf.models.config import RM_TYPES
 
 NORMALIZER_SPLITS = ("train", "eval")
 

@@ -414,3 +414,31 @@ def test_runs_named_after_what_ran_one_line_per_step_and_compared(models, tmp_pa
     assert "| PPO | 2 |" in text and "| MA-PPO n=5 | 2 |" in text  # two seeds pooled per arm
     for stem in ("reward", "kl", "entropy", "length", "macro_len"):
         assert (report / f"{stem}.png").exists(), stem
+
+
+def test_log_interval_thins_the_step_lines_and_each_evaluation_prints_one(models, tmp_path):
+    """``--disable_progress_bar --log_interval 2``: the console's step lines and the metrics'
+    training rows at steps 2 and 3 (the last); ``--eval_interval 2``: one console line per held-out
+    evaluation, with the metrics logged."""
+    base, actor, rm = models
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "marlhf.stages.ppo", "--actor_model_name_or_path", str(actor),
+           "--critic_model_name_or_path", str(rm), "--data_output_path", str(base / "cache"),
+           "--max_prompt_seq_len", "160", "--max_answer_seq_len", "12",
+           "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
+           "--max_steps", "3", "--log_interval", "2", "--eval_interval", "2", "--eval_iters", "1",
+           "--output_dir", str(out), "--disable_progress_bar", "--report_to", "none"]  # fmt: skip
+    proc = subprocess.run(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stderr.splitlines()
+    steps = [line.split("PPO step ")[1].split(":")[0] for line in lines if "PPO step " in line]
+    assert steps == ["2/3", "3/3"]
+    evals = [line.split("marlhf.ppo: ")[1] for line in lines if "{'eval/" in line]
+    assert [e.split(":")[0] for e in evals] == ["step 2", "step 3"]
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows if "objective/score" in r] == [2, 3]
+    logged = [r for r in rows if "eval/reward" in r]
+    assert [r["step"] for r in logged] == [2, 3]
+    for text, row in zip(evals, logged, strict=True):  # the console shows what was logged
+        assert f"'eval/reward': {round(row['eval/reward'], 4)}" in text
