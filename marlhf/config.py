@@ -130,7 +130,12 @@ class ModelConfig:
         },
     )
     lora_dim: int = field(
-        default=0, metadata={"help": "LoRA rank (0 disables LoRA). LoRA is applied through peft."}
+        default=0,
+        metadata={
+            "help": "LoRA rank (0 disables LoRA). LoRA is applied through peft and trains the "
+            "LoRA weights only (the base model is frozen, as in peft and TRL): the saved model "
+            "has them merged, and <model>/adapter/ holds the peft adapter of the base."
+        },
     )
     lora_alpha: float = field(
         default=16.0, metadata={"help": "LoRA alpha (scaling = alpha / r).", "range": "(0, inf)"}
@@ -142,7 +147,19 @@ class ModelConfig:
     )
     only_optimize_lora: bool = field(
         default=False,
-        metadata={"help": "Freeze everything but the LoRA weights (of a model with LoRA)."},
+        metadata={
+            "help": "Freeze everything but the LoRA weights: what --lora_dim does (kept for the "
+            "original scripts' command lines)."
+        },
+    )
+    lora_train_base: bool = field(
+        default=False,
+        metadata={
+            "help": "With --lora_dim: train the base model's weights too, beside the LoRA weights "
+            "(the original DeepSpeed-Chat scripts without --only_optimize_lora). The saved model "
+            "is the merged one alone: no adapter/ is written, as one applied to the untouched "
+            "base would not reproduce it."
+        },
     )
 
     def __post_init__(self) -> None:
@@ -151,12 +168,20 @@ class ModelConfig:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.lora_dim < 0:
             raise ValueError(f"--lora_dim must be >= 0, got {self.lora_dim}")
+        if self.only_optimize_lora and self.lora_train_base:
+            raise ValueError("--only_optimize_lora and --lora_train_base contradict each other")
+
+    @property
+    def trains_base(self) -> bool:
+        """Whether the base model's weights train: without LoRA, or with ``--lora_train_base``."""
+        return self.lora_dim == 0 or self.lora_train_base
 
     def check_lora(self) -> None:
-        """A stage that trains this one model: ``--only_optimize_lora`` needs LoRA (PPO's models
-        share the flag, and a model without LoRA trains whole)."""
-        if self.only_optimize_lora and self.lora_dim == 0:
-            raise ValueError("--only_optimize_lora needs --lora_dim > 0")
+        """A stage that trains this one model: ``--only_optimize_lora`` and ``--lora_train_base``
+        need LoRA (PPO's models share the flags, and a model without LoRA trains whole)."""
+        for flag in ("only_optimize_lora", "lora_train_base"):
+            if getattr(self, flag) and self.lora_dim == 0:
+                raise ValueError(f"--{flag} needs --lora_dim > 0")
 
 
 @dataclass

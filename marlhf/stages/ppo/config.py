@@ -56,7 +56,7 @@ class TrainedModelConfig:
 
 
 # the fields of the shared parts that PPO's four models share (one flag each, as in SFT and RM)
-SHARED_MODEL_FLAGS = ("trust_remote_code", "dtype", "only_optimize_lora")
+SHARED_MODEL_FLAGS = ("trust_remote_code", "dtype", "only_optimize_lora", "lora_train_base")
 SHARED_DEEPSPEED_FLAGS = ("offload", "local_rank", "dist_timeout_s", "deepspeed_config")
 
 
@@ -115,7 +115,12 @@ class ActorCriticConfig:
         default_factory=ModelConfig,
         metadata={
             "flags": SHARED_MODEL_FLAGS,
-            "help": {"only_optimize_lora": "Train only the LoRA weights of the models with LoRA."},
+            "help": {
+                "only_optimize_lora": "Train only the LoRA weights of the models with LoRA: what "
+                "--actor_lora_dim and --critic_lora_dim do (kept for the original scripts).",
+                "lora_train_base": "With --actor_lora_dim / --critic_lora_dim: train that model's "
+                "base weights too; its saved model is then the merged one alone (no adapter/).",
+            },
         },
     )
     bf16: bool = field(default=False, metadata={"help": "Alias of --dtype bf16 (original flag)."})
@@ -140,6 +145,10 @@ class ActorCriticConfig:
             raise ValueError(f"--bf16 contradicts --dtype {self.shared.dtype}")
         if self.critic_value_head not in ("auto", "trained", "fresh"):
             raise ValueError("--critic_value_head must be auto, trained or fresh")
+        if self.shared.lora_train_base and not (
+            self.actor.model.lora_dim or self.critic.model.lora_dim
+        ):
+            raise ValueError("--lora_train_base needs --actor_lora_dim or --critic_lora_dim > 0")
 
 
 def ppo_optim(**overrides) -> OptimConfig:
