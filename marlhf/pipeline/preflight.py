@@ -44,7 +44,13 @@ import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.data.sources import columns_problem
-from marlhf.models.checks import check_same_tokenizer, critic_head, critic_problem, ppo_model_roles
+from marlhf.models.checks import (
+    check_same_tokenizer,
+    critic_head,
+    critic_problem,
+    ppo_model_roles,
+    settings_mismatches,
+)
 from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
 from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_flags
@@ -166,6 +172,12 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         p = _context_problem(stage, cfg)
         if p:
             problems.append(p)
+    if stage == "ppo" and not problems and not cfg.models.allow_settings_mismatch:
+        roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+        problems += [
+            f"{p}: pass the same setting, or --allow_settings_mismatch"
+            for p in settings_mismatches(roles, vars(cfg.data))
+        ]
     if stage == "ppo" and not problems:
         trust = cfg.models.shared.trust_remote_code
         try:

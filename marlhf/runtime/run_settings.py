@@ -51,7 +51,7 @@ HARMLESS = frozenset(
         "eval_interval", "eval_iters", "log_interval", "resume", "resume_with_changes",
         "disable_progress_bar", "data_output_path", "print_answers", "print_answers_interval",
         "log_phase_resources", "local_rank", "dist_timeout_s", "report_to", "run_name",
-        "tracker_project",
+        "tracker_project", "allow_settings_mismatch",
         # how a step is computed, not what it computes (equal up to float rounding)
         "gradient_checkpointing", "actor_gradient_checkpointing", "critic_gradient_checkpointing",
         "generation_backend", "compile_generation", "enable_zero3_generation_gather",

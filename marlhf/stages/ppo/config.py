@@ -26,12 +26,8 @@ GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
 PER_MODEL_FLAGS = (
-    "model_name_or_path",
-    "gradient_checkpointing",
-    "dropout",
-    "lora_dim",
-    "lora_module_name",
-)
+    "model_name_or_path", "gradient_checkpointing", "dropout", "lora_dim", "lora_module_name",
+)  # fmt: skip
 
 
 @dataclass
@@ -135,6 +131,15 @@ class ActorCriticConfig:
         default=False,
         metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."},
     )
+    allow_settings_mismatch: bool = field(
+        default=False,
+        metadata={
+            "help": "Train although a model was trained with another --apply_chat_template or "
+            "--end_of_conversation_token than this run's (as its run_config.json records): "
+            "without it such a run is refused, since the model would see other texts than it "
+            "learned on."
+        },
+    )
 
     @property
     def effective_dtype(self) -> str:
@@ -159,15 +164,9 @@ def ppo_optim(**overrides) -> OptimConfig:
 
 # the optimisation flags the actor and critic share; each model's own are in TrainedModelConfig
 PPO_OPTIM_FLAGS = (
-    "lr_scheduler_type",
-    "num_warmup_steps",
-    "warmup_ratio",
-    "max_grad_norm",
-    "num_train_epochs",
-    "max_steps",
-    "gradient_accumulation_steps",
-    "seed",
-)
+    "lr_scheduler_type", "num_warmup_steps", "warmup_ratio", "max_grad_norm", "num_train_epochs",
+    "max_steps", "gradient_accumulation_steps", "seed",
+)  # fmt: skip
 
 
 @dataclass

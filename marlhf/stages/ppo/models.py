@@ -28,6 +28,7 @@ from marlhf.models.checks import (
     is_reward_dir,
     model_flag,
     ppo_model_roles,
+    settings_mismatches,
 )
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora, log_parameter_counts, wrap_lora
@@ -219,6 +220,25 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
         reward, dtype=mc.effective_dtype, zero_stage=mc.critic.ds.zero_stage
     )
     return engine, info
+
+
+def check_seen_settings(cfg: PPOStageConfig) -> None:
+    """The models were trained on texts rendered as this run renders them
+    (:func:`marlhf.models.checks.settings_mismatches`: ``--apply_chat_template``,
+    ``--end_of_conversation_token``); a mismatch is refused, or with ``--allow_settings_mismatch``
+    logged as a warning."""
+    roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+    problems = settings_mismatches(roles, vars(cfg.data))
+    if not problems:
+        return
+    if not cfg.models.allow_settings_mismatch:
+        raise ValueError(
+            "; ".join(problems) + ". The model would see other texts than it learned on: pass "
+            "the setting it was trained with, or --allow_settings_mismatch to train anyway"
+        )
+    if is_main():
+        for problem in problems:
+            log.warning("%s (--allow_settings_mismatch: training anyway)", problem)
 
 
 def build_models(cfg: PPOStageConfig, total_updates: int) -> Models:
