@@ -202,3 +202,30 @@ def test_the_reward_models_parameter_line_counts_its_value_head(tmp_path, caplog
         assert line.startswith("reward model (value head included)"), line
         n_lora = lora if flags else 0
         assert f"trainable {trainable:,} / total {total + n_lora + hidden:,} " in line, line
+
+
+def test_lora_flags_that_need_lora_or_contradict_each_other(capsys):
+    import pytest
+
+    from marlhf.cli import parse_config
+    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.stages.sft import SFTConfig
+
+    for cls, argv, message in (
+        (SFTConfig, ["--lora_train_base"], "--lora_train_base needs --lora_dim > 0"),
+        (
+            SFTConfig,
+            ["--lora_dim", "4", "--lora_train_base", "--only_optimize_lora"],
+            "--only_optimize_lora and --lora_train_base contradict each other",
+        ),
+        (
+            PPOStageConfig,
+            ["--lora_train_base"],
+            "--lora_train_base needs --actor_lora_dim or --critic_lora_dim > 0",
+        ),
+    ):
+        with pytest.raises(SystemExit):
+            parse_config(cls, argv)
+        assert f"error: {message}" in capsys.readouterr().err
+    cfg = parse_config(PPOStageConfig, ["--critic_lora_dim", "4", "--lora_train_base"])
+    assert cfg.models.shared.lora_train_base
