@@ -54,6 +54,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from marlhf.config import check_numbers
 from marlhf.config_file import load_config_file
 
 C = TypeVar("C")
@@ -444,9 +445,10 @@ def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> Non
         if a in seen:
             raise TypeError(f"alias {a} of {name} already used by {seen[a]}")
         seen[a] = part_name
+    text = flag.help + (f" Range {meta['range']}." if "range" in meta else "")
     kwargs: dict[str, Any] = {
         "dest": flag.dest,
-        "help": flag.help.replace("%", "%%"),  # argparse formats help with %
+        "help": text.replace("%", "%%"),  # argparse formats help with %
         "metavar": flag.name.upper(),
     }
     if default is dataclasses.MISSING:
@@ -543,15 +545,19 @@ def config_from_namespace(
 
 def _build(cls: type, default: Any, values: dict[str, Any], path: str, prefix: str = "") -> Any:
     """Part ``cls`` from the parsed ``values`` (by dest), starting from its default instance (the
-    fields without a flag keep their default); a prefixed sub-part's errors name prefixed flags."""
+    fields without a flag keep their default); a prefixed sub-part's errors name prefixed flags.
+    Its numbers are checked first (finite, in their ``range``: :func:`marlhf.config.check_numbers`),
+    whatever the part's own validation does with them."""
     kw: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     for name, f, tp in _leaf_fields(cls):
         dest = f"{path}.{name}"
         if _is_part(tp):
             sub = getattr(default, name) if default is not None else _sub_default(f, tp)
             kw[name] = _build(tp, sub, values, dest, prefix + f.metadata.get("prefix", ""))
         elif dest in values:
-            kw[name] = values[dest]
+            kw[name] = given[name] = values[dest]
+    check_numbers(cls, given, prefix)
     try:
         return cls(**kw) if default is None else dataclasses.replace(default, **kw)
     except ValueError as err:

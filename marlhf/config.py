@@ -5,13 +5,33 @@ the reward model whole, PPO the fields its four models share (with flag prefixes
 the critic, :mod:`marlhf.cli`). Flag names follow the original MA-RLHF / DeepSpeed-Chat scripts so
 their command lines keep working. Validation raises ``ValueError`` naming the flag and never
 rewrites a value.
+
+Numbers: every float field must be finite, and a field whose metadata holds a ``range`` (an
+interval in the usual notation, ``"[0, 1]"``, ``"(0, inf)"``, ``"[0, 1)"``) must lie in it;
+``inf`` only where the interval is closed at infinity (``"[0, inf]"``, a documented "inf: no
+limit"). :func:`check_numbers` applies them: the flag generator (:mod:`marlhf.cli`) for every part
+of every program, each part's ``__post_init__`` for a config built in Python.
+
+>>> check_numbers(OptimConfig, {"weight_decay": -5.0})
+Traceback (most recent call last):
+...
+ValueError: --weight_decay must be >= 0, got -5.0
+>>> check_numbers(OptimConfig, {"learning_rate": float("nan")})
+Traceback (most recent call last):
+...
+ValueError: --learning_rate must be a finite number >= 0, got nan
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import math
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 DTYPES = ("fp32", "fp16", "bf16")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
@@ -42,6 +62,67 @@ def tracker_problem(report_to: tuple[str, ...]) -> str | None:
     )
 
 
+_INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])$")
+
+
+def interval(spec: str) -> tuple[float, bool, float, bool]:
+    """``(low, low closed, high, high closed)`` of a ``range`` such as ``"(0, 1]"``."""
+    m = _INTERVAL.match(spec.strip())
+    if m is None:
+        raise TypeError(f"range {spec!r} is no interval like '[0, 1]' or '(0, inf)'")
+    return float(m[2]), m[1] == "[", float(m[3]), m[4] == "]"
+
+
+def describe_interval(spec: str) -> str:
+    """An interval as a condition: ``>= 0``, ``> 0``, ``<= 1``, ``in (0, 1]``."""
+    low, low_in, high, high_in = interval(spec)
+    if math.isinf(high):
+        text = f"{'>=' if low_in else '>'} {low:g}"
+        return text + " (inf allowed)" * high_in
+    if math.isinf(low):
+        return f"{'<=' if high_in else '<'} {high:g}"
+    return f"in {spec.strip()}"
+
+
+def number_problem(flag: str, value: Any, spec: str | None) -> str | None:
+    """What is wrong with ``value`` (a number, a tuple of numbers or None) of ``flag``: NaN, an
+    infinity that ``spec`` does not allow, a number outside ``spec``; None when nothing is."""
+    low, low_in, high, high_in = interval(spec) if spec else (-math.inf, False, math.inf, False)
+    condition = describe_interval(spec) if spec else ""
+    for v in value if isinstance(value, tuple) else (value,):
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        inside = (v > low or (low_in and v == low)) and (v < high or (high_in and v == high))
+        if math.isnan(v) or (math.isinf(v) and not inside):
+            kind = "a number" if math.isinf(high) and high_in else "a finite number"
+            return f"{flag} must be {kind}{' ' * bool(condition)}{condition}, got {v}"
+        if not inside:
+            return f"{flag} must be {condition}, got {v}"
+    return None
+
+
+def check_numbers(cls: type, values: Mapping[str, Any], prefix: str = "") -> None:
+    """Check the numbers among ``values`` (field name -> value) of config class ``cls``: floats
+    finite, fields with a ``range`` inside it (see the module docstring); ``prefix``: that of the
+    part's flags (``actor_``).
+
+    Raises:
+        ValueError naming the flag, the allowed values and the value given.
+    """
+    for f in dataclasses.fields(cls):
+        if f.name not in values or dataclasses.is_dataclass(values[f.name]):
+            continue
+        flag = f.metadata.get("flag") or f"--{prefix}{f.name}"
+        problem = number_problem(flag, values[f.name], f.metadata.get("range"))
+        if problem:
+            raise ValueError(problem)
+
+
+def check_own_numbers(part: Any) -> None:
+    """:func:`check_numbers` of a config instance (its ``__post_init__`` calls it)."""
+    check_numbers(type(part), vars(part))
+
+
 @dataclass
 class ModelConfig:
     """Model loading: hub id, local directory, `tiny` (the embedded default) or `tiny-base`."""
@@ -70,35 +151,64 @@ class ModelConfig:
     )
     dropout: float | None = field(
         default=None,
-        metadata={"help": "Override the model's dropout probabilities (None keeps the model's)."},
+        metadata={
+            "help": "Override the model's dropout probabilities (None keeps the model's).",
+            "range": "[0, 1)",
+        },
     )
     lora_dim: int = field(
-        default=0, metadata={"help": "LoRA rank (0 disables LoRA). LoRA is applied through peft."}
+        default=0,
+        metadata={
+            "help": "LoRA rank (0 disables LoRA). LoRA is applied through peft and trains the "
+            "LoRA weights only (the base model is frozen, as in peft and TRL): the saved model "
+            "has them merged, and <model>/adapter/ holds the peft adapter of the base."
+        },
     )
-    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA alpha (scaling = alpha / r)."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_alpha: float = field(
+        default=16.0, metadata={"help": "LoRA alpha (scaling = alpha / r).", "range": "(0, inf)"}
+    )
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout.", "range": "[0, 1)"})
     lora_module_name: str = field(
         default="layers.",
         metadata={"help": "LoRA is applied to Linear modules whose name contains this string."},
     )
     only_optimize_lora: bool = field(
         default=False,
-        metadata={"help": "Freeze everything but the LoRA weights (of a model with LoRA)."},
+        metadata={
+            "help": "Freeze everything but the LoRA weights: what --lora_dim does (kept for the "
+            "original scripts' command lines)."
+        },
+    )
+    lora_train_base: bool = field(
+        default=False,
+        metadata={
+            "help": "With --lora_dim: train the base model's weights too, beside the LoRA weights "
+            "(the original DeepSpeed-Chat scripts without --only_optimize_lora). The saved model "
+            "is the merged one alone: no adapter/ is written, as one applied to the untouched "
+            "base would not reproduce it."
+        },
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         if self.dtype not in DTYPES:
             raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.lora_dim < 0:
             raise ValueError(f"--lora_dim must be >= 0, got {self.lora_dim}")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.only_optimize_lora and self.lora_train_base:
+            raise ValueError("--only_optimize_lora and --lora_train_base contradict each other")
+
+    @property
+    def trains_base(self) -> bool:
+        """Whether the base model's weights train: without LoRA, or with ``--lora_train_base``."""
+        return self.lora_dim == 0 or self.lora_train_base
 
     def check_lora(self) -> None:
-        """A stage that trains this one model: ``--only_optimize_lora`` needs LoRA (PPO's models
-        share the flag, and a model without LoRA trains whole)."""
-        if self.only_optimize_lora and self.lora_dim == 0:
-            raise ValueError("--only_optimize_lora needs --lora_dim > 0")
+        """A stage that trains this one model: ``--only_optimize_lora`` and ``--lora_train_base``
+        need LoRA (PPO's models share the flags, and a model without LoRA trains whole)."""
+        for flag in ("only_optimize_lora", "lora_train_base"):
+            if getattr(self, flag) and self.lora_dim == 0:
+                raise ValueError(f"--{flag} needs --lora_dim > 0")
 
 
 @dataclass
@@ -114,15 +224,21 @@ class OptimConfig:
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches accumulated per optimizer step."}
     )
-    learning_rate: float = field(default=5e-5, metadata={"help": "Peak learning rate."})
-    weight_decay: float = field(
-        default=0.0, metadata={"help": "AdamW weight decay (not applied to biases and norms)."}
+    learning_rate: float = field(
+        default=5e-5, metadata={"help": "Peak learning rate.", "range": "[0, inf)"}
     )
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
-    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
-    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    weight_decay: float = field(
+        default=0.0,
+        metadata={
+            "help": "AdamW weight decay (not applied to biases and norms).",
+            "range": "[0, inf)",
+        },
+    )
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1.", "range": "[0, 1)"})
+    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2.", "range": "[0, 1)"})
+    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon.", "range": "[0, inf)"})
     max_grad_norm: float = field(
-        default=1.0, metadata={"help": "Gradient clipping norm (0 disables)."}
+        default=1.0, metadata={"help": "Gradient clipping norm (0 disables).", "range": "[0, inf)"}
     )
     num_train_epochs: int = field(default=1, metadata={"help": "Passes over the training data."})
     max_steps: int = field(
@@ -140,11 +256,13 @@ class OptimConfig:
         default=0, metadata={"help": "Warm-up steps (takes precedence over --warmup_ratio)."}
     )
     warmup_ratio: float = field(
-        default=0.0, metadata={"help": "Warm-up as a fraction of total steps."}
+        default=0.0,
+        metadata={"help": "Warm-up as a fraction of total steps.", "range": "[0, 1)"},
     )
     seed: int = field(default=1234, metadata={"help": "Random seed (data split, shuffling, init)."})
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         for name in (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",
@@ -153,10 +271,6 @@ class OptimConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.learning_rate < 0:
-            raise ValueError(f"--learning_rate must be >= 0, got {self.learning_rate}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.num_warmup_steps < 0 or self.max_steps < 0:
             raise ValueError("--num_warmup_steps and --max_steps must be >= 0")
         if self.lr_scheduler_type not in SCHEDULERS:

@@ -31,6 +31,7 @@ from marlhf.inference.results import (
 from marlhf.inference.rows import generate_rows, ref_rows
 from marlhf.inference.scoring import TextScorer
 from marlhf.macro import build_termination
+from marlhf.models.checks import settings_mismatches
 from marlhf.rewards.code import CodeRewarder
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
@@ -178,6 +179,9 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
         len(todo),
     )
 
+    trained = {"--model_name_or_path": cfg.model, "--reward_model_name_or_path": cfg.reward_model}
+    for problem in settings_mismatches(trained, vars(cfg)):  # what the models were trained on
+        log.warning("%s: the model sees other texts than it learned on", problem)
     models = load_models(cfg, device_for(cfg.gpu), need_policy=not cfg.ref_scores)
     tools = _tools(args, models, is_code, macro_given)
     html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)

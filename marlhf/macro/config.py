@@ -7,8 +7,9 @@ the flag and never rewrites a value.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
+
+from marlhf.config import check_own_numbers
 
 TERMINATION_CONDITIONS = ("fixed", "randomized", "parsing", "ppl", "entropy", "lowprob")
 LOWPROB_CUTS = ("after", "before")
@@ -94,7 +95,8 @@ class MacroConfig:
         default=2.0,
         metadata={
             "help": "`entropy`: a macro action starts before a token whose reference-model entropy "
-            "exceeds this (0 = token level, inf = one macro action)."
+            "exceeds this (0 = token level, inf = one macro action).",
+            "range": "[0, inf]",
         },
     )
     target_macro_len: float | None = field(
@@ -102,14 +104,16 @@ class MacroConfig:
         metadata={
             "help": "`entropy`, `lowprob`: if set, pick the threshold per batch so the mean "
             "macro-action length is about this (overrides --entropy_threshold, "
-            "--lowprob_threshold)."
+            "--lowprob_threshold).",
+            "range": "[1, inf)",
         },
     )
     lowprob_threshold: float = field(
         default=0.5,
         metadata={
             "help": "`lowprob`: a token whose sampled probability under the rollout policy is below "
-            "this is a cut point (see --lowprob_cut); --target_macro_len overrides it."
+            "this is a cut point (see --lowprob_cut); --target_macro_len overrides it.",
+            "range": "(0, 1]",
         },
     )
     lowprob_cut: str = field(
@@ -162,6 +166,7 @@ class MacroConfig:
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -192,18 +197,4 @@ class MacroConfig:
             raise ValueError(
                 f"--ppl_max_len ({self.ppl_max_len}) must be 0 or >= --ppl_min_len "
                 f"({self.ppl_min_len})"
-            )
-        if math.isnan(self.entropy_threshold) or self.entropy_threshold < 0:
-            raise ValueError(
-                f"--entropy_threshold must be >= 0 (inf allowed), got {self.entropy_threshold}"
-            )
-        if not 0.0 < self.lowprob_threshold <= 1.0:
-            raise ValueError(
-                f"--lowprob_threshold must be a probability in (0, 1], got {self.lowprob_threshold}"
-            )
-        if self.target_macro_len is not None and not (
-            math.isfinite(self.target_macro_len) and self.target_macro_len >= 1.0
-        ):
-            raise ValueError(
-                f"--target_macro_len must be a finite number >= 1, got {self.target_macro_len}"
             )

@@ -3,6 +3,13 @@ token ids, so actor, reference, critic and reward model must have the same vocab
 ids and BOS rule, and no embedding may be smaller than the actor's vocabulary
 (:func:`check_same_tokenizer`, called by the PPO stage before any weights are loaded and by
 ``python -m marlhf.preflight ppo``).
+
+Do they see the texts they were trained on: a model a stage saved records the data settings it
+was trained with in its ``run_config.json``; a run that renders prompts otherwise
+(``--apply_chat_template``) or ends responses with another token (``--end_of_conversation_token``)
+shows it other texts than it learned on, and a reward model scores them silently differently
+(:func:`settings_mismatches`: PPO refuses such a run unless ``--allow_settings_mismatch``,
+``marlhf infer`` warns).
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from marlhf.config import ModelConfig
@@ -142,6 +151,73 @@ def check_same_tokenizer(
             "tokenizer"
         )
         raise ValueError("\n".join(problems) + "\n" + advice)
+
+
+# --- the settings a model was trained with --------------------------------------------------------
+# the data settings that change the text a model reads: how prompts are rendered, and the token
+# that ends every response (where a reward model reads its score, where an actor learned to stop)
+SEEN_SETTINGS = ("apply_chat_template", "end_of_conversation_token")
+
+
+def trained_settings(model: str) -> tuple[Path, dict[str, Any]] | None:
+    """(its ``run_config.json``, the :data:`SEEN_SETTINGS` recorded there) of a model directory a
+    stage saved (SFT, reward model, PPO's actor and critic); None for any other model."""
+    path = Path(model) / "run_config.json"
+    try:
+        data = json.loads(path.read_text()).get("data", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    found = {k: data[k] for k in SEEN_SETTINGS if k in data}
+    return (path, found) if found else None
+
+
+def _eos_text(model: str) -> str | None:
+    """The eos token of a model directory's tokenizer (``tokenizer_config.json``), None if unknown:
+    what ``--end_of_conversation_token`` defaults to."""
+    try:
+        eos = json.loads((Path(model) / "tokenizer_config.json").read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return eos.get("content") if isinstance(eos, dict) else eos
+
+
+def settings_mismatches(models: Mapping[str, str | None], settings: Mapping[str, Any]) -> list[str]:
+    """One line per model (``models``: flag -> model; None skipped) trained with another value of
+    a :data:`SEEN_SETTINGS` than ``settings`` (this run's, by field name), naming the flag, the
+    model, both values and the model's ``run_config.json``. An end-of-conversation token not
+    given is the model's eos token, on either side.
+
+    >>> settings_mismatches({"--model_name_or_path": "no/such/dir"}, {"apply_chat_template": True})
+    []
+    """
+    out, seen = [], set()
+    for flag, model in models.items():
+        found = trained_settings(model) if model else None
+        if found is None or found[0] in seen:
+            continue
+        path, trained = found
+        seen.add(path)
+        for key, was in trained.items():
+            if key not in settings:
+                continue
+            now = settings[key]
+            if key == "end_of_conversation_token":
+                eos = _eos_text(model)
+                was, now = was or eos, now or eos
+                if was != now:
+                    out.append(
+                        f"{flag} {model} was trained with --{key} {json.dumps(was)} ({path}); "
+                        f"this run has {json.dumps(now)}"
+                    )
+            elif bool(was) != bool(now):
+                on = {True: "on", False: "off"}
+                out.append(
+                    f"{flag} {model} was trained with --{key} {on[bool(was)]} ({path}); this run "
+                    f"has it {on[bool(now)]}"
+                )
+    return out
 
 
 def ppo_model_roles(models_cfg: Any, reward_source: str) -> dict[str, str]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from marlhf.config import check_own_numbers
+
 RM_TYPES = ("end", "segment")
 
 
@@ -19,7 +21,8 @@ class VLLMConfig:
             "help": "GPU: the fraction of the device's memory the engine takes (its weights and KV "
             "cache); the rest is the trainer's. vLLM requires it to be free when the engine "
             "starts, after the four models are loaded. Ignored on CPU, where the KV cache is "
-            "sized for the largest generation call."
+            "sized for the largest generation call.",
+            "range": "(0, 1)",
         },
     )
     vllm_sleep: bool = field(
@@ -36,8 +39,4 @@ class VLLMConfig:
     )
 
     def __post_init__(self) -> None:
-        if not 0 < self.vllm_gpu_memory_utilization < 1:
-            raise ValueError(
-                "--vllm_gpu_memory_utilization must be in (0, 1), got "
-                f"{self.vllm_gpu_memory_utilization}"
-            )
+        check_own_numbers(self)

@@ -55,9 +55,17 @@ def lora_target_modules(model: torch.nn.Module, module_name: str) -> list[str]:
 def apply_lora(model: torch.nn.Module, cfg: ModelConfig, what: str = "model") -> torch.nn.Module:
     """Wrap ``model`` with peft LoRA adapters when ``--lora_dim > 0``; log its trainable and total
     parameters either way (``what`` names it in the line)."""
+    wrapped, described = wrap_lora(model, cfg)
+    log_parameter_counts(wrapped, f"{what}{described}")
+    return wrapped
+
+
+def wrap_lora(model: torch.nn.Module, cfg: ModelConfig) -> tuple[torch.nn.Module, str]:
+    """``model`` with peft LoRA adapters when ``--lora_dim > 0`` (else itself), and how to describe
+    that in a parameter line (`` with LoRA r=8 on 14 modules``, or ""). peft freezes the base
+    model; ``--lora_train_base`` trains it too."""
     if cfg.lora_dim == 0:
-        log_parameter_counts(model, what)
-        return model
+        return model, ""
     from peft import LoraConfig, get_peft_model
 
     targets = lora_target_modules(model, cfg.lora_module_name)
@@ -70,12 +78,18 @@ def apply_lora(model: torch.nn.Module, cfg: ModelConfig, what: str = "model") ->
         bias="none",
     )
     peft_model = get_peft_model(model, lcfg)
-    if not cfg.only_optimize_lora:
+    if cfg.lora_train_base:
         for n, p in peft_model.named_parameters():
             if "lora_" not in n:
                 p.requires_grad_(True)
-    log_parameter_counts(peft_model, f"{what} with LoRA r={cfg.lora_dim} on {len(targets)} modules")
-    return peft_model
+    base = ", base trained too" if cfg.lora_train_base else ""
+    return peft_model, f" with LoRA r={cfg.lora_dim} on {len(targets)} modules{base}"
+
+
+def base_trained(module: torch.nn.Module) -> bool:
+    """Whether any weight of a peft model outside its LoRA weights trains (``--lora_train_base``):
+    then an adapter over the untouched base does not reproduce the model."""
+    return any(p.requires_grad for n, p in module.named_parameters() if "lora_" not in n)
 
 
 def merge_lora_state_dict(

@@ -1,21 +1,31 @@
 """Saving a trained model as a directory every later stage and the inference script load: a causal
 LM as a plain Hugging Face directory (``from_pretrained``), a reward model as a reward-model
 directory (:func:`marlhf.models.reward_model.load_reward_model`); LoRA weights merged, ZeRO-3
-partitions gathered, the run's config and DeepSpeed JSON beside the weights."""
+partitions gathered, the run's config and DeepSpeed JSON beside the weights.
+
+A model trained with LoRA over a frozen base also gets its peft adapter, in ``<model>/adapter/``:
+``PeftModel.from_pretrained(base, "<model>/adapter")`` reproduces the saved model (for a reward
+model or critic: its backbone, ``AutoModel``, whose value head is ``<model>/value_head.safetensors``).
+Where the base trained too (``--lora_train_base``) no adapter is written (one over the untouched
+base would not reproduce the model), and one left by an earlier save is removed."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
 
 import torch
 
-from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
+from marlhf.models.lora import base_trained, merge_lora_state_dict, unwrap_peft
 from marlhf.models.reward_model import save_reward_model_state
 from marlhf.runtime.checkpoint import gather_state_dict, write_json
 from marlhf.runtime.checkpoint_files import naming_write_errors
 from marlhf.runtime.distributed import barrier, is_main
 
 ADAPTER_DIR = "adapter"  # a LoRA run's peft adapter, next to the merged weights
+
+log = logging.getLogger("marlhf.save")
 
 # what a failed model save means for a resume (the training state of a step is saved after its model)
 _MODEL_THEN = "A resume starts from the last complete training state, before this model's step."
@@ -33,7 +43,7 @@ def save_hf_causal_lm(
     """Save a (possibly peft-wrapped, possibly ZeRO-3-partitioned) causal LM as a plain HF directory:
     LoRA weights are merged, so any stage or the inference script loads it with from_pretrained; a
     peft model's adapter is saved as well, in ``<path>/adapter/`` (``adapter_config.json``,
-    ``adapter_model.safetensors``)."""
+    ``adapter_model.safetensors``), when its base is frozen (:func:`save_adapter`)."""
     base, scaling = unwrap_peft(module)
     state = gather_state_dict(module, zero_stage)
     if is_main():
@@ -44,10 +54,8 @@ def save_hf_causal_lm(
             state = merge_lora_state_dict(state, scaling)
         with naming_write_errors(path, "model checkpoint", _MODEL_THEN):
             path.mkdir(parents=True, exist_ok=True)
-            if (
-                scaling is not None
-            ):  # the adapter itself too, for peft users (PeftModel.from_pretrained)
-                module.save_pretrained(path / ADAPTER_DIR, state_dict=peft_state)
+            if scaling is not None:  # for peft users (PeftModel.from_pretrained)
+                save_adapter(module, peft_state, path)
             base.save_pretrained(path, state_dict=state)
             tokenizer.save_pretrained(path)
             gen = getattr(base, "generation_config", None)
@@ -56,6 +64,18 @@ def save_hf_causal_lm(
             write_json(path / "run_config.json", run_config)
             write_json(path / "ds_config.json", ds_config)
     barrier()
+
+
+def save_adapter(peft_model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """``<path>/adapter/`` of a peft model from its gathered ``state`` (the peft model's keys),
+    when its base is frozen; else no adapter, and one an earlier save left there is removed."""
+    where = Path(path) / ADAPTER_DIR
+    if base_trained(peft_model):
+        if where.exists():
+            shutil.rmtree(where)
+        log.info("%s: no %s/ (the base weights trained too: --lora_train_base)", path, ADAPTER_DIR)
+        return
+    peft_model.save_pretrained(where, state_dict=state)
 
 
 def save_reward_checkpoint(
@@ -72,13 +92,16 @@ def save_reward_checkpoint(
     termination=None,
     extra: dict | None = None,
 ) -> None:
-    """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` as one
-    reward-model directory that :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are
-    merged into the backbone. Collective under ZeRO-3 (every rank calls it); rank 0 writes."""
+    """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` (a reward
+    model or PPO's critic) as one reward-model directory that
+    :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are merged into the
+    backbone, and the backbone's adapter is saved beside them (:func:`save_adapter`). Collective
+    under ZeRO-3 (every rank calls it); rank 0 writes."""
     _, scaling = unwrap_peft(module.backbone)
     state = gather_state_dict(module, zero_stage)
     if is_main():
         assert state is not None
+        peft_state = state
         if scaling is not None:
             state = merge_lora_state_dict(state, scaling)
         save_reward_model_state(
@@ -92,6 +115,14 @@ def save_reward_checkpoint(
             termination=termination,
             extra=extra,
         )
+        if scaling is not None:
+            backbone = {
+                k.removeprefix("backbone."): v
+                for k, v in peft_state.items()
+                if k.startswith("backbone.")
+            }
+            with naming_write_errors(Path(path), "reward-model adapter", _MODEL_THEN):
+                save_adapter(module.backbone, backbone, Path(path))
         write_json(Path(path) / "run_config.json", run_config)
         write_json(Path(path) / "ds_config.json", ds_config)
     barrier()

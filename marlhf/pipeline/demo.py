@@ -26,7 +26,7 @@ from pathlib import Path
 from marlhf.cli import Parser
 from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
 from marlhf.pipeline.report import write_report
-from marlhf.runtime.run_lock import LOCK_FILE, OutputDirInUse, acquire
+from marlhf.runtime.run_lock import LOCK_FILE, OutputDirInUse, acquire, unusable_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -379,13 +379,14 @@ def inference_stages(args: argparse.Namespace, out: Path) -> tuple[list[Stage], 
 def lock_and_clear(out: Path, fresh: bool) -> None:
     """Take the demo's lock on ``out`` (one demo per directory: two would write the same label
     files and stage directories; :mod:`marlhf.runtime.run_lock`), then with ``fresh`` empty it
-    (but the lock). A directory in use stops the demo with one line naming the holder (exit
-    status 2)."""
-    out.mkdir(parents=True, exist_ok=True)
+    (but the lock). A directory in use, or one that cannot be written (a file, read-only), stops
+    the demo with one line naming it (exit status 2)."""
     try:
+        out.mkdir(parents=True, exist_ok=True)
         acquire(out, uuid.uuid4().hex)
-    except OutputDirInUse as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+    except (OutputDirInUse, OSError) as e:
+        problem = str(e) if isinstance(e, OutputDirInUse) else unusable_problem(out, e)
+        print(f"error: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     if fresh:
         for p in out.iterdir():

@@ -252,7 +252,7 @@ def ppo_plan(
     plan = Plan(num_gpus, gpu_memory_gb)
     actor_m, critic_m = mc.actor.model, mc.critic.model
     actor_z, critic_z = mc.actor.ds.zero_stage, mc.critic.ds.zero_stage
-    only_lora, offload = mc.shared.only_optimize_lora, mc.ds.offload
+    only_lora, offload = not mc.shared.lora_train_base, mc.ds.offload  # LoRA freezes the base
     setups = {
         "actor": (EngineSetup(dtype, actor_z, offload, True, actor_m.lora_dim > 0, only_lora),
                   False, actor_m.lora_dim),

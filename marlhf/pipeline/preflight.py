@@ -5,7 +5,11 @@ Run once before launching ranks (every ``training/step*/training_scripts/run_*.s
 ``deepspeed``), with the stage's own flags::
 
     python -m marlhf.preflight sft --model_name_or_path google/gemma-2b --data_path ...
+    python -m marlhf.preflight rm --model_name_or_path out/sft --data_path ...
     python -m marlhf.preflight ppo --actor_model_name_or_path out/sft --critic_model_name_or_path out/rm
+
+The stages are named as the ``marlhf`` command names them (``sft``, ``rm``, ``ppo``; ``reward`` is
+``rm``, as ``marlhf reward`` is).
 
 It prints one line per problem, each naming the flag, the model or data path and what to do, and
 exits with status 2 (0 when everything is in place), in seconds, instead of every rank failing
@@ -30,6 +34,7 @@ their name, when the stage loads them.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -39,7 +44,13 @@ import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.data.sources import columns_problem
-from marlhf.models.checks import check_same_tokenizer, critic_head, critic_problem, ppo_model_roles
+from marlhf.models.checks import (
+    check_same_tokenizer,
+    critic_head,
+    critic_problem,
+    ppo_model_roles,
+    settings_mismatches,
+)
 from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
 from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_flags
@@ -73,13 +84,13 @@ def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
 
 
 # --- the command ----------------------------------------------------------------------------------
-def _stage_config(stage: str) -> type:
-    if stage == "sft":
-        return SFTConfig
-    if stage == "reward":
-        return RewardStageConfig
+# the stages by the names of their ``marlhf`` commands, and the other names those accept
+STAGES = {"sft": SFTConfig, "rm": RewardStageConfig, "ppo": PPOStageConfig}
+STAGE_ALIASES = {"reward": "rm"}
 
-    return PPOStageConfig
+
+def _stage_config(stage: str) -> type:
+    return STAGES[STAGE_ALIASES.get(stage, stage)]
 
 
 def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], list[str]]:
@@ -89,16 +100,14 @@ def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], lis
     ``--reward_source rm``)."""
     out: list[tuple[str, str, str]] = []
     problems: list[str] = []
-    if stage in ("sft", "reward"):
+    if stage in ("sft", "rm"):
         m = cfg.model
         out.append(
             ("--model_name_or_path", m.model_name_or_path, "causal" if stage == "sft" else "model")
         )
         if m.tokenizer_name_or_path:
             out.append(("--tokenizer_name_or_path", m.tokenizer_name_or_path, "tokenizer"))
-        ref = (
-            getattr(cfg.reward, "reference_model_name_or_path", None) if stage == "reward" else None
-        )
+        ref = getattr(cfg.reward, "reference_model_name_or_path", None) if stage == "rm" else None
         if ref:
             out.append(("--reference_model_name_or_path", ref, "causal"))
         return out, problems
@@ -150,7 +159,9 @@ def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str 
 
 
 def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
-    """Every problem with the models and data of a parsed stage config (empty: all in place)."""
+    """Every problem with the models and data of a parsed stage config (empty: all in place);
+    ``stage``: ``sft``, ``rm`` (or ``reward``) or ``ppo``."""
+    stage = STAGE_ALIASES.get(stage, stage)
     checks, problems = _model_checks(stage, cfg)
     problems = [p for f, n, k in checks if (p := _model_problem(f, n, k, probe_network))] + problems
     for spec in cfg.data.data_path:
@@ -161,6 +172,12 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         p = _context_problem(stage, cfg)
         if p:
             problems.append(p)
+    if stage == "ppo" and not problems and not cfg.models.allow_settings_mismatch:
+        roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+        problems += [
+            f"{p}: pass the same setting, or --allow_settings_mismatch"
+            for p in settings_mismatches(roles, vars(cfg.data))
+        ]
     if stage == "ppo" and not problems:
         trust = cfg.models.shared.trust_remote_code
         try:
@@ -175,9 +192,9 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
 def _context_problem(stage: str, cfg: Any) -> str | None:
     """The sequence-length flags against the context of the stage's models
     (:mod:`marlhf.models.context`)."""
-    if stage in ("sft", "reward"):
+    if stage in ("sft", "rm"):
         models = {"--model_name_or_path": cfg.model.model_name_or_path}
-        if stage == "reward" and cfg.reward.reference_model_name_or_path:
+        if stage == "rm" and cfg.reward.reference_model_name_or_path:
             models["--reference_model_name_or_path"] = cfg.reward.reference_model_name_or_path
         return context_problem(models, {"--max_seq_len": cfg.data.max_seq_len})
     g = cfg.generation
@@ -207,20 +224,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     Stage ``ppo`` also takes ``--plan --num_gpus N [--gpu_memory GB]``: the memory plan
     (`marlhf.pipeline.memory_plan`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    stages = ("sft", "reward", "ppo")
+    prog = marlhf.cli.PROG or "python -m marlhf.preflight"
     if argv and argv[0] in ("-h", "--help"):
         print(
-            f"usage: {marlhf.cli.PROG or 'python -m marlhf.preflight'} "
-            f"{{{','.join(stages)}}} [stage flags...] [--config FILE]\n\n{__doc__.strip()}"
+            f"usage: {prog} {{{','.join(STAGES)}}} [stage flags...] [--config FILE]\n\n"
+            f"{__doc__.strip()}"
         )
         raise SystemExit(0)
-    if not argv or argv[0] not in stages:
-        print(
-            f"usage: python -m marlhf.preflight {{{','.join(stages)}}} [stage flags...]",
-            file=sys.stderr,
-        )
+    if not argv or STAGE_ALIASES.get(argv[0], argv[0]) not in STAGES:
+        if not argv or argv[0].startswith("-"):
+            problem = f"name the stage to check first: {', '.join(STAGES)}"
+        else:
+            close = difflib.get_close_matches(argv[0], [*STAGES, *STAGE_ALIASES], n=1)
+            hint = f" (did you mean {STAGE_ALIASES.get(close[0], close[0])}?)" if close else ""
+            problem = f"unknown stage {argv[0]}{hint}; the stages: {', '.join(STAGES)}"
+        print(f"{prog}: error: {problem}\nsee {prog} --help for the stages", file=sys.stderr)
         return 2
-    stage = argv[0]
+    stage = STAGE_ALIASES.get(argv[0], argv[0])
     rest, plan = split_plan_flags(argv[1:]) if stage == "ppo" else (argv[1:], None)
     cfg = parse_config(_stage_config(stage), rest, description=f"preflight of stage {stage}")
     problems = preflight(stage, cfg)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from marlhf.config import check_own_numbers
 from marlhf.rewards.sandbox.run import clean_stale_workdirs, run_python, sandbox_layers
 
 log = logging.getLogger(__name__)
@@ -342,30 +343,30 @@ class CodeRewardConfig:
     code_workers: int = field(
         default=2, metadata={"help": "Programs executed concurrently (one process each)."}
     )
-    code_timeout_s: float = field(default=4.0, metadata={"help": "Wall-clock limit per test (s)."})
+    code_timeout_s: float = field(
+        default=4.0, metadata={"help": "Wall-clock limit per test (s).", "range": "(0, inf)"}
+    )
     code_memory_mb: int = field(
         default=512, metadata={"help": "Address-space limit per test (MiB)."}
     )
     code_budget_s: float = field(
-        default=30.0, metadata={"help": "Overall wall-clock budget per program (s)."}
+        default=30.0,
+        metadata={"help": "Overall wall-clock budget per program (s).", "range": "(0, inf)"},
     )
     code_max_tests: int | None = field(
         default=None, metadata={"help": "Use at most this many tests per problem (default: all)."}
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         if self.code_reward_scheme not in SCHEMES:
             raise ValueError(
                 f"--code_reward_scheme must be one of {SCHEMES}, got {self.code_reward_scheme!r}"
             )
         if self.code_workers < 1:
             raise ValueError(f"--code_workers must be >= 1, got {self.code_workers}")
-        if self.code_timeout_s <= 0:
-            raise ValueError(f"--code_timeout_s must be > 0, got {self.code_timeout_s}")
         if self.code_memory_mb < 32:
             raise ValueError(f"--code_memory_mb must be >= 32, got {self.code_memory_mb}")
-        if self.code_budget_s <= 0:
-            raise ValueError(f"--code_budget_s must be > 0, got {self.code_budget_s}")
         if self.code_max_tests is not None and self.code_max_tests < 1:
             raise ValueError(f"--code_max_tests must be >= 1, got {self.code_max_tests}")
 

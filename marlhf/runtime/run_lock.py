@@ -50,6 +50,26 @@ class OutputDirInUse(ValueError):
     """The output directory is locked by another run (an input error: pick another directory)."""
 
 
+class OutputDirUnusable(ValueError):
+    """The output directory cannot be created or written: a file, read-only, immutable, ... (an
+    input error: pick another directory)."""
+
+
+def unusable_problem(directory: Path, err: OSError, flag: str = "--output_dir") -> str:
+    """One line on why ``directory`` could not be created or locked (``err``), naming ``flag``."""
+    blocker = next((p for p in (directory, *directory.parents) if p.is_file()), None)
+    if blocker == directory:
+        return f"{flag} {directory}: is a file, not a directory; pass a directory (it is created when missing)"
+    if blocker is not None:
+        return f"{flag} {directory}: {blocker} is a file, not a directory; pass another {flag}"
+    where = err.filename or directory
+    reason = err.strerror or type(err).__name__
+    return (
+        f"{flag} {directory}: cannot write there ({reason}: {where}); pass a directory this run "
+        f"may write to as {flag}"
+    )
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lock: written into the lock file as JSON."""
@@ -203,22 +223,26 @@ def release(path: Path, token: str) -> None:
 def lock_output_dir(directory: str | Path, flag: str = "--output_dir") -> None:
     """Lock a run's output directory: rank 0's lock, plus one on every node where the directory
     is not the one rank 0 locked (node-local). Collective when distributed; every rank raises
-    :class:`OutputDirInUse` when any lock could not be taken. The directory exists afterwards on
-    every rank that locked it."""
+    :class:`OutputDirInUse` when any lock could not be taken (held by another run), or
+    :class:`OutputDirUnusable` when the directory cannot be created or written (a file, read-only,
+    immutable: :func:`unusable_problem`). The directory exists afterwards on every rank that locked
+    it."""
     directory = Path(directory)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     token = uuid.uuid4().hex if rank() == 0 else ""
     if distributed:
         token = all_gather_object(token)[0]
 
-    def attempt(mine: bool) -> str | None:
+    def attempt(mine: bool) -> tuple[str, str] | None:
         if not mine:
             return None
         try:
             directory.mkdir(parents=True, exist_ok=True)
             acquire(directory, token, flag)
         except OutputDirInUse as e:
-            return str(e)
+            return "in use", str(e)
+        except OSError as e:
+            return "unusable", unusable_problem(directory, e, flag)
         return None
 
     problem = attempt(rank() == 0)
@@ -231,4 +255,5 @@ def lock_output_dir(directory: str | Path, flag: str = "--output_dir") -> None:
     if distributed:
         problem = next((p for p in all_gather_object(problem) if p), None)
     if problem is not None:
-        raise OutputDirInUse(problem)
+        kind, text = problem
+        raise (OutputDirInUse if kind == "in use" else OutputDirUnusable)(text)

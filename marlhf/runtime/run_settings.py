@@ -16,7 +16,12 @@ loaded):
   each step is in the data);
 - any other difference stops the run with the list of differences, unless
   ``--resume_with_changes`` is given: then the run resumes with its own settings, warns, and appends
-  the changes to ``<output_dir>/run_history.jsonl`` (its later checkpoints hold the new settings).
+  the changes to ``<output_dir>/run_history.jsonl`` (its later checkpoints hold the new settings);
+- except the settings the engine state of a checkpoint is laid out for (:func:`unresumable`): the
+  precision (``--dtype``, PPO's ``--bf16``), what is trained with LoRA (``--lora_dim``,
+  ``--lora_module_name``, whether the base trains too) and the ZeRO stage (but 1 <-> 2, which
+  share a layout). A change to one of them is refused even with ``--resume_with_changes``,
+  saying that the checkpoint cannot be resumed so and how to start from its model instead.
 
 Checkpoints saved without ``run_settings.json`` (by older versions) are resumed unchecked.
 """
@@ -46,7 +51,7 @@ HARMLESS = frozenset(
         "eval_interval", "eval_iters", "log_interval", "resume", "resume_with_changes",
         "disable_progress_bar", "data_output_path", "print_answers", "print_answers_interval",
         "log_phase_resources", "local_rank", "dist_timeout_s", "report_to", "run_name",
-        "tracker_project",
+        "tracker_project", "allow_settings_mismatch",
         # how a step is computed, not what it computes (equal up to float rounding)
         "gradient_checkpointing", "actor_gradient_checkpointing", "critic_gradient_checkpointing",
         "generation_backend", "compile_generation", "enable_zero3_generation_gather",
@@ -95,6 +100,57 @@ def differences(saved: dict, now: dict) -> list[tuple[str, Any, Any]]:
     for name in sorted(set(old_derived) & set(new_derived)):
         if old_derived[name] != new_derived[name]:
             out.append((name, old_derived[name], new_derived[name]))
+    return out
+
+
+def _dtype(flags: dict) -> Any:
+    """The precision a run trains in (PPO's ``--bf16`` is ``--dtype bf16``)."""
+    return "bf16" if flags.get("bf16") else flags.get("dtype")
+
+
+def _trains_base(flags: dict, prefix: str) -> bool | None:
+    """Whether a model with LoRA (``--{prefix}lora_dim`` > 0) trains its base weights too
+    (``--lora_train_base``; a checkpoint saved before that flag: without ``--only_optimize_lora``);
+    None for a model without LoRA."""
+    if not flags.get(f"{prefix}lora_dim"):
+        return None
+    if "lora_train_base" in flags:
+        return bool(flags["lora_train_base"])
+    return not flags.get("only_optimize_lora", False)
+
+
+def unresumable(saved: dict, now: dict) -> list[str]:
+    """What a resume cannot change, with why: the settings a checkpoint's engine state is laid out
+    for. DeepSpeed keeps a precision's own optimizer state (fp32 master weights and a loss scale in
+    bf16/fp16, none in fp32), the parameters follow the LoRA setting and the optimizer's groups what
+    is trained, and the partitioned files the ZeRO stage (stages 1 and 2 share theirs)."""
+    old, new = saved.get("flags", {}), now.get("flags", {})
+    out = []
+    if "dtype" in old and "dtype" in new and _dtype(old) != _dtype(new):
+        out.append(
+            f"--dtype {_dtype(old)} -> {_dtype(new)} (the optimizer state is kept for the "
+            "precision it was trained in)"
+        )
+    for prefix in ("", "actor_", "critic_"):
+        for name in ("lora_dim", "lora_module_name"):
+            key = f"{prefix}{name}"
+            if key not in old or key not in new or old[key] == new[key]:
+                continue
+            if name == "lora_dim" or old.get(f"{prefix}lora_dim") or new.get(f"{prefix}lora_dim"):
+                out.append(f"--{key} {json.dumps(old[key])} -> {json.dumps(new[key])} (the "
+                           "checkpoint's parameters are those of its LoRA setting)")  # fmt: skip
+        if f"{prefix}lora_dim" in old and f"{prefix}lora_dim" in new:
+            before, after = _trains_base(old, prefix), _trains_base(new, prefix)
+            if None not in (before, after) and before != after:
+                out.append(
+                    f"--lora_train_base {json.dumps(before)} -> {json.dumps(after)} for the "
+                    f"{prefix.rstrip('_') or 'model'}'s LoRA (the optimizer holds the parameters "
+                    "it trained)"
+                )
+        key = f"{prefix}zero_stage"
+        if key in old and key in new and old[key] != new[key] and {old[key], new[key]} != {1, 2}:
+            out.append(f"--{key} {old[key]} -> {new[key]} (the checkpoint's files are laid out "
+                       "for its ZeRO stage; only 1 and 2 share theirs)")  # fmt: skip
     return out
 
 
@@ -153,6 +209,15 @@ def check_resume_settings(
     if found is None:
         return []
     tag, saved = found
+    fixed = unresumable(saved, now)
+    if fixed:
+        raise ValueError(
+            f"{tag} of {root}: these changes cannot be resumed, even with --resume_with_changes: "
+            + "; ".join(fixed)
+            + ". Resume with the checkpoint's settings, or start a new run from its model with "
+            "these (its final or checkpoints/step-N model as --model_name_or_path, and --resume "
+            "never or another --output_dir)"
+        )
     changes = differences(saved, now)
     if not changes:
         return []

@@ -187,11 +187,9 @@ def progress(total: int, initial: int, desc: str, disable: bool = False, every: 
 
 def ensure_output_dir(path: str) -> Path:
     """The run's output directory, created and locked for this run (one run per directory:
-    :mod:`marlhf.runtime.run_lock`; a second run stops naming the holder). Collective when
-    distributed."""
+    :mod:`marlhf.runtime.run_lock`; a second run stops naming the holder, a directory that cannot
+    be written stops the run saying why). Collective when distributed."""
     out = Path(path)
-    if is_main():
-        out.mkdir(parents=True, exist_ok=True)
     lock_output_dir(out)
     return out
 

@@ -118,6 +118,32 @@ def test_all_in_place(models, capsys):
     assert main(["sft", "--model_name_or_path", "tiny-base", "--data_path", "synthetic-tldr"]) == 0
 
 
+def test_stages_are_named_as_the_marlhf_commands_name_them(capsys):
+    """``rm`` (as ``marlhf rm``), ``reward`` its other name; a missing or unknown stage is an
+    ``error:`` line with "did you mean" and where the stages are listed."""
+    import marlhf.cli
+    from marlhf.commands import COMMANDS
+
+    assert {"sft", "rm", "ppo"} <= set(COMMANDS)
+    for stage in ("rm", "reward"):
+        assert (
+            main([stage, "--model_name_or_path", "tiny-base", "--data_path", "synthetic-tldr"]) == 0
+        )
+        assert "preflight: stage rm: models and data in place" in _err(capsys)
+    prog = marlhf.cli.PROG or "python -m marlhf.preflight"
+    for argv, problem in (
+        (["rmm"], "unknown stage rmm (did you mean rm?); the stages: sft, rm, ppo"),
+        (["rewards"], "unknown stage rewards (did you mean rm?); the stages: sft, rm, ppo"),
+        ([], "name the stage to check first: sft, rm, ppo"),
+        (["--model_name_or_path", "tiny"], "name the stage to check first: sft, rm, ppo"),
+    ):
+        assert main(argv) == 2
+        assert _err(capsys).splitlines() == [
+            f"{prog}: error: {problem}",
+            f"see {prog} --help for the stages",
+        ]
+
+
 # --- the wrong kind of directory ------------------------------------------------------------------
 def test_reward_model_as_actor_and_sft_as_critic(models, capsys):
     base = models

@@ -250,3 +250,62 @@ def test_second_sft_on_a_directory_in_use_stops_naming_the_holder(tmp_path):
     assert run.returncode == 2, run.stderr[-3000:]
     assert run.stderr.startswith(f"error: --output_dir {demo} is in use by another run: PID")
     assert sorted(p.name for p in demo.iterdir()) == [LOCK_FILE]  # --fresh deleted nothing
+
+
+def _immutable(path: Path) -> bool:
+    """Make ``path`` immutable (``chattr +i``); False where that is not possible here."""
+    try:
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+def test_an_output_dir_that_cannot_be_written_is_one_error_naming_it(tmp_path):
+    """A regular file, a path under one, a read-only or an immutable directory: one
+    ``OutputDirUnusable`` (an input error) naming the directory and why; the file is untouched."""
+    from marlhf.runtime.run_lock import OutputDirUnusable, lock_output_dir
+
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    with pytest.raises(OutputDirUnusable, match=rf"^--output_dir {file}: is a file, not a dir"):
+        lock_output_dir(file)
+    with pytest.raises(OutputDirUnusable, match=rf"^--output_dir {file}/run: {file} is a file"):
+        lock_output_dir(file / "run")
+    assert file.read_text() == "keep me"
+
+    read_only = tmp_path / "read_only"
+    read_only.mkdir(mode=0o555)
+    if not os.access(read_only, os.W_OK):  # not as root, who writes anyway
+        with pytest.raises(OutputDirUnusable, match=r"cannot write there \(Permission denied"):
+            lock_output_dir(read_only)
+        with pytest.raises(OutputDirUnusable, match=rf"^--output_dir {read_only}/run: cannot"):
+            lock_output_dir(read_only / "run")
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    if not _immutable(frozen):
+        pytest.skip("chattr +i is not available here")
+    try:
+        with pytest.raises(OutputDirUnusable) as err:
+            lock_output_dir(frozen)
+        assert str(err.value).startswith(f"--output_dir {frozen}: cannot write there (")
+        assert f"{frozen}/{LOCK_FILE})" in str(err.value)
+    finally:
+        subprocess.run(["chattr", "-i", str(frozen)], check=True)
+
+
+def test_a_stage_or_the_demo_on_a_file_as_output_dir_stops_with_one_line(tmp_path):
+    file = tmp_path / "out"
+    file.write_text("keep me")
+    env = stage_env(tmp_path / "home")
+    for cmd in (
+        _sft(tmp_path, file, "--max_steps", "1"),
+        [sys.executable, "-m", "marlhf.demo", "--output_dir", str(file)],
+    ):
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        errors = [x for x in run.stderr.splitlines() if x.startswith("error:")]
+        assert run.returncode == 2, run.stderr[-3000:]
+        assert errors == [f"error: --output_dir {file}: is a file, not a directory; pass a "
+                          "directory (it is created when missing)"], run.stderr[-3000:]  # fmt: skip
+        assert "Traceback" not in run.stderr and "[rank0]" not in run.stderr
+    assert file.read_text() == "keep me"

@@ -92,6 +92,67 @@ def test_refused_without_the_flag_recorded_with_it(tmp_path):
     assert check_resume_settings(root, "auto", False, now, tmp_path) == []
 
 
+def _flags(cls, *argv: str) -> dict:
+    return flag_values(parse_config(cls, list(argv)))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "named"),
+    [
+        (["--dtype", "fp32"], ["--dtype", "bf16"], "--dtype fp32 -> bf16"),
+        (["--dtype", "bf16"], ["--dtype", "fp32"], "--dtype bf16 -> fp32"),
+        ([], ["--lora_dim", "4"], "--lora_dim 0 -> 4"),
+        (["--lora_dim", "4"], ["--lora_dim", "8"], "--lora_dim 4 -> 8"),
+        (["--lora_dim", "4"], ["--lora_dim", "4", "--lora_module_name", "mlp"],
+         '--lora_module_name "layers." -> "mlp"'),
+        (["--lora_dim", "4"], ["--lora_dim", "4", "--lora_train_base"],
+         "--lora_train_base false -> true for the model's LoRA"),
+        ([], ["--zero_stage", "2"], "--zero_stage 0 -> 2"),
+        (["--zero_stage", "2"], ["--zero_stage", "3"], "--zero_stage 2 -> 3"),
+    ],
+)  # fmt: skip
+def test_what_a_checkpoint_is_laid_out_for_cannot_change_even_with_changes(
+    tmp_path, before, after, named
+):
+    """Precision, LoRA and the ZeRO stage (the layout of the engine state): refused with or without
+    --resume_with_changes, saying so, nothing recorded."""
+    root = tmp_path / "train_state"
+    _checkpoint(root, settings(_flags(SFTConfig, *before), {"global_batch": 4}))
+    now = settings(_flags(SFTConfig, *after), {"global_batch": 4})
+    for accept in (False, True):
+        with pytest.raises(ValueError) as err:
+            check_resume_settings(root, "auto", accept, now, tmp_path)
+        text = str(err.value)
+        assert text.startswith(f"step-2 of {root}: these changes cannot be resumed, even with ")
+        assert named in text and "start a new run from its model" in text
+    assert not (tmp_path / HISTORY_FILE).exists()
+
+
+def test_what_shares_a_layout_resumes_with_changes(tmp_path):
+    """ZeRO 1 <-> 2, PPO's --bf16 for --dtype bf16, --lora_module_name without LoRA, and
+    --only_optimize_lora with LoRA (the base is frozen either way) are no layout change."""
+    pairs = [
+        (_flags(SFTConfig, "--zero_stage", "1"), _flags(SFTConfig, "--zero_stage", "2")),
+        (_flags(PPOStageConfig, "--bf16"), _flags(PPOStageConfig, "--dtype", "bf16")),
+        (_flags(SFTConfig), _flags(SFTConfig, "--lora_module_name", "mlp")),
+        (
+            _flags(SFTConfig, "--lora_dim", "4"),
+            _flags(SFTConfig, "--lora_dim", "4", "--only_optimize_lora"),
+        ),
+    ]
+    for i, (old, new) in enumerate(pairs):
+        root = tmp_path / f"train_state{i}"
+        _checkpoint(root, settings(old, {"global_batch": 4}))
+        check_resume_settings(root, "auto", True, settings(new, {"global_batch": 4}), tmp_path)
+    # a checkpoint saved before --lora_train_base: without --only_optimize_lora its base trained
+    old = {**_flags(SFTConfig, "--lora_dim", "4"), "only_optimize_lora": False}
+    del old["lora_train_base"]
+    _checkpoint(tmp_path / "old", settings(old, {}))
+    with pytest.raises(ValueError, match="--lora_train_base true -> false"):
+        now = settings(_flags(SFTConfig, "--lora_dim", "4"), {})
+        check_resume_settings(tmp_path / "old", "auto", True, now, tmp_path)
+
+
 # --- the stages ----------------------------------------------------------------------------------
 def _port() -> str:
     with socket.socket() as s:
@@ -113,8 +174,8 @@ def _errors(proc) -> list[str]:
 def test_sft_resume_with_other_settings(tmp_path):
     """A 4-step SFT run whose latest checkpoint is moved back to step 2, resumed: with another
     learning rate and seed (refused, listed), under two processes (the global batch doubles:
-    refused), with another --log_interval and --output_dir-independent flags (passes), and with
-    --resume_with_changes (trains, records the changes)."""
+    refused), with another --log_interval and --output_dir-independent flags (passes), with
+    --resume_with_changes (trains, records the changes), and in bf16 (refused even so)."""
     home, out = tmp_path / "home", tmp_path / "sft"
     sft = [sys.executable, "-m", "marlhf.stages.sft"]
     flags = ["--model_name_or_path", "tiny", "--max_samples", "40", "--max_steps", "4"]
@@ -155,6 +216,13 @@ def test_sft_resume_with_other_settings(tmp_path):
     assert row["changes"] == [{"setting": "--learning_rate", "checkpoint": 5e-05, "now": 0.001}]
     # the checkpoints after the change hold the new settings: the same command resumes cleanly
     assert json.loads(saved.read_text())["flags"]["learning_rate"] == 0.001
+
+    # another precision: the engine state of an fp32 checkpoint holds no loss scale for bf16
+    dtype = _run([*sft, *flags, "--dtype", "bf16", "--resume_with_changes"], home)
+    assert dtype.returncode == 2, dtype.stderr[-3000:]
+    (line,) = _errors(dtype)
+    assert "these changes cannot be resumed" in line and "--dtype fp32 -> bf16" in line, line
+    assert "dynamic_loss_scale" not in dtype.stderr and "Traceback" not in dtype.stderr
 
 
 @pytest.fixture(scope="module")

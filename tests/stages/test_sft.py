@@ -443,9 +443,17 @@ def test_zero3_two_processes_with_uneven_eval_shards(n_eval, eval_batch, env, ti
 
 
 LORA_FLAGS = (
-    "--per_device_train_batch_size", "4", "--max_samples", "60", "--num_train_epochs", "2",
-    "--lora_dim", "4", "--only_optimize_lora", "--learning_rate", "1e-2",
-)  # fmt: skip
+    "--per_device_train_batch_size",
+    "4",
+    "--max_samples",
+    "60",
+    "--num_train_epochs",
+    "2",
+    "--lora_dim",
+    "4",
+    "--learning_rate",
+    "1e-2",
+)  # fmt: skip (--lora_dim alone, as the README's example: the base is frozen)
 
 
 @pytest.fixture(scope="module")
@@ -495,15 +503,35 @@ def test_run_config_given_back_as_config_reproduces_the_run(env, tiny_dir):
     ]
 
 
-def test_lora_console_one_line_per_step_counts_and_adapter(lora_run):
-    """Without bars, one line per step; the parameter counts logged; the adapter saved too."""
+def test_lora_console_one_line_per_step_counts_and_adapter(lora_run, tiny_dir):
+    """Without bars, one line per step; the parameter counts logged (the LoRA weights alone
+    train); the adapter saved too, and over the base it gives the saved model's logits."""
     import re
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
 
     out, proc = lora_run
     steps = re.findall(r"sft step (\d+)/6: loss=", proc.stderr)
     assert steps == [str(s) for s in range(1, 7)], proc.stderr[-3000:]
     assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr  # no library bars
-    assert re.search(r"model with LoRA r=4 on \d+ modules: trainable [\d,]+ / total", proc.stderr)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    lora = sum(
+        4 * (m.in_features + m.out_features)
+        for n, m in base.named_modules()
+        if isinstance(m, torch.nn.Linear) and "layers." in n and not n.endswith("lm_head")
+    )  # fmt: skip
+    total = sum(p.numel() for p in base.parameters()) + lora
+    line = rf"model with LoRA r=4 on \d+ modules: trainable {lora:,} / total {total:,} param"
+    assert re.search(line, proc.stderr), proc.stderr[-3000:]
+    adapted = PeftModel.from_pretrained(base, out / "adapter").eval()
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.randint(
+        4, base.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        want = merged(input_ids=ids).logits
+        torch.testing.assert_close(adapted(input_ids=ids).logits, want, rtol=1e-4, atol=1e-4)
     # where the start-up went, once, after the first step
     lines = re.findall(r"start-up [\d.]+ s wall, [\d.]+ s CPU: (.*) \(wall/CPU s\)", proc.stderr)
     assert len(lines) == 1

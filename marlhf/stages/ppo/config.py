@@ -13,7 +13,13 @@ from marlhf.algo.names import (
     RATIO_LEVELS,
     resolve_estimator,
 )
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config import (
+    DeepSpeedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    check_own_numbers,
+)
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.config import VLLMConfig
@@ -25,12 +31,8 @@ GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
 PER_MODEL_FLAGS = (
-    "model_name_or_path",
-    "gradient_checkpointing",
-    "dropout",
-    "lora_dim",
-    "lora_module_name",
-)
+    "model_name_or_path", "gradient_checkpointing", "dropout", "lora_dim", "lora_module_name",
+)  # fmt: skip
 
 
 @dataclass
@@ -55,7 +57,7 @@ class TrainedModelConfig:
 
 
 # the fields of the shared parts that PPO's four models share (one flag each, as in SFT and RM)
-SHARED_MODEL_FLAGS = ("trust_remote_code", "dtype", "only_optimize_lora")
+SHARED_MODEL_FLAGS = ("trust_remote_code", "dtype", "only_optimize_lora", "lora_train_base")
 SHARED_DEEPSPEED_FLAGS = ("offload", "local_rank", "dist_timeout_s", "deepspeed_config")
 
 
@@ -114,7 +116,12 @@ class ActorCriticConfig:
         default_factory=ModelConfig,
         metadata={
             "flags": SHARED_MODEL_FLAGS,
-            "help": {"only_optimize_lora": "Train only the LoRA weights of the models with LoRA."},
+            "help": {
+                "only_optimize_lora": "Train only the LoRA weights of the models with LoRA: what "
+                "--actor_lora_dim and --critic_lora_dim do (kept for the original scripts).",
+                "lora_train_base": "With --actor_lora_dim / --critic_lora_dim: train that model's "
+                "base weights too; its saved model is then the merged one alone (no adapter/).",
+            },
         },
     )
     bf16: bool = field(default=False, metadata={"help": "Alias of --dtype bf16 (original flag)."})
@@ -129,6 +136,15 @@ class ActorCriticConfig:
         default=False,
         metadata={"help": "Keep the reference model's weights on CPU (ZeRO-3 offload)."},
     )
+    allow_settings_mismatch: bool = field(
+        default=False,
+        metadata={
+            "help": "Train although a model was trained with another --apply_chat_template or "
+            "--end_of_conversation_token than this run's (as its run_config.json records): "
+            "without it such a run is refused, since the model would see other texts than it "
+            "learned on."
+        },
+    )
 
     @property
     def effective_dtype(self) -> str:
@@ -139,6 +155,10 @@ class ActorCriticConfig:
             raise ValueError(f"--bf16 contradicts --dtype {self.shared.dtype}")
         if self.critic_value_head not in ("auto", "trained", "fresh"):
             raise ValueError("--critic_value_head must be auto, trained or fresh")
+        if self.shared.lora_train_base and not (
+            self.actor.model.lora_dim or self.critic.model.lora_dim
+        ):
+            raise ValueError("--lora_train_base needs --actor_lora_dim or --critic_lora_dim > 0")
 
 
 def ppo_optim(**overrides) -> OptimConfig:
@@ -149,15 +169,9 @@ def ppo_optim(**overrides) -> OptimConfig:
 
 # the optimisation flags the actor and critic share; each model's own are in TrainedModelConfig
 PPO_OPTIM_FLAGS = (
-    "lr_scheduler_type",
-    "num_warmup_steps",
-    "warmup_ratio",
-    "max_grad_norm",
-    "num_train_epochs",
-    "max_steps",
-    "gradient_accumulation_steps",
-    "seed",
-)
+    "lr_scheduler_type", "num_warmup_steps", "warmup_ratio", "max_grad_norm", "num_train_epochs",
+    "max_steps", "gradient_accumulation_steps", "seed",
+)  # fmt: skip
 
 
 @dataclass
@@ -180,9 +194,11 @@ class GenerationConfig:
             "choices": ("drop", "truncate"),
         },
     )
-    temperature: float = field(default=0.8, metadata={"help": "Sampling temperature."})
+    temperature: float = field(
+        default=0.8, metadata={"help": "Sampling temperature.", "range": "(0, inf)"}
+    )
     top_k: int = field(default=50, metadata={"help": "Top-k sampling (0: off)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling.", "range": "(0, 1]"})
     per_device_generation_batch_size: int = field(
         default=4, metadata={"help": "Prompts per generation call per device."}
     )
@@ -224,6 +240,7 @@ class GenerationConfig:
     print_answers_interval: int = field(default=10, metadata={"help": "Every N PPO steps."})
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         for name in (
             "max_prompt_seq_len",
             "max_answer_seq_len",
@@ -234,10 +251,6 @@ class GenerationConfig:
                 raise ValueError(f"--{name} must be >= 1")
         if self.generation_backend not in GENERATION_BACKENDS:
             raise ValueError(f"--generation_backend must be one of {GENERATION_BACKENDS}")
-        if self.temperature <= 0:
-            raise ValueError("--temperature must be > 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("--top_p must be in (0, 1]")
 
 
 @dataclass
@@ -261,22 +274,33 @@ class PPOConfig:
     per_device_training_batch_size: int = field(
         default=4, metadata={"help": "PPO minibatch per device."}
     )
-    cliprange: float = field(default=0.2, metadata={"help": "Policy ratio clip."})
-    cliprange_value: float = field(default=0.2, metadata={"help": "Value clip around old values."})
-    gamma: float = field(default=1.0, metadata={"help": "GAE discount (over macro actions)."})
-    lam: float = field(default=0.95, metadata={"help": "GAE lambda (over macro actions)."})
+    cliprange: float = field(
+        default=0.2, metadata={"help": "Policy ratio clip.", "range": "(0, inf)"}
+    )
+    cliprange_value: float = field(
+        default=0.2, metadata={"help": "Value clip around old values.", "range": "(0, inf)"}
+    )
+    gamma: float = field(
+        default=1.0, metadata={"help": "GAE discount (over macro actions).", "range": "[0, 1]"}
+    )
+    lam: float = field(
+        default=0.95, metadata={"help": "GAE lambda (over macro actions).", "range": "[0, 1]"}
+    )
     kl_ctl: float = field(
-        default=0.05, metadata={"help": "KL penalty coefficient (initial if adaptive)."}
+        default=0.05,
+        metadata={"help": "KL penalty coefficient (initial if adaptive).", "range": "[0, inf)"},
     )
     kl_estimator: str = field(
         default="k1", metadata={"help": "Per-token KL estimator.", "choices": ("k1", "k2", "k3")}
     )
     target_kl: float | None = field(
-        default=None, metadata={"help": "Adaptive KL controller target (None: fixed)."}
+        default=None,
+        metadata={"help": "Adaptive KL controller target (None: fixed).", "range": "(0, inf)"},
     )
     kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL horizon (samples)."})
     reward_clip: float = field(
-        default=2.5, metadata={"help": "Clip the reward-model score to ±this (0: off)."}
+        default=2.5,
+        metadata={"help": "Clip the reward-model score to ±this (0: off).", "range": "[0, inf)"},
     )
     normalize_reward: bool = field(
         default=False,
@@ -331,14 +355,16 @@ class PPOConfig:
         metadata={
             "help": "G: responses sampled per prompt. A step's rollout holds (rollout size x "
             "ranks) / G distinct prompts, each sampled G times; a group is never split by the "
-            "estimate (it runs on the gathered batch). grpo, dr_grpo and rloo need G >= 2."
+            "estimate (it runs on the gathered batch). grpo, dr_grpo and rloo need G >= 2.",
+            "range": "[1, inf)",
         },
     )
     mc_rollouts: int = field(
         default=4,
         metadata={
             "help": "`macro_mc`: K continuations drawn from the current policy at each chosen "
-            "macro-action boundary; the mean of their sequence rewards is V(boundary)."
+            "macro-action boundary; the mean of their sequence rewards is V(boundary).",
+            "range": "[1, inf)",
         },
     )
     mc_max_boundaries: int = field(
@@ -346,7 +372,8 @@ class PPOConfig:
         metadata={
             "help": "`macro_mc`: at most this many interior boundaries per response, placed by "
             "--mc_boundary_selection (the macro actions in between share one advantage; 0: the "
-            "response is one credit segment)."
+            "response is one credit segment).",
+            "range": "[0, inf)",
         },
     )
     mc_boundary_selection: str = field(
@@ -363,14 +390,16 @@ class PPOConfig:
         default=0,
         metadata={
             "help": "`macro_mc` with `spaced` boundaries: tokens between them (0: "
-            "--max_answer_seq_len / (--mc_max_boundaries + 1), rounded up)."
+            "--max_answer_seq_len / (--mc_max_boundaries + 1), rounded up).",
+            "range": "[0, inf)",
         },
     )
     mc_generation_batch_size: int = field(
         default=0,
         metadata={
             "help": "`macro_mc`: continuations per generate call (0: --per_device_generation_"
-            "batch_size x --mc_rollouts)."
+            "batch_size x --mc_rollouts).",
+            "range": "[0, inf)",
         },
     )
     loss_agg_mode: str | None = field(
@@ -389,7 +418,8 @@ class PPOConfig:
         metadata={
             "help": "KL to the reference as a loss term of the actor (GRPO paper; verl's "
             "use_kl_loss), coefficient of agg(KL_t) reduced like the policy loss; usually with "
-            "--kl_ctl 0 (no KL in the reward). 0: off."
+            "--kl_ctl 0 (no KL in the reward). 0: off.",
+            "range": "[0, inf)",
         },
     )
     kl_loss_type: str = field(
@@ -418,7 +448,8 @@ class PPOConfig:
         default=2.0,
         metadata={
             "help": "C of --rollout_correction: weights truncated at C, or masked outside "
-            "[1/C, C] (> 1)."
+            "[1/C, C] (> 1).",
+            "range": "(1, inf)",
         },
     )
     whiten_advantages: bool = field(
@@ -431,36 +462,28 @@ class PPOConfig:
     enable_ema: bool = field(
         default=False, metadata={"help": "Keep an EMA of the actor weights (saved as actor_ema)."}
     )
-    ema_decay: float = field(default=0.992, metadata={"help": "EMA decay."})
+    ema_decay: float = field(default=0.992, metadata={"help": "EMA decay.", "range": "(0, 1)"})
     unsup_coef: float = field(
         default=0.0,
-        metadata={"help": "Weight of the pretraining/SFT LM loss mixed into the actor update."},
+        metadata={
+            "help": "Weight of the pretraining/SFT LM loss mixed into the actor update.",
+            "range": "[0, inf)",
+        },
     )
     unsup_data_path: tuple[str, ...] = field(
         default=(), metadata={"help": "SFT data for --unsup_coef (default: --data_path)."}
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         for name in ("ppo_epochs", "per_device_training_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
-        if not 0 <= self.lam <= 1 or not 0 <= self.gamma <= 1:
-            raise ValueError("--gamma and --lam must be in [0, 1]")
-        if self.cliprange <= 0 or self.cliprange_value <= 0:
-            raise ValueError("--cliprange and --cliprange_value must be > 0")
-        if self.kl_ctl < 0:
-            raise ValueError("--kl_ctl must be >= 0")
-        if self.target_kl is not None and self.target_kl <= 0:
-            raise ValueError("--target_kl must be > 0")
-        if not 0 < self.ema_decay < 1:
-            raise ValueError("--ema_decay must be in (0, 1)")
         if self.rollout_correction not in ("auto", *CORRECTIONS):
             raise ValueError(
                 f"--rollout_correction must be auto or one of {CORRECTIONS}, "
                 f"got {self.rollout_correction!r}"
             )
-        if not self.rollout_is_cap > 1.0:
-            raise ValueError(f"--rollout_is_cap must be > 1, got {self.rollout_is_cap}")
         self._check_estimator()
 
     def _check_estimator(self) -> None:
@@ -471,32 +494,16 @@ class PPOConfig:
             raise ValueError(
                 f"--ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}"
             )
-        if self.n_samples_per_prompt < 1:
-            raise ValueError(
-                f"--n_samples_per_prompt must be >= 1, got {self.n_samples_per_prompt}"
-            )
         if name in ("grpo", "dr_grpo", "rloo") and self.n_samples_per_prompt < 2:
             raise ValueError(
                 f"--advantage_estimator {self.advantage_estimator} compares the samples of one "
                 "prompt: set --n_samples_per_prompt to 2 or more (got "
                 f"{self.n_samples_per_prompt})"
             )
-        if self.mc_rollouts < 1:
-            raise ValueError(f"--mc_rollouts must be >= 1, got {self.mc_rollouts}")
-        if self.mc_max_boundaries < 0:
-            raise ValueError(f"--mc_max_boundaries must be >= 0, got {self.mc_max_boundaries}")
         if self.mc_boundary_selection not in ("spaced", "spread"):
             raise ValueError(
                 "--mc_boundary_selection must be one of ('spaced', 'spread'), got "
                 f"{self.mc_boundary_selection!r}"
-            )
-        if self.mc_boundary_spacing < 0:
-            raise ValueError(
-                f"--mc_boundary_spacing must be >= 0 (0: automatic), got {self.mc_boundary_spacing}"
-            )
-        if self.mc_generation_batch_size < 0:
-            raise ValueError(
-                f"--mc_generation_batch_size must be >= 0, got {self.mc_generation_batch_size}"
             )
         if name == "macro_mc" and self.gamma != 1.0:
             raise ValueError(
@@ -512,8 +519,6 @@ class PPOConfig:
                 f"--advantage_estimator {name} is defined with --loss_agg_mode {own}; "
                 f"--loss_agg_mode {self.loss_agg_mode} contradicts it (leave it out)"
             )
-        if self.kl_loss_coef < 0:
-            raise ValueError(f"--kl_loss_coef must be >= 0, got {self.kl_loss_coef}")
         if self.kl_loss_type not in KL_ESTIMATORS:
             raise ValueError(f"--kl_loss_type must be one of {KL_ESTIMATORS}")
         if not est.needs_critic and self.critic_warmup_steps > 0:
@@ -584,7 +589,8 @@ class PerfConfig:
         metadata={
             "help": "With --length_groups: a pass's fixed cost in padded positions; a batch is "
             "split only where the padding saved exceeds it (64: one forward call of the tiny CPU "
-            "model costs about what 64 tokens do; raise it for GPUs and large models)."
+            "model costs about what 64 tokens do; raise it for GPUs and large models).",
+            "range": "[0, inf)",
         },
     )
     reuse_critic_forward: bool = field(
@@ -618,16 +624,13 @@ class PerfConfig:
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         if self.mismatch_check_every < 0:
             raise ValueError(
                 f"--mismatch_check_every must be >= 0, got {self.mismatch_check_every}"
             )
         if self.length_groups < 1:
             raise ValueError(f"--length_groups must be >= 1, got {self.length_groups}")
-        if self.length_group_call_tokens < 0:
-            raise ValueError(
-                f"--length_group_call_tokens must be >= 0, got {self.length_group_call_tokens}"
-            )
 
     @property
     def grouping(self):

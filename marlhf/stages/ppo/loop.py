@@ -55,7 +55,7 @@ from marlhf.stages.ppo.experience import (
     make_experience,
 )
 from marlhf.stages.ppo.mc import monte_carlo
-from marlhf.stages.ppo.models import Models, build_models, model_config
+from marlhf.stages.ppo.models import Models, build_models, check_seen_settings, model_config
 from marlhf.stages.ppo.naming import run_label
 from marlhf.stages.ppo.prompts import (
     RolloutPlan,
@@ -373,6 +373,7 @@ def setup(cfg: PPOStageConfig) -> Run:
     if g.generation_backend == "vllm":
         vllm_rollout.check_flags(cfg)  # before any data or model is loaded
     out = ensure_output_dir(cfg.log.output_dir)
+    check_seen_settings(cfg)  # the models see the texts they were trained on
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
     check_context(ppo_model_roles(mc, ppo.reward_source), sequence_lengths(cfg))
     prompts, dropped = load_prompts(cfg, tokenizer)

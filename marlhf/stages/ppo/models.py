@@ -29,9 +29,10 @@ from marlhf.models.checks import (
     is_reward_dir,
     model_flag,
     ppo_model_roles,
+    settings_mismatches,
 )
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
-from marlhf.models.lora import apply_lora
+from marlhf.models.lora import apply_lora, log_parameter_counts, wrap_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model
 from marlhf.runtime.distributed import is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
@@ -80,6 +81,7 @@ def model_config(mc: ActorCriticConfig, m: TrainedModelConfig) -> ModelConfig:
         trust_remote_code=mc.shared.trust_remote_code,
         dtype=mc.effective_dtype,
         only_optimize_lora=mc.shared.only_optimize_lora and m.model.lora_dim > 0,
+        lora_train_base=mc.shared.lora_train_base and m.model.lora_dim > 0,
     )
 
 
@@ -133,6 +135,7 @@ def build_reference(mc: ActorCriticConfig) -> object:
         model_name_or_path=mc.reference_model_name_or_path or mc.actor.model.model_name_or_path,
         lora_dim=0,
         only_optimize_lora=False,
+        lora_train_base=False,
         gradient_checkpointing=False,
         dropout=0.0,
     )
@@ -177,12 +180,12 @@ def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict,
         set_model_dropout(critic, mc.critic.model.dropout)
     if mc.critic.model.gradient_checkpointing:
         critic.gradient_checkpointing_enable({"use_reentrant": False})
-    if mc.critic.model.lora_dim:
-        critic_lora = replace(
-            model_config(mc, mc.critic), model_name_or_path="", dropout=None,
-            gradient_checkpointing=False,
-        )  # fmt: skip
-        critic.backbone = apply_lora(critic.backbone, critic_lora, "critic")
+    critic_lora = replace(
+        model_config(mc, mc.critic), model_name_or_path="", dropout=None,
+        gradient_checkpointing=False,
+    )  # fmt: skip
+    critic.backbone, lora = wrap_lora(critic.backbone, critic_lora)
+    log_parameter_counts(critic, f"critic (value head included){lora}")
     engine, critic_ds = build_train_engine(
         critic,
         model_cfg=actor_model_config(mc),
@@ -218,6 +221,25 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
         reward, dtype=mc.effective_dtype, zero_stage=mc.critic.ds.zero_stage
     )
     return engine, info
+
+
+def check_seen_settings(cfg: PPOStageConfig) -> None:
+    """The models were trained on texts rendered as this run renders them
+    (:func:`marlhf.models.checks.settings_mismatches`: ``--apply_chat_template``,
+    ``--end_of_conversation_token``); a mismatch is refused, or with ``--allow_settings_mismatch``
+    logged as a warning."""
+    roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+    problems = settings_mismatches(roles, vars(cfg.data))
+    if not problems:
+        return
+    if not cfg.models.allow_settings_mismatch:
+        raise ValueError(
+            "; ".join(problems) + ". The model would see other texts than it learned on: pass "
+            "the setting it was trained with, or --allow_settings_mismatch to train anyway"
+        )
+    if is_main():
+        for problem in problems:
+            log.warning("%s (--allow_settings_mismatch: training anyway)", problem)
 
 
 def build_models(cfg: PPOStageConfig, total_updates: int, tokenizer: Any = None) -> Models:

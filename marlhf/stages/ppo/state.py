@@ -28,8 +28,7 @@ import torch
 from marlhf.algo.kl_rewards import AdaptiveKLController, FixedKLController
 from marlhf.models.ema import EMA
 from marlhf.models.lora import merge_lora_state_dict, unwrap_peft
-from marlhf.models.reward_model import save_reward_model_state
-from marlhf.models.save import save_hf_causal_lm
+from marlhf.models.save import save_hf_causal_lm, save_reward_checkpoint
 from marlhf.runtime.checkpoint import (
     find_resume,
     gather_state_dict,
@@ -168,24 +167,18 @@ def open_tracker(
 
 
 def _save_critic(models: Models, tokenizer, critic_dir: Path, mc: ActorCriticConfig, run_config):
-    """The critic as a reward-model directory (LoRA merged), with the run's and its DeepSpeed
-    configs."""
-    state = gather_state_dict(models.critic.module, mc.critic.ds.zero_stage)
-    if not is_main():
-        return
-    if mc.critic.model.lora_dim:
-        lcfg = models.critic.module.backbone.peft_config["default"]
-        state = merge_lora_state_dict(state, lcfg.lora_alpha / lcfg.r)
-    save_reward_model_state(
-        state,
-        models.critic.module.config,
+    """The critic as a reward-model directory (LoRA merged, its adapter beside: as a reward
+    model's), with the run's and its DeepSpeed configs."""
+    save_reward_checkpoint(
+        models.critic.module,
         tokenizer,
         critic_dir,
+        zero_stage=mc.critic.ds.zero_stage,
         rm_type="end",
+        run_config=run_config,
+        ds_config=models.critic_ds,
         extra={"role": "critic"},
     )
-    write_json(critic_dir / "run_config.json", run_config)
-    write_json(critic_dir / "ds_config.json", models.critic_ds)
 
 
 def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config) -> None:

@@ -7,8 +7,8 @@ actor's weights are loaded into it after the run starts or resumes and after eve
 (:func:`sync_weights`): under ZeRO-3 each parameter is gathered alone (``GatheredParameters``, every
 rank in the same order) and copied, so no rank ever holds the whole model outside the engine; LoRA
 is merged, W + (alpha / r)·B·A per adapted module, computed from the three gathered tensors of that
-module. Merged rather than loaded as a vLLM adapter: with ``--only_optimize_lora false`` (the
-default) the base weights train too, which an adapter cannot carry; a merged model needs no
+module. Merged rather than loaded as a vLLM adapter: with ``--lora_train_base`` the base weights
+train too, which an adapter cannot carry; a merged model needs no
 ``enable_lora`` engine, no adapter written per update and no LoRA kernels in every decode step.
 The reference and reward models never go to the engine (they only score). On a GPU the engine
 sleeps during the update (:func:`sleep`) and wakes with the new weights.

@@ -5,10 +5,15 @@ segment RM, the macro-action rule that cuts responses into segments.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config import (
+    DeepSpeedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    check_own_numbers,
+)
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.config import RM_TYPES
@@ -36,7 +41,10 @@ class RewardConfig:
     )
     center_rewards_coef: float = field(
         default=0.0,
-        metadata={"help": "Weight of the reward-centering penalty mean((r_c + r_r)^2) (0: off)."},
+        metadata={
+            "help": "Weight of the reward-centering penalty mean((r_c + r_r)^2) (0: off).",
+            "range": "[0, inf)",
+        },
     )
     reference_model_name_or_path: str | None = field(
         default=None,
@@ -76,10 +84,9 @@ class RewardConfig:
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         if self.rm_type not in RM_TYPES:
             raise ValueError(f"--rm_type must be one of {RM_TYPES}, got {self.rm_type!r}")
-        if not math.isfinite(self.center_rewards_coef) or self.center_rewards_coef < 0:
-            raise ValueError(f"--center_rewards_coef must be >= 0, got {self.center_rewards_coef}")
         if self.normalizer_split not in NORMALIZER_SPLITS:
             raise ValueError(f"--normalizer_split must be one of {NORMALIZER_SPLITS}")
         if self.normalizer_max_samples < 0:

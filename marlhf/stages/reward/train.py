@@ -52,7 +52,7 @@ from marlhf.models.load import (
     resolve_model_path,
     set_dropout_config,
 )
-from marlhf.models.lora import apply_lora
+from marlhf.models.lora import log_parameter_counts, wrap_lora
 from marlhf.models.reward_model import (
     RewardModel,
     load_value_head,
@@ -118,10 +118,10 @@ def build_reward_model(cfg: RewardStageConfig):
         load_value_head(model, path)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
-    if m.lora_dim:
-        model.backbone = apply_lora(model.backbone, m, "reward model")
-        if m.gradient_checkpointing and m.only_optimize_lora:
-            model.enable_input_require_grads()
+    model.backbone, lora = wrap_lora(model.backbone, m)
+    if m.gradient_checkpointing and not m.trains_base:
+        model.enable_input_require_grads()
+    log_parameter_counts(model, f"reward model (value head included){lora}")
     return model
 
 

@@ -37,7 +37,7 @@ def models(tmp_path_factory):
     return base, actor, base / "rm"
 
 
-def _ppo(base, actor, rm, out, *extra, steps=2):
+def _ppo(base, actor, rm, out, *extra, steps=2, stderr: list | None = None):
     cmd = [
         sys.executable,
         "-m",
@@ -67,6 +67,8 @@ def _ppo(base, actor, rm, out, *extra, steps=2):
         cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    if stderr is not None:
+        stderr.append(proc.stderr)
     return read_metrics(out / "metrics.jsonl")
 
 
@@ -196,7 +198,18 @@ def test_resume_continues_with_identical_metrics(models, tmp_path):
 
 
 def test_lora_ema_and_pretraining_mix(models, tmp_path):
+    """LoRA on actor and critic (their bases frozen), the EMA and the LM-loss mix train; the actor
+    and the critic are saved merged, each with its adapter, which over its base gives the saved
+    model's outputs; the critic's parameter line counts its value head."""
+    import re
+
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
     base, actor, rm = models
+    stderr: list[str] = []
     rows = _ppo(
         base,
         actor,
@@ -213,6 +226,7 @@ def test_lora_ema_and_pretraining_mix(models, tmp_path):
         "1",
         "--target_kl",
         "0.1",
+        stderr=stderr,
     )
     assert (
         "loss/unsup" in rows[-1] and "loss/policy" not in rows[0]
@@ -228,7 +242,30 @@ def test_lora_ema_and_pretraining_mix(models, tmp_path):
     for d in ("actor", "actor_ema"):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / d)
         assert not any("lora" in k for k in model.state_dict())
-    load_reward_model(tmp_path / "run" / "critic")
+    critic, _ = load_reward_model(tmp_path / "run" / "critic")
+    assert re.search(
+        r"critic \(value head included\) with LoRA r=4 on \d+ modules: trainable", stderr[0]
+    )
+
+    ids = torch.randint(
+        4, critic.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0)
+    )
+    mask = torch.ones_like(ids)
+    run = tmp_path / "run"
+    with torch.no_grad():
+        adapted = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(actor), run / "actor" / "adapter"
+        ).eval()
+        merged = AutoModelForCausalLM.from_pretrained(run / "actor").eval()
+        want = merged(input_ids=ids).logits
+        torch.testing.assert_close(adapted(input_ids=ids).logits, want, rtol=1e-4, atol=1e-4)
+        backbone = PeftModel.from_pretrained(
+            AutoModel.from_pretrained(rm), run / "critic" / "adapter"
+        ).eval()
+        head = load_file(str(run / "critic" / "value_head.safetensors"))["weight"]
+        hidden = backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = critic.eval()(ids, mask)
+        torch.testing.assert_close((hidden @ head.T).squeeze(-1), want, rtol=1e-4, atol=1e-4)
 
 
 def test_dense_segment_rewards_with_the_segment_rms_own_rule(models, tmp_path):

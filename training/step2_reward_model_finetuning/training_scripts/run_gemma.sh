@@ -41,5 +41,5 @@ ARGS=(
 LOG="$OUTPUT/training.log"  # appended to, with one header line per run
 echo "=== $(date '+%Y-%m-%d %H:%M:%S %z') $CMD" >> "$LOG"
 # models and data are checked once here, before any rank starts
-python -m marlhf.preflight reward "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+python -m marlhf.preflight rm "${ARGS[@]}" 2>&1 | tee -a "$LOG"
 deepspeed --num_gpus "$NUM_GPUS" ${DS_LAUNCH_ARGS:-} --module marlhf.stages.reward "${ARGS[@]}" 2>&1 | tee -a "$LOG"

@@ -38,5 +38,5 @@ LOG="$OUTPUT/training.log"  # appended to, with one header line per run
 echo "=== $(date '+%Y-%m-%d %H:%M:%S %z') $CMD" >> "$LOG"
 # models and data are checked once here, before any rank starts (a missing SFT directory: run
 # step 1's run_tiny.sh first, or pass an embedded model)
-python -m marlhf.preflight reward "${ARGS[@]}" 2>&1 | tee -a "$LOG"
+python -m marlhf.preflight rm "${ARGS[@]}" 2>&1 | tee -a "$LOG"
 python -m marlhf.stages.reward "${ARGS[@]}" 2>&1 | tee -a "$LOG"
