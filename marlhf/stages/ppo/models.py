@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
+from marlhf.models.generation import GenerationBackend
 from marlhf.models.checks import (
     check_same_tokenizer,
     critic_head,
@@ -54,7 +55,8 @@ class Models:
     reward_info: dict  # the reward model's reward_config.json ({} when there is none)
     actor_ds: dict  # the actor's DeepSpeed config (saved as ds_config.json)
     critic_ds: dict | None  # the critic's DeepSpeed config (None without a critic)
-    rollout: object | None = None  # the vLLM engine (--generation_backend vllm), else None
+    # the rollout sampler (--generation_backend, marlhf.stages.ppo.sampler), opened after the engines
+    sampler: GenerationBackend | None = None
 
 
 @contextmanager
