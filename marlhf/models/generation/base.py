@@ -27,12 +27,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from marlhf.models.generation.config import SamplingConfig
+
+class SamplingConfig(Protocol):
+    """What a backend reads of the sampling flags
+    (:class:`marlhf.models.generation.config.SamplingConfig`)."""
+
+    max_prompt_seq_len: int
+    max_answer_seq_len: int
+    temperature: float
+    top_k: int
+    top_p: float
+    compile_generation: bool
+    vllm: Any  # marlhf.models.vllm_engine.VLLMConfig
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,7 @@ class GenerationBackend(ABC):
         """Whether ``auto`` may pick this backend for a model of ``model_config`` (its HF config)."""
         return True
 
-    @classmethod
+    @classmethod  # noqa: B027 - a hook: nothing to refuse unless a backend says so
     def check(cls, cfg: SamplingConfig) -> None:
         """Raise ``ValueError`` (one line naming the flag) for settings this backend cannot
         honour; called before anything is loaded."""
@@ -122,12 +132,12 @@ class GenerationBackend(ABC):
         ``cfg.max_answer_seq_len``; logprobs and entropy (B, A') float32 or None), on the
         prompts' device."""
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: B027
         """Load (checkpoint name, tensor) pairs into the backend's own copy of the weights
         (``needs_weight_sync``); wakes a sleeping backend."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 - no-op unless can_sleep
         """Free the backend's memory until the next :meth:`load_weights` (``can_sleep``)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - no-op without an engine
         """Release the backend's engine at the end of the run."""

@@ -15,16 +15,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 import marlhf.models.generation.backends as backends_package
-from marlhf.models.generation.base import GenerationBackend, Sampled, SamplerSetup
+from marlhf.models.generation.base import GenerationBackend, Sampled, SamplerSetup, SamplingConfig
 from marlhf.models.sequences import response_mask
-
-if TYPE_CHECKING:
-    from marlhf.models.generation.config import SamplingConfig
 
 AUTO = "auto"
 
@@ -77,7 +74,9 @@ def backends_help() -> str:
     return " ".join([*lines, auto])
 
 
-def resolve_backend(name: str, model_config: Any, zero3: bool = False, gathered: bool = True) -> str:
+def resolve_backend(
+    name: str, model_config: Any, zero3: bool = False, gathered: bool = True
+) -> str:
     """``name``, with ``auto`` resolved for a model of ``model_config`` (its HF config): the first
     backend of :func:`auto_order` that supports the model and, for ZeRO-3 partitioned weights
     (``zero3``) that the caller does not gather (``gathered``), can sample from partitions."""
@@ -90,7 +89,9 @@ def resolve_backend(name: str, model_config: Any, zero3: bool = False, gathered:
             continue
         if cls.supports(model_config):
             return candidate
-    raise ValueError(f"--generation_backend auto: no backend can sample {type(model_config).__name__}")
+    raise ValueError(
+        f"--generation_backend auto: no backend can sample {type(model_config).__name__}"
+    )
 
 
 def open_sampler(name: str, cfg: SamplingConfig, setup: SamplerSetup) -> GenerationBackend:

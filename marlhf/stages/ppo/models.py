@@ -21,7 +21,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
-from marlhf.models.generation import GenerationBackend
 from marlhf.models.checks import (
     check_same_tokenizer,
     critic_head,
@@ -30,6 +29,7 @@ from marlhf.models.checks import (
     model_flag,
     ppo_model_roles,
 )
+from marlhf.models.generation import GenerationBackend
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model

@@ -90,7 +90,9 @@ def generate(
         actor.train()
     else:
         out = sample_responses(sampler, prompt_ids, prompt_mask, g, eos_ids, pad, row_seeds)
-    seq, att, start = pack_flush_left(prompt_ids, prompt_mask, out.response_ids, out.action_mask, pad)
+    seq, att, start = pack_flush_left(
+        prompt_ids, prompt_mask, out.response_ids, out.action_mask, pad
+    )
     return Rollout(
         sequences=seq,
         attention_mask=att,

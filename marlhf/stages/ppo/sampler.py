@@ -92,9 +92,7 @@ def run_backend(cfg: PPOStageConfig, actor) -> str:
     )
 
 
-def open_run_sampler(
-    cfg: PPOStageConfig, plan: RolloutPlan, actor, name: str
-) -> GenerationBackend:
+def open_run_sampler(cfg: PPOStageConfig, plan: RolloutPlan, actor, name: str) -> GenerationBackend:
     """This rank's sampler of backend ``name`` on the ``actor`` engine: room for the largest
     generate call of the run (the rollout's, or ``macro_mc``'s continuations), the actor's
     directory and dtype, ``--seed``."""

@@ -185,7 +185,12 @@ def _experience(run, rows):
     batch = {**batch, "prompt_id": [str(i) for i in rows]}
     seeds = derive_row_seeds(run.cfg.ppo.optim.seed, 0, torch.tensor(rows), stream=2)
     ro = generate(
-        run.models.actor, run.models.sampler, batch, run.cfg.generation, tok, run.eos_ids,
+        run.models.actor,
+        run.models.sampler,
+        batch,
+        run.cfg.generation,
+        tok,
+        run.eos_ids,
         row_seeds=seeds,
     )
     A = ro.response_ids.shape[1]

@@ -8,15 +8,10 @@ longest response of any rank ends)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup
+from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
 from marlhf.runtime.distributed import world_size
-
-if TYPE_CHECKING:
-    from marlhf.models.generation.config import SamplingConfig
 
 
 class HFBackend(GenerationBackend):

@@ -9,13 +9,10 @@ weights around each call."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from marlhf.models.decode import sample
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup
-
-if TYPE_CHECKING:
-    from marlhf.models.generation.config import SamplingConfig
+from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
 
 # model families the static decoder is tested on (full attention, 4-D additive masks)
 STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
@@ -56,7 +53,9 @@ class StaticBackend(GenerationBackend):
     @classmethod
     def open(cls, cfg: SamplingConfig, setup: SamplerSetup) -> StaticBackend:
         if setup.model is None:
-            raise ValueError("--generation_backend static samples with the policy: no model was loaded")
+            raise ValueError(
+                "--generation_backend static samples with the policy: no model was loaded"
+            )
         # ZeRO-3: parameters gathered around the call must not become inference tensors
         return cls(setup.model, inference_mode=not setup.zero3)
 

@@ -10,13 +10,8 @@ built; ``auto`` never picks this backend."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup
+from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
 from marlhf.models.vllm_engine import VLLMEngine, VLLMError, require_vllm
-
-if TYPE_CHECKING:
-    from marlhf.models.generation.config import SamplingConfig
 
 
 class VLLMBackend(GenerationBackend):
