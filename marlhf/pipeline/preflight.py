@@ -6,6 +6,7 @@ Run once before launching ranks (every ``training/step*/training_scripts/run_*.s
 
     python -m marlhf.preflight sft --model_name_or_path google/gemma-2b --data_path ...
     python -m marlhf.preflight ppo --actor_model_name_or_path out/sft --critic_model_name_or_path out/rm
+    marlhf preflight infer --model_name_or_path out/ppo/actor --dataset data/eval.jsonl
 
 It prints one line per problem, each naming the flag, the model or data path and what to do, and
 exits with status 2 (0 when everything is in place), in seconds, instead of every rank failing
@@ -22,7 +23,11 @@ with its own traceback. What it checks:
   special token ids, whether BOS is added, a hash of the vocabulary), or an embedding smaller than
   the actor's vocabulary; the critic and the reward model read the actor's token ids, so they must
   share its tokenizer (:func:`check_same_tokenizer`, also called by the PPO stage itself);
-* data: a local ``--data_path`` entry that does not exist, or a name that is no known dataset.
+* data: a local ``--data_path`` entry that does not exist, or a name that is no known dataset;
+  a local file whose columns (after ``--data_columns``) fit no known schema;
+* ``infer`` (``marlhf infer``'s flags): the policy (``--model_name_or_path``), the reward model if
+  one is given, ``--max_prompt_seq_len`` + ``--max_answer_seq_len`` against their context, and
+  ``--dataset`` as above.
 
 Hub datasets are not looked up (``datasets`` has its own cache and offline rules); they fail, with
 their name, when the stage loads them.
@@ -31,6 +36,7 @@ their name, when the stage loads them.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +45,9 @@ import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.data.sources import columns_problem
+from marlhf.inference.config import InferenceArgs
+from marlhf.inference.models import model_problems
+from marlhf.inference.naming import dataset_spec
 from marlhf.models.checks import check_same_tokenizer, critic_head, critic_problem, ppo_model_roles
 from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
@@ -51,9 +60,19 @@ from marlhf.stages.sft import SFTConfig
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
 
 
-def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
-    """A ``--data_path`` entry that is a missing local path or no known dataset, or a local file
-    whose columns (renamed by ``--data_columns``) fit no known schema; else None."""
+def data_problem(
+    spec: str, data_columns: Sequence[str] = (), flag: str = "--data_path"
+) -> str | None:
+    """A ``--data_path`` entry (the data flag ``flag``) that is a missing local path or no known
+    dataset, or a local file whose columns (renamed by ``--data_columns``) fit no known schema;
+    else None."""
+    p = _data_problem(spec, data_columns)
+    if p is not None and flag != "--data_path":
+        p = re.sub(r"^--data_path\b", flag, p)
+    return p
+
+
+def _data_problem(spec: str, data_columns: Sequence[str]) -> str | None:
     mapping = {theirs: ours for ours, theirs in (m.split("=", 1) for m in data_columns)}
     if os.path.exists(spec):
         return columns_problem(spec, mapping)
@@ -78,6 +97,8 @@ def _stage_config(stage: str) -> type:
         return SFTConfig
     if stage == "reward":
         return RewardStageConfig
+    if stage == "infer":
+        return InferenceArgs
 
     return PPOStageConfig
 
@@ -149,8 +170,19 @@ def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str 
     return p
 
 
+def infer_problems(args: InferenceArgs) -> list[str]:
+    """``marlhf infer``'s models (the policy, the reward model) and lengths
+    (:func:`marlhf.inference.models.model_problems`) and its ``--dataset``."""
+    cfg = args.inference
+    problems = model_problems(cfg)
+    p = data_problem(dataset_spec(cfg.dataset), cfg.data.data_columns, flag="--dataset")
+    return problems + [p] if p else problems
+
+
 def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     """Every problem with the models and data of a parsed stage config (empty: all in place)."""
+    if stage == "infer":
+        return infer_problems(cfg)
     checks, problems = _model_checks(stage, cfg)
     problems = [p for f, n, k in checks if (p := _model_problem(f, n, k, probe_network))] + problems
     for spec in cfg.data.data_path:
@@ -207,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Stage ``ppo`` also takes ``--plan --num_gpus N [--gpu_memory GB]``: the memory plan
     (`marlhf.pipeline.memory_plan`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    stages = ("sft", "reward", "ppo")
+    stages = ("sft", "reward", "ppo", "infer")
     if argv and argv[0] in ("-h", "--help"):
         print(
             f"usage: {marlhf.cli.PROG or 'python -m marlhf.preflight'} "

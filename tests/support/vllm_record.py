@@ -15,7 +15,9 @@ unchanged, but
   trainer's and the rollout's log-probs and the mask they were computed from
   (``<output_dir>/record/weights-rank-<r>.pt``, a list over the run);
 - with ``MARLHF_RECORD_KILL_AT_STEP=N`` the process kills itself (SIGKILL) right after saving the
-  step-N checkpoint.
+  step-N checkpoint;
+- with ``MARLHF_RECORD_FAIL_AT_SYNC=N`` the N-th weight sync after an update raises an error of the
+  package (a ``VLLMError``, as a bad input would), so that the run stops on purpose mid-training.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 import marlhf.stages.ppo.loop as loop
 import marlhf.stages.ppo.main as stage
 import marlhf.stages.ppo.update as update
+from marlhf.models.vllm_engine import VLLMError
 from marlhf.runtime.distributed import rank
 from marlhf.stages.exits import run_program
 from marlhf.stages.ppo import sampler as rollout_sampler
@@ -85,6 +88,8 @@ def sync_weights(models):
     _sync(models)
     after = _engine_vs_trainer(models, ro, T)
     _state["syncs"] += 1
+    if str(_state["syncs"]) == os.environ.get("MARLHF_RECORD_FAIL_AT_SYNC"):
+        raise VLLMError(f"a recorded failure at weight sync {_state['syncs']}")
     out = Path(_state["cfg"].log.output_dir) / "record"
     out.mkdir(parents=True, exist_ok=True)
     record = {
