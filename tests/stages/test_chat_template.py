@@ -65,7 +65,7 @@ def test_sft_rm_ppo_and_inference_with_the_chat_template(tmp_path):
         InferenceConfig(
             dataset=str(data), split="train", model=str(ppo / "actor"), reward_model=str(rm),
             num_samples=2, batch_size=2, apply_chat_template=True,
-            sampling=SamplingConfig(max_prompt_seq_len=512, max_answer_seq_len=4,
+            sampling=SamplingConfig(max_prompt_seq_len=256, max_answer_seq_len=4,
                                     generation_backend="hf"),
             output=str(out), disable_progress_bar=True,
         ),
