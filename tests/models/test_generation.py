@@ -165,3 +165,9 @@ def test_every_backend_has_its_evaluation_and_inference_tests():
     for path in OWN_SUITE.values():
         text = (root / path).read_text()
         assert "check_evaluation" in text and "check_inference" in text
+
+
+def test_doctests():
+    import doctest
+
+    assert doctest.testmod(reg, raise_on_error=False).failed == 0
