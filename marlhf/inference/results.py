@@ -83,9 +83,10 @@ def run_settings(
     cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfig, backend: str = "hf"
 ) -> dict:
     """What the rows of an output depend on (compared with the sidecar when resuming). The
-    sampling flags keep the names of the files written before they were shared with PPO
-    (``max_new_tokens``, ``max_prompt_len``); ``backend``, the resolved ``--generation_backend``,
-    and ``--data_columns`` are recorded unless ``hf`` and empty, as those files were made."""
+    sampling flags go under the names the result files use (``max_new_tokens``,
+    ``max_prompt_len``, ``temperature``, ...); ``backend``, the resolved ``--generation_backend``,
+    is recorded unless it is ``hf`` and ``--data_columns`` unless it is empty, so that a file
+    sampled with ``hf`` from a dataset's own columns keeps the settings it was written with."""
     free = _FREE_SETTINGS | {"sampling", "data"}
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in free}
     if not settings.get("apply_chat_template"):  # off: the settings of files written before it
