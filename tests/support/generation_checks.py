@@ -147,8 +147,8 @@ def check_evaluation(backend: str, cache) -> None:
 
 def check_inference(backend: str, assets, tmp_path) -> None:
     """``marlhf infer`` by ``backend`` on the inference tests' policy and reward model: every
-    row's reward is the RM's score of its own tokens; the output records the backend (unless
-    ``hf``, as files made before the flag); the same run again samples the same responses, and a
+    row's reward is the RM's score of its own tokens; the output's settings name the backend (all
+    but ``hf``, the default); the same run again samples the same responses, and a
     seeding backend samples the same ones in batches of another size."""
     import json
 
