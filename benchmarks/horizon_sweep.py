@@ -579,16 +579,21 @@ def _label_policy_answers(pairs: Path, meta: dict) -> int:
     )
     from marlhf.inference import InferenceArgs, InferenceConfig, run_inference
     from marlhf.macro import MacroConfig
+    from marlhf.models.generation import SamplingConfig
 
     if not pairs.exists():
         h, name = meta["horizon"], f"synthetic-{meta['task']}-{meta['horizon']}"
         samples = []
         for seed in SAMPLE_SEEDS:
             path = pairs.with_name(f"answers_seed{seed}.jsonl")
+            sampling = SamplingConfig(
+                max_prompt_seq_len=SEQ[h][0], max_answer_seq_len=SEQ[h][1],
+                temperature=SAMPLE_TEMPERATURE, generation_backend="hf",
+            )  # fmt: skip
             cfg = InferenceConfig(
                 proj_path=str(pairs.parent), dataset=name, model=f"tiny-base-{h}", split="train",
-                num_samples=0, batch_size=64, max_new_tokens=SEQ[h][1], max_prompt_len=SEQ[h][0],
-                temperature=SAMPLE_TEMPERATURE, seed=seed, output=str(path), disable_progress_bar=True,
+                num_samples=0, batch_size=64, sampling=sampling, seed=seed, output=str(path),
+                disable_progress_bar=True,
             )  # fmt: skip
             run_inference(InferenceArgs(cfg, MacroConfig()))
             samples.append(path)

@@ -113,14 +113,18 @@ def test_dashes_and_underscores_are_one_flag():
 def test_same_names_across_tools():
     inf = parse_config(InferenceArgs, ["--model_name_or_path", "m", "--max_answer_seq_len", "7",
                                        "--max_prompt_seq_len", "9"])  # fmt: skip
-    assert (inf.inference.model, inf.inference.max_new_tokens) == ("m", 7)
-    assert inf.inference.max_prompt_len == 9
+    s = inf.inference.sampling
+    assert (inf.inference.model, s.max_answer_seq_len, s.max_prompt_seq_len) == ("m", 7, 9)
     old = parse_config(InferenceArgs, ["--model", "m", "--max-new-tokens", "7"])
     assert old == parse_config(
         InferenceArgs, ["--model_name_or_path", "m", "--max_answer_seq_len", "7"]
     )
     ppo = parse_config(PPOStageConfig, ["--max_new_tokens", "7", "--max_prompt_len", "9"])
     assert (ppo.generation.max_answer_seq_len, ppo.generation.max_prompt_seq_len) == (7, 9)
+    # the original inference script's spellings of the sampling flags, shared with PPO
+    orig = ["--max-new-tokens", "5", "--max-prompt-len", "11", "--top-k", "3", "--top-p", "0.5"]
+    got = parse_config(InferenceArgs, orig).inference.sampling
+    assert (got.max_answer_seq_len, got.max_prompt_seq_len, got.top_k, got.top_p) == (5, 11, 3, 0.5)
 
 
 def test_unknown_flag_is_two_lines_with_a_suggestion(capsys):

@@ -1,4 +1,4 @@
-"""Inference: sample responses for validation prompts and score them with the reward model.
+"""Inference: sample responses for validation prompts and score them with the reward model (if any).
 
 The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inference")::
 
@@ -11,18 +11,23 @@ The program behind ``inference/inference_with_rewards.py`` (MA-RLHF README, "Inf
    ``--prompt-seed``, else ``--seed``). The choice depends only on the set of prompts and the seed —
    not on the batch size, the file order or an earlier run — and a smaller ``--num-samples`` gives a
    prefix of a larger one.
-2. **Generation.** ``bos + prompt`` (cut from the left to ``--max-prompt-len``, as PPO does with
-   ``truncate_left``) is left-padded and sampled with ``--temperature/--top-k/--top-p`` for at most
-   ``--max-new-tokens``. The response is valid up to and including its first EOS
-   (:func:`marlhf.models.sequences.response_mask`).
-3. **Score.** Prompt and response are packed flush-left (:func:`marlhf.models.sequences.pack_flush_left`)
-   and the RM's value at the last valid token is the reward, exactly as PPO scores a rollout
-   (EOS included; a response cut at the length limit is scored at its last token). An RM with a
-   different vocabulary re-tokenises the text instead (``bos + prompt + response + eos``).
+2. **Generation.** ``bos + prompt`` (cut from the left to ``--max_prompt_seq_len``, as PPO does
+   with ``truncate_left``) is left-padded and sampled with ``--temperature/--top_k/--top_p`` for at
+   most ``--max_answer_seq_len`` tokens, by the backend of ``--generation_backend``
+   (:mod:`marlhf.models.generation`, the sampling flags shared with PPO; ``hf`` by default, whose
+   draws are seeded per batch from ``--seed`` and the batch's first prompt; a backend that seeds
+   rows draws each prompt's samples from ``--seed`` and its id). The response is valid up to and
+   including its first EOS (:func:`marlhf.models.sequences.response_mask`). The models and the
+   lengths (prompt + response within each model's context) are checked before anything is loaded.
+3. **Score** (with ``--reward-model``). Prompt and response are packed flush-left
+   (:func:`marlhf.models.sequences.pack_flush_left`) and the RM's value at the last valid token is
+   the reward, exactly as PPO scores a rollout (EOS included; a response cut at the length limit is
+   scored at its last token). An RM with a different vocabulary re-tokenises the text instead
+   (``bos + prompt + response + eos``). Without a reward model the responses are only sampled.
 4. **Output.** ``${proj_path}/results/${dataset}/temperature=${T}/${model_name}.jsonl``, one JSON
-   object per prompt: ``prompt_id, prompt, response, reward, response_tokens, ends_with_eos`` (+
-   ``gold`` on the synthetic task; + ``chosen_*``/``rejected_*`` with ``--ref-scores``; APPS rows add
-   ``responses``, ``rewards``, ``n_correct``). The settings go to ``<output>.meta.json`` and a
+   object per prompt: ``prompt_id, prompt, response, reward, response_tokens, ends_with_eos``
+   (``reward`` only with a reward model; + ``gold`` on the synthetic task; + ``chosen_*``/
+   ``rejected_*`` with ``--ref-scores``; APPS rows add ``responses``, ``rewards``, ``n_correct``). The settings go to ``<output>.meta.json`` and a
    summary to ``<output>.summary.json``. Naming rule (:func:`output_path`):
 
    - ``${model_name}``: the path of ``--model`` relative to ``--proj-path`` when the model lies
@@ -62,7 +67,8 @@ yet (a run that failed before writing any): then the new settings replace the ol
 Modules: :mod:`~marlhf.inference.config` (flags), :mod:`~marlhf.inference.naming` (output names and
 paths), :mod:`~marlhf.inference.prompts` (selection and encoding), :mod:`~marlhf.inference.results`
 (the result file: resume, append, summary), :mod:`~marlhf.inference.models` (loading),
-:mod:`~marlhf.inference.generation` (sampling), :mod:`~marlhf.inference.scoring` (RM scores,
+:mod:`~marlhf.inference.generation` (sampling through the generation backend),
+:mod:`~marlhf.inference.scoring` (RM scores,
 :class:`TextScorer`), :mod:`~marlhf.inference.rows` (a batch -> rows),
 :mod:`~marlhf.inference.macro_view` (``--render-macro``) and :mod:`~marlhf.inference.run` (the
 program). The names below are the public API.

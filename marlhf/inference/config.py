@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from marlhf.data.config import DataConfig
 from marlhf.data.names import names_help
 from marlhf.macro.config import MacroConfig
+from marlhf.models.generation import SamplingConfig
 from marlhf.rewards.code import CodeRewardConfig
 
 DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16")
@@ -16,7 +18,7 @@ GOLD_CHOICES = ("auto", "on", "off")
 
 @dataclass
 class InferenceConfig:
-    """Inference: generate for validation prompts and score with the reward model."""
+    """Inference: generate for validation prompts and score them (reward model, gold, tests)."""
 
     proj_path: str = field(
         default=".",
@@ -42,32 +44,37 @@ class InferenceConfig:
         default=None,
         metadata={
             "flag": "--reward_model_name_or_path",
-            "help": "Reward-model directory (stage 2). Optional for APPS and for the synthetic tasks "
-            "(their answers are scored by gold).",
+            "help": "Reward-model directory (stage 2) that scores the responses. Without one the "
+            "responses are only sampled (rows without `reward`; APPS answers are scored by their "
+            "tests, the synthetic tasks' by gold).",
             "aliases": ("--reward-model",),
         },
     )
-    temperature: float = field(default=0.8, metadata={"help": "Sampling temperature."})
-    top_k: int = field(
-        default=50, metadata={"help": "Top-k sampling (0: off).", "aliases": ("--top-k",)}
-    )
-    top_p: float = field(
-        default=1.0, metadata={"help": "Nucleus sampling.", "aliases": ("--top-p",)}
-    )
-    max_new_tokens: int = field(
-        default=512,
+    # the sampling flags of PPO's generation (one source): --max_prompt_seq_len,
+    # --max_answer_seq_len, --temperature, --top_k, --top_p, --generation_backend, ...
+    sampling: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(
+            max_prompt_seq_len=512, max_answer_seq_len=512, generation_backend="hf"
+        ),
         metadata={
-            "flag": "--max_answer_seq_len",
-            "help": "Maximum response tokens.",
-            "aliases": ("--max-new-tokens",),
+            "help": {
+                "max_prompt_seq_len": "Prompt tokens (bos included); longer prompts lose tokens "
+                "from the left.",
+                "max_answer_seq_len": "Maximum response tokens.",
+            }
         },
     )
-    max_prompt_len: int = field(
-        default=512,
+    # --data_columns, as the stages read it (marlhf.data.config.DataConfig)
+    data: DataConfig = field(
+        default_factory=DataConfig,
         metadata={
-            "flag": "--max_prompt_seq_len",
-            "help": "Prompt tokens (bos included); longer prompts lose tokens from the left.",
-            "aliases": ("--max-prompt-len",),
+            "flags": ("data_columns",),
+            "help": {
+                "data_columns": "Rename the columns of a local --dataset file before its schema "
+                "is detected, as ours=theirs: `prompt=query` reads the column `query` as "
+                "`prompt` (several: prompt=instruction,chosen=output). The schemas: "
+                "marlhf/data/adapters.py."
+            },
         },
     )
     apply_chat_template: bool = field(
@@ -172,22 +179,15 @@ class InferenceConfig:
     HELP_GROUPS: ClassVar[dict[str, str]] = {
         "model": "model", "reward_model": "model", "dtype": "model", "gpu": "performance",
         "dataset": "data", "split": "data", "skip_bad_rows": "data", "num_samples": "data",
-        "prompt_seed": "data", "apply_chat_template": "data", "max_prompt_len": "data",
-        "temperature": "generation", "top_k": "generation", "top_p": "generation",
-        "max_new_tokens": "generation", "seed": "generation", "end_of_conversation_token": "generation",
+        "prompt_seed": "data", "apply_chat_template": "data", "data": "data",
+        "sampling": "generation", "seed": "generation", "end_of_conversation_token": "generation",
         "n_samples_per_prompt": "generation", "batch_size": "performance",
         "max_batches": "performance", "proj_path": "logging", "output": "logging",
         "overwrite": "logging", "disable_progress_bar": "logging", "render_macro": "macro actions",
     }  # fmt: skip
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"--temperature must be > 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"--top-k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
-        for name in ("max_new_tokens", "max_prompt_len", "batch_size", "n_samples_per_prompt"):
+        for name in ("batch_size", "n_samples_per_prompt"):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"

@@ -1,4 +1,5 @@
-"""Sampling one response per prompt row with ``model.generate`` and the stop tokens of the policy."""
+"""Sampling one response per prompt row by the generation backend, and the stop tokens of the
+policy."""
 
 from __future__ import annotations
 
@@ -7,15 +8,32 @@ from typing import Any
 import torch
 
 from marlhf.inference.config import InferenceConfig
-from marlhf.models.sequences import response_mask
+from marlhf.models.generation import GenerationBackend, sample_responses
+from marlhf.models.load import resolve_model_path
+
+
+def _generation_config(name: str) -> Any:
+    """The generation config saved with model ``name`` (None without one)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(resolve_model_path(name))
+    except OSError:
+        return None
 
 
 def eos_ids(tokenizer: Any, model: Any, cfg: InferenceConfig) -> list[int]:
-    """Stop tokens: the tokenizer's eos, the generation config's, ``--end_of_conversation_token``."""
+    """Stop tokens: the tokenizer's eos, the generation config's (``model``'s, or the one saved
+    with ``--model_name_or_path`` when the policy is not loaded), ``--end_of_conversation_token``."""
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    gen = (
+        _generation_config(cfg.model)
+        if model is None
+        else getattr(model, "generation_config", None)
+    )
+    gen_eos = getattr(gen, "eos_token_id", None)
     if gen_eos is not None:
         ids.update(int(x) for x in (gen_eos if isinstance(gen_eos, list) else [gen_eos]))
     if cfg.end_of_conversation_token:
@@ -35,33 +53,23 @@ def eos_ids(tokenizer: Any, model: Any, cfg: InferenceConfig) -> list[int]:
 
 @torch.no_grad()
 def generate(
-    model: Any,
+    sampler: GenerationBackend,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     cfg: InferenceConfig,
     eos_ids: list[int],
     pad_id: int,
+    row_seeds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one response per row.
+    """Sample one response per row by ``sampler`` (the backend of ``--generation_backend``,
+    :mod:`marlhf.models.generation`) with the sampling flags of ``cfg``.
 
-    prompt_ids, prompt_mask: (B, P) left-padded. Returns (response_ids (B, A) long right-padded
-    with ``pad_id`` after the first EOS, action_mask (B, A) bool, ends_with_eos (B,) bool), on CPU.
+    prompt_ids, prompt_mask: (B, P) left-padded; ``row_seeds`` (B,) long: each row's seed, for a
+    backend that seeds rows (the others draw from the global RNG). Returns (response_ids (B, A)
+    long right-padded with ``pad_id`` after the first EOS, action_mask (B, A) bool, ends_with_eos
+    (B,) bool), on CPU.
     """
-    device = next(model.parameters()).device
-    out = model.generate(
-        input_ids=prompt_ids.to(device),
-        attention_mask=prompt_mask.long().to(device),
-        do_sample=True,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k if cfg.top_k > 0 else None,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        eos_token_id=eos_ids,
-        pad_token_id=pad_id,
+    out = sample_responses(
+        sampler, prompt_ids, prompt_mask, cfg.sampling, eos_ids, pad_id, row_seeds
     )
-    response = out[:, prompt_ids.shape[1] :].cpu()
-    if response.shape[1] == 0:
-        response = torch.full((prompt_ids.shape[0], 1), pad_id, dtype=torch.long)
-    action_mask, ends_with_eos = response_mask(response, eos_ids)
-    response = response.masked_fill(~action_mask, pad_id)
-    return response, action_mask, ends_with_eos
+    return out.response_ids.cpu(), out.action_mask.cpu(), out.ends_with_eos.cpu()

@@ -64,7 +64,7 @@ def output_path(cfg: InferenceConfig) -> str:
         cfg.proj_path,
         "results",
         dataset_dir_name(cfg.dataset),
-        f"temperature={cfg.temperature}",
+        f"temperature={cfg.sampling.temperature}",
         f"{name}.jsonl",
     )
 

@@ -42,6 +42,21 @@ def batch_seed(seed: int, first_prompt_id: str) -> int:
     return int(selection_key(first_prompt_id, seed)[:15], 16)
 
 
+def row_seeds(seed: int, prompt_ids: Sequence[str], n: int = 1) -> torch.Tensor:
+    """(len(prompt_ids) * n,) long: the seed of each sample of each prompt (its ``n`` samples
+    consecutive), ``sha256(f"{seed}:{prompt_id}:{k}")`` cut to 60 bits, for a backend that seeds
+    rows: a prompt's samples depend on the seed and the prompt only, not on its batch.
+
+    >>> a = row_seeds(1, ["p0", "p1"], n=2)
+    >>> a.shape, bool((a[2:] == row_seeds(1, ["p1"], n=2)).all()), len(set(a.tolist()))
+    (torch.Size([4]), True, 4)
+    """
+    return torch.tensor(
+        [int(selection_key(f"{p}:{k}", seed)[:15], 16) for p in prompt_ids for k in range(n)],
+        dtype=torch.long,
+    )
+
+
 def prompt_token_ids(
     tokenizer: Any, prompts: Sequence[str], max_len: int
 ) -> tuple[list[list[int]], int]:
@@ -49,7 +64,7 @@ def prompt_token_ids(
     bos = bos_prefix(tokenizer)
     budget = max_len - len(bos)
     if budget < 1:
-        raise ValueError(f"--max-prompt-len must exceed {len(bos)}, got {max_len}")
+        raise ValueError(f"--max_prompt_seq_len must exceed {len(bos)}, got {max_len}")
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     cut = sum(len(p) > budget for p in ids)
     return [bos + p[len(p) - budget :] if len(p) > budget else bos + p for p in ids], cut

@@ -79,11 +79,30 @@ def read_rows(path: str) -> list[dict]:
     return rows
 
 
-def run_settings(cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfig) -> dict:
-    """What the rows of an output depend on (compared with the sidecar when resuming)."""
-    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _FREE_SETTINGS}
+def run_settings(
+    cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfig, backend: str = "hf"
+) -> dict:
+    """What the rows of an output depend on (compared with the sidecar when resuming). The
+    sampling flags go under the names the result files use (``max_new_tokens``,
+    ``max_prompt_len``, ``temperature``, ...); ``backend``, the resolved ``--generation_backend``,
+    is recorded unless it is ``hf`` and ``--data_columns`` unless it is empty, so that a file
+    sampled with ``hf`` from a dataset's own columns keeps the settings it was written with."""
+    free = _FREE_SETTINGS | {"sampling", "data"}
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in free}
     if not settings.get("apply_chat_template"):  # off: the settings of files written before it
         settings.pop("apply_chat_template", None)
+    s = cfg.sampling
+    settings.update(
+        temperature=s.temperature,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        max_new_tokens=s.max_answer_seq_len,
+        max_prompt_len=s.max_prompt_seq_len,
+    )
+    if backend != "hf":
+        settings["generation_backend"] = backend
+    if cfg.data.data_columns:
+        settings["data_columns"] = list(cfg.data.data_columns)
     settings["dataset_spec"] = dataset_spec(cfg.dataset)
     settings["model_path"] = os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model
     if cfg.reward_model:

@@ -15,7 +15,7 @@ from marlhf.inference.config import InferenceConfig
 from marlhf.inference.generation import eos_ids, generate
 from marlhf.inference.macro_view import macro_items
 from marlhf.inference.models import Models
-from marlhf.inference.prompts import batch_seed, left_pad, prompt_token_ids
+from marlhf.inference.prompts import batch_seed, left_pad, prompt_token_ids, row_seeds
 from marlhf.inference.scoring import TextScorer, score_rollout
 from marlhf.rewards.code import code_reward, extract_code, parse_tests
 
@@ -84,15 +84,18 @@ def sample_batch(
     prompt_texts = [e.prompt for e in batch]
     if cfg.apply_chat_template:  # the model sees the template's text; rows keep the task's prompt
         prompt_texts = [render_prompt(tok, prompt_messages(e)) for e in batch]
-    ids, cut = prompt_token_ids(tok, prompt_texts, cfg.max_prompt_len)
+    ids, cut = prompt_token_ids(tok, prompt_texts, cfg.sampling.max_prompt_seq_len)
     prompt_ids, prompt_mask = left_pad(ids, tok.pad_token_id)
     if n > 1:  # (B*n, P): each prompt's samples are consecutive rows
         prompt_ids = prompt_ids.repeat_interleave(n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
+    # a backend that seeds rows draws each sample from its own seed; the others from the global
+    # RNG, seeded per batch
+    seeds = row_seeds(cfg.seed, [e.prompt_id for e in batch], n)
     torch.manual_seed(batch_seed(cfg.seed, batch[0].prompt_id))
     eos = eos_ids(tok, models.policy, cfg)
     response, action_mask, ends = generate(
-        models.policy, prompt_ids, prompt_mask, cfg, eos, tok.pad_token_id
+        models.sampler, prompt_ids, prompt_mask, cfg, eos, tok.pad_token_id, seeds
     )
     lengths = action_mask.sum(1).tolist()
     texts = tok.batch_decode(response, skip_special_tokens=True)
@@ -126,19 +129,20 @@ def sample_batch(
 
 
 def _rm_rows(
-    batch: list[Any], s: Sampled, cfg: InferenceConfig, gold: Callable[[str, str], float] | None
+    batch: list[Any],
+    s: Sampled,
+    cfg: InferenceConfig,
+    gold: Callable[[str, str], float] | None,
+    with_rm: bool,
 ) -> list[dict]:
-    """One row per prompt, rewarded by the RM."""
+    """One row per prompt, rewarded by the RM (``with_rm``; else the row has no ``reward``)."""
     rows: list[dict] = []
     for b, e in enumerate(batch):
-        row = {
-            "prompt_id": e.prompt_id,
-            "prompt": e.prompt,
-            "response": s.texts[b],
-            "reward": s.rm_scores[b],
-            "response_tokens": int(s.lengths[b]),
-            "ends_with_eos": bool(s.ends[b]),
-        }
+        row = {"prompt_id": e.prompt_id, "prompt": e.prompt, "response": s.texts[b]}
+        if with_rm:
+            row["reward"] = s.rm_scores[b]
+        row["response_tokens"] = int(s.lengths[b])
+        row["ends_with_eos"] = bool(s.ends[b])
         if gold is not None:
             row["gold"] = gold(e.prompt, s.texts[b])
         if cfg.save_token_ids:
@@ -195,7 +199,7 @@ def generate_rows(
     n = cfg.n_samples_per_prompt if rewarder is not None else 1
     s = sample_batch(batch, cfg, models, scorer, shared_ids, n)
     if rewarder is None:
-        rows = _rm_rows(batch, s, cfg, gold)
+        rows = _rm_rows(batch, s, cfg, gold, models.reward_model is not None)
         item_rewards: list = s.rm_scores
     else:
         rows, item_rewards = _code_rows(batch, s, cfg, rewarder, n, models.reward_model is not None)
@@ -211,7 +215,7 @@ def generate_rows(
             s.ends,
             s.prompts,
             item_rewards,
-            cfg.temperature,
+            cfg.sampling.temperature,
             cfg.seed,
         )
     return rows, items, s.cut

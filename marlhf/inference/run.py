@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,16 @@ from marlhf.data.sources import load_examples
 from marlhf.inference.config import InferenceArgs, InferenceConfig
 from marlhf.inference.macro_rule import describe, resolve_macro
 from marlhf.inference.macro_view import write_macro_view
-from marlhf.inference.models import Models, device_for, eot_ids, load_models, same_vocab
+from marlhf.inference.models import (
+    Models,
+    device_for,
+    eot_ids,
+    load_models,
+    model_problems,
+    open_policy_sampler,
+    policy_backend,
+    same_vocab,
+)
 from marlhf.inference.naming import dataset_spec, output_path, sidecar
 from marlhf.inference.prompts import select_prompts
 from marlhf.inference.results import (
@@ -32,7 +42,9 @@ from marlhf.inference.rows import generate_rows, ref_rows
 from marlhf.inference.scoring import TextScorer
 from marlhf.macro import build_termination
 from marlhf.models.checks import settings_mismatches
+from marlhf.models.generation import get_backend
 from marlhf.rewards.code import CodeRewarder
+from marlhf.stages.exits import raised_on_purpose, report_and_exit
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -63,7 +75,9 @@ def _progress(total: int, disable: bool):
 def _select(cfg: InferenceConfig) -> tuple[list[Any], bool, int]:
     """The selected prompts, whether they are code problems (APPS) and the bad rows skipped."""
     spec = dataset_spec(cfg.dataset)
-    examples, n_bad = load_examples(spec, cfg.split, skip_bad_rows=cfg.skip_bad_rows)
+    examples, n_bad = load_examples(
+        spec, cfg.split, skip_bad_rows=cfg.skip_bad_rows, columns=cfg.data.column_mapping()
+    )
     if not examples:
         raise ValueError(f"--dataset {cfg.dataset}: no {cfg.split} examples")
     selected = select_prompts(examples, cfg.num_samples, cfg.selection_seed)
@@ -100,7 +114,7 @@ def _tools(
     if is_code and not cfg.ref_scores:
         tools.rewarder = CodeRewarder.from_config(args.code)
     if models.reward_model is not None:
-        budget = cfg.max_prompt_len + cfg.max_new_tokens
+        budget = cfg.sampling.max_prompt_seq_len + cfg.sampling.max_answer_seq_len
         tools.scorer = TextScorer(
             models.reward_model, models.rm_tokenizer, eot_ids(models.rm_tokenizer, cfg), budget
         )
@@ -159,16 +173,17 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
     rule the policy was trained with in the ``--render-macro`` view (None: the fields of
     ``args.macro`` that differ from the defaults; `marlhf.inference.macro_rule`)."""
     cfg = args.inference
+    problems = model_problems(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
     path = output_path(cfg)
     selected, is_code, n_bad = _select(cfg)
     gold = _want_gold(cfg, selected)
-    if not cfg.reward_model and not is_code and gold is None:
-        raise ValueError(
-            "--reward-model is required (only APPS, scored by its tests, and the synthetic tasks' "
-            "answers, scored by gold, can be generated without one)"
-        )
+    backend = "hf" if cfg.ref_scores else policy_backend(cfg)
+    if not (cfg.reward_model or is_code or gold is not None):
+        log.info("no reward model: sampling only (the rows have no reward)")
 
-    settings = run_settings(cfg, args.macro, args.code)
+    settings = run_settings(cfg, args.macro, args.code, backend)
     done = prepare_output(path, settings, cfg.overwrite)
     todo = [e for e in selected if e.prompt_id not in done]
     log.info(
@@ -182,14 +197,22 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
     trained = {"--model_name_or_path": cfg.model, "--reward_model_name_or_path": cfg.reward_model}
     for problem in settings_mismatches(trained, vars(cfg)):  # what the models were trained on
         log.warning("%s: the model sees other texts than it learned on", problem)
-    models = load_models(cfg, device_for(cfg.gpu), need_policy=not cfg.ref_scores)
-    tools = _tools(args, models, is_code, macro_given)
-    html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)
+    # the policy module: for a backend that samples with it, or for the macro-action view
+    module = get_backend(backend).uses_model or cfg.render_macro > 0
+    models = load_models(cfg, device_for(cfg.gpu), not cfg.ref_scores, policy_module=module)
+    try:
+        if not cfg.ref_scores:
+            models.sampler = open_policy_sampler(cfg, models, backend)
+        tools = _tools(args, models, is_code, macro_given)
+        html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)
+    finally:
+        if models.sampler is not None:
+            models.sampler.close()
     if n_cut:
         log.warning(
-            "%d prompts longer than --max-prompt-len %d were cut from the left",
+            "%d prompts longer than --max_prompt_seq_len %d were cut from the left",
             n_cut,
-            cfg.max_prompt_len,
+            cfg.sampling.max_prompt_seq_len,
         )
     if html_items:
         write_macro_view(path, html_items[: cfg.render_macro], tools.macro, tools.macro_source)
@@ -211,7 +234,10 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """Parse flags (see ``--help``), run, print the summary."""
+    """Parse flags (see ``--help``), run, print the summary. An error raised on purpose (a missing
+    model, a reward model that is none, lengths beyond the context, a bad data row, ...) ends the
+    program with one ``error:`` line and status 2 for bad input (:mod:`marlhf.stages.exits`);
+    ``MARLHF_TRACEBACK=1`` shows its traceback."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # the package's first line describes the program (the package is imported before this module)
     description = sys.modules[__package__].__doc__.strip().splitlines()[0]
@@ -220,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     given = {d.split(".", 1)[1] for d in given_dests(parser, argv) if d.startswith("macro.")}
     try:
         summary = run_inference(args, frozenset(given))
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from None
+    except Exception as err:
+        if os.environ.get("MARLHF_TRACEBACK") or not raised_on_purpose(err):
+            raise
+        report_and_exit(err)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return summary

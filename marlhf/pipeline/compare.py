@@ -238,7 +238,15 @@ def paired_section(a_path: str, b_path: str, seed: int = 0) -> list[str]:
             f"| {title} | {mean:+.4f} | {lo:+.4f} – {hi:+.4f} | {n} | {_f(wr)} | {ci_text} |"
         )
     if len(lines) == 4:
-        raise ValueError(f"--results: {a_path} and {b_path} share no prompt with a reward or gold")
+        scored = any(r.get(k) is not None for r in (*a, *b) for k in ("reward", "gold"))
+        why = (
+            "share no prompt with a reward or gold"
+            if scored
+            else "hold no reward or gold: no reward model scored them (marlhf infer without "
+            "--reward_model_name_or_path, on a task without a gold score); compare their "
+            "responses with marlhf judge, or sample them again with a reward model"
+        )
+        raise ValueError(f"--results: {a_path} and {b_path} {why}")
     return lines + ["", "Win rate counts a tie as half a win; intervals are percentile bootstraps "
                     "over the prompts.", ""]  # fmt: skip
 

@@ -7,6 +7,7 @@ Run once before launching ranks (every ``training/step*/training_scripts/run_*.s
     python -m marlhf.preflight sft --model_name_or_path google/gemma-2b --data_path ...
     python -m marlhf.preflight rm --model_name_or_path out/sft --data_path ...
     python -m marlhf.preflight ppo --actor_model_name_or_path out/sft --critic_model_name_or_path out/rm
+    marlhf preflight infer --model_name_or_path out/ppo/actor --dataset data/eval.jsonl
 
 The stages are named as the ``marlhf`` command names them (``sft``, ``rm``, ``ppo``; ``reward`` is
 ``rm``, as ``marlhf reward`` is).
@@ -26,7 +27,11 @@ with its own traceback. What it checks:
   special token ids, whether BOS is added, a hash of the vocabulary), or an embedding smaller than
   the actor's vocabulary; the critic and the reward model read the actor's token ids, so they must
   share its tokenizer (:func:`check_same_tokenizer`, also called by the PPO stage itself);
-* data: a local ``--data_path`` entry that does not exist, or a name that is no known dataset.
+* data: a local ``--data_path`` entry that does not exist, or a name that is no known dataset;
+  a local file whose columns (after ``--data_columns``) fit no known schema;
+* ``infer`` (``marlhf infer``'s flags): the policy (``--model_name_or_path``), the reward model if
+  one is given, ``--max_prompt_seq_len`` + ``--max_answer_seq_len`` against their context, and
+  ``--dataset`` as above.
 
 Hub datasets are not looked up (``datasets`` has its own cache and offline rules); they fail, with
 their name, when the stage loads them.
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +50,9 @@ import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.data.sources import columns_problem
+from marlhf.inference.config import InferenceArgs
+from marlhf.inference.models import model_problems
+from marlhf.inference.naming import dataset_spec
 from marlhf.models.checks import (
     check_same_tokenizer,
     critic_head,
@@ -62,9 +71,19 @@ from marlhf.stages.sft import SFTConfig
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
 
 
-def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
-    """A ``--data_path`` entry that is a missing local path or no known dataset, or a local file
-    whose columns (renamed by ``--data_columns``) fit no known schema; else None."""
+def data_problem(
+    spec: str, data_columns: Sequence[str] = (), flag: str = "--data_path"
+) -> str | None:
+    """A ``--data_path`` entry (the data flag ``flag``) that is a missing local path or no known
+    dataset, or a local file whose columns (renamed by ``--data_columns``) fit no known schema;
+    else None."""
+    p = _data_problem(spec, data_columns)
+    if p is not None and flag != "--data_path":
+        p = re.sub(r"^--data_path\b", flag, p)
+    return p
+
+
+def _data_problem(spec: str, data_columns: Sequence[str]) -> str | None:
     mapping = {theirs: ours for ours, theirs in (m.split("=", 1) for m in data_columns)}
     if os.path.exists(spec):
         return columns_problem(spec, mapping)
@@ -85,7 +104,12 @@ def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
 
 # --- the command ----------------------------------------------------------------------------------
 # the stages by the names of their ``marlhf`` commands, and the other names those accept
-STAGES = {"sft": SFTConfig, "rm": RewardStageConfig, "ppo": PPOStageConfig}
+STAGES = {
+    "sft": SFTConfig,
+    "rm": RewardStageConfig,
+    "ppo": PPOStageConfig,
+    "infer": InferenceArgs,
+}
 STAGE_ALIASES = {"reward": "rm"}
 
 
@@ -158,10 +182,21 @@ def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str 
     return p
 
 
+def infer_problems(args: InferenceArgs) -> list[str]:
+    """``marlhf infer``'s models (the policy, the reward model) and lengths
+    (:func:`marlhf.inference.models.model_problems`) and its ``--dataset``."""
+    cfg = args.inference
+    problems = model_problems(cfg)
+    p = data_problem(dataset_spec(cfg.dataset), cfg.data.data_columns, flag="--dataset")
+    return problems + [p] if p else problems
+
+
 def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     """Every problem with the models and data of a parsed stage config (empty: all in place);
     ``stage``: ``sft``, ``rm`` (or ``reward``) or ``ppo``."""
     stage = STAGE_ALIASES.get(stage, stage)
+    if stage == "infer":
+        return infer_problems(cfg)
     checks, problems = _model_checks(stage, cfg)
     problems = [p for f, n, k in checks if (p := _model_problem(f, n, k, probe_network))] + problems
     for spec in cfg.data.data_path:

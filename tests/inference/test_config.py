@@ -3,10 +3,8 @@
 import pytest
 
 from marlhf.cli import parse_config
-from marlhf.inference import (
-    InferenceArgs,
-    InferenceConfig,
-)
+from marlhf.inference import InferenceArgs
+from marlhf.models.generation import SamplingConfig
 
 
 def test_cli_flags_of_the_original():
@@ -23,7 +21,8 @@ def test_cli_flags_of_the_original():
         4,
         5,
     )
-    assert (c.num_samples, c.seed, c.top_k, c.top_p, c.max_new_tokens, c.split) == (
+    s = c.sampling
+    assert (c.num_samples, c.seed, s.top_k, s.top_p, s.max_answer_seq_len, c.split) == (
         2000,
         1234,
         50,
@@ -32,4 +31,4 @@ def test_cli_flags_of_the_original():
         "eval",
     )
     with pytest.raises(ValueError, match="--temperature"):
-        InferenceConfig(temperature=0)
+        SamplingConfig(temperature=0)

@@ -7,16 +7,17 @@ from marlhf.inference import (
     model_name,
     output_path,
 )
+from tests.support.inference import inference_config
 
 
 def test_output_path_layout():
-    cfg = InferenceConfig(
+    cfg = inference_config(
         proj_path="/p", dataset="summarize", model="/x/run1/checkpoints/step-100", temperature=0.7
     )
     assert (
         output_path(cfg) == "/p/results/summarize/temperature=0.7/run1-checkpoints-step-100.jsonl"
     )
-    other = InferenceConfig(
+    other = inference_config(
         proj_path="/p", dataset="summarize", model="/x/run1/checkpoints/step-200", temperature=0.7
     )
     assert output_path(other) != output_path(cfg)

@@ -204,9 +204,11 @@ def test_synthetic_gold(assets, tmp_path):
     assert summary["gold_mean"] == pytest.approx(sum(r["gold"] for r in rows) / 3)
 
 
-def test_synthetic_answers_without_a_reward_model(assets, tmp_path):
-    """Sampling a synthetic task's train prompts for labelling needs no RM (gold scores them);
-    other datasets still require one, and so does --ref-scores."""
+def test_sampling_without_a_reward_model(assets, tmp_path):
+    """Without a reward model the responses are only sampled: a synthetic task's rows carry their
+    gold score, the rows of a dataset of one's own no score at all (no `reward`); the sampled
+    responses are those of the run with a reward model (the same seed). --ref-scores scores the
+    dataset's own responses, so it still needs one."""
     args = inference_args(
         assets,
         tmp_path,
@@ -222,10 +224,21 @@ def test_synthetic_answers_without_a_reward_model(assets, tmp_path):
     rows = read_rows(str(tmp_path / "train.jsonl"))
     assert len(rows) == 3 and summary["n"] == 3
     for r in rows:
-        assert r["reward"] is None
+        assert "reward" not in r
         assert r["gold"] == pytest.approx(gold_score(r["prompt"], r["response"]))
-    with pytest.raises(ValueError, match="--reward-model is required"):
-        run_inference(inference_args(assets, tmp_path, reward_model=None))
+    # a dataset of one's own: nothing scores the rows
+    own = inference_args(assets, tmp_path, reward_model=None, output=str(tmp_path / "own.jsonl"))
+    summary = run_inference(own)
+    rows = read_rows(str(tmp_path / "own.jsonl"))
+    assert len(rows) == summary["n"] == len(PAIRS)
+    assert summary["reward_mean"] is None and "gold_mean" not in summary
+    for r in rows:
+        assert not {"reward", "gold"} & set(r)
+        assert {"prompt_id", "prompt", "response", "response_tokens", "ends_with_eos"} <= set(r)
+    scored = inference_args(assets, tmp_path, output=str(tmp_path / "scored.jsonl"))
+    run_inference(scored)
+    with_rm = {r["prompt_id"]: r for r in read_rows(str(tmp_path / "scored.jsonl"))}
+    assert all(with_rm[r["prompt_id"]]["response"] == r["response"] for r in rows)
     with pytest.raises(ValueError, match="needs --reward-model"):
         run_inference(
             inference_args(
@@ -287,14 +300,24 @@ def test_render_macro_html(assets, tmp_path, macro):
     assert html.count('<div class="item">') == 2 and 'class="ma"' in html
 
 
-def test_failed_run_without_rows_does_not_block_the_corrected_rerun(assets, tmp_path):
-    """A run that failed before writing any row (here: a reward-model path that does not exist)
-    leaves settings that do not refuse the corrected re-run ("refusing to mix results")."""
+def test_failed_run_without_rows_does_not_block_the_corrected_rerun(assets, tmp_path, monkeypatch):
+    """A run that failed before writing any row (here: its models failed to load) leaves settings
+    that do not refuse the corrected re-run ("refusing to mix results"); a reward-model path that
+    does not exist is refused before anything is written."""
     out = str(tmp_path / "out.jsonl")
-    with pytest.raises(FileNotFoundError, match="not a reward-model directory"):
+    with pytest.raises(ValueError, match="no-rm: the directory .* does not exist"):
         run_inference(
             inference_args(assets, tmp_path, output=out, reward_model=str(tmp_path / "no-rm"))
         )
+    assert not os.path.exists(out + ".meta.json")
+
+    def fail(*args, **kwargs):
+        raise OSError("the disk went away")
+
+    with monkeypatch.context() as m:
+        m.setattr("marlhf.inference.run.load_models", fail)
+        with pytest.raises(OSError, match="the disk went away"):
+            run_inference(inference_args(assets, tmp_path, output=out, temperature=1.0))
     assert os.path.exists(out + ".meta.json") and read_rows(out) == []
     summary = run_inference(inference_args(assets, tmp_path, output=out, max_batches=1))
     assert summary["n"] == 2
@@ -346,7 +369,7 @@ def test_csv_dataset_scores_like_jsonl(assets, tmp_path):
     for name in ("pairs.csv", "same.jsonl"):
         argv = ["infer", "--dataset", str(tmp_path / name), "--split", "train", "--ref-scores",
                 "--proj-path", str(tmp_path), "--reward-model", assets["rm"], "--model",
-                assets["policy"], "--max-prompt-len", "64", "--disable_progress_bar"]  # fmt: skip
+                assets["policy"], "--max-prompt-len", "64", "--max-new-tokens", "64", "--disable_progress_bar"]  # fmt: skip
         assert marlhf(argv) == 0
         out = tmp_path / "results" / name.split(".")[0] / "temperature=0.8"
         (path,) = out.glob("*.jsonl")

@@ -21,6 +21,7 @@ from marlhf.inference.prompts import prompt_token_ids
 from marlhf.inference.view import main as view_main
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.render import macro_groups
+from marlhf.models.generation import SamplingConfig
 from marlhf.models.load import load_tokenizer
 from marlhf.models.zoo import build_tiny
 from marlhf.rewards.code import CodeRewardConfig
@@ -45,7 +46,9 @@ def _result_file(actor, tmp_path, **kw) -> str:
     args = InferenceArgs(
         InferenceConfig(
             proj_path=str(tmp_path), dataset="synthetic", model=str(actor), num_samples=3,
-            max_new_tokens=12, max_prompt_len=64, batch_size=3, disable_progress_bar=True,
+            sampling=SamplingConfig(max_prompt_seq_len=64, max_answer_seq_len=12,
+                                    generation_backend="hf"),
+            batch_size=3, disable_progress_bar=True,
             save_token_ids=True, **kw,
         ),
         MacroConfig(),

@@ -57,13 +57,16 @@ def test_sft_rm_ppo_and_inference_with_the_chat_template(tmp_path):
     assert AutoTokenizer.from_pretrained(ppo / "actor").chat_template
     from marlhf.inference import InferenceArgs, InferenceConfig, read_rows, run_inference
     from marlhf.macro.config import MacroConfig
+    from marlhf.models.generation import SamplingConfig
     from marlhf.rewards.code import CodeRewardConfig
 
     out = tmp_path / "res.jsonl"
     args = InferenceArgs(
         InferenceConfig(
             dataset=str(data), split="train", model=str(ppo / "actor"), reward_model=str(rm),
-            num_samples=2, max_new_tokens=4, batch_size=2, apply_chat_template=True,
+            num_samples=2, batch_size=2, apply_chat_template=True,
+            sampling=SamplingConfig(max_prompt_seq_len=256, max_answer_seq_len=4,
+                                    generation_backend="hf"),
             output=str(out), disable_progress_bar=True,
         ),
         MacroConfig(),

@@ -1,6 +1,8 @@
 """The inference tests' assets: a tiny causal LM and a tiny reward model built in-process, a toy
 dataset directory, and the arguments of a run over them."""
 
+import dataclasses
+
 import torch
 
 from marlhf.inference import (
@@ -9,6 +11,16 @@ from marlhf.inference import (
 )
 from marlhf.macro.config import MacroConfig
 from marlhf.rewards.code import CodeRewardConfig
+
+# the sampling part's fields, by the names these tests give them (the original script's)
+SAMPLING = {
+    "max_new_tokens": "max_answer_seq_len",
+    "max_prompt_len": "max_prompt_seq_len",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "generation_backend": "generation_backend",
+}
 
 CORPUS = [
     "POST\nSubreddit: r/cats\nMy cat Tom is ten years old and gained weight.\nTL;DR: ",
@@ -28,6 +40,14 @@ PAIRS = [
 ]
 
 
+def inference_config(**kw) -> InferenceConfig:
+    """An :class:`InferenceConfig` from flat keyword arguments, the sampling ones (``SAMPLING``)
+    going to its sampling part (which defaults to inference's, hf included)."""
+    sampling = {SAMPLING[k]: kw.pop(k) for k in list(kw) if k in SAMPLING}
+    defaults = InferenceConfig().sampling
+    return InferenceConfig(**kw, sampling=dataclasses.replace(defaults, **sampling))
+
+
 def inference_args(assets, tmp_path, **kw) -> InferenceArgs:
     base = dict(
         proj_path=str(tmp_path),
@@ -41,7 +61,7 @@ def inference_args(assets, tmp_path, **kw) -> InferenceArgs:
     )
     base.update(kw)
     macro = base.pop("macro", MacroConfig())
-    return InferenceArgs(InferenceConfig(**base), macro, CodeRewardConfig())
+    return InferenceArgs(inference_config(**base), macro, CodeRewardConfig())
 
 
 def direct_end_score(rm, ids: list[int]) -> float:

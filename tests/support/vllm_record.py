@@ -15,7 +15,9 @@ unchanged, but
   trainer's and the rollout's log-probs and the mask they were computed from
   (``<output_dir>/record/weights-rank-<r>.pt``, a list over the run);
 - with ``MARLHF_RECORD_KILL_AT_STEP=N`` the process kills itself (SIGKILL) right after saving the
-  step-N checkpoint.
+  step-N checkpoint;
+- with ``MARLHF_RECORD_FAIL_AT_SYNC=N`` the N-th weight sync after an update raises an error of the
+  package (a ``VLLMError``, as a bad input would), so that the run stops on purpose mid-training.
 """
 
 from __future__ import annotations
@@ -30,16 +32,17 @@ import torch
 import marlhf.stages.ppo.loop as loop
 import marlhf.stages.ppo.main as stage
 import marlhf.stages.ppo.update as update
+from marlhf.models.vllm_engine import VLLMError
 from marlhf.runtime.distributed import rank
 from marlhf.stages.exits import run_program
-from marlhf.stages.ppo import vllm_rollout
+from marlhf.stages.ppo import sampler as rollout_sampler
 from marlhf.stages.ppo.forward import policy_forward
 from marlhf.stages.ppo.models import eval_mode
 
 _generate, _score, _sync, _save = (
     loop.generate,
     loop.score,
-    vllm_rollout.sync_weights,
+    rollout_sampler.sync_weights,
     loop.save_checkpoint,
 )
 _weights = update.correction_weights
@@ -49,8 +52,8 @@ _state: dict = {
 }  # fmt: skip
 
 
-def generate(actor, batch, g, backend, tokenizer, eos_ids, **kwargs):
-    ro = _generate(actor, batch, g, backend, tokenizer, eos_ids, **kwargs)
+def generate(actor, sampler, batch, g, tokenizer, eos_ids, **kwargs):
+    ro = _generate(actor, sampler, batch, g, tokenizer, eos_ids, **kwargs)
     _state["rollouts"].append(ro)
     return ro
 
@@ -70,7 +73,7 @@ def score(models, ro, cfg, *args, **kwargs):
 def _engine_vs_trainer(models, ro, temperature: float) -> float:
     with eval_mode(models.actor):
         trainer, _ = policy_forward(models.actor, ro, temperature)
-    full = models.rollout.token_logprobs(ro.sequences, ro.attention_mask.sum(1))
+    full = models.sampler.engine.token_logprobs(ro.sequences, ro.attention_mask.sum(1))
     j = torch.arange(ro.response_ids.shape[1])
     at = (ro.response_start.cpu()[:, None] + j).clamp(max=full.shape[1] - 1)
     engine = full.gather(1, at).to(trainer.device)
@@ -85,6 +88,8 @@ def sync_weights(models):
     _sync(models)
     after = _engine_vs_trainer(models, ro, T)
     _state["syncs"] += 1
+    if str(_state["syncs"]) == os.environ.get("MARLHF_RECORD_FAIL_AT_SYNC"):
+        raise VLLMError(f"a recorded failure at weight sync {_state['syncs']}")
     out = Path(_state["cfg"].log.output_dir) / "record"
     out.mkdir(parents=True, exist_ok=True)
     record = {
@@ -124,7 +129,7 @@ def save_checkpoint(models, state, *args, **kwargs):
 
 
 loop.generate, loop.score, loop.save_checkpoint = generate, score, save_checkpoint
-vllm_rollout.sync_weights = sync_weights
+rollout_sampler.sync_weights = sync_weights
 update.correction_weights = correction_weights
 
 if __name__ == "__main__":

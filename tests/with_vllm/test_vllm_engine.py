@@ -280,7 +280,7 @@ def _engine_vs_trainer(engine, trainer, seqs: torch.Tensor) -> float:
 def test_weight_sync_in_place_plain_and_lora(base, engine):
     """The engine follows the trainer's weights only once they are loaded (every parameter moved,
     tied embeddings included); a peft LoRA model is merged; the engine's storage does not move."""
-    from marlhf.stages.ppo.vllm_rollout import actor_weights
+    from marlhf.stages.ppo.sampler import actor_weights
 
     _, tok, model = base
     seqs = torch.cat([_prompt(tok, 1)[0], torch.randint(3, 900, (1, 12))], 1).repeat(3, 1)

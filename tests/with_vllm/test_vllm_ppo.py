@@ -115,6 +115,43 @@ def test_ppo_trains_through_vllm_with_synced_weights(ppo):
     assert (ppo / "actor" / "config.json").exists() and (ppo / "critic").is_dir()
 
 
+def test_held_out_evaluation_through_vllm(models):
+    """--eval_interval with the vLLM backend: the held-out prompts are sampled by the run's
+    engine (as the rollouts are), after the last step."""
+    out = models / "eval"
+    extra = ("--max_steps", "2", "--eval_interval", "2", "--eval_iters", "1")
+    run_stage(_cmd(models, out, *extra), models / "home")
+    rows = read_metrics(out / "metrics.jsonl")
+    evals = [r for r in rows if "eval/reward" in r]
+    assert [r["step"] for r in evals] == [2]
+    e = evals[0]
+    assert 0 < e["eval/response_len"] <= 12 and 0 <= e["eval/ends_with_eos"] <= 1
+    assert "eval/score" in e and "eval/gold" in e  # a reward model, the synthetic task
+    _check_syncs(out, 2)  # the engine still follows the actor
+
+
+def test_a_run_stopped_on_purpose_ends_in_one_error_line(models):
+    """An error raised on purpose mid-training (after the engine is built) ends the run with one
+    `error:` line: the engine is shut down before the process group is torn down, so vLLM's own
+    teardown at exit adds no second traceback ("Invalid process group specified")."""
+    import subprocess
+
+    out = models / "failed"
+    cmd = _cmd(models, out, "--max_steps", "3")
+    env = {**stage_env(models / "home"), "MARLHF_RECORD_FAIL_AT_SYNC": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: a recorded failure at weight sync 1"], proc.stderr[-3000:]
+    # vLLM logs a traceback of its own chat-template warm-up as a warning (its logger's prefix);
+    # a Python traceback of the program starts a line
+    tracebacks = [
+        line for line in proc.stderr.splitlines()
+        if line.startswith(("Traceback", "[rank0]: Traceback"))
+    ]  # fmt: skip
+    assert tracebacks == [] and "Invalid process group" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_killed_run_resumes_as_if_uninterrupted(models, ppo):
     import subprocess
 

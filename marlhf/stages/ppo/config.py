@@ -22,11 +22,9 @@ from marlhf.config import (
 )
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
-from marlhf.models.config import VLLMConfig
+from marlhf.models.generation import SamplingConfig, get_backend
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.runtime.grouping import Grouping
-
-GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
 
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
@@ -175,17 +173,11 @@ PPO_OPTIM_FLAGS = (
 
 
 @dataclass
-class GenerationConfig:
-    """Rollout generation."""
+class GenerationConfig(SamplingConfig):
+    """Rollout generation: the sampling flags (:class:`marlhf.models.generation.SamplingConfig`,
+    shared with ``marlhf infer``) and the rollout's batches. Its fields sit beside the shared
+    ones, so ``run_config.json`` keeps them under ``generation``."""
 
-    max_prompt_seq_len: int = field(
-        default=256,
-        metadata={"help": "Prompt tokens (left-padded).", "aliases": ("--max_prompt_len",)},
-    )
-    max_answer_seq_len: int = field(
-        default=256,
-        metadata={"help": "Maximum new tokens per response.", "aliases": ("--max_new_tokens",)},
-    )
     overlong_prompts: str = field(
         default="drop",
         metadata={
@@ -194,11 +186,6 @@ class GenerationConfig:
             "choices": ("drop", "truncate"),
         },
     )
-    temperature: float = field(
-        default=0.8, metadata={"help": "Sampling temperature.", "range": "(0, inf)"}
-    )
-    top_k: int = field(default=50, metadata={"help": "Top-k sampling (0: off)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling.", "range": "(0, 1]"})
     per_device_generation_batch_size: int = field(
         default=4, metadata={"help": "Prompts per generation call per device."}
     )
@@ -210,47 +197,17 @@ class GenerationConfig:
         default=True,
         metadata={"help": "Under ZeRO-3, gather the actor's weights once per rollout."},
     )
-    generation_backend: str = field(
-        default="auto",
-        metadata={
-            "help": "Rollout decoder: `hf` (model.generate; each rank samples from its own RNG "
-            "stream, so samples depend on how the batch is split over ranks), `static` "
-            "(marlhf.models.decode: static KV cache, on-device sampling, each row's noise seeded from "
-            "(--seed, step, its row in the global batch): the same samples on any number of ranks; "
-            "it also records the sampled tokens' log-probs, so scoring skips one actor forward), "
-            "or `auto` (default): `static` for full-attention Llama/Gemma/Mistral/Qwen models "
-            "(not under ZeRO-3 without --enable_zero3_generation_gather), else `hf`; or `vllm` "
-            "(a vLLM engine in each rank's process, seeded per row like `static`, loaded with the "
-            "actor's weights after every update; needs vLLM installed, `auto` never picks it). "
-            "They sample the same distribution with different random draws.",
-            "choices": GENERATION_BACKENDS,
-        },
-    )
-    compile_generation: bool = field(
-        default=False,
-        metadata={
-            "help": "With --generation_backend static on CUDA: CUDA-graph the decode step (torch.compile)."
-        },
-    )
-    # the engine of --generation_backend vllm (flags --vllm_*; ignored by the other backends)
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     print_answers: bool = field(
         default=False, metadata={"help": "Print sample responses with macro actions."}
     )
     print_answers_interval: int = field(default=10, metadata={"help": "Every N PPO steps."})
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_own_numbers(self)
-        for name in (
-            "max_prompt_seq_len",
-            "max_answer_seq_len",
-            "per_device_generation_batch_size",
-            "generation_batches",
-        ):
+        for name in ("per_device_generation_batch_size", "generation_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1")
-        if self.generation_backend not in GENERATION_BACKENDS:
-            raise ValueError(f"--generation_backend must be one of {GENERATION_BACKENDS}")
 
 
 @dataclass
@@ -662,13 +619,15 @@ class PPOStageConfig:
 
     def __post_init__(self) -> None:
         ppo, mc = self.ppo, self.models
-        if self.generation.generation_backend == "hf" and ppo.rollout_correction not in (
-            "auto",
-            "none",
+        name = self.generation.generation_backend
+        if (
+            name != "auto"
+            and not get_backend(name).records_logprobs
+            and ppo.rollout_correction not in ("auto", "none")
         ):
             raise ValueError(
                 f"--rollout_correction {ppo.rollout_correction} weights pi_old against the "
-                "rollout engine's record of log-probs; --generation_backend hf records none "
+                f"rollout engine's record of log-probs; --generation_backend {name} records none "
                 "(use static or auto, or leave --rollout_correction out)"
             )
         check_macro_credit(self.macro, ppo)

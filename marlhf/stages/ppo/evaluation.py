@@ -12,9 +12,11 @@ rollouts (temperature, top-k, top-p). Logged under ``eval/``, averaged over the 
 - ``eval/gold``: the synthetic task's gold score (on its prompts);
 - ``eval/response_len`` and ``eval/ends_with_eos``.
 
-The samples do not disturb training: the static decoder seeds each held-out row from (``--seed``,
-step, row; its own stream), and with ``--generation_backend hf`` the random state is restored
-after the evaluation, so a run with evaluations trains exactly as one without.
+The prompts are sampled by the run's sampler, the rollouts' backend (:mod:`marlhf.stages.ppo.sampler`),
+whichever it is. The samples do not disturb training: a backend that seeds rows (static, vllm)
+seeds each held-out row from (``--seed``, step, row; its own stream), and the global random state
+(which ``hf`` draws from) is restored after the evaluation, so a run with evaluations trains
+exactly as one without.
 """
 
 from __future__ import annotations
@@ -46,14 +48,13 @@ class Run(Protocol):
     models: Models
     tokenizer: Any
     collate: Callable[[list], dict]  # left-pads a list of prompts
-    backend: str  # `hf` or `static`
     eos_ids: list[int]
     reward: SequenceReward
     gold: Callable[[str, str], float] | None
     eval_prompts: Any  # the held-out prompts (a datasets.Dataset)
 
 
-EVAL_STREAM = 3  # the static decoder's noise stream of held-out rows (rollouts use 2)
+EVAL_STREAM = 3  # the seeding backends' stream of held-out rows (rollouts use 2)
 
 
 def load_eval_prompts(cfg: PPOStageConfig, tokenizer):
@@ -85,7 +86,7 @@ def evaluate_policy(run: Run, step: int) -> dict[str, float]:
     shard = padded_eval_shard(len(prompts), bs, world_size(), rank(), cfg.log.eval_iters)
     sums = torch.zeros(6, dtype=torch.float64)  # rows, reward, score, gold, length, eos
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):  # the hf backend draws from the global RNG
+    with torch.random.fork_rng(devices=devices):  # hf draws from the global RNG
         for idx, real in shard:
             out = _evaluate_batch(run, step, idx)
             if real:
@@ -105,11 +106,10 @@ def _evaluate_batch(run: Run, step: int, idx: list[int]) -> torch.Tensor:
     """Generate for the held-out prompts ``idx`` and score them: the sums of :func:`evaluate_policy`."""
     cfg, models = run.cfg, run.models
     batch = run.collate([run.eval_prompts[i] for i in idx])
-    seeds = None
-    if run.backend == "static":
-        seeds = derive_row_seeds(cfg.ppo.optim.seed, step, torch.tensor(idx), stream=EVAL_STREAM)
+    # the seeding backends' rows (the others draw from the global RNG, forked above)
+    seeds = derive_row_seeds(cfg.ppo.optim.seed, step, torch.tensor(idx), stream=EVAL_STREAM)
     ro = generate(
-        models.actor, batch, cfg.generation, run.backend, run.tokenizer, run.eos_ids, seeds
+        models.actor, models.sampler, batch, cfg.generation, run.tokenizer, run.eos_ids, seeds
     )
     texts = [run.eval_prompts[i]["prompt"] for i in idx]
     rm_scores = None

@@ -43,7 +43,7 @@ from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_ma
 from marlhf.runtime.resources import PhaseResources
 from marlhf.runtime.rows import derive_row_seeds, global_rows
 from marlhf.stages.common import check_resume, ensure_output_dir, log_eval, start
-from marlhf.stages.ppo import vllm_rollout
+from marlhf.stages.ppo import sampler as rollout_sampler
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.evaluation import due as eval_due
 from marlhf.stages.ppo.evaluation import evaluate_policy, load_eval_prompts
@@ -65,14 +65,7 @@ from marlhf.stages.ppo.prompts import (
     sft_batches,
     step_prompts,
 )
-from marlhf.stages.ppo.rollout import (
-    SEEDED_BACKENDS,
-    Rollout,
-    concat_rollouts,
-    eos_token_ids,
-    generate,
-    resolve_backend,
-)
+from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, eos_token_ids, generate
 from marlhf.stages.ppo.scoring import (
     Scored,
     SequenceReward,
@@ -99,8 +92,17 @@ log = logging.getLogger("marlhf.ppo")
 def train(cfg: PPOStageConfig) -> Path:
     """Stage 3 from the start (or its latest checkpoint) to the final actor (and critic)."""
     run = setup(cfg)
+    try:
+        return _train(run)
+    except BaseException:
+        rollout_sampler.abandon(run.models)  # before the process group is torn down
+        raise
+
+
+def _train(run: Run) -> Path:
+    cfg = run.cfg
     state = resume(run.models, cfg, run.out)
-    vllm_rollout.sync_weights(run.models)  # vllm: the (resumed) actor's weights into the engine
+    rollout_sampler.sync_weights(run.models)  # vllm: the (resumed) actor's weights into the engine
     unsup = pretraining_mix(run, state)
     tracker, bar = open_tracker(cfg.log, state, run.plan.total, run_label(cfg), run.run_config)
     preemption.enter_training()
@@ -135,7 +137,7 @@ def train(cfg: PPOStageConfig) -> Path:
         run.rewarder.close()
     if is_main():
         log.info("%s actor saved to %s", run_label(cfg), run.out / "actor")
-    vllm_rollout.close(run.models)  # last: vLLM's teardown ends the process group
+    rollout_sampler.close(run.models)  # last: vLLM's teardown ends the process group
     return run.out
 
 
@@ -196,7 +198,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
         with clock("time/mc"):
             exp, mc_stats = monte_carlo(
-                run.models, cfg, run.backend, run.tokenizer, run.eos_ids, run.reward,
+                run.models, cfg, run.tokenizer, run.eos_ids, run.reward,
                 state.step, exp, rows, metas, prompt_texts,
             )  # fmt: skip
     with clock("time/macro"):
@@ -210,7 +212,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         train_actor = state.step >= ppo.critic_warmup_steps
         # the rates this update is taken with (read before the engines step)
         lrs = {f"lr/{k}": e.get_lr()[0] for k, e in _trained(run.models).items()}
-        vllm_rollout.sleep(run.models)  # vllm on a GPU: the engine's memory is the update's
+        rollout_sampler.sleep(run.models)  # vllm on a GPU: the engine's memory is the update's
         upd = ppo_update(
             run.models,
             exp,
@@ -223,8 +225,8 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         )
         if state.ema is not None and train_actor:
             state.ema.update(run.models.actor.module)
-    with clock("time/sync" if run.models.rollout is not None else None):
-        vllm_rollout.sync_weights(run.models)  # vllm: the updated actor into the engine
+    with clock("time/sync" if run.models.sampler.needs_weight_sync else None):
+        rollout_sampler.sync_weights(run.models)  # vllm: the updated actor into the engine
     clock.times["time/step"] = time.perf_counter() - t
     state.step += 1
     # the KL coefficient of the next step (adaptive: towards --target_kl)
@@ -298,14 +300,12 @@ def collect_rollouts(
     offset = 0  # the first row of generation batch j in the concatenated rollout
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
-        sample_seeds = None
-        if run.backend in SEEDED_BACKENDS:
-            rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
-            sample_seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
+        rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
+        sample_seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro = generate(
-                run.models.actor, batch, cfg.generation, run.backend, run.tokenizer, run.eos_ids,
-                row_seeds=sample_seeds, engine=run.models.rollout,
+                run.models.actor, run.models.sampler, batch, cfg.generation, run.tokenizer,
+                run.eos_ids, row_seeds=sample_seeds,
             )  # fmt: skip
         later = None
         if later_values is not None:  # those of this generation batch's rows, local indices
@@ -351,7 +351,7 @@ class Run:
     collate: PromptCollator  # left-pads a list of prompts
     plan: RolloutPlan
     models: Models
-    backend: str  # the rollouts' decoder: `hf`, `static` or `vllm` (--generation_backend resolved)
+    backend: str  # the rollouts' backend, --generation_backend resolved (models.sampler samples)
     rule: TerminationRule  # cuts responses into macro actions (--termination_condition)
     seg_rule: TerminationRule | None  # --dense_reward: the segment RM's own rule
     seg_norm: LocationNormalizer | None  # --dense_reward: its location normaliser
@@ -370,8 +370,7 @@ def setup(cfg: PPOStageConfig) -> Run:
     rules and the reward sources; writes run_config.json and ds_config.json."""
     mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
     start(mc.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
-    if g.generation_backend == "vllm":
-        vllm_rollout.check_flags(cfg)  # before any data or model is loaded
+    rollout_sampler.check_flags(cfg)  # before any data or model is loaded
     out = ensure_output_dir(cfg.log.output_dir)
     check_seen_settings(cfg)  # the models see the texts they were trained on
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
@@ -380,20 +379,9 @@ def setup(cfg: PPOStageConfig) -> Run:
     startup.mark("data")
     plan = plan_rollouts(len(prompts), cfg)
     settings = check_resume(cfg, cfg.log, global_sizes(plan, cfg))
-    if (
-        g.generation_backend == "static"
-        and mc.actor.ds.zero_stage == 3
-        and not g.enable_zero3_generation_gather
-    ):
-        raise ValueError(
-            "--generation_backend static under ZeRO-3 needs --enable_zero3_generation_gather "
-            "(the static decoder has no synced_gpus mode)"
-        )
     models = build_models(cfg, plan.total_updates, tokenizer)
     startup.mark("models + engines")
-    backend = resolve_backend(g, mc.actor.ds.zero_stage, models.actor.module.config)
-    if backend == "vllm":  # the engine, once per run; weights synced by `train`
-        models.rollout = vllm_rollout.build_engine(cfg, plan)
+    backend = rollout_sampler.run_backend(cfg, models.actor)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)
@@ -422,7 +410,7 @@ def setup(cfg: PPOStageConfig) -> Run:
         )
     score_stats = models.reward_info.get("score_stats") if models.reward_info else None
     oracle = gold if ppo.reward_source == "gold" else None
-    return Run(
+    run = Run(
         cfg=cfg,
         out=out,
         tokenizer=tokenizer,
@@ -443,6 +431,9 @@ def setup(cfg: PPOStageConfig) -> Run:
         settings=settings,
         eval_prompts=load_eval_prompts(cfg, tokenizer) if cfg.log.eval_interval > 0 else None,
     )
+    # last: the sampler, once per run (an engine of its own gets the weights from `train`)
+    models.sampler = rollout_sampler.open_run_sampler(cfg, plan, models.actor, backend)
+    return run
 
 
 def sequence_lengths(cfg: PPOStageConfig) -> dict[str, int]:

@@ -44,7 +44,7 @@ from marlhf.models.sequences import end_index, pack_flush_left
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_sum, world_size
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.experience import Experience, segments_of
-from marlhf.stages.ppo.rollout import SEEDED_BACKENDS, Rollout, generate
+from marlhf.stages.ppo.rollout import Rollout, generate
 from marlhf.stages.ppo.scoring import SequenceReward
 
 if TYPE_CHECKING:
@@ -191,7 +191,6 @@ def _chunks(jobs: MCJobs, size: int, collective: bool) -> list[torch.Tensor | No
 def continuation_rewards(
     models: Models,
     cfg: PPOStageConfig,
-    backend: str,
     tokenizer,
     eos_ids: list[int],
     reward: SequenceReward,
@@ -207,7 +206,6 @@ def continuation_rewards(
     g, ppo = cfg.generation, cfg.ppo
     pad = tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
-    seeded = backend in SEEDED_BACKENDS  # each continuation's noise from its key
     engines = (models.actor, models.reward)
     zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
     device = ro.sequences.device
@@ -219,12 +217,10 @@ def continuation_rewards(
         else:
             rows, prefix, key = jobs.row[idx], jobs.prefix[idx], keys[idx]
         rows, prefix = rows.to(device), prefix.to(device)
-        seeds = derive_row_seeds(ppo.optim.seed, step, key, MC_STREAM) if seeded else None
+        seeds = derive_row_seeds(ppo.optim.seed, step, key, MC_STREAM)  # seeding backends
         call = replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
         batch = prefix_batch(ro, rows, prefix, pad)
-        cont = generate(
-            models.actor, batch, call, backend, tokenizer, eos_ids, seeds, engine=models.rollout
-        )
+        cont = generate(models.actor, models.sampler, batch, call, tokenizer, eos_ids, seeds)
         full = continued_rollout(ro, rows, prefix, cont, g.max_answer_seq_len, pad)
         if dummy:
             if models.reward is not None:
@@ -253,7 +249,6 @@ def mc_boundaries(segments: MacroSegments, ppo: PPOConfig, max_answer_seq_len: i
 def monte_carlo(
     models: Models,
     cfg: PPOStageConfig,
-    backend: str,
     tokenizer,
     eos_ids: list[int],
     reward: SequenceReward,
@@ -280,7 +275,6 @@ def monte_carlo(
     rewards = continuation_rewards(
         models,
         cfg,
-        backend,
         tokenizer,
         eos_ids,
         reward,

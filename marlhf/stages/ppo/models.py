@@ -31,6 +31,7 @@ from marlhf.models.checks import (
     ppo_model_roles,
     settings_mismatches,
 )
+from marlhf.models.generation import GenerationBackend
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora, log_parameter_counts, wrap_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model
@@ -56,7 +57,8 @@ class Models:
     reward_info: dict  # the reward model's reward_config.json ({} when there is none)
     actor_ds: dict  # the actor's DeepSpeed config (saved as ds_config.json)
     critic_ds: dict | None  # the critic's DeepSpeed config (None without a critic)
-    rollout: object | None = None  # the vLLM engine (--generation_backend vllm), else None
+    # the rollout sampler (--generation_backend, marlhf.stages.ppo.sampler), opened after the engines
+    sampler: GenerationBackend | None = None
 
 
 @contextmanager

@@ -9,13 +9,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marlhf.models.decode import sample
-from marlhf.models.sequences import pack_flush_left, response_mask
-from marlhf.runtime.distributed import world_size
+from marlhf.models.generation import GenerationBackend, sample_responses
+from marlhf.models.sequences import pack_flush_left
 
 if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
-    from marlhf.models.vllm_engine import VLLMEngine
     from marlhf.stages.ppo.config import GenerationConfig
 
 
@@ -51,35 +49,6 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
     return ids
 
 
-# the backends that seed each row's draws from (--seed, step, its global row): split-independent
-SEEDED_BACKENDS = ("static", "vllm")
-
-# model families the static decoder is tested on (full attention, 4-D additive masks)
-STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
-
-
-def resolve_backend(g: GenerationConfig, actor_zero_stage: int, model_config) -> str:
-    """The decoder of the rollouts: ``--generation_backend``, with ``auto`` resolved for the
-    actor's config: ``static`` for a full-attention model of :data:`STATIC_MODEL_TYPES` (no sliding
-    window), unless the actor is ZeRO-3 partitioned (``actor_zero_stage``) without
-    ``--enable_zero3_generation_gather``; else ``hf``. The config keeps ``auto``: the loop carries
-    the resolved name."""
-    if g.generation_backend != "auto":
-        return g.generation_backend
-    if actor_zero_stage == 3 and not g.enable_zero3_generation_gather:
-        return "hf"
-    text = (
-        model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    )
-    layer_types = getattr(text, "layer_types", None) or []
-    full = all(t == "full_attention" for t in layer_types)
-    windowed = getattr(text, "sliding_window", None) is not None and (
-        getattr(text, "use_sliding_window", True) is not False
-    )
-    ok = getattr(text, "model_type", None) in STATIC_MODEL_TYPES and full and not windowed
-    return "static" if ok else "hf"
-
-
 def _zero3_gather(engine, enabled: bool):
     if not enabled or engine.zero_optimization_stage() != 3:
         return nullcontext()
@@ -88,109 +57,52 @@ def _zero3_gather(engine, enabled: bool):
     return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
 
 
-def _sample(
-    actor, prompt_ids, prompt_mask, g: GenerationConfig, backend: str, eos_ids, pad_id, row_seeds
-):
-    """Response tokens (B, A') from the actor's module, A' <= --max_answer_seq_len; the static
-    backend also returns their log-probs and entropies (B, A') (None, None from ``hf``)."""
-    if backend == "static":
-        return sample(
-            actor.module,
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=g.max_answer_seq_len,
-            temperature=g.temperature,
-            top_k=g.top_k,
-            top_p=g.top_p,
-            eos_ids=eos_ids,
-            pad_id=pad_id,
-            row_seeds=row_seeds,  # None: the global RNG, seeded and restored on resume
-            compile=g.compile_generation,
-            prompt_bucket=g.max_prompt_seq_len,
-            return_logprobs=True,
-            # ZeRO-3: parameters gathered here must not become inference tensors (scoring.py)
-            inference_mode=actor.zero_optimization_stage() != 3,
-        )
-
-    zero3 = actor.zero_optimization_stage() == 3
-    out = actor.module.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        do_sample=True,
-        temperature=g.temperature,
-        top_k=g.top_k if g.top_k > 0 else None,
-        top_p=g.top_p,
-        max_new_tokens=g.max_answer_seq_len,
-        eos_token_id=eos_ids,
-        pad_token_id=pad_id,
-        synced_gpus=zero3 and not g.enable_zero3_generation_gather and world_size() > 1,
-        use_cache=True,
-    )
-    return out[:, prompt_ids.shape[1] :], None, None
-
-
 @torch.no_grad()
 def generate(
     actor,
+    sampler: GenerationBackend,
     batch: dict,
     g: GenerationConfig,
-    backend: str,
     tokenizer,
     eos_ids: list[int],
     row_seeds: torch.Tensor | None = None,
-    engine: VLLMEngine | None = None,
 ) -> Rollout:
-    """Sample one response per prompt of ``batch`` with the ``actor`` engine, by the ``backend``
-    decoder (:func:`resolve_backend`), as ``g`` (``--max_answer_seq_len``, temperature, ...) says;
-    with ``vllm`` the rollout ``engine`` samples (the actor's weights synced into it by
-    :mod:`marlhf.stages.ppo.vllm_rollout`).
+    """Sample one response per prompt of ``batch`` by the run's ``sampler`` (the backend of
+    ``--generation_backend``, :mod:`marlhf.models.generation`), as ``g`` (``--max_answer_seq_len``,
+    temperature, ...) says. A backend that samples with the ``actor`` engine's module does so in
+    eval mode, its ZeRO-3 weights gathered with ``--enable_zero3_generation_gather``; one with an
+    engine of its own (vLLM) has the actor's weights synced into it
+    (:mod:`marlhf.stages.ppo.sampler`).
 
-    ``row_seeds`` ((B,) long, static and vllm backends): the static decoder's counter-based noise,
-    or each vLLM request's seed, so each row's response depends on its seed and prompt, not on the
-    rows beside it; ``None`` draws from the global RNG (the engine's RNG with vllm). The ``hf``
-    backend (``model.generate``) always draws from the global RNG, one stream per rank, and
-    left-pads to the local batch: its samples depend on how the batch is split."""
+    ``row_seeds`` ((B,) long): each row's seed for a backend that seeds rows (static, vllm), so
+    each row's response depends on its seed and prompt, not on the rows beside it; ``None`` draws
+    from the global RNG. The ``hf`` backend (``model.generate``) always draws from the global RNG,
+    one stream per rank, and left-pads to the local batch: its samples depend on how the batch is
+    split."""
     device = actor.device
     prompt_ids = batch["input_ids"].to(device)
     prompt_mask = batch["attention_mask"].to(device)
-    if backend == "vllm":
-        response_ids, logprobs = engine.sample(
-            prompt_ids, prompt_mask, max_new_tokens=g.max_answer_seq_len, top_k=g.top_k,
-            top_p=g.top_p, eos_ids=eos_ids, pad_id=tokenizer.pad_token_id, row_seeds=row_seeds,
-            temperature=g.temperature,
-        )  # fmt: skip
-        entropy = None  # vLLM returns none
-    else:
+    pad = tokenizer.pad_token_id
+    if sampler.uses_model:
         actor.eval()
         with _zero3_gather(actor, g.enable_zero3_generation_gather):
-            response_ids, logprobs, entropy = _sample(
-                actor, prompt_ids, prompt_mask, g, backend, eos_ids, tokenizer.pad_token_id,
-                row_seeds,
-            )  # fmt: skip
+            out = sample_responses(sampler, prompt_ids, prompt_mask, g, eos_ids, pad, row_seeds)
         actor.train()
-    if response_ids.shape[1] == 0:  # every row produced nothing: keep one (padding) column
-        response_ids = torch.full((prompt_ids.shape[0], 1), tokenizer.pad_token_id, device=device)
-        logprobs = entropy = None
-    action_mask, ends = response_mask(response_ids, eos_ids)
-    response_ids = response_ids.masked_fill(~action_mask, tokenizer.pad_token_id)
-    if logprobs is not None:
-        logprobs = logprobs.masked_fill(~action_mask, 0.0)
-    if entropy is not None:
-        entropy = entropy.masked_fill(~action_mask, 0.0)
+    else:
+        out = sample_responses(sampler, prompt_ids, prompt_mask, g, eos_ids, pad, row_seeds)
     seq, att, start = pack_flush_left(
-        prompt_ids, prompt_mask, response_ids, action_mask, tokenizer.pad_token_id
+        prompt_ids, prompt_mask, out.response_ids, out.action_mask, pad
     )
-    prompt_id = list(batch["prompt_id"])
     return Rollout(
         sequences=seq,
         attention_mask=att,
         response_start=start,
-        response_ids=response_ids,
-        action_mask=action_mask,
-        ends_with_eos=ends,
-        prompt_ids=prompt_id,
-        logprobs=logprobs,
-        entropy=entropy,
+        response_ids=out.response_ids,
+        action_mask=out.action_mask,
+        ends_with_eos=out.ends_with_eos,
+        prompt_ids=list(batch["prompt_id"]),
+        logprobs=out.logprobs,
+        entropy=out.entropy,
     )
 
 

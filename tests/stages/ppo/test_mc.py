@@ -130,6 +130,7 @@ def setup():
 
 def _run(setup, reward_source="rm", **ppo):
     from marlhf.data.synthetic import gold_score
+    from marlhf.models.generation import SamplerSetup, open_sampler
     from marlhf.stages.ppo.config import (
         ActorCriticConfig,
         GenerationConfig,
@@ -151,8 +152,9 @@ def _run(setup, reward_source="rm", **ppo):
             no_eos_penalty=-0.25, optim=ppo_optim(seed=7), **ppo,
         ),
     )  # fmt: skip
+    sampler = open_sampler("static", cfg.generation, SamplerSetup(model=actor.module))
     models = SimpleNamespace(
-        actor=actor, reward=reward if reward_source == "rm" else None, rollout=None
+        actor=actor, reward=reward if reward_source == "rm" else None, sampler=sampler
     )
     oracle = gold_score if reward_source == "gold" else None
     return SimpleNamespace(
@@ -164,7 +166,7 @@ def _run(setup, reward_source="rm", **ppo):
 def _monte_carlo(run, step, exp, rows, metas, texts):
     """The loop's call of :func:`mc.monte_carlo` with the run's parts."""
     return mc.monte_carlo(
-        run.models, run.cfg, "static", run.tokenizer, run.eos_ids, run.reward,
+        run.models, run.cfg, run.tokenizer, run.eos_ids, run.reward,
         step, exp, rows, metas, texts,
     )  # fmt: skip
 
@@ -183,7 +185,13 @@ def _experience(run, rows):
     batch = {**batch, "prompt_id": [str(i) for i in rows]}
     seeds = derive_row_seeds(run.cfg.ppo.optim.seed, 0, torch.tensor(rows), stream=2)
     ro = generate(
-        run.models.actor, batch, run.cfg.generation, "static", tok, run.eos_ids, row_seeds=seeds
+        run.models.actor,
+        run.models.sampler,
+        batch,
+        run.cfg.generation,
+        tok,
+        run.eos_ids,
+        row_seeds=seeds,
     )
     A = ro.response_ids.shape[1]
     zeros = torch.zeros(len(rows), A)

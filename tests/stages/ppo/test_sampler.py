@@ -1,7 +1,7 @@
-"""The parts of ``--generation_backend vllm`` that need no vLLM: its flags and one-line errors, and
-the actor's weights as the engine is fed them (LoRA merged, checked against
-`marlhf.models.merge_lora_state_dict`). The engine itself is tested in ``tests/with_vllm/`` (vLLM's
-environment, ``make test-vllm``)."""
+"""The rollout sampler of the PPO loop (marlhf.stages.ppo.sampler) where no vLLM is needed: the
+flags each backend refuses with one line, and the actor's weights as an engine of its own is fed
+them (LoRA merged, checked against `marlhf.models.merge_lora_state_dict`). The vLLM engine itself is
+tested in ``tests/with_vllm/`` (vLLM's environment, ``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from marlhf.models.vllm_engine import INSTALL, VLLMConfig, VLLMError, require_vllm
 from marlhf.stages.ppo.config import GenerationConfig, PPOStageConfig
-from marlhf.stages.ppo.vllm_rollout import actor_weights, check_flags
+from marlhf.stages.ppo.sampler import actor_weights, check_flags
 from tests.support.stage_env import ROOT, stage_env
 
 
@@ -31,7 +31,7 @@ def test_flags(monkeypatch):
     assert GenerationConfig(generation_backend="vllm").generation_backend == "vllm"
     with pytest.raises(ValueError, match="--vllm_gpu_memory_utilization"):
         VLLMConfig(vllm_gpu_memory_utilization=1.5)
-    monkeypatch.setattr("marlhf.stages.ppo.vllm_rollout.require_vllm", lambda: None)
+    monkeypatch.setattr("marlhf.models.generation.backends.vllm.require_vllm", lambda: None)
     cfg = PPOStageConfig(generation=GenerationConfig(generation_backend="vllm"))
     check_flags(cfg)  # the defaults are fine
     cfg.generation.compile_generation = True
@@ -40,8 +40,14 @@ def test_flags(monkeypatch):
     cfg.generation.compile_generation = False
     cfg.models.actor.ds.zero_stage = 3
     cfg.generation.enable_zero3_generation_gather = False
-    with pytest.raises(VLLMError, match="--enable_zero3_generation_gather false"):
+    with pytest.raises(ValueError, match="--enable_zero3_generation_gather false"):
         check_flags(cfg)
+    # the static decoder samples with whole weights too; hf samples from the partitions
+    cfg.generation.generation_backend = "static"
+    with pytest.raises(ValueError, match="--generation_backend static samples with the whole"):
+        check_flags(cfg)
+    cfg.generation.generation_backend = "hf"
+    check_flags(cfg)
 
 
 def _tiny_llama():
