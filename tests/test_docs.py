@@ -5,6 +5,7 @@ every flag the guide names is a flag of some program."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import re
 import subprocess
@@ -178,3 +179,110 @@ def test_make_docs_is_offline(tmp_path):
                              cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert missing.returncode != 0 and "pip" not in missing.stdout
     assert "run make install first" in missing.stderr
+
+
+# The repository's top-level directories: a backticked path that starts with one of them names a
+# file or directory of the repository.
+REPO_DIRS = ("marlhf", "tests", "benchmarks", "docs", "scripts", "training", "inference", "evaluation",
+             ".ci")  # fmt: skip
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def code_spans(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of every inline code span, fenced code line and indented code line."""
+    spans, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif fenced or line.startswith("    ") and not line.lstrip().startswith(("-", "*", "|")):
+            spans.append((number, line))
+        else:
+            spans += [(number, m[2]) for m in re.finditer(r"(`+)(.+?)\1", line)]
+    return spans
+
+
+def _expand(token: str) -> list[str]:
+    """``a_{x,y}.sh`` -> ``a_x.sh``, ``a_y.sh`` (shell brace alternatives, nested ones too)."""
+    m = re.search(r"\{([^{}]*)\}", token)
+    if not m:
+        return [token]
+    return [p for alt in m[1].split(",") for p in _expand(token[: m.start()] + alt + token[m.end() :])]
+
+
+def path_tokens(code: str) -> list[str]:
+    """The words of a code span that name repository paths, braces expanded; ``../x`` words too
+    (they point outside the repository, which a page of it must not)."""
+    out = []
+    for word in code.split():
+        word = word.strip("\"'()[],;").split("::")[0].rstrip(".:")
+        word = word.split("=", 1)[-1]  # --plot=docs/x.png
+        if word.startswith("../"):
+            out.append(word)
+        elif "/" in word and word.split("/")[0] in REPO_DIRS:
+            out += _expand(word)
+    return out
+
+
+def is_placeholder(path: str) -> bool:
+    """A path that stands for many (``docs/<page>.md``, ``$DIR``, ``a|b``, ``...``) or whose part
+    is an upper-case name for the reader to choose (``marlhf/X/config.py``, ``tests/OUT_DIR``)."""
+    if any(c in path for c in "<>$|…") or "..." in path:
+        return True
+    return any(re.fullmatch(r"[A-Z][A-Z0-9_]*", part) for part in path.split("/"))
+
+
+def dead_paths(files: list[Path], root: Path = ROOT) -> list[str]:
+    """`file:line: path` for every backticked repository path that does not exist under `root`.
+
+    Checked: the words of inline code spans and of code blocks that start with a top-level
+    directory of the repository (REPO_DIRS) and hold a `/`, after stripping quotes, brackets,
+    trailing punctuation, a pytest ``::test`` suffix and a ``--flag=`` prefix; shell braces are
+    expanded (``run_{gemma,tiny}.sh`` names two files) and a word with ``*`` or ``?`` must match
+    some path. Left out: placeholders (is_placeholder) and outputs, which live under directories
+    that are not the repository's (``output/``, ``out/``, ``site/``, ``runs/``, ``/tmp``, ``.venv``).
+    A word starting with ``../`` always fails: a page must not point outside the repository."""
+    dead = []
+    for path in files:
+        for number, code in code_spans(path.read_text()):
+            for word in path_tokens(code):
+                if word.startswith("../"):
+                    found = False
+                elif is_placeholder(word):
+                    continue
+                elif any(c in word for c in "*?"):
+                    found = bool(glob.glob(word, root_dir=root))
+                else:
+                    found = (root / word).exists()
+                if not found:
+                    dead.append(f"{path.relative_to(root)}:{number}: {word}")
+    return dead
+
+
+def test_every_repository_path_in_the_docs_exists():
+    """A file or directory named in backticks in the README or a docs page (`tests/x/test_y.py`,
+    `marlhf/data/bundled/tiny_base`) exists in the repository, so a moved or removed file cannot
+    leave a dead pointer behind; and no page points outside the repository (`../x`)."""
+    assert dead_paths(doc_files()) == []
+
+
+def test_dead_path_check_finds_what_it_should(tmp_path):
+    """The check above can fail: on a tree with one real file it passes that file (braced, globbed,
+    with a test id, in a code block), finds the missing ones and a pointer outside, and skips
+    placeholders and outputs."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("")
+    (tmp_path / "tests" / "test_b.py").write_text("")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `tests/test_a.py::test_x`, `tests/test_{a,b}.py`, `tests/test_*.py` and\n"
+        "`python -m pytest tests/test_gone.py` (`tests/test_{a,c}.py`); see `../shared/STYLE.md`.\n"
+        "Outputs: `output/demo/report.md`, `tests/OUT_DIR/x`, `tests/<name>.py`, `docs/*.md`.\n"
+        "\n```bash\npython tests/test_b.py --plot=tests/missing.png\n```\n"
+    )
+    assert dead_paths([page], root=tmp_path) == [
+        "page.md:2: tests/test_gone.py",
+        "page.md:2: tests/test_c.py",
+        "page.md:2: ../shared/STYLE.md",
+        "page.md:3: docs/*.md",
+        "page.md:6: tests/missing.png",
+    ]
