@@ -286,3 +286,50 @@ def test_dead_path_check_finds_what_it_should(tmp_path):
         "page.md:3: docs/*.md",
         "page.md:6: tests/missing.png",
     ]
+
+
+def dead_modules(files: list[Path], root: Path = ROOT) -> list[str]:
+    """`file:line: name` for every backticked dotted name of the package (`marlhf.models.decode`,
+    `marlhf.pipeline.demo.PPO_FLAGS`) whose module is missing, or whose first name after the
+    module does not occur in that module's source (a moved function or constant)."""
+    dead = []
+    for path in files:
+        for number, code in code_spans(path.read_text()):
+            for name in re.findall(r"(?<![\w./-])marlhf(?:\.\w+)+", code):
+                parts = name.split(".")
+                found = None
+                for i in range(len(parts), 0, -1):
+                    base = root.joinpath(*parts[:i])
+                    for source in (base.with_suffix(".py"), base / "__init__.py"):
+                        if found is None and source.is_file():
+                            found = (i, source)
+                if found is None or found[0] == 1 and len(parts) > 1:
+                    dead.append(f"{path.relative_to(root)}:{number}: {name}")
+                elif found[0] < len(parts):
+                    attr = parts[found[0]]
+                    if not re.search(rf"\b{attr}\b", found[1].read_text()):
+                        dead.append(f"{path.relative_to(root)}:{number}: {name}")
+    return dead
+
+
+def test_every_module_name_in_the_docs_exists():
+    """A backticked `marlhf.x.y` or `marlhf.x.y.NAME` in the README or a docs page names a module of
+    the package (and a name its source defines or imports)."""
+    assert dead_modules(doc_files()) == []
+
+
+def test_dead_module_check_finds_what_it_should(tmp_path):
+    (tmp_path / "marlhf" / "models").mkdir(parents=True)
+    (tmp_path / "marlhf" / "__init__.py").write_text("")
+    (tmp_path / "marlhf" / "models" / "__init__.py").write_text("")
+    (tmp_path / "marlhf" / "models" / "decode.py").write_text("def sample():\n    pass\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`marlhf.models.decode.sample`, `python -m marlhf.models.decode`, `marlhf.models`;\n"
+        "`marlhf.decode.sample`, `marlhf.models.decode.lean_parts`, `marlhf.gone`.\n"
+    )
+    assert dead_modules([page], root=tmp_path) == [
+        "page.md:2: marlhf.decode.sample",
+        "page.md:2: marlhf.models.decode.lean_parts",
+        "page.md:2: marlhf.gone",
+    ]
