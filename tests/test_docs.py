@@ -19,9 +19,15 @@ from tests.test_architecture import EXTERNAL_REFERENCE, HISTORY, history_lines
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 
-# Beyond the library's pattern: section signs of a tracker's items, the bare word "session" and
-# "run 1 (" headings.
-DOC_HISTORY = re.compile(HISTORY.pattern + r"|§|\bsession\b|\brun \d+ \(", re.IGNORECASE)
+# Beyond the library's pattern: section signs of a tracker's items, the bare word "session",
+# "run 1 (" headings, "now" (a page says what holds, not what changed) and commit hashes (a commit
+# id, or a word of 7-40 hex digits with both a digit and a letter).
+DOC_HISTORY = re.compile(
+    HISTORY.pattern
+    + r"|§|\bsession\b|\brun \d+ \(|\bnow\b|\bcommit [0-9a-f]{7,40}\b"
+    + r"|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b",
+    re.IGNORECASE,
+)
 
 # Flags in the guide that belong to other programs, with the program.
 EXTERNAL_FLAGS = {
@@ -112,6 +118,9 @@ def test_doc_history_pattern_matches_what_it_forbids():
         "today's trainer",
         "parsing skipped as before",
         "before #14",
+        "the static decoder is now the default",
+        "on the tree before the step optimisations (commit 8395007)",
+        "checked out at 3f9a2c1d",
     ):
         assert DOC_HISTORY.search(EXTERNAL_REFERENCE.sub("", text)), text
     for text in (
@@ -121,6 +130,8 @@ def test_doc_history_pattern_matches_what_it_forbids():
         "run the sweep again",
         "3 min 14 s on one thread",
         "color:#555",
+        "a known quantity; snow; nowhere",
+        "seed 1234, 2,100 CPU s, 0.0049 per step, deadbeef",
     ):
         assert not DOC_HISTORY.search(EXTERNAL_REFERENCE.sub("", text)), text
 
@@ -206,7 +217,9 @@ def _expand(token: str) -> list[str]:
     m = re.search(r"\{([^{}]*)\}", token)
     if not m:
         return [token]
-    return [p for alt in m[1].split(",") for p in _expand(token[: m.start()] + alt + token[m.end() :])]
+    return [
+        p for alt in m[1].split(",") for p in _expand(token[: m.start()] + alt + token[m.end() :])
+    ]
 
 
 def path_tokens(code: str) -> list[str]:
@@ -332,4 +345,54 @@ def test_dead_module_check_finds_what_it_should(tmp_path):
         "page.md:2: marlhf.decode.sample",
         "page.md:2: marlhf.models.decode.lean_parts",
         "page.md:2: marlhf.gone",
+    ]
+
+
+def make_test_sentences(text: str) -> list[str]:
+    """The sentences of a page that say what `make test` runs."""
+    flat = " ".join(text.split())
+    return [s for s in re.split(r"(?<=[.;])\s+", flat) if "`make test` runs" in s]
+
+
+def test_pages_say_make_test_runs_the_vllm_lane_beside_the_main_suite():
+    """The Makefile's `test` target runs the vLLM suite in the background beside the main suite (two
+    lanes, one per core); every page that says what `make test` runs says so, none that it runs
+    the vLLM suite after the main one."""
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    assert re.search(r"test-vllm.*\)\s*&", recipe, re.DOTALL), recipe
+    sentences = [s for path in doc_files() for s in make_test_sentences(path.read_text())]
+    assert len(sentences) >= 2, sentences  # the README and the vLLM page
+    for sentence in sentences:
+        assert "two lanes" in sentence and "beside" in sentence, sentence
+        assert not re.search(r"and then `make test-vllm`", sentence), sentence
+
+
+def dead_readme_links(readme: Path, root: Path = ROOT) -> list[str]:
+    """The README's relative link targets (`[text](docs/x.md#anchor)`, images too) that name no file
+    of the repository; the site's build checks the pages' links, not the README's."""
+    dead = []
+    for number, line in enumerate(readme.read_text().splitlines(), 1):
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if re.match(r"[a-z]+:|#", target):
+                continue
+            if not (root / target.split("#")[0]).exists():
+                dead.append(f"{readme.name}:{number}: {target}")
+    return dead
+
+
+def test_every_readme_link_names_a_file():
+    assert dead_readme_links(ROOT / "README.md") == []
+
+
+def test_dead_readme_link_check_finds_what_it_should(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("")
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "[a](docs/a.md#x), [web](https://example.org), [here](#top), ![f](docs/gone.png)\n"
+        "[log](docs/measurement-log.md)\n"
+    )
+    assert dead_readme_links(readme, root=tmp_path) == [
+        "README.md:1: docs/gone.png",
+        "README.md:2: docs/measurement-log.md",
     ]
