@@ -47,7 +47,8 @@ EXTERNAL_FLAGS = {
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    """The README, the benchmarks' README and every page of the site."""
+    return [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def test_site_builds_strict(tmp_path):
