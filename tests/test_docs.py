@@ -397,3 +397,11 @@ def test_dead_readme_link_check_finds_what_it_should(tmp_path):
         "README.md:1: docs/gone.png",
         "README.md:2: docs/measurement-log.md",
     ]
+
+
+def test_figures_live_under_docs_images():
+    """Every figure of the site is under docs/images/ (mkdocs.yml leaves that folder out of the nav
+    check); none sits beside the pages."""
+    images = DOCS / "images"
+    assert sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.png") if p.parent != images) == []
+    assert any(images.glob("*.png"))
