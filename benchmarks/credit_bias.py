@@ -24,7 +24,7 @@ mean), this project's ``rloo``, ``dr_grpo``, ``grpo``, ``gae`` (exact V; value w
 and ``equal``; λ 1 and 0.95), ``macro_mc`` (spaced and spread boundary selections) and the
 ``lowprob`` rule cutting after or before the low-probability token, and ``--macro_credit boundary``.
 
-    .venv/bin/python benchmarks/credit_bias.py            # the table of docs/measurement-log.md
+    .venv/bin/python benchmarks/credit_bias.py    # the table of docs/research/estimator-bias.md
 """
 
 from __future__ import annotations

@@ -1446,7 +1446,8 @@ def main(argv: list[str] | None = None) -> None:
         default="policy",
         help="the RM's data: also two answers of tiny-base-H per train prompt labelled like the "
         "task's comparisons (policy, as the demo's RM; default), or the task's generated "
-        "comparisons only (task; the RM of the horizon-sweep tables in docs/measurement-log.md)",
+        "comparisons only (task; the RM of the horizon-sweep tables in "
+        "docs/research/answer-length.md)",
     )
     ap.add_argument("--workers", type=int, default=None, help="processes (default: per size)")
     ap.add_argument("--spacy_model", default=None, help="spaCy pipeline of the parsing arm "

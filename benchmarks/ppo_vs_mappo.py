@@ -149,7 +149,7 @@ class Size:
 SIZES = {
     # 2 CPU cores: one PPO step of the demo settings (16 prompts x 40 tokens) took 0.7-1.8 s per
     # process (1 thread, two processes side by side) plus ~10 s of start-up per run (measured, see
-    # docs/measurement-log.md), so 7 arms x 4 seeds x 80 steps is about 25 min of wall time.
+    # docs/research/ma-ppo-vs-ppo.md), so 7 arms x 4 seeds x 80 steps is about 25 min of wall time.
     "cpu": Size(steps=80, seeds=(1, 2, 3, 4), jobs=2, threads=1, sft={}, rm={}, ppo={}, cpu=True),
     # One GPU: the same tiny model (nothing can be downloaded) with 4x larger rollouts, longer
     # answers, more steps and seeds; several small runs share the GPU.

@@ -122,7 +122,8 @@ class MacroConfig:
             "help": "`lowprob`: a macro action ends at the low-probability token (after: where its "
             "macro action starts is known before the token is sampled, which keeps an exact-value "
             "advantage unbiased) or just before it (before: the low-probability token opens the "
-            "next macro action, as the entropy rule does; biased, see docs/measurement-log.md).",
+            "next macro action, as the entropy rule does; biased, see "
+            "docs/research/estimator-bias.md).",
             "choices": LOWPROB_CUTS,
         },
     )

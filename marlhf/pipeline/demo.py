@@ -76,7 +76,7 @@ RM_FLAGS = [
     "8",
 ]
 # One pass over the 760 PPO prompts in rollouts of 16 (30 steps were too few for a gain above
-# seed noise; docs/measurement-log.md, "A reward model that learns").
+# seed noise; docs/research/reward-model.md, "A reward model that learns").
 PPO_STEPS = 47
 
 
@@ -135,7 +135,7 @@ PPO_FLAGS = [
 # standardises them with the RM's saved eval mean/std before its ±2.5 clip, scores a response cut
 # at the length limit 1 lower (an RM trained on finished summaries misjudges cut ones) and keeps
 # closer to the SFT model (KL coefficient 0.2: at 0.05 both arms drifted to openers the RM
-# over-scores; docs/measurement-log.md, "A reward model that learns").
+# over-scores; docs/research/reward-model.md, "A reward model that learns").
 LEARNED_RM_PPO_FLAGS = ["--normalize_reward", "--no_eos_penalty", "-1", "--kl_ctl", "0.2"]
 
 

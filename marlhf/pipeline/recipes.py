@@ -193,7 +193,7 @@ def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
 # models than the smallest policies): tiny-base with RM_EXTRA_LAYERS more layers, trained further as an
 # LM (1.) and then as a preference model on generated K-wise comparisons (2., "preference-model
 # pretraining", Askell et al. 2021; marlhf.pipeline.preference_pretraining) in RM_PMP_PHASES. Why each step,
-# with the measurements behind it: docs/measurement-log.md, "A reward model that learns".
+# with the measurements behind it: docs/research/reward-model.md, "A reward model that learns".
 RM_EXTRA_LAYERS = 2
 RM_LM_ROWS = (
     20000  # 1. posts with correct summaries: synthetic.pretraining_rows(RM_LM_ROWS, seed=1)

@@ -38,7 +38,8 @@ def test_demo_pipeline_end_to_end(tmp_path):
     ):
         assert name in report, report
     assert (out / "training_curves.png").stat().st_size > 1000
-    # Measured 2026-11-24 (docs/measurement-log.md, "Labelled comparisons of the policy's own answers"):
+    # Measured 2026-11-24 (docs/research/reward-model.md, "Labelled comparisons of the policy's own
+    # answers"):
     # the RM orders 0.813 of the 300 held-out comparisons like their labels (their own agreement
     # with gold: 0.881) and 0.904 like gold, r = 0.738 with gold on the SFT answers; gold over SFT
     # (95 % bootstrap intervals over the 300 held-out prompts): PPO +0.146 [+0.065, +0.232],
