@@ -33,6 +33,7 @@ import argparse
 import itertools
 import sys
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,7 +252,7 @@ def ours(name: str, toy: Toy, rows, group_ids=None, **kw) -> torch.Tensor:
         inputs.mc = MCValues(bnd, values, prompt_values=sv[:, 0])
     adv, _ = build_estimator(name, opts)(inputs)
     if kw.get("credit", "all") != "all":
-        keep = credit_mask(seg, kw["credit"], macro.termination_condition, macro.lowprob_cut)
+        keep = credit_mask(seg, dataclasses.replace(macro, macro_credit=kw["credit"]))
         adv = torch.where(keep, adv, 0.0)
     return adv
 

@@ -1,7 +1,22 @@
 """Macro actions (MA-RLHF): termination rules, segments and their aggregation (macro-level GAE:
-:mod:`marlhf.algo.macro_gae`)."""
+:mod:`marlhf.algo.macro_gae`).
+
+The rules are a registry (:mod:`marlhf.macro.rules`); the ``parsing`` rule is registered by its
+metadata, and its parser backends (:mod:`marlhf.macro.parsing`) are imported only when it is built.
+"""
 
 from marlhf.macro.config import MacroConfig
+from marlhf.macro.rules import (
+    RULES,
+    Rule,
+    TerminationInputs,
+    TerminationOutput,
+    TerminationRule,
+    build_termination,
+    register_rule,
+    rule_class,
+    termination_inputs,
+)
 from marlhf.macro.segments import (
     MacroSegments,
     build_segments,
@@ -9,19 +24,12 @@ from marlhf.macro.segments import (
     to_macro,
     to_tokens,
 )
-from marlhf.macro.termination import (
-    RULES,
-    TerminationInputs,
-    TerminationOutput,
-    TerminationRule,
-    build_termination,
-    register_rule,
-)
 
 __all__ = [
     "RULES",
     "MacroConfig",
     "MacroSegments",
+    "Rule",
     "TerminationInputs",
     "TerminationOutput",
     "TerminationRule",
@@ -29,13 +37,8 @@ __all__ = [
     "build_termination",
     "macro_weights",
     "register_rule",
+    "rule_class",
+    "termination_inputs",
     "to_macro",
     "to_tokens",
 ]
-
-# The parsing rule registers itself with @register_rule("parsing"); its module is optional here
-# (it imports no heavy parser at module top, but may be absent from a trimmed install).
-try:
-    import marlhf.macro.parsing  # noqa: F401
-except ImportError:
-    pass
