@@ -30,10 +30,10 @@ and ``equal``; λ 1 and 0.95), ``macro_mc`` (spaced and spread boundary selectio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -146,6 +146,7 @@ def test_no_import_circles_between_packages():
 # The packages from the ground up (docs/CONVENTIONS.md, "Layout"): each imports only packages before it.
 LAYERS = (
     "marlhf.config",
+    "marlhf.plugins",
     "marlhf.cli",
     "marlhf.stats",
     "marlhf.runtime",

@@ -69,7 +69,6 @@ class MCValues:
     prompt_values: torch.Tensor | None = None
 
 
-
 def select_mc_boundaries(segments: MacroSegments, max_boundaries: int) -> MCBoundaries:
     """The boundaries at which ``macro_mc`` draws continuations, at most `max_boundaries` per row.
 

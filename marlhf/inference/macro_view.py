@@ -11,10 +11,10 @@ import torch
 
 from marlhf.inference.models import Models
 from marlhf.macro import termination_inputs
-from marlhf.macro.rules import INPUT_SOURCES
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.naming import describe
 from marlhf.macro.render import macro_groups, plot_length_histogram, render_html, token_pieces
+from marlhf.macro.rules import INPUT_SOURCES
 from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program

@@ -316,7 +316,8 @@ class PPOConfig:
         },
     )
     advantage_estimator: str = field(
-        default="gae", metadata={"help": estimators_help()}  # the registered estimators
+        default="gae",
+        metadata={"help": estimators_help()},  # the registered estimators
     )
     n_samples_per_prompt: int = field(
         default=1,

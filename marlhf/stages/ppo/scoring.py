@@ -406,4 +406,3 @@ def rollout_termination_inputs(
         row_seeds=row_seeds,
         all_gather=all_gather,
     )
-
