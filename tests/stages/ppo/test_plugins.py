@@ -102,26 +102,28 @@ def test_a_plugin_rule_and_estimator_train_and_reload(tmp_path):
         "zero",
     )
     assert "ZERO, macro whole response actor saved to" in proc.stderr + proc.stdout
-    # the saved configuration names its plugin: a fresh process reads it back
+    # the saved configuration names its plugin: fresh processes read it back (marlhf view's
+    # trained rule of a policy, marlhf compare's run names)
     code = (
         "import json, sys\n"
+        "from marlhf.inference.macro_rule import describe, trained_macro\n"
+        "print(describe(trained_macro(sys.argv[1])[0]))\n"
         "from marlhf.cli import config_from_dict\n"
         "from marlhf.stages.ppo.config import PPOStageConfig\n"
         "from marlhf.stages.ppo.naming import run_label\n"
-        "cfg = config_from_dict(PPOStageConfig, json.load(open(sys.argv[1])))\n"
+        "cfg = config_from_dict(PPOStageConfig, json.load(open(sys.argv[2])))\n"
         "print(run_label(cfg))\n"
     )
     again = subprocess.run(
-        [sys.executable, "-c", code, str(out / "run_config.json")],
+        [sys.executable, "-c", code, str(out), str(out / "run_config.json")],
         env=stage_env(tmp_path),
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=300,
     )
-    assert again.returncode == 0 and again.stdout.strip() == "ZERO, macro whole response", (
-        again.stderr[-3000:]
-    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines() == ["whole response", "ZERO, macro whole response"]
     # the plugin's constraints are checked before anything runs: one line naming the flag
     for extra, message in (
         (("--n_samples_per_prompt", "1", "--no_eos_own_macro"), "--n_samples_per_prompt to 2"),
