@@ -91,6 +91,7 @@ __all__ = [
     "credit_segment_ids",
     "estimator_class",
     "estimators_help",
+    "group_size_help",
     "group_normalised_scores",
     "leave_one_out_mean",
     "macro_mc_advantages",
@@ -451,6 +452,20 @@ def estimators_help() -> str:
         f"registers. Only {critics} build{'s' * (' and ' not in critics)} a critic. "
         f"Aliases: {aliases}."
     )
+
+
+def group_size_help() -> str:
+    """Which registered estimators need several samples per prompt, for ``--help``: ``grpo,
+    dr_grpo and rloo need G >= 2.``"""
+    by_size: dict[int, list[str]] = {}
+    for name, cls in ESTIMATORS.items():
+        if cls.min_group_size > 1:
+            by_size.setdefault(cls.min_group_size, []).append(name)
+    parts = []
+    for size, names in by_size.items():
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        parts.append(f"{listed} need{'s' * (len(names) == 1)} G >= {size}.")
+    return " ".join(parts)
 
 
 def _require(inputs: EstimatorInputs, name: str, *fields: str) -> None:

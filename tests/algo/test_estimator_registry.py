@@ -16,6 +16,7 @@ from marlhf.algo.estimators import (
     build_estimator,
     estimator_class,
     estimators_help,
+    group_size_help,
     register_estimator,
 )
 from marlhf.macro.config import MacroConfig
@@ -59,8 +60,9 @@ def test_the_flag_help_lists_every_estimator_and_its_description():
     fields = {f.name: f for f in dataclasses.fields(PPOConfig)}
     assert fields["advantage_estimator"].metadata["help"] == text
     assert (
-        "grpo needs G >= 2; dr_grpo needs G >= 2; rloo needs G >= 2."
-        in (fields["n_samples_per_prompt"].metadata["help"])
+        fields["n_samples_per_prompt"]
+        .metadata["help"]
+        .endswith("grpo, dr_grpo and rloo need G >= 2.")
     )
 
 
@@ -94,6 +96,7 @@ def _ppo(**kw):
 def test_a_registered_estimator_is_validated_and_named_by_what_it_carries(registry):
     register_estimator("halved", aliases=("half",))(Halved)
     assert Halved.name == "halved" and "`halved` (half the score)" in estimators_help()
+    assert group_size_help() == "grpo, dr_grpo and rloo need G >= 2. halved needs G >= 3."
     for kw, message in (
         ({"n_samples_per_prompt": 2}, "--advantage_estimator half compares the samples of one prompt: set "
          "--n_samples_per_prompt to 3 or more \\(got 2\\)"),

@@ -9,6 +9,7 @@ from marlhf.algo.estimators import (
     check_estimator_flags,
     estimator_class,
     estimators_help,
+    group_size_help,
     resolve_estimator,
 )
 from marlhf.algo.kl_rewards import KL_ESTIMATORS
@@ -324,13 +325,7 @@ class PPOConfig:
         metadata={
             "help": "G: responses sampled per prompt. A step's rollout holds (rollout size x "
             "ranks) / G distinct prompts, each sampled G times; a group is never split by the "
-            "estimate (it runs on the gathered batch). "
-            + "; ".join(
-                f"{n} needs G >= {c.min_group_size}"
-                for n, c in ESTIMATORS.items()
-                if c.min_group_size > 1
-            )
-            + "."
+            "estimate (it runs on the gathered batch). " + group_size_help()
         },
     )
     mc_rollouts: int = field(
