@@ -147,6 +147,7 @@ def test_no_import_circles_between_packages():
 LAYERS = (
     "marlhf.config",
     "marlhf.config_file",
+    "marlhf.plugins",
     "marlhf.cli",
     "marlhf.stats",
     "marlhf.runtime",

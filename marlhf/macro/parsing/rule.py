@@ -37,6 +37,7 @@ from marlhf.macro.parsing.spans import _TokenCounter, token_char_spans
 from marlhf.macro.parsing.trees import ConstituencyBackend, Node
 from marlhf.macro.termination import (
     FixedRule,
+    ParsingEntry,
     TerminationInputs,
     TerminationOutput,
     register_rule,
@@ -147,8 +148,9 @@ def _segment_in_worker(ids: list[int]) -> tuple[list[int] | None, str | None]:
 
 
 @register_rule("parsing")
-class ParsingRule:
-    """``--termination_condition parsing``: constituency-parse macro actions, per-row fallback to fixed.
+class ParsingRule(ParsingEntry):
+    """``--termination_condition parsing``: constituency-parse macro actions, per-row fallback to fixed
+    (its description, flags and label: :class:`marlhf.macro.termination.ParsingEntry`).
 
     Each row's valid response ids, without a final EOS, are decoded, parsed and cut by `segment_row`.
     A final EOS joins the last macro action here (``--eos_own_macro`` then splits it off). Rows are

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.algo.names import (
-    CORRECTIONS,
-    ESTIMATOR_ALIASES,
-    ESTIMATOR_TRAITS,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    RATIO_LEVELS,
+from marlhf.algo.estimators import (
+    ESTIMATORS,
+    check_estimator_flags,
+    estimator_class,
+    estimators_help,
+    group_size_help,
     resolve_estimator,
 )
+from marlhf.algo.names import CORRECTIONS, KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS
 from marlhf.config import (
     DeepSpeedConfig,
     LoggingConfig,
@@ -340,22 +340,14 @@ class PPOConfig:
     )
     advantage_estimator: str = field(
         default="gae",
-        metadata={
-            "help": "How advantages are made (marlhf.algo.estimators): `gae` (the critic, GAE over "
-            "macro actions), `grpo` (group-normalised outcome over --n_samples_per_prompt "
-            "samples), `dr_grpo` (no std division, constant loss normaliser), `rloo` "
-            "(leave-one-out baseline), `reinforce_pp` (REINFORCE++: KL in the reward, returns "
-            "whitened over the batch) or `macro_mc` (Monte-Carlo values at macro-action "
-            "boundaries: --mc_rollouts continuations of the current policy). Only `gae` builds a "
-            f"critic. Aliases: {', '.join(f'{a}={c}' for a, c in sorted(ESTIMATOR_ALIASES.items()))}."
-        },
+        metadata={"help": estimators_help()},  # the registered estimators
     )
     n_samples_per_prompt: int = field(
         default=1,
         metadata={
             "help": "G: responses sampled per prompt. A step's rollout holds (rollout size x "
             "ranks) / G distinct prompts, each sampled G times; a group is never split by the "
-            "estimate (it runs on the gathered batch). grpo, dr_grpo and rloo need G >= 2.",
+            "estimate (it runs on the gathered batch). " + group_size_help(),
             "range": "[1, inf)",
         },
     )
@@ -408,8 +400,9 @@ class PPOConfig:
             "help": "How the policy loss reduces its terms (verl's names): token-mean (every "
             "token or macro action weighs the same), seq-mean-token-sum, seq-mean-token-mean "
             "(every response weighs the same) or seq-mean-token-sum-norm (Dr. GRPO: token sums "
-            "divided by --max_answer_seq_len). Default: the estimator's own (dr_grpo: "
-            "seq-mean-token-sum-norm), else token-mean. The value loss stays token-mean.",
+            "divided by --max_answer_seq_len). Default: the estimator's own ("
+            + ", ".join(f"{n}: {c.loss_agg_mode}" for n, c in ESTIMATORS.items() if c.loss_agg_mode)
+            + "), else token-mean. The value loss stays token-mean.",
             "choices": LOSS_AGG_MODES,
         },
     )
@@ -487,45 +480,24 @@ class PPOConfig:
         self._check_estimator()
 
     def _check_estimator(self) -> None:
-        """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation."""
-        name = resolve_estimator(self.advantage_estimator)  # ValueError listing the names
-        est = ESTIMATOR_TRAITS[name]
+        """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation
+        (what the estimator itself asks: :func:`marlhf.algo.estimators.check_estimator_flags`)."""
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(
                 f"--ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}"
-            )
-        if name in ("grpo", "dr_grpo", "rloo") and self.n_samples_per_prompt < 2:
-            raise ValueError(
-                f"--advantage_estimator {self.advantage_estimator} compares the samples of one "
-                "prompt: set --n_samples_per_prompt to 2 or more (got "
-                f"{self.n_samples_per_prompt})"
             )
         if self.mc_boundary_selection not in ("spaced", "spread"):
             raise ValueError(
                 "--mc_boundary_selection must be one of ('spaced', 'spread'), got "
                 f"{self.mc_boundary_selection!r}"
             )
-        if name == "macro_mc" and self.gamma != 1.0:
-            raise ValueError(
-                f"--advantage_estimator macro_mc is undiscounted: --gamma must be 1, got {self.gamma}"
-            )
-        own = est.loss_agg_mode
         if self.loss_agg_mode is not None and self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"--loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
             )
-        if own is not None and self.loss_agg_mode not in (None, own):
-            raise ValueError(
-                f"--advantage_estimator {name} is defined with --loss_agg_mode {own}; "
-                f"--loss_agg_mode {self.loss_agg_mode} contradicts it (leave it out)"
-            )
         if self.kl_loss_type not in KL_ESTIMATORS:
             raise ValueError(f"--kl_loss_type must be one of {KL_ESTIMATORS}")
-        if not est.needs_critic and self.critic_warmup_steps > 0:
-            raise ValueError(
-                f"--critic_warmup_steps {self.critic_warmup_steps}: --advantage_estimator {name} "
-                "trains no critic"
-            )
+        check_estimator_flags(self.advantage_estimator, self)  # ValueError listing the names
 
     @property
     def estimator(self) -> str:
@@ -535,17 +507,18 @@ class PPOConfig:
     @property
     def needs_critic(self) -> bool:
         """Whether the estimator reads a critic (else none is built, loaded or saved)."""
-        return ESTIMATOR_TRAITS[self.estimator].needs_critic
+        return estimator_class(self.advantage_estimator).needs_critic
 
     @property
     def needs_mc(self) -> bool:
         """Whether the estimator reads Monte-Carlo values (``macro_mc``)."""
-        return ESTIMATOR_TRAITS[self.estimator].needs_mc
+        return estimator_class(self.advantage_estimator).needs_mc
 
     @property
     def policy_loss_agg_mode(self) -> str:
         """``--loss_agg_mode``, else the estimator's own, else token-mean."""
-        return self.loss_agg_mode or ESTIMATOR_TRAITS[self.estimator].loss_agg_mode or "token-mean"
+        own = estimator_class(self.advantage_estimator).loss_agg_mode
+        return self.loss_agg_mode or own or "token-mean"
 
 
 # the trainer-side mismatch check costs one actor forward over the rollout (docs/gpu.md: measured);
@@ -686,14 +659,15 @@ class PPOStageConfig:
 
 def check_macro_credit(macro: MacroConfig, ppo: PPOConfig) -> None:
     """``--macro_credit boundary`` places per-macro advantages on boundary tokens: only the
-    estimators that make one advantage per macro action (``gae``, ``macro_mc``) have them, and the
-    mask selects tokens, so the ratio must be per token."""
+    estimators that make one advantage per macro action (``per_macro``: ``gae``, ``macro_mc``) have
+    them, and the mask selects tokens, so the ratio must be per token."""
     if macro.macro_credit == "all":
         return
-    if ppo.estimator not in ("gae", "macro_mc"):
+    if not estimator_class(ppo.advantage_estimator).per_macro:
+        per_macro = " or ".join(n for n, c in ESTIMATORS.items() if c.per_macro)
         raise ValueError(
             f"--macro_credit {macro.macro_credit} needs per-macro-action advantages: "
-            f"--advantage_estimator gae or macro_mc (got {ppo.advantage_estimator}, which gives "
+            f"--advantage_estimator {per_macro} (got {ppo.advantage_estimator}, which gives "
             "one advantage per response)"
         )
     if ppo.ratio_level != "token":

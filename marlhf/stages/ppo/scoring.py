@@ -16,7 +16,14 @@ import torch
 
 from marlhf.algo.kl_rewards import normalize_scores, spread_segment_rewards
 from marlhf.data.long_tasks import gold_scorer_for
-from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
+from marlhf.macro import (
+    MacroConfig,
+    TerminationInputs,
+    TerminationRule,
+    build_segments,
+    build_termination,
+    termination_inputs,
+)
 from marlhf.models.sequences import end_index
 from marlhf.rewards.code import TestSuite, code_stats, parse_tests
 from marlhf.rewards.segment import segment_positions, segment_readout
@@ -371,19 +378,31 @@ def dense_rewards(
     ``normalizer``: from :func:`segment_rule`."""
     if scored.rm_values is None:
         raise ValueError("--dense_reward needs the segment reward model's per-token values")
-    term = seg_rule(
-        TerminationInputs(
-            ro.response_ids,
-            ro.action_mask,
-            ro.ends_with_eos,
-            scored.ref_logprobs,
-            scored.ref_entropy,
-            row_seeds=seeds,
-            all_gather=all_gather_padded,
-        )
-    )
+    term = seg_rule(rollout_termination_inputs(seg_rule, ro, scored, seeds, all_gather_padded))
     seg_rewards, seg_mask = segment_readout(scored.rm_values, ro.response_start, term.macro_end)
     if normalizer is not None:
         seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
     seg_ids = build_segments(term.macro_end, ro.action_mask).ids
     return spread_segment_rewards(seg_rewards, seg_ids, ppo.dense_reward_mode)
+
+
+def rollout_termination_inputs(
+    rule: TerminationRule,
+    ro: Rollout,
+    scored: Scored,
+    row_seeds: torch.Tensor | None = None,
+    all_gather: Callable | None = None,
+) -> TerminationInputs:
+    """What ``rule`` reads of a scored rollout (`marlhf.macro.rules.termination_inputs`): the
+    reference model's log-probs and entropies and the rollout's log π_old of the sampled tokens."""
+    return termination_inputs(
+        rule,
+        ro.response_ids,
+        ro.action_mask,
+        ro.ends_with_eos,
+        ref_logprobs=scored.ref_logprobs,
+        ref_entropy=scored.ref_entropy,
+        old_logprobs=scored.old_logprobs,
+        row_seeds=row_seeds,
+        all_gather=all_gather,
+    )
