@@ -38,6 +38,7 @@ from typing import Any
 import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
+from marlhf.data.gym import gym_problem, is_gym_spec
 from marlhf.data.sources import columns_problem
 from marlhf.models.checks import check_same_tokenizer, critic_head, critic_problem, ppo_model_roles
 from marlhf.models.context import context_problem
@@ -56,6 +57,8 @@ def data_problem(spec: str, data_columns: Sequence[str] = ()) -> str | None:
     """A ``--data_path`` entry that is a missing local path or no known dataset, or a local file
     whose columns (renamed by ``--data_columns``) fit no known schema; else None."""
     mapping = {theirs: ours for ours, theirs in (m.split("=", 1) for m in data_columns)}
+    if is_gym_spec(spec) and not os.path.exists(spec):
+        return gym_problem(spec)
     if os.path.exists(spec):
         return columns_problem(spec, mapping)
     if ":" in spec:
