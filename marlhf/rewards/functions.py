@@ -127,10 +127,11 @@ def reward_functions(specs: Sequence[str], weights: Sequence[float]) -> tuple[Re
     given), each named by its Python name, with the file's (or module's) name in front when two
     share one."""
     fns = [load_reward_function(s) for s in specs]
-    names = [getattr(f, "__name__", type(f).__name__) for f in fns]
-    for i, (spec, name) in enumerate(zip(specs, names, strict=True)):
-        if names.count(name) > 1:
-            names[i] = f"{Path(spec.rpartition(':')[0]).stem}.{name}"
+    plain = [getattr(f, "__name__", type(f).__name__) for f in fns]
+    names = [
+        f"{Path(spec.rpartition(':')[0]).stem}.{name}" if plain.count(name) > 1 else name
+        for spec, name in zip(specs, plain, strict=True)
+    ]
     if len(set(names)) < len(names):
         raise ValueError(f"--reward_fn names one function twice: {list(specs)}")
     w = list(weights) or [1.0] * len(fns)

@@ -45,12 +45,13 @@ def has_reference(meta: dict | str) -> bool:
 
 
 def parse_reference(text: str) -> list:
-    """``math_verify.parse`` of a reference answer: as written, else as LaTeX (``$...$``) when the
-    plain reading finds nothing (``\\sqrt{2}/2``)."""
+    """``math_verify.parse`` of a reference answer: as written, else, when that finds nothing and
+    the text holds a LaTeX command, as LaTeX (``$...$``: ``\\sqrt{2}/2``; plain words are not read
+    as products of symbols)."""
     from math_verify import parse
 
     found = parse(text)
-    if not found and "$" not in text:
+    if not found and "$" not in text and "\\" in text:
         found = parse(f"${text}$")
     return found
 
