@@ -119,7 +119,8 @@ class RewardFunction:
     def arguments(self, columns: dict[str, list]) -> dict[str, list]:
         """The keyword lists it is called with: every column, or those it names."""
         var_kw, names, _ = _keywords(self.fn)
-        return dict(columns) if var_kw else {k: v for k, v in columns.items() if k in names}
+        # copies: a function that changes its lists changes nothing another function reads
+        return {k: list(v) for k, v in columns.items() if var_kw or k in names}
 
 
 def reward_functions(specs: Sequence[str], weights: Sequence[float]) -> tuple[RewardFunction, ...]:

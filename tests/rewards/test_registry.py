@@ -149,3 +149,14 @@ def test_the_stage_config_resolves_auto_and_refuses_unknown_sources():
     assert PPOStageConfig().reward_source == "rm"
     with pytest.raises(SystemExit):
         parse_config(PPOStageConfig, ["--reward_source", "rm+gpt"])
+
+
+def test_a_reward_error_is_one_error_line_from_the_rank_it_happened_on():
+    from marlhf.stages.exits import error_line, exit_status, raised_on_purpose
+
+    e = RewardError("--reward_fn f.py:g, row 0 of the batch (prompt 'x'): returned nan")
+    # not an input error (printed by rank 0 only): the failing rank prints it, the run fails
+    assert raised_on_purpose(e) and exit_status(e) == 1
+    assert (
+        error_line(e) == "error: --reward_fn f.py:g, row 0 of the batch (prompt 'x'): returned nan"
+    )
