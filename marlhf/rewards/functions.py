@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from marlhf.rewards.registry import RewardBatch, RewardTerm, check_values, refuse
 
 
@@ -188,7 +190,8 @@ class FunctionRewards:
                 e = result.exc
                 refuse(self.errors, f"{who} raised {type(e).__name__}: {e} (on the batch of "
                        f"{len(batch)} rows starting with {batch.row(0)})")  # fmt: skip
-                values, scored, n_errors = check_values(who, [0.0] * len(batch), batch, "raise")
+                # every row 0 and counted (scored, so that every step logs the same metrics)
+                values, scored = torch.zeros(len(batch)), torch.ones(len(batch), dtype=torch.bool)
                 n_errors = len(batch)
             else:
                 values, scored, n_errors = check_values(who, result, batch, self.errors)

@@ -180,13 +180,12 @@ def refuse(errors: str, message: str) -> None:
 
 
 def check_values(
-    name: str, raw: Any, batch: RewardBatch, errors: str, offset: int = 0
+    name: str, raw: Any, batch: RewardBatch, errors: str
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``raw`` (what the reward ``name`` returned for ``batch``: one int, float or None per row)
     as ``(values (B,) float32, scored (B,) bool, errors)``. A value that is not a finite number,
     an answer that is not a list of B values, raises :class:`RewardError` naming ``name``, the row
-    and the value; with ``errors="zero"`` it is scored 0 and counted instead. ``offset``: the
-    batch's first row in the message (a server's request)."""
+    and the value; with ``errors="zero"`` it is scored 0 and counted instead."""
     B = len(batch)
     values = torch.zeros(B, dtype=torch.float32)
     scored = torch.ones(B, dtype=torch.bool)
@@ -208,9 +207,8 @@ def check_values(
             values[b] = float(v)
         else:
             what = "not a finite number" if isinstance(v, numbers.Real) else type(v).__name__
-            row = batch.row(b).replace(f"row {b} ", f"row {b + offset} ", 1)
-            refuse(errors, f"{name}, {row}: returned {_show(v)} ({what}); a reward is a finite "
-                  "int or float, or None for no reward")  # fmt: skip
+            refuse(errors, f"{name}, {batch.row(b)}: returned {_show(v)} ({what}); a reward is a "
+                   "finite int or float, or None for no reward")  # fmt: skip
             n_errors += 1
     return values, scored, n_errors
 

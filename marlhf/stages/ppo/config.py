@@ -95,7 +95,7 @@ class ActorCriticConfig:
             "model --critic_model_name_or_path names), `fresh` (a new head on the backbone of "
             "that model, a reward model or any causal LM such as the actor's base), or `auto`: "
             "`trained` for a reward-model directory, `fresh` for a causal LM when the run has no "
-            "reward model (--reward_source gold or code). The critic defaults to the actor's model.",
+            "reward model (a --reward_source without rm). The critic defaults to the actor's model.",
             "choices": ("auto", "trained", "fresh"),
         },
     )
