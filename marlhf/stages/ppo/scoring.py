@@ -1,6 +1,7 @@
 """2. Score a rollout: the forward passes (log π_old, log π_ref, entropies, critic values, the reward
-model) and the sequence-level reward of each response (reward model, code execution or the gold
-oracle, and Segment-PPO's dense segment rewards).
+model) and the sequence-level reward of each response (the sources of ``--reward_source``, the
+``--reward_fn`` functions and the ``--reward_url`` server, added up by :mod:`marlhf.rewards`; and
+Segment-PPO's dense segment rewards).
 
 What the forward passes give is a :class:`Scored`; the sequence-level reward a (B,) tensor.
 """
