@@ -23,7 +23,9 @@ from marlhf.config import (
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.config import VLLMConfig
+from marlhf.rewards import sources as reward_sources
 from marlhf.rewards.code import CodeRewardConfig
+from marlhf.rewards.config import RewardConfig
 from marlhf.runtime.grouping import Grouping
 
 GENERATION_BACKENDS = ("auto", "hf", "static", "vllm")
@@ -100,7 +102,7 @@ class ActorCriticConfig:
             "model --critic_model_name_or_path names), `fresh` (a new head on the backbone of "
             "that model, a reward model or any causal LM such as the actor's base), or `auto`: "
             "`trained` for a reward-model directory, `fresh` for a causal LM when the run has no "
-            "reward model (--reward_source gold or code). The critic defaults to the actor's model.",
+            "reward model (a --reward_source without rm). The critic defaults to the actor's model.",
             "choices": ("auto", "trained", "fresh"),
         },
     )
@@ -321,13 +323,7 @@ class PPOConfig:
         metadata={"help": "How segment rewards reach tokens.", "choices": ("interpolate", "last")},
     )
     reward_source: str = field(
-        default="rm",
-        metadata={
-            "help": "`rm`, `code` (execute against test cases, APPS), `rm+code`, or `gold`: the "
-            "synthetic task's gold score (an oracle reward for experiments: synthetic-tldr and the "
-            "long-horizon synthetic-facts-*/synthetic-verdict-* prompts only).",
-            "choices": ("rm", "code", "rm+code", "gold"),
-        },
+        default="auto", metadata={"help": reward_sources.reward_source_help()}
     )
     ratio_level: str = field(
         default="token",
@@ -477,6 +473,7 @@ class PPOConfig:
                 f"--rollout_correction must be auto or one of {CORRECTIONS}, "
                 f"got {self.rollout_correction!r}"
             )
+        reward_sources.check_reward_source(self.reward_source)
         self._check_estimator()
 
     def _check_estimator(self) -> None:
@@ -621,6 +618,7 @@ class PPOStageConfig:
     macro: MacroConfig = field(default_factory=MacroConfig)
     data: DataConfig = field(default_factory=DataConfig)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
 
@@ -632,6 +630,13 @@ class PPOStageConfig:
         if mode != "auto":
             return mode
         return "none" if self.models.effective_dtype == "fp32" else "tis"
+
+    @property
+    def reward_source(self) -> str:
+        """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.sources.resolve_reward_source`)."""
+        return reward_sources.resolve_reward_source(
+            self.ppo.reward_source, self.reward.custom, self.data.data_path
+        )
 
     def __post_init__(self) -> None:
         ppo, mc = self.ppo, self.models
@@ -645,16 +650,10 @@ class PPOStageConfig:
                 "(use static or auto, or leave --rollout_correction out)"
             )
         check_macro_credit(self.macro, ppo)
-        if (
-            not ppo.needs_critic
-            and ppo.reward_source in ("rm", "rm+code")
-            and not (mc.reward_model_name_or_path or mc.critic.model.model_name_or_path)
-        ):
-            raise ValueError(
-                f"--advantage_estimator {ppo.advantage_estimator} trains no critic, but "
-                f"--reward_source {ppo.reward_source} needs the reward model: pass "
-                "--reward_model_name_or_path (or --critic_model_name_or_path, its default)"
-            )
+        reward_sources.check_reward_flags(
+            self.reward_source, self.reward, None if ppo.needs_critic else ppo.advantage_estimator,
+            bool(mc.reward_model_name_or_path or mc.critic.model.model_name_or_path),
+        )  # fmt: skip
 
 
 def check_macro_credit(macro: MacroConfig, ppo: PPOConfig) -> None:
