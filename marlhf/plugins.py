@@ -1,7 +1,8 @@
 """Plugins (``--plugin``): Python files or modules of the user's, imported before a program checks
-its flags, so that the termination rules and advantage estimators they register
-(:func:`marlhf.macro.rules.register_rule`, :func:`marlhf.algo.estimators.register_estimator`) are
-valid values of ``--termination_condition`` and ``--advantage_estimator``.
+its flags, so that the termination rules, advantage estimators and reward sources they register
+(:func:`marlhf.macro.rules.register_rule`, :func:`marlhf.algo.registry.register_estimator`,
+:func:`marlhf.rewards.registry.register_source`) are valid values of ``--termination_condition``,
+``--advantage_estimator`` and ``--reward_source``.
 
 A plugin is named by a path ending in ``.py`` (relative to the working directory) or by a dotted
 module name on ``sys.path`` (``my_package.rules``). Each is imported once per process: a second
@@ -14,6 +15,18 @@ program may load the plugins of its command line and then those its saved config
 Traceback (most recent call last):
 ...
 ValueError: --plugin no_such_dir/rules.py: no such file
+
+The registries declare their built-in entries without importing them: an entry names its
+implementation as ``"package.module:attr"``, which :func:`resolve_reference` imports when the entry
+is first built (the entry-point pattern of setuptools' and skyrl-gym's registries), so that a
+program's flags are parsed and checked without torch.
+
+>>> resolve_reference("json:dumps", "--reward_source j")([1])
+'[1]'
+>>> resolve_reference("json:no_such_name", "--reward_source j")
+Traceback (most recent call last):
+...
+ValueError: --reward_source j: its implementation json:no_such_name cannot be imported (AttributeError: module 'json' has no attribute 'no_such_name')
 """
 
 from __future__ import annotations
@@ -27,8 +40,9 @@ import traceback
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-__all__ = ["load_plugins", "plugin_module_name"]
+__all__ = ["load_plugins", "plugin_module_name", "resolve_reference"]
 
 
 def plugin_module_name(path: Path) -> str:
@@ -97,3 +111,22 @@ def load_plugins(specs: Iterable[str]) -> list[ModuleType]:
             continue
         modules.append(_import_file(spec) if spec.endswith(".py") else _import_module(spec))
     return modules
+
+
+def resolve_reference(target: str, owner: str) -> Any:
+    """The object ``target`` (``"package.module:attr"``) names, its module imported: the
+    implementation of a registry's entry (``owner``: the flag and value that chose it, for the
+    message).
+
+    Raises:
+        ValueError: ``OWNER: its implementation TARGET cannot be imported (...)``.
+    """
+    module, sep, attr = target.partition(":")
+    try:
+        if not sep or not module or not attr:
+            raise ImportError("not of the form package.module:attr")
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(
+            f"{owner}: its implementation {target} cannot be imported ({type(err).__name__}: {err})"
+        ) from err

@@ -29,14 +29,13 @@ the per-token KL reward `-beta * KL_t`; how the estimators use those rewards:
 - ``macro_mc``: a credit segment's advantage is V̂(end) - V̂(start) plus the KL rewards of its own
   tokens (undiscounted); the Monte-Carlo values V̂ estimate the expected outcome score.
 
-The registry. Each estimator is an :class:`Estimator` subclass registered under its CLI name with
-``@register_estimator(name)``; its class attributes say everything the trainer and the configuration
-ask of it: its label in run names, its description in ``--help``, what it reads (a critic, macro
-actions, groups, Monte-Carlo values), the fewest samples per prompt it works with, whether it gives
-each macro action its own advantage (``--macro_credit boundary``), the ``--gamma`` and
-``--loss_agg_mode`` it is defined with (:func:`check_estimator_flags`). An estimator of a user's
-registers from a file named by ``--plugin`` (:mod:`marlhf.plugins`). The Monte-Carlo credit of
-``macro_mc`` is :mod:`marlhf.algo.macro_mc`.
+The registry (:mod:`marlhf.algo.registry`, no torch, its names exported here too). Each estimator
+is an :class:`Estimator` subclass registered under its CLI name with ``@register_estimator(name)``;
+its class attributes say everything the trainer and the configuration ask of it (its label, what it
+reads, its group size, ...). The built-in ones are declared there, with those attributes, and
+implemented here, each class a subclass of its declaration registered in its place; an estimator of
+a user's is one class in a file named by ``--plugin`` (:mod:`marlhf.plugins`). The Monte-Carlo
+credit of ``macro_mc`` is :mod:`marlhf.algo.macro_mc`.
 
 Batch-level estimators (``batch_level``: groups, whitening) must be called on the global batch, every
 rank holding the gathered experience, so groups stay whole and the statistics do not depend on the
@@ -58,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -72,6 +71,27 @@ from marlhf.algo.macro_mc import (
     macro_mc_advantages,
     select_mc_boundaries,
     select_spaced_mc_boundaries,
+)
+from marlhf.algo.registry import (
+    ESTIMATOR_ALIASES,
+    ESTIMATORS,
+    GAE,
+    GRPO,
+    RLOO,
+    DrGRPO,
+    Estimator,
+    EstimatorOptions,
+    MacroMC,
+    ReinforcePP,
+    build_estimator,
+    check_estimator_flags,
+    check_gamma,
+    estimator_class,
+    estimator_implementation,
+    estimators_help,
+    group_size_help,
+    register_estimator,
+    resolve_estimator,
 )
 from marlhf.macro.segments import MacroSegments
 
@@ -90,6 +110,7 @@ __all__ = [
     "check_gamma",
     "credit_segment_ids",
     "estimator_class",
+    "estimator_implementation",
     "estimators_help",
     "group_size_help",
     "group_normalised_scores",
@@ -147,25 +168,6 @@ class EstimatorInputs:
             raise ValueError(f"values must be (B, A) = {(B, A)}, got {tuple(self.values.shape)}")
         if self.group_ids is not None and self.group_ids.shape != (B,):
             raise ValueError(f"group_ids must be (B,) = ({B},), got {tuple(self.group_ids.shape)}")
-
-
-@dataclass(frozen=True)
-class EstimatorOptions:
-    """The estimators' settings (from the trainer's flags).
-
-    Fields:
-        gamma: discount (``--gamma``); ``macro_mc`` is undiscounted and requires 1.
-        lam: GAE lambda (``--lam``, ``gae`` only).
-        value_function: macro value weights (``--value_function``, ``gae`` only).
-        reward_agg: macro reward aggregation (``--macro_reward_agg``, ``gae`` only).
-        group_eps: added to the group's std in ``grpo`` (verl's 1e-6).
-    """
-
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_function: str = "equal"
-    reward_agg: str = "sum"
-    group_eps: float = 1e-6
 
 
 # --------------------------------------------------------------------------------------------------
@@ -298,174 +300,7 @@ class AdvantageEstimator(Protocol):
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
 
-@dataclass(frozen=True)
-class Estimator:
-    """An advantage estimator: a registered subclass estimates a batch (``__call__``, with the
-    flags' `options`) and tells the package about itself, as class attributes and class methods.
-
-    Class attributes:
-        name: its CLI name (set by :func:`register_estimator`).
-        label: its name in run names and titles (``GRPO``; default: `name`).
-        description: a few words listed by ``--advantage_estimator``'s help.
-        needs_critic: reads `values` and returns the critic's targets (else no critic is built,
-            trained or saved).
-        needs_segments: reads `segments`.
-        needs_groups: reads `group_ids` (the prompt each row answers).
-        needs_mc: reads `mc` (the trainer draws continuations at macro-action boundaries).
-        batch_level: reads across rows (groups, whitening): called on the global batch.
-        loss_agg_mode: the ``--loss_agg_mode`` its algorithm prescribes, or None.
-        min_group_size: the fewest samples per prompt (``--n_samples_per_prompt``) it works with.
-        per_macro: gives each macro action its own advantage (``--macro_credit boundary`` places
-            them on boundary tokens); else one advantage per response.
-        fixed_gamma: the only ``--gamma`` it is defined with, or None.
-    """
-
-    options: EstimatorOptions
-    name: ClassVar[str] = ""
-    label: ClassVar[str] = ""
-    description: ClassVar[str] = ""
-    needs_critic: ClassVar[bool] = False
-    needs_segments: ClassVar[bool] = False
-    needs_groups: ClassVar[bool] = False
-    needs_mc: ClassVar[bool] = False
-    batch_level: ClassVar[bool] = False
-    loss_agg_mode: ClassVar[str | None] = None
-    min_group_size: ClassVar[int] = 1
-    per_macro: ClassVar[bool] = False
-    fixed_gamma: ClassVar[float | None] = None
-
-    def __post_init__(self) -> None:
-        check_gamma(type(self), self.options.gamma)
-
-    def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError(f"advantage estimator {self.name!r} estimates nothing")
-
-    @classmethod
-    def validate(cls, ppo: Any) -> None:
-        """Raise a ``ValueError`` naming the flag when the PPO flags (``ppo``: the run's
-        ``PPOConfig``) do not suit this estimator, beyond what its attributes say (checked by
-        :func:`check_estimator_flags`)."""
-
-    @classmethod
-    def run_label(cls, macro: str, token_level: bool) -> str:
-        """What a run of this estimator is called (``--macro_credit boundary`` adds its suffix):
-        its `label`, with the rule's ``macro`` label (``n=5``) unless the rule is ``token_level``
-        (``GRPO``, ``GRPO, macro n=5``)."""
-        label = cls.label or cls.name
-        return label if token_level else f"{label}, macro {macro}"
-
-
 EstimatorFactory = Callable[[EstimatorOptions], AdvantageEstimator]
-ESTIMATORS: dict[str, type[Estimator]] = {}
-ESTIMATOR_ALIASES: dict[str, str] = {}
-
-
-def register_estimator(
-    name: str, aliases: tuple[str, ...] = ()
-) -> Callable[[type[Estimator]], type[Estimator]]:
-    """Class decorator: register an :class:`Estimator` subclass under its CLI name (and aliases)."""
-
-    def decorate(cls: type[Estimator]) -> type[Estimator]:
-        if not (isinstance(cls, type) and issubclass(cls, Estimator)):
-            raise TypeError(f"register_estimator({name!r}) decorates an Estimator subclass")
-        for key in (name, *aliases):
-            if key in ESTIMATORS or key in ESTIMATOR_ALIASES:
-                raise ValueError(f"advantage estimator {key!r} is registered twice")
-        cls.name = name
-        ESTIMATORS[name] = cls
-        ESTIMATOR_ALIASES.update({alias: name for alias in aliases})
-        return cls
-
-    return decorate
-
-
-def resolve_estimator(name: str) -> str:
-    """The canonical name of `name` (an estimator or an alias); ValueError listing the valid names."""
-    if name in ESTIMATORS:
-        return name
-    if name in ESTIMATOR_ALIASES:
-        return ESTIMATOR_ALIASES[name]
-    aliases = ", ".join(f"{a} = {c}" for a, c in sorted(ESTIMATOR_ALIASES.items()))
-    raise ValueError(
-        f"--advantage_estimator {name!r} is not known; valid: {', '.join(ESTIMATORS)} "
-        f"(aliases: {aliases}; an estimator of your own: name its file with --plugin)"
-    )
-
-
-def estimator_class(name: str) -> type[Estimator]:
-    """The class registered as `name` (or an alias)."""
-    return ESTIMATORS[resolve_estimator(name)]
-
-
-def build_estimator(name: str, options: EstimatorOptions | None = None) -> AdvantageEstimator:
-    """The estimator registered as `name` (or an alias) with `options` (default `EstimatorOptions()`)."""
-    return estimator_class(name)(options or EstimatorOptions())
-
-
-def check_gamma(cls: type[Estimator], gamma: float) -> None:
-    """ValueError unless ``--gamma`` is the one estimator ``cls`` is defined with (if any)."""
-    if cls.fixed_gamma is not None and gamma != cls.fixed_gamma:
-        kind = "undiscounted" if cls.fixed_gamma == 1.0 else f"discounted by {cls.fixed_gamma:g}"
-        raise ValueError(
-            f"--advantage_estimator {cls.name} is {kind}: --gamma must be {cls.fixed_gamma:g}, "
-            f"got {gamma}"
-        )
-
-
-def check_estimator_flags(name: str, ppo: Any) -> type[Estimator]:
-    """The estimator ``name`` (or an alias) of a run, after checking the PPO flags (``ppo``: the
-    run's ``PPOConfig``) against it: samples per prompt, ``--gamma``, ``--loss_agg_mode``, the
-    critic's warm-up, then its own `Estimator.validate`.
-
-    Raises:
-        ValueError: naming the flag (an unknown name lists the registered ones).
-    """
-    cls = estimator_class(name)
-    if ppo.n_samples_per_prompt < cls.min_group_size:
-        raise ValueError(
-            f"--advantage_estimator {name} compares the samples of one prompt: set "
-            f"--n_samples_per_prompt to {cls.min_group_size} or more (got {ppo.n_samples_per_prompt})"
-        )
-    check_gamma(cls, ppo.gamma)
-    own = cls.loss_agg_mode
-    if own is not None and ppo.loss_agg_mode not in (None, own):
-        raise ValueError(
-            f"--advantage_estimator {cls.name} is defined with --loss_agg_mode {own}; "
-            f"--loss_agg_mode {ppo.loss_agg_mode} contradicts it (leave it out)"
-        )
-    if not cls.needs_critic and ppo.critic_warmup_steps > 0:
-        raise ValueError(
-            f"--critic_warmup_steps {ppo.critic_warmup_steps}: --advantage_estimator {cls.name} "
-            "trains no critic"
-        )
-    cls.validate(ppo)
-    return cls
-
-
-def estimators_help() -> str:
-    """The registered estimators with their descriptions and aliases, for ``--help``."""
-    listed = ", ".join(f"`{n}` ({c.description or n})" for n, c in ESTIMATORS.items())
-    critics = " and ".join(f"`{n}`" for n, c in ESTIMATORS.items() if c.needs_critic)
-    aliases = ", ".join(f"{a}={c}" for a, c in sorted(ESTIMATOR_ALIASES.items()))
-    return (
-        f"How advantages are made (marlhf.algo.estimators): {listed}; or one a --plugin file "
-        f"registers. Only {critics} build{'s' * (' and ' not in critics)} a critic. "
-        f"Aliases: {aliases}."
-    )
-
-
-def group_size_help() -> str:
-    """Which registered estimators need several samples per prompt, for ``--help``: ``grpo,
-    dr_grpo and rloo need G >= 2.``"""
-    by_size: dict[int, list[str]] = {}
-    for name, cls in ESTIMATORS.items():
-        if cls.min_group_size > 1:
-            by_size.setdefault(cls.min_group_size, []).append(name)
-    parts = []
-    for size, names in by_size.items():
-        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        parts.append(f"{listed} need{'s' * (len(names) == 1)} G >= {size}.")
-    return " ".join(parts)
 
 
 def _require(inputs: EstimatorInputs, name: str, *fields: str) -> None:
@@ -476,20 +311,9 @@ def _require(inputs: EstimatorInputs, name: str, *fields: str) -> None:
 
 @register_estimator("gae")
 @dataclass(frozen=True)
-class GAEEstimator(Estimator):
+class GAEEstimator(GAE):
     """The critic with GAE over macro actions (`marlhf.algo.macro_gae.macro_advantages`); the score
     enters the last macro action whole. Returns (advantages, returns)."""
-
-    label: ClassVar[str] = "PPO"
-    description: ClassVar[str] = "the critic, GAE over macro actions"
-    needs_critic: ClassVar[bool] = True
-    needs_segments: ClassVar[bool] = True
-    per_macro: ClassVar[bool] = True
-
-    @classmethod
-    def run_label(cls, macro: str, token_level: bool) -> str:
-        """``PPO`` over tokens, ``MA-PPO n=5`` over macro actions."""
-        return "PPO" if token_level else f"MA-PPO {macro}"
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         _require(inputs, self.name, "segments", "values")
@@ -507,16 +331,11 @@ class GAEEstimator(Estimator):
         )
 
 
-@register_estimator("grpo", aliases=("group_norm",))
+@register_estimator("grpo")
 @dataclass(frozen=True)
-class GRPOEstimator(Estimator):
+class GRPOEstimator(GRPO):
     """GRPO (Shao et al. 2024): the group-normalised outcome `(r - mean_g) / (std_g + eps)`."""
 
-    label: ClassVar[str] = "GRPO"
-    description: ClassVar[str] = "group-normalised outcome over --n_samples_per_prompt samples"
-    needs_groups: ClassVar[bool] = True
-    batch_level: ClassVar[bool] = True
-    min_group_size: ClassVar[int] = 2
     scale: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -531,28 +350,20 @@ class GRPOEstimator(Estimator):
         return adv, None
 
 
-@register_estimator("dr_grpo", aliases=("dr-grpo",))
+@register_estimator("dr_grpo")
 @dataclass(frozen=True)
-class DrGRPOEstimator(GRPOEstimator):
-    """Dr. GRPO (Liu et al. 2025): `r - mean_g`, no std division; its loss has no length
-    normalisation (``seq-mean-token-sum-norm``, a constant normaliser)."""
+class DrGRPOEstimator(DrGRPO, GRPOEstimator):
+    """Dr. GRPO (Liu et al. 2025): `r - mean_g`, GRPO's estimate without the std division; its loss
+    has no length normalisation (``seq-mean-token-sum-norm``, a constant normaliser). Its attributes
+    are its declaration's (:class:`marlhf.algo.registry.DrGRPO`, first in the order of bases)."""
 
-    label: ClassVar[str] = "Dr. GRPO"
-    description: ClassVar[str] = "no std division, constant loss normaliser"
     scale: ClassVar[bool] = False
-    loss_agg_mode: ClassVar[str | None] = "seq-mean-token-sum-norm"
 
 
 @register_estimator("rloo")
 @dataclass(frozen=True)
-class RLOOEstimator(Estimator):
+class RLOOEstimator(RLOO):
     """RLOO (Ahmadian et al. 2024): `r_i - mean_{j != i} r_j` over the row's group."""
-
-    label: ClassVar[str] = "RLOO"
-    description: ClassVar[str] = "leave-one-out baseline"
-    needs_groups: ClassVar[bool] = True
-    batch_level: ClassVar[bool] = True
-    min_group_size: ClassVar[int] = 2
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         baseline = leave_one_out_mean(inputs.scores, inputs.group_ids, self.name)
@@ -561,14 +372,10 @@ class RLOOEstimator(Estimator):
         return adv, None
 
 
-@register_estimator("reinforce_pp", aliases=("reinforce++", "reinforce_plus_plus"))
+@register_estimator("reinforce_pp")
 @dataclass(frozen=True)
-class ReinforcePPEstimator(Estimator):
+class ReinforcePPEstimator(ReinforcePP):
     """REINFORCE++ (`reinforce_pp_advantages`). Returns (whitened advantages, the returns)."""
-
-    label: ClassVar[str] = "REINFORCE++"
-    description: ClassVar[str] = "REINFORCE++: KL in the reward, returns whitened over the batch"
-    batch_level: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         return reinforce_pp_advantages(
@@ -576,30 +383,13 @@ class ReinforcePPEstimator(Estimator):
         )
 
 
-@register_estimator("macro_mc", aliases=("macro-mc",))
+@register_estimator("macro_mc")
 @dataclass(frozen=True)
-class MacroMCEstimator(Estimator):
+class MacroMCEstimator(MacroMC):
     """Monte-Carlo credit per macro action (`macro_mc_advantages`). The trainer segments, chooses the
     boundaries with `select_mc_boundaries`, draws and scores the continuations and passes
     `EstimatorInputs.mc`; V̂(s_0) is `mc.prompt_values` or, if None, the leave-one-out mean of the
     row's group's scores (then `group_ids` is needed, and the estimator is batch-level)."""
-
-    label: ClassVar[str] = "MA-MC"
-    description: ClassVar[str] = (
-        "Monte-Carlo values at macro-action boundaries: --mc_rollouts continuations of the current "
-        "policy"
-    )
-    needs_segments: ClassVar[bool] = True
-    needs_groups: ClassVar[bool] = True
-    needs_mc: ClassVar[bool] = True
-    batch_level: ClassVar[bool] = True
-    per_macro: ClassVar[bool] = True
-    fixed_gamma: ClassVar[float | None] = 1.0  # undiscounted: V̂ estimates the final score
-
-    @classmethod
-    def run_label(cls, macro: str, token_level: bool) -> str:
-        """``MA-MC n=5``, the rule always named."""
-        return f"MA-MC {macro}"
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         _require(inputs, self.name, "mc")

@@ -1,44 +1,40 @@
 """Macro actions (MA-RLHF): termination rules, segments and their aggregation (macro-level GAE:
 :mod:`marlhf.algo.macro_gae`).
 
-The rules are a registry (:mod:`marlhf.macro.rules`); the ``parsing`` rule is registered by its
-metadata, and its parser backends (:mod:`marlhf.macro.parsing`) are imported only when it is built.
+The rules are a registry (:mod:`marlhf.macro.rules`, no torch): each built-in rule is declared there
+and implemented in :mod:`marlhf.macro.termination` (``parsing``: :mod:`marlhf.macro.parsing`, with
+its parser backends), imported when the rule is first built. The configuration and the registry
+import without torch, so that every ``--help`` does; the names below that need torch (the rules at
+work, the segments) load their module on first use.
 """
 
-from marlhf.macro.config import MacroConfig
-from marlhf.macro.rules import (
-    RULES,
-    Rule,
-    TerminationInputs,
-    TerminationOutput,
-    TerminationRule,
-    build_termination,
-    register_rule,
-    rule_class,
-    termination_inputs,
-)
-from marlhf.macro.segments import (
-    MacroSegments,
-    build_segments,
-    macro_weights,
-    to_macro,
-    to_tokens,
-)
+from __future__ import annotations
 
-__all__ = [
-    "RULES",
-    "MacroConfig",
-    "MacroSegments",
-    "Rule",
-    "TerminationInputs",
-    "TerminationOutput",
-    "TerminationRule",
-    "build_segments",
-    "build_termination",
-    "macro_weights",
-    "register_rule",
-    "rule_class",
-    "termination_inputs",
-    "to_macro",
-    "to_tokens",
-]
+import importlib
+
+from marlhf.macro.config import MacroConfig
+from marlhf.macro.rules import RULES, Rule, register_rule, rule_class
+
+_LAZY = {
+    "MacroSegments": "marlhf.macro.segments",
+    "build_segments": "marlhf.macro.segments",
+    "macro_weights": "marlhf.macro.segments",
+    "to_macro": "marlhf.macro.segments",
+    "to_tokens": "marlhf.macro.segments",
+    "TerminationInputs": "marlhf.macro.termination",
+    "TerminationOutput": "marlhf.macro.termination",
+    "TerminationRule": "marlhf.macro.termination",
+    "build_termination": "marlhf.macro.termination",
+    "termination_inputs": "marlhf.macro.termination",
+}
+
+__all__ = ["RULES", "MacroConfig", "Rule", "register_rule", "rule_class", *sorted(_LAZY)]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -4,9 +4,9 @@ Flag names follow the original MA-RLHF scripts (``--termination_condition``, ``-
 ``--repeat_times``, ``--parser_cutoff``, ``--value_function``). Validation raises ``ValueError`` naming
 the flag and never rewrites a value.
 
-The values of ``--termination_condition`` are the registered rules (:mod:`marlhf.macro.rules`: the
-built-in ones of :mod:`marlhf.macro.termination` and those of the ``--plugin`` files); its help lists
-them with their descriptions, and the chosen rule validates the flags it reads.
+The values of ``--termination_condition`` are the registered rules (:mod:`marlhf.macro.rules`, no
+torch: the built-in ones declared there and those of the ``--plugin`` files); its help lists them
+with their descriptions, and the chosen rule validates the flags it reads.
 """
 
 from __future__ import annotations
@@ -173,9 +173,9 @@ class MacroConfig:
         default=(),
         metadata={
             "help": "Python files (path/to/rules.py) or modules (package.module) imported before "
-            "the flags are checked, once each: the termination rules and advantage estimators they "
-            "register become values of --termination_condition and --advantage_estimator "
-            "(docs/extending.md). Repeatable.",
+            "the flags are checked, once each: the termination rules, advantage estimators and "
+            "reward sources they register become values of --termination_condition, "
+            "--advantage_estimator and --reward_source (docs/extending.md). Repeatable.",
             "repeat": True,
             "plugins": True,  # marlhf.cli imports them before it checks any flag
         },

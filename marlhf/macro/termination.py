@@ -1,12 +1,14 @@
-"""The built-in termination rules: which response tokens end a macro action (MA-RLHF Sec. 3.1),
-batched, each with what it tells the package about itself (:class:`marlhf.macro.rules.Rule`).
+"""Termination rules at work: what a rule reads (`TerminationInputs`, built for it by
+:func:`termination_inputs`) and answers (`TerminationOutput`), how it is built and checked
+(:func:`build_termination`), and the built-in rules that answer batches (MA-RLHF Sec. 3.1).
 
 Every rule maps a right-padded batch of responses to `macro_end: (B, A) bool`, true on the last token of
-each macro action and always on the last valid token. Rules are looked up by their CLI name in `RULES`
-(``--termination_condition``, :mod:`marlhf.macro.rules`); `build_termination` wraps the chosen rule
-with input checks and the ``--eos_own_macro`` convention. The ``parsing`` rule is registered here by
-its metadata; its implementation (:mod:`marlhf.macro.parsing`, with the parser backends) is imported
-when it is first built.
+each macro action and always on the last valid token. Rules are looked up by their CLI name in the
+registry (``--termination_condition``, :mod:`marlhf.macro.rules`, which declares each built-in rule's
+description, flags and label without torch); each class here implements one of them, a subclass of
+its declaration registered under the same name. `build_termination` wraps the chosen rule with
+input checks and the ``--eos_own_macro`` convention. The ``parsing`` rule is implemented in
+:mod:`marlhf.macro.parsing.rule`, imported with its parser backends when it is first built.
 
 Example: fixed 2-grams over a batch of two responses; the first ends with EOS, which becomes its own
 macro action.
@@ -27,24 +29,26 @@ macro action.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from marlhf.macro.rules import (
+    INPUT_SOURCES,
     RULES,
+    Entropy,
+    Fixed,
+    LowProb,
     MacroFlags,
+    Ppl,
+    Randomized,
     Rule,
-    TerminationInputs,
-    TerminationOutput,
-    TerminationRule,
-    _last_valid,
-    _positions,
-    build_termination,
     register_rule,
     rule_class,
+    rule_implementation,
     rules_help,
-    termination_inputs,
 )
 
 __all__ = [
@@ -52,7 +56,6 @@ __all__ = [
     "EntropyRule",
     "FixedRule",
     "LowProbRule",
-    "ParsingEntry",
     "PplRule",
     "RandomizedRule",
     "Rule",
@@ -65,6 +68,208 @@ __all__ = [
     "rules_help",
     "termination_inputs",
 ]
+
+
+@dataclass
+class TerminationInputs:
+    """What a termination rule may look at, for a right-padded batch of responses
+    (:func:`termination_inputs` builds it for a rule).
+
+    Fields:
+        response_ids: (B, A) long — sampled response tokens.
+        action_mask: (B, A) bool — response tokens, true on a prefix of each row.
+        ends_with_eos: (B,) bool — the last valid token is EOS / end-of-conversation (false for
+            responses truncated at the length limit).
+        ref_logprobs: (B, A) float | None — log p_ref(a_t | s_t) of each sampled token (``ppl``).
+        ref_entropy: (B, A) float | None — entropy of p_ref( . | s_t), the distribution token t was
+            sampled from (``entropy``).
+        generator: torch.Generator | None — randomness for ``randomized`` without ``row_seeds``: the
+            rows' seeds are drawn from it (None: torch's default generator).
+        row_seeds: (B,) long | None — ``randomized``: row b's lengths are drawn from a generator
+            seeded with ``row_seeds[b]``, so they depend on nothing else in the batch (not its other
+            rows, its width or its split over ranks); the trainer derives them with `marlhf.runtime.rows.derive_row_seeds`.
+        all_gather: ``(x, pad_value) -> x of every data-parallel rank, concatenated on dim 0`` (widths
+            right-padded with ``pad_value``; `marlhf.runtime.distributed.all_gather_padded`) | None — a rule
+            that chooses a batch-level value (``entropy`` with ``--target_macro_len``: tau) chooses it
+            over all ranks' rows, so every rank segments as one process with the whole batch would.
+            None: this batch is the whole batch. A collective: every rank calls the rule.
+        old_logprobs: (B, A) float | None — log π_old(a_t | s_t) of each sampled token at the
+            sampling temperature, as the rollout recorded it (``lowprob``).
+    """
+
+    response_ids: torch.Tensor
+    action_mask: torch.Tensor
+    ends_with_eos: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    ref_entropy: torch.Tensor | None = None
+    generator: torch.Generator | None = None
+    row_seeds: torch.Tensor | None = None
+    all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
+    old_logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class TerminationOutput:
+    """A rule's answer.
+
+    Fields:
+        macro_end: (B, A) bool — true on the last token of each macro action, false on padding.
+        fallback: (B,) bool — rows where the rule failed and ``fixed`` was used instead (only
+            ``parsing`` sets it); None means all false.
+        stats: batch-level values the rule chose, to log with the ``macro/*`` metrics (``entropy``:
+            ``macro/entropy_threshold``, the tau it used).
+    """
+
+    macro_end: torch.Tensor
+    fallback: torch.Tensor | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.fallback is None:
+            self.fallback = torch.zeros(
+                self.macro_end.shape[0], dtype=torch.bool, device=self.macro_end.device
+            )
+
+
+class TerminationRule(Protocol):
+    """A batched termination rule, as built: `needs` names the optional `TerminationInputs` fields
+    it reads."""
+
+    needs: frozenset[str]
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput: ...
+
+
+def _missing(rule_name: str, name: str) -> ValueError:
+    return ValueError(
+        f"termination rule {rule_name!r} needs TerminationInputs.{name}; compute it from "
+        f"{INPUT_SOURCES.get(name, 'its source')} and pass it"
+    )
+
+
+def termination_inputs(
+    rule: TerminationRule,
+    response_ids: torch.Tensor,
+    action_mask: torch.Tensor,
+    ends_with_eos: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    ref_entropy: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    old_logprobs: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    generator: torch.Generator | None = None,
+    row_seeds: torch.Tensor | None = None,
+    all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+) -> TerminationInputs:
+    """The `TerminationInputs` of a batch for ``rule`` (as built by :func:`build_termination`):
+    the three fields every rule reads, of the optional per-token quantities those ``rule.needs``
+    (each given as a (B, A) tensor or as a zero-argument callable computing it, called only when the
+    rule reads it; the others are left None), and the batch helpers as given.
+
+    Raises:
+        ValueError: a quantity the rule needs is not given (naming where it comes from).
+    """
+    needs = frozenset(getattr(rule, "needs", frozenset()))
+    given = {"ref_logprobs": ref_logprobs, "ref_entropy": ref_entropy, "old_logprobs": old_logprobs}
+    per_token = {}
+    for name, value in given.items():
+        if name not in needs:
+            continue
+        value = value() if callable(value) else value
+        if value is None:
+            raise _missing(getattr(rule, "name", type(rule).__name__), name)
+        per_token[name] = value
+    return TerminationInputs(
+        response_ids=response_ids,
+        action_mask=action_mask,
+        ends_with_eos=ends_with_eos,
+        generator=generator,
+        row_seeds=row_seeds,
+        all_gather=all_gather,
+        **per_token,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# building
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """(B, A) long token index 0..A-1."""
+    return torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+
+
+def _last_valid(mask: torch.Tensor) -> torch.Tensor:
+    """(B, A) bool — true on the last valid token of each non-empty row."""
+    n_valid = mask.sum(1, keepdim=True)
+    return _positions(mask) == (n_valid - 1)
+
+
+class _CheckedRule:
+    """A registered rule plus input validation and the ``--eos_own_macro`` convention."""
+
+    def __init__(self, name: str, rule: TerminationRule, eos_own_macro: bool) -> None:
+        self.name = name
+        self.rule = rule
+        self.needs: frozenset[str] = frozenset(getattr(rule, "needs", frozenset()))
+        self.eos_own_macro = eos_own_macro
+
+    def __repr__(self) -> str:
+        return f"TerminationRule({self.name!r}, eos_own_macro={self.eos_own_macro})"
+
+    def _check(self, inputs: TerminationInputs) -> None:
+        mask = inputs.action_mask
+        if mask.dim() != 2 or mask.dtype != torch.bool:
+            raise ValueError(
+                f"action_mask must be a (B, A) bool tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        B, A = mask.shape
+        if tuple(inputs.response_ids.shape) != (B, A):
+            raise ValueError(
+                f"response_ids {tuple(inputs.response_ids.shape)} must match action_mask {(B, A)}"
+            )
+        if tuple(inputs.ends_with_eos.shape) != (B,):
+            raise ValueError(f"ends_with_eos {tuple(inputs.ends_with_eos.shape)} must be ({B},)")
+        if A > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise ValueError("action_mask must be right-padded (true on a prefix of each row)")
+        if inputs.row_seeds is not None and tuple(inputs.row_seeds.shape) != (B,):
+            raise ValueError(f"row_seeds {tuple(inputs.row_seeds.shape)} must be ({B},)")
+        for name in sorted(self.needs):
+            value = getattr(inputs, name, None)
+            if value is None:
+                raise _missing(self.name, name)
+            if isinstance(value, torch.Tensor) and tuple(value.shape) != (B, A):
+                raise ValueError(
+                    f"TerminationInputs.{name} {tuple(value.shape)} must match action_mask {(B, A)}"
+                )
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        self._check(inputs)
+        out = self.rule(inputs)
+        mask = inputs.action_mask
+        last = _last_valid(mask) & mask
+        macro_end = (out.macro_end.bool() | last) & mask
+        if self.eos_own_macro:
+            # The token before a final EOS ends a macro action, so the EOS stands alone.
+            n_valid = mask.sum(1)
+            own = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
+            before_last = _positions(mask) == (n_valid - 2)[:, None]
+            macro_end = macro_end | (before_last & own[:, None])
+        return TerminationOutput(macro_end=macro_end, fallback=out.fallback, stats=out.stats)
+
+
+def build_termination(cfg: MacroFlags, tokenizer: Any = None) -> TerminationRule:
+    """The rule named by ``cfg.termination_condition`` (a ``MacroConfig``), with input checks and
+    ``--eos_own_macro``.
+
+    Raises:
+        ValueError: unknown rule name (lists the registered ones); a rule that needs the policy's
+            tokenizer built without one.
+    """
+    name = cfg.termination_condition
+    cls = rule_implementation(name)
+    if cls.needs_tokenizer and tokenizer is None:
+        raise ValueError(f"--termination_condition {name} needs the policy tokenizer")
+    return _CheckedRule(name, cls(cfg, tokenizer), cfg.eos_own_macro)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,32 +298,17 @@ def _ends_from_lengths(lengths: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 
 # --------------------------------------------------------------------------------------------------
-# rules
+# the built-in rules: each implements its declaration in marlhf.macro.rules (the description, flags,
+# labels and inputs there) and registers itself in its place
 
 
 @register_rule("fixed")
-class FixedRule(Rule):
+class FixedRule(Fixed):
     """Fixed n-gram: a macro action ends after every `--ngram` valid tokens and at the last one.
 
     ``n = 1`` makes every token its own macro action, so MA-PPO is exactly token-level PPO (the original
     added a spurious zero-length step when (T-1) % n == 0; this does not).
     """
-
-    needs: frozenset[str] = frozenset()
-    description = "fixed n-gram"
-    flags = ("ngram",)
-
-    @classmethod
-    def label(cls, cfg: MacroFlags) -> str:
-        return f"fixed n={cfg.ngram}"
-
-    @classmethod
-    def short_label(cls, cfg: MacroFlags) -> str:
-        return f"n={cfg.ngram}"
-
-    @classmethod
-    def token_level(cls, cfg: MacroFlags) -> bool:
-        return cfg.ngram == 1
 
     def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.n = cfg.ngram
@@ -130,7 +320,7 @@ class FixedRule(Rule):
 
 
 @register_rule("randomized")
-class RandomizedRule(Rule):
+class RandomizedRule(Randomized):
     """Randomized n-gram lengths, each row its own draw from its own generator ``g_b`` seeded with
     ``inputs.row_seeds[b]`` (without row seeds, they are ``torch.randint(2**32, (B,),
     generator=inputs.generator)``). A row's macro actions depend only on its seed and its length.
@@ -147,14 +337,6 @@ class RandomizedRule(Rule):
     One small draw per row (a Python loop over B): the price of a draw that does not depend on which
     rows share the batch — the data-parallel split of the global batch included.
     """
-
-    needs: frozenset[str] = frozenset()
-    description = "randomized lengths"
-    flags = ("ngram_choices", "repeat_times", "randomized_mode")
-
-    @classmethod
-    def label(cls, cfg: MacroFlags) -> str:
-        return f"randomized {','.join(map(str, cfg.ngram_choices))}"
 
     def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.choices = torch.tensor([int(n) for n in cfg.ngram_choices], dtype=torch.long)
@@ -182,31 +364,8 @@ class RandomizedRule(Rule):
         return TerminationOutput(macro_end=_ends_from_lengths(lengths.to(mask.device), mask))
 
 
-@register_rule("parsing")
-class ParsingEntry(Rule):
-    """Constituency parsing (MA-RLHF Sec. 3.1): the rule's metadata; the rule itself,
-    :class:`marlhf.macro.parsing.rule.ParsingRule` (a subclass), is imported with its parser
-    backends when it is first built."""
-
-    description = "constituency parsing"
-    flags = (
-        "parser_backend",
-        "parsing_cutoff",
-        "spacy_model",
-        "benepar_model",
-        "parse_workers",
-        "ngram",
-    )
-    needs_tokenizer = True
-    implementation = "marlhf.macro.parsing.rule:ParsingRule"
-
-    @classmethod
-    def label(cls, cfg: MacroFlags) -> str:
-        return f"parsing ({cfg.parser_backend}, cutoff {cfg.parsing_cutoff})"
-
-
 @register_rule("ppl")
-class PplRule(Rule):
+class PplRule(Ppl):
     """Perplexity rule over the reference model's token NLLs, nll_t = -log p_ref(a_t | s_t).
 
     Scanning left to right, the current macro action holds tokens with running mean NLL m (its
@@ -219,14 +378,6 @@ class PplRule(Rule):
     macro action. (The original intended ppl_{t+1} > ppl_t between neighbours, but its code could never
     fire.) Loops over A with batched tensor ops, never over rows.
     """
-
-    needs: frozenset[str] = frozenset({"ref_logprobs"})
-    description = "perplexity under the reference model"
-    flags = ("ppl_min_len", "ppl_max_len")
-
-    @classmethod
-    def label(cls, cfg: MacroFlags) -> str:
-        return f"ppl (min {cfg.ppl_min_len}, max {cfg.ppl_max_len or 'unbounded'})"
 
     def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.min_len = cfg.ppl_min_len
@@ -255,7 +406,7 @@ class PplRule(Rule):
 
 
 @register_rule("entropy")
-class EntropyRule(Rule):
+class EntropyRule(Entropy):
     """Entropy segmentation (Segment-PPO, arXiv 2501.02790): a new macro action starts before token j
     (j >= 1) when the reference model was uncertain there, H_j > tau; then token j-1 ends a macro action.
 
@@ -268,16 +419,6 @@ class EntropyRule(Rule):
     batch. The tau used is reported as ``macro/entropy_threshold`` (inf when no boundary is wanted,
     -inf when every candidate is one).
     """
-
-    needs: frozenset[str] = frozenset({"ref_entropy"})
-    description = "reference-model entropy (Segment-PPO)"
-    flags = ("entropy_threshold", "target_macro_len", "eos_own_macro")
-
-    @classmethod
-    def label(cls, cfg: MacroFlags) -> str:
-        if cfg.target_macro_len is not None:
-            return f"entropy (target length {cfg.target_macro_len:g})"
-        return f"entropy (tau={cfg.entropy_threshold:g})"
 
     def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.threshold = cfg.entropy_threshold
@@ -328,7 +469,7 @@ class EntropyRule(Rule):
 
 
 @register_rule("lowprob")
-class LowProbRule(Rule):
+class LowProbRule(LowProb):
     """Low-probability cut points (SPO's cutpoints, arXiv 2505.23564; SAE's segment boundaries,
     arXiv 2601.07320): token t is a cut point when its sampled probability under the rollout policy,
     p_t = π_old(a_t | s_t) (``inputs.old_logprobs``, at the sampling temperature), is below
@@ -349,24 +490,6 @@ class LowProbRule(Rule):
     threshold used is logged as ``macro/lowprob_threshold`` (a probability; 0 when no cut is wanted,
     1 when every candidate is one).
     """
-
-    needs: frozenset[str] = frozenset({"old_logprobs"})
-    description = (
-        "low sampled probability under the rollout policy (SPO's cutpoints, SAE's boundaries)"
-    )
-    flags = ("lowprob_threshold", "target_macro_len", "lowprob_cut", "eos_own_macro")
-
-    @classmethod
-    def label(cls, cfg: MacroFlags) -> str:
-        cut = "" if cfg.lowprob_cut == "after" else ", cut before"
-        if cfg.target_macro_len is not None:
-            return f"lowprob (target length {cfg.target_macro_len:g}{cut})"
-        return f"lowprob (p<{cfg.lowprob_threshold:g}{cut})"
-
-    @classmethod
-    def boundary(cls, cfg: MacroFlags) -> str:
-        # after: the low-probability token that ends the macro action; before: the one opening it
-        return "last" if cfg.lowprob_cut == "after" else "first"
 
     def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.threshold = cfg.lowprob_threshold

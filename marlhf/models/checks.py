@@ -26,7 +26,7 @@ from marlhf.config import ModelConfig
 from marlhf.data.tokenize import bos_prefix
 from marlhf.models.load import load_tokenizer, resolve_model_path
 from marlhf.models.sources import REWARD_CONFIG_FILE, looks_local
-from marlhf.rewards.sources import reads_reward_model
+from marlhf.rewards.registry import reads_reward_model
 
 
 # --- tokenizers -----------------------------------------------------------------------------------

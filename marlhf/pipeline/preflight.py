@@ -55,7 +55,7 @@ from marlhf.models.checks import (
 from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
 from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_flags
-from marlhf.rewards.sources import reads_reward_model
+from marlhf.rewards.registry import reads_reward_model
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.sft import SFTConfig

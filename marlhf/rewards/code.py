@@ -47,15 +47,6 @@ from decimal import Decimal
 from typing import Any
 
 from marlhf.config import check_own_numbers
-import torch
-
-from marlhf.rewards.registry import (
-    RewardBatch,
-    RewardContext,
-    RewardSource,
-    RewardTerm,
-    register_source,
-)
 from marlhf.rewards.sandbox.run import clean_stale_workdirs, run_python, sandbox_layers
 
 log = logging.getLogger(__name__)
@@ -511,56 +502,3 @@ def batched_pass_at_k(n: int | Sequence[int], c: Sequence[int], k: int) -> list[
     if len(ns) != len(c):
         raise ValueError(f"{len(ns)} sample counts but {len(c)} correct counts")
     return [pass_at_k(ni, ci, k) for ni, ci in zip(ns, c, strict=True)]
-
-
-# --------------------------------------------------------------------------------------------------
-# --reward_source code: the execution reward of each response against its prompt's test cases
-
-
-def prompt_tests(meta: dict) -> TestSuite:
-    """The test cases of a prompt's problem (its ``meta``: APPS ``tests`` / ``input_output``); an
-    empty suite if none."""
-    raw = meta.get("tests") or meta.get("input_output")
-    return parse_tests(raw) if raw else TestSuite((), ())
-
-
-def has_prompt_tests(meta: dict | str) -> bool:
-    """Whether a prompt's ``meta`` (a dict, or its JSON) holds usable test cases."""
-    try:
-        return len(prompt_tests(json.loads(meta or "{}") if isinstance(meta, str) else meta)) > 0
-    except ValueError:  # malformed tests: the problem cannot be scored
-        return False
-
-
-@dataclass(frozen=True)
-class CodeExecution:
-    """The execution reward (B,) of each response (its program: :func:`extract_code`) against its
-    prompt's tests, run by ``rewarder`` (:class:`CodeRewarder`); logs ``code/*``
-    (:func:`code_stats`)."""
-
-    rewarder: Any
-
-    def __call__(self, batch: RewardBatch) -> list[RewardTerm]:
-        suites = [prompt_tests(m) for m in batch.metas]
-        rewards, results = self.rewarder.evaluate(batch.completions, suites)
-        values = torch.tensor(rewards, dtype=torch.float32)
-        return [RewardTerm("code", values, metrics=code_stats(results, rewards), log_mean=False)]
-
-
-def _build_code(ctx: RewardContext) -> CodeExecution:
-    if ctx.rewarder is None:
-        raise ValueError("--reward_source code needs the code rewarder (--code_* flags)")
-    return CodeExecution(ctx.rewarder)
-
-
-register_source(
-    RewardSource(
-        name="code",
-        help="execute the response's program against the prompt's test cases (APPS; "
-        "--code_* flags; prompts without tests are left out)",
-        needs="test cases (the APPS input_output column)",
-        build=_build_code,
-        prompt_ok=has_prompt_tests,
-        drop_unusable=True,
-    )
-)

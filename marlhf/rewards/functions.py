@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from marlhf.rewards.registry import RewardBatch, RewardTerm, check_values, refuse
+from marlhf.rewards.terms import RewardBatch, RewardTerm, check_values, refuse
 
 
 def _load_module(where: str, spec: str):
@@ -177,7 +177,7 @@ def call_all(functions: Sequence[RewardFunction], batch: RewardBatch) -> list[An
 @dataclass(frozen=True)
 class FunctionRewards:
     """The ``--reward_fn`` functions as reward terms, one per function, checked by
-    :func:`marlhf.rewards.registry.check_values`."""
+    :func:`marlhf.rewards.terms.check_values`."""
 
     functions: tuple[RewardFunction, ...]
     errors: str = "raise"

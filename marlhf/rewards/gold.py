@@ -1,6 +1,7 @@
 """``--reward_source gold``: a synthetic task's gold score of each response (an oracle reward for
 experiments; the stage finds the task's scorer from ``--data_path``: synthetic-tldr and the
-long-horizon synthetic-facts-* / synthetic-verdict-* prompts)."""
+long-horizon synthetic-facts-* / synthetic-verdict-* prompts). Declared in
+:mod:`marlhf.rewards.registry`."""
 
 from __future__ import annotations
 
@@ -9,13 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from marlhf.rewards.registry import (
-    RewardBatch,
-    RewardContext,
-    RewardSource,
-    RewardTerm,
-    register_source,
-)
+from marlhf.rewards.registry import RewardContext
+from marlhf.rewards.terms import RewardBatch, RewardTerm
 
 
 @dataclass(frozen=True)
@@ -32,7 +28,8 @@ class GoldScore:
         return [RewardTerm("gold", values, log_mean=False)]
 
 
-def _build_gold(ctx: RewardContext) -> GoldScore:
+def build_source(ctx: RewardContext) -> GoldScore:
+    """The ``gold`` source of a run: the task's scorer ``ctx.oracle``."""
     if ctx.oracle is None:
         raise ValueError(
             "--reward_source gold needs a synthetic task's prompts (--data_path synthetic-tldr, "
@@ -40,14 +37,3 @@ def _build_gold(ctx: RewardContext) -> GoldScore:
             "defined there"
         )
     return GoldScore(ctx.oracle)
-
-
-register_source(
-    RewardSource(
-        name="gold",
-        help="the synthetic task's gold score (an oracle reward for experiments: synthetic-tldr "
-        "and the long-horizon synthetic-facts-*/synthetic-verdict-* prompts only)",
-        needs="a synthetic task's prompts",
-        build=_build_gold,
-    )
-)

@@ -6,7 +6,7 @@ A prompt's ``meta["reasoning_gym"]`` names its entry, ``{"task", "seed", "size",
 scorer regenerates that entry (the generator is deterministic) and scores the response's answer,
 the text inside its last ``<answer>...</answer>`` tag, else the whole response stripped of
 surrounding whitespace. Scores are in [0, 1]: 1 for the right answer, partial credit where the task
-defines it.
+defines it. Declared in :mod:`marlhf.rewards.registry`.
 """
 
 from __future__ import annotations
@@ -18,21 +18,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from marlhf.rewards.registry import (
-    RewardBatch,
-    RewardContext,
-    RewardSource,
-    RewardTerm,
-    check_values,
-    refuse,
-    register_source,
-)
+from marlhf.rewards.registry import RewardContext
+from marlhf.rewards.terms import RewardBatch, RewardTerm, check_values, refuse
 
 GYM_KEY = "reasoning_gym"  # the key of a prompt's entry in its meta
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
 
 
-def require_gym(flag: str) -> None:
+def require_gym(flag: str = "--reward_source reasoning-gym") -> None:
     """ValueError naming ``flag`` when reasoning-gym is not installed."""
     if importlib.util.find_spec("reasoning_gym") is None:
         raise ValueError(f"{flag} needs the reasoning-gym package: pip install reasoning-gym")
@@ -102,18 +95,6 @@ class GymScore:
         return [RewardTerm("reasoning-gym", values, errors=n_errors + not_gym)]
 
 
-def _build_gym(ctx: RewardContext) -> GymScore:
+def build_source(ctx: RewardContext) -> GymScore:
+    """The ``reasoning-gym`` source of a run (``ctx.errors``: ``--reward_errors``)."""
     return GymScore(ctx.errors)
-
-
-register_source(
-    RewardSource(
-        name="reasoning-gym",
-        help="the reasoning-gym task's own score of the response's answer (--data_path "
-        "reasoning-gym:NAME; pip install reasoning-gym)",
-        needs="reasoning-gym prompts (--data_path reasoning-gym:NAME)",
-        build=_build_gym,
-        prompt_ok=is_gym_prompt,
-        check=lambda: require_gym("--reward_source reasoning-gym"),
-    )
-)

@@ -6,7 +6,7 @@ SymPy (LaTeX, ``\\boxed{}``, plain numbers and expressions, percentages) and com
 
 A reference that math-verify cannot parse is an error naming the row (or a 0 under
 ``--reward_errors zero``). math-verify bounds each parse and comparison with a timer that needs the
-main thread (where the stage scores).
+main thread (where the stage scores). Declared in :mod:`marlhf.rewards.registry`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from marlhf.rewards.registry import (
-    RewardBatch,
-    RewardContext,
-    RewardSource,
-    RewardTerm,
-    refuse,
-    register_source,
-)
+from marlhf.rewards.registry import RewardContext
+from marlhf.rewards.terms import RewardBatch, RewardTerm, refuse
 
 ANSWER_COLUMNS = ("answer", "solution")
 
@@ -94,18 +88,6 @@ class MathAnswers:
         return [RewardTerm("math", values, errors=n_errors)]
 
 
-def _build_math(ctx: RewardContext) -> MathAnswers:
+def build_source(ctx: RewardContext) -> MathAnswers:
+    """The ``math`` source of a run (``ctx.errors``: ``--reward_errors``)."""
     return MathAnswers(ctx.errors)
-
-
-register_source(
-    RewardSource(
-        name="math",
-        help="1 when the response's answer equals the row's answer (or solution) column in "
-        "value, checked by math-verify (pip install math-verify), else 0",
-        needs="an answer or solution column",
-        build=_build_math,
-        prompt_ok=has_reference,
-        check=require_math_verify,
-    )
-)

@@ -1,6 +1,6 @@
 """``--reward_source rm``: the frozen reward model's score at each response's last token, normalised
 with its saved statistics under ``--normalize_reward`` (the stage runs the model; this source
-reads its scores)."""
+reads its scores). Declared in :mod:`marlhf.rewards.registry`."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from marlhf.algo.kl_rewards import normalize_scores
-from marlhf.rewards.registry import (
-    RewardBatch,
-    RewardError,
-    RewardSource,
-    RewardTerm,
-    register_source,
-)
+from marlhf.rewards.registry import RewardContext, RewardError
+from marlhf.rewards.terms import RewardBatch, RewardTerm
 
 
 @dataclass(frozen=True)
@@ -34,13 +29,6 @@ class ModelScore:
         return [RewardTerm("rm", rm, log_mean=False)]
 
 
-register_source(
-    RewardSource(
-        name="rm",
-        help="the reward model's score of the response (stage 2's output: "
-        "--reward_model_name_or_path, default --critic_model_name_or_path)",
-        needs="a reward model",
-        build=lambda ctx: ModelScore(ctx.normalize, ctx.score_stats),
-        reads_reward_model=True,
-    )
-)
+def build_source(ctx: RewardContext) -> ModelScore:
+    """The ``rm`` source of a run (its normalisation from ``ctx``)."""
+    return ModelScore(ctx.normalize, ctx.score_stats)

@@ -16,7 +16,7 @@ order whatever order the answers arrive in. A request that fails to connect, tim
 (``--reward_timeout_s``) or gets status 429 or 5xx is retried up to ``--reward_retries`` times,
 waiting 0.5 s, 1 s, 2 s, ... between tries; one that still fails, any other status, or an answer
 that is not such JSON stops the run with one ``error:`` line naming the URL and the rows (the
-values are checked like a function's: :func:`marlhf.rewards.registry.check_values`).
+values are checked like a function's: :func:`marlhf.rewards.terms.check_values`).
 ``scripts/reward_server.py`` is a reference server.
 """
 
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from marlhf.rewards.registry import RewardBatch, RewardError, RewardTerm, check_values
+from marlhf.rewards.terms import RewardBatch, RewardError, RewardTerm, check_values
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 

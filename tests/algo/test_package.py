@@ -105,7 +105,7 @@ def test_importing_the_estimators_loads_no_parser_and_no_process_pool():
         "import torch\n"
         "base = set(sys.modules)\n"
         "import marlhf.algo.estimators\n"
-        "print(heavy(set(sys.modules) - base), 'marlhf.macro.termination' in sys.modules)\n"
+        "print(heavy(set(sys.modules) - base), 'marlhf.macro.rules' in sys.modules)\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300

@@ -15,16 +15,8 @@ import marlhf.macro.rules as rules_module
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.credit import boundary_tokens
 from marlhf.macro.naming import describe
-from marlhf.macro.rules import (
-    RULES,
-    Rule,
-    TerminationOutput,
-    build_termination,
-    register_rule,
-    rule_class,
-    rules_help,
-    termination_inputs,
-)
+from marlhf.macro.rules import RULES, Rule, register_rule, rule_class, rules_help
+from marlhf.macro.termination import TerminationOutput, build_termination, termination_inputs
 from marlhf.macro.segments import build_segments
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import torch
 
 from marlhf.rewards.config import RewardConfig
 from marlhf.rewards.functions import FunctionRewards, load_reward_function, reward_functions
-from marlhf.rewards.registry import RewardBatch, RewardError, combine
+from marlhf.rewards.terms import RewardBatch, RewardError, combine
 from marlhf.rewards.sources import check_columns, custom_rewards
 
 USER_FILE = """

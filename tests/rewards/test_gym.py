@@ -7,7 +7,7 @@ import pytest
 
 import marlhf.rewards.gym as gym
 from marlhf.rewards.gym import GymScore, gym_score, response_answer
-from marlhf.rewards.registry import RewardBatch, RewardError
+from marlhf.rewards.terms import RewardBatch, RewardError
 
 
 def test_doctests():

@@ -4,7 +4,7 @@ not in text are right, others wrong, a reference math-verify cannot read is name
 import pytest
 
 from marlhf.rewards.math_answers import MathAnswers, answers_match, reference_answer
-from marlhf.rewards.registry import RewardBatch, RewardError
+from marlhf.rewards.terms import RewardBatch, RewardError
 
 
 @pytest.mark.parametrize(

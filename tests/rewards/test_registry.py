@@ -1,5 +1,5 @@
-"""Tests for marlhf.rewards.registry and marlhf.rewards.sources: the checks every reward value
-passes, how terms add up, and what ``--reward_source`` names."""
+"""Tests for marlhf.rewards.registry, marlhf.rewards.terms and marlhf.rewards.sources: the checks
+every reward value passes, how terms add up, and what ``--reward_source`` names."""
 
 import doctest
 import math
@@ -9,12 +9,14 @@ import torch
 
 import marlhf.rewards.registry as registry
 import marlhf.rewards.sources as sources
+import marlhf.rewards.terms as terms
 from marlhf.rewards.config import RewardConfig
-from marlhf.rewards.registry import RewardBatch, RewardError, RewardTerm, check_values, combine
+from marlhf.rewards.terms import RewardBatch, RewardError, RewardTerm, check_values, combine
 
 
 def test_doctests():
     assert doctest.testmod(registry).failed == 0
+    assert doctest.testmod(terms).failed == 0
     assert doctest.testmod(sources).failed == 0
 
 
@@ -95,28 +97,28 @@ def test_a_row_no_reward_scored_is_an_error_or_a_counted_zero():
 
 
 def test_reward_source_names_resolution_and_order():
-    assert sources.source_names("rm+code") == sources.source_names("code+rm") == ("rm", "code")
-    assert sources.source_names("none") == ()
+    assert registry.source_names("rm+code") == registry.source_names("code+rm") == ("rm", "code")
+    assert registry.source_names("none") == ()
     with pytest.raises(ValueError, match=r"'gld' is no reward source \(did you mean gold\?\)"):
-        sources.source_names("gld+code")
+        registry.source_names("gld+code")
     with pytest.raises(ValueError, match="names a source twice"):
-        sources.source_names("rm+rm")
-    resolve = sources.resolve_reward_source
+        registry.source_names("rm+rm")
+    resolve = registry.resolve_reward_source
     assert resolve("auto", False, ("synthetic-tldr",)) == "rm"
     assert resolve("auto", True, ("synthetic-tldr",)) == "none"
     assert resolve("auto", False, ("reasoning-gym:leg_counting",)) == "reasoning-gym"
     assert resolve("auto", False, ("reasoning-gym:leg_counting", "data.jsonl")) == "rm"
     assert resolve("gold", True, ("synthetic-tldr",)) == "gold"  # given: kept
-    assert sources.reads_reward_model("rm+code") and not sources.reads_reward_model("code+math")
+    assert registry.reads_reward_model("rm+code") and not registry.reads_reward_model("code+math")
 
 
 def test_some_reward_must_be_given_and_a_critic_free_rm_run_needs_the_model():
     with pytest.raises(ValueError, match="--reward_source none gives no reward"):
-        sources.check_reward_flags("none", RewardConfig())
-    sources.check_reward_flags("none", RewardConfig(reward_fn=("f.py:g",)))
+        registry.check_reward_flags("none", RewardConfig())
+    registry.check_reward_flags("none", RewardConfig(reward_fn=("f.py:g",)))
     with pytest.raises(ValueError, match="--advantage_estimator grpo trains no critic"):
-        sources.check_reward_flags("rm", RewardConfig(), "grpo", reward_model_given=False)
-    sources.check_reward_flags("math", RewardConfig(), "grpo", reward_model_given=False)
+        registry.check_reward_flags("rm", RewardConfig(), "grpo", reward_model_given=False)
+    registry.check_reward_flags("math", RewardConfig(), "grpo", reward_model_given=False)
 
 
 @pytest.mark.parametrize(

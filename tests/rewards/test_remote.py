@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from marlhf.rewards.registry import RewardBatch, RewardError
+from marlhf.rewards.terms import RewardBatch, RewardError
 from marlhf.rewards.remote import RemoteReward
 from marlhf.runtime.distributed import free_port
 

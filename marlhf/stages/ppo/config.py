@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.algo.estimators import (
+from marlhf.algo.names import CORRECTIONS, KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS
+from marlhf.algo.registry import (
     ESTIMATORS,
     check_estimator_flags,
     estimator_class,
@@ -12,7 +13,6 @@ from marlhf.algo.estimators import (
     group_size_help,
     resolve_estimator,
 )
-from marlhf.algo.names import CORRECTIONS, KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS
 from marlhf.config import (
     DeepSpeedConfig,
     LoggingConfig,
@@ -23,7 +23,7 @@ from marlhf.config import (
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.config import VLLMConfig
-from marlhf.rewards import sources as reward_sources
+from marlhf.rewards import registry as reward_sources
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.rewards.config import RewardConfig
 from marlhf.runtime.grouping import Grouping
@@ -478,7 +478,7 @@ class PPOConfig:
 
     def _check_estimator(self) -> None:
         """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation
-        (what the estimator itself asks: :func:`marlhf.algo.estimators.check_estimator_flags`)."""
+        (what the estimator itself asks: :func:`marlhf.algo.registry.check_estimator_flags`)."""
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(
                 f"--ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}"
@@ -633,7 +633,7 @@ class PPOStageConfig:
 
     @property
     def reward_source(self) -> str:
-        """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.sources.resolve_reward_source`)."""
+        """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.registry.resolve_reward_source`)."""
         return reward_sources.resolve_reward_source(
             self.ppo.reward_source, self.reward.custom, self.data.data_path
         )

@@ -37,14 +37,8 @@ from marlhf.models.checks import ppo_model_roles
 from marlhf.models.context import check_context
 from marlhf.models.load import load_tokenizer
 from marlhf.rewards.code import CodeRewarder
-from marlhf.rewards.registry import RewardContext
-from marlhf.rewards.sources import (
-    build_sources,
-    check_columns,
-    check_sources,
-    custom_rewards,
-    source_names,
-)
+from marlhf.rewards.registry import RewardContext, build_sources, check_sources, source_names
+from marlhf.rewards.sources import check_columns, custom_rewards
 from marlhf.rewards.sources import describe as describe_reward
 from marlhf.runtime import preemption, startup
 from marlhf.runtime.checkpoint import write_json

@@ -34,7 +34,7 @@ from marlhf.models.checks import (
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora, log_parameter_counts, wrap_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model
-from marlhf.rewards.sources import reads_reward_model
+from marlhf.rewards.registry import reads_reward_model
 from marlhf.runtime.distributed import is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.stages.ppo.config import (

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from marlhf.algo.estimators import estimator_class
+from marlhf.algo.registry import estimator_class
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.rules import rule_class
 from marlhf.stages.ppo.config import ActorCriticConfig
@@ -32,7 +32,7 @@ def macro_label(macro: MacroConfig) -> str:
 def run_label(cfg) -> str:
     """``PPO`` (GAE over tokens), ``MA-PPO n=5`` (GAE over macro actions), ``GRPO``, ``RLOO``,
     ``Dr. GRPO``, ``REINFORCE++``, ``MA-MC`` (``macro_mc``): the estimator's run label
-    (:meth:`marlhf.algo.estimators.Estimator.run_label`); a critic-free estimator over macro
+    (:meth:`marlhf.algo.registry.Estimator.run_label`); a critic-free estimator over macro
     actions carries the rule too (``GRPO, macro n=5``); ``--macro_credit boundary`` adds
     ``, boundary credit``."""
     credit = ", boundary credit" if cfg.macro.macro_credit == "boundary" else ""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from marlhf.data.collate import SFTCollator
 from marlhf.data.tokenize import build_prompt_dataset, build_sft_dataset
-from marlhf.rewards.sources import unusable_prompts
+from marlhf.rewards.registry import unusable_prompts
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.distributed import rank, world_size
 from marlhf.runtime.rows import step_prompt_indices

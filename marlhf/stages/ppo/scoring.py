@@ -25,10 +25,10 @@ from marlhf.macro import (
     termination_inputs,
 )
 from marlhf.models.sequences import end_index
-from marlhf.rewards.code import has_prompt_tests
-from marlhf.rewards.registry import RewardBatch, RewardContext, RewardFn, combine
+from marlhf.rewards.execution import has_prompt_tests
+from marlhf.rewards.registry import RewardContext, build_sources
 from marlhf.rewards.segment import segment_positions, segment_readout
-from marlhf.rewards.sources import build_sources
+from marlhf.rewards.terms import RewardBatch, RewardFn, combine
 from marlhf.runtime.distributed import all_gather_padded, world_size
 from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward, reward_forward
 from marlhf.stages.ppo.models import eval_mode
@@ -270,8 +270,9 @@ def reward_scores(
     errors: str = "raise",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The sequence-level reward of each response, (B,) on the rollout's device: the sum of what
-    ``sources`` (:func:`marlhf.rewards.sources.build_reward`) give, in their order
-    (:func:`marlhf.rewards.registry.combine`), and their metrics (``code/*``, ``reward/*``).
+    ``sources`` (:func:`marlhf.rewards.registry.build_sources`,
+    :func:`marlhf.rewards.sources.custom_rewards`) give, in their order
+    (:func:`marlhf.rewards.terms.combine`), and their metrics (``code/*``, ``reward/*``).
     ``rm_scores``: (B,) the reward model's end scores (:attr:`Scored.rm_scores`), or None."""
     batch = RewardBatch(list(prompt_texts), response_texts(ro, tokenizer), metas, rm_scores)
     terms = [t for source in sources for t in source(batch)]
@@ -320,8 +321,9 @@ class SequenceReward:
     """The step's sequence-level reward, built once by the loop and read by the step, by
     ``macro_mc``'s continuations and by the held-out evaluation alike:
     ``reward(ro, rm_scores, metas, prompt_texts)`` is :func:`reward_scores` over ``sources`` (the
-    run's ``--reward_source``, ``--reward_fn`` and ``--reward_url``,
-    :func:`marlhf.rewards.sources.build_reward`), or, without ``sources``,
+    run's ``--reward_source``, ``--reward_fn`` and ``--reward_url``:
+    :func:`marlhf.rewards.registry.build_sources`, :func:`marlhf.rewards.sources.custom_rewards`),
+    or, without ``sources``,
     :func:`sequence_scores` with the run's tokenizer, reward settings, code rewarder, the reward
     model's score statistics and the oracle."""
 

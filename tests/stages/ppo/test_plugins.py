@@ -24,7 +24,8 @@ PLUGIN = '''
 import torch
 
 from marlhf.algo.estimators import Estimator, register_estimator
-from marlhf.macro.rules import Rule, TerminationOutput, register_rule
+from marlhf.macro.rules import Rule, register_rule
+from marlhf.macro.termination import TerminationOutput
 
 
 @register_rule("whole")
