@@ -177,7 +177,7 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         if p:
             problems.append(p)
     if stage == "ppo" and not problems and not cfg.models.allow_settings_mismatch:
-        roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+        roles = ppo_model_roles(cfg.models, cfg.reward_source)
         problems += [
             f"{p}: pass the same setting, or --allow_settings_mismatch"
             for p in settings_mismatches(roles, vars(cfg.data))

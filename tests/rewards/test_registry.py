@@ -162,3 +162,69 @@ def test_a_reward_error_is_one_error_line_from_the_rank_it_happened_on():
     assert (
         error_line(e) == "error: --reward_fn f.py:g, row 0 of the batch (prompt 'x'): returned nan"
     )
+
+
+def test_every_built_in_source_names_functions_that_exist():
+    """The built-ins are declared by reference (``module:function``, imported when built): each
+    reference resolves to a function of the module the declaration names."""
+    assert registry.sum_order() == ("gold", "rm", "code", "math", "reasoning-gym")
+    for source in registry.REWARD_SOURCES.values():
+        for name in ("build", "prompt_ok", "check"):
+            ref = getattr(source, name)
+            if ref is None:
+                continue
+            assert isinstance(ref, str), (source.name, name)
+            module, _, attr = ref.partition(":")
+            fn = source.function(name)
+            assert callable(fn) and fn.__module__ == module and fn.__name__ == attr
+
+
+# a reward source of the user's, in one file a --plugin names
+SOURCE_PLUGIN = '''
+import torch
+
+from marlhf.rewards.registry import RewardSource, register_source
+from marlhf.rewards.terms import RewardTerm
+
+
+def build(ctx):
+    def length(batch):
+        values = torch.tensor([float(len(c)) for c in batch.completions])
+        return [RewardTerm("length", values)]
+
+    return length
+
+
+register_source(
+    RewardSource(name="length", help="the response's length in characters", needs="nothing",
+                 build=build)
+)
+'''
+
+
+def test_a_plugin_file_registers_a_reward_source(tmp_path):
+    import sys
+
+    from marlhf.cli import parse_config
+    from marlhf.plugins import plugin_module_name
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+    path = tmp_path / "my_source.py"
+    path.write_text(SOURCE_PLUGIN)
+    flags = ["--advantage_estimator", "grpo", "--n_samples_per_prompt", "2"]
+    try:
+        cfg = parse_config(
+            PPOStageConfig, ["--reward_source", "length+gold", "--plugin", str(path), *flags]
+        )
+        # added after the built-ins, in the order of registration; no reward model read
+        assert registry.source_names(cfg.reward_source) == ("gold", "length")
+        assert not registry.reads_reward_model(cfg.reward_source)
+        (source,) = registry.build_sources(["length"], registry.RewardContext())
+        batch = RewardBatch(["p", "q"], ["ab", "abcd"], [{}, {}])
+        scores, metrics = combine(source(batch), batch, torch.device("cpu"), "raise")
+        assert scores.tolist() == [2.0, 4.0] and metrics["reward/length"] == 3.0
+    finally:
+        registry.REWARD_SOURCES.pop("length", None)
+        sys.modules.pop(plugin_module_name(path), None)
+    with pytest.raises(SystemExit):  # without its plugin the name is no source
+        parse_config(PPOStageConfig, ["--reward_source", "length", *flags])
