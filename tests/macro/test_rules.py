@@ -16,8 +16,8 @@ from marlhf.macro.config import MacroConfig
 from marlhf.macro.credit import boundary_tokens
 from marlhf.macro.naming import describe
 from marlhf.macro.rules import RULES, Rule, register_rule, rule_class, rules_help
-from marlhf.macro.termination import TerminationOutput, build_termination, termination_inputs
 from marlhf.macro.segments import build_segments
+from marlhf.macro.termination import TerminationOutput, build_termination, termination_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT_IN = ("fixed", "randomized", "parsing", "ppl", "entropy", "lowprob")

@@ -8,8 +8,8 @@ import torch
 
 from marlhf.rewards.config import RewardConfig
 from marlhf.rewards.functions import FunctionRewards, load_reward_function, reward_functions
-from marlhf.rewards.terms import RewardBatch, RewardError, combine
 from marlhf.rewards.sources import check_columns, custom_rewards
+from marlhf.rewards.terms import RewardBatch, RewardError, combine
 
 USER_FILE = """
 import asyncio

@@ -180,7 +180,7 @@ def test_every_built_in_source_names_functions_that_exist():
 
 
 # a reward source of the user's, in one file a --plugin names
-SOURCE_PLUGIN = '''
+SOURCE_PLUGIN = """
 import torch
 
 from marlhf.rewards.registry import RewardSource, register_source
@@ -199,7 +199,7 @@ register_source(
     RewardSource(name="length", help="the response's length in characters", needs="nothing",
                  build=build)
 )
-'''
+"""
 
 
 def test_a_plugin_file_registers_a_reward_source(tmp_path):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from marlhf.rewards.terms import RewardBatch, RewardError
 from marlhf.rewards.remote import RemoteReward
+from marlhf.rewards.terms import RewardBatch, RewardError
 from marlhf.runtime.distributed import free_port
 
 SERVER = Path(__file__).resolve().parents[2] / "scripts" / "reward_server.py"
