@@ -26,6 +26,8 @@ DEFERRED = {
     "yaml": "config files in YAML (pip install pyyaml)",
     "seccomp": "libseccomp's bindings (Debian python3-seccomp)",
     "pyseccomp": "libseccomp's bindings (pip)",
+    "math_verify": "verifiable math rewards (pip install math-verify)",
+    "reasoning_gym": "reasoning-gym tasks and their scorers (pip install reasoning-gym)",
     "termios": "POSIX terminal (the human evaluation's key reader)",
     "tty": "POSIX terminal (the human evaluation's key reader)",
     # heavy: seconds each on a CPU
@@ -147,6 +149,7 @@ def test_no_import_circles_between_packages():
 LAYERS = (
     "marlhf.config",
     "marlhf.config_file",
+    "marlhf.plugins",
     "marlhf.cli",
     "marlhf.stats",
     "marlhf.runtime",

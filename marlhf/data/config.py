@@ -14,8 +14,9 @@ class DataConfig:
         metadata={
             "help": "Datasets to blend: registered names / hub ids (openai/summarize_from_feedback, "
             "Dahoas/full-hh-rlhf, Dahoas/rm-static, openai/webgpt_comparisons, codeparrot/apps, "
-            "synthetic-tldr) or local json/jsonl/parquet files or directories; 'adapter:path' forces "
-            "the adapter of a local file."
+            "synthetic-tldr), reasoning-gym:NAME[:SIZE] (a reasoning-gym task, generated; pip "
+            "install reasoning-gym) or local json/jsonl/parquet files or directories; "
+            "'adapter:path' forces the adapter of a local file."
         },
     )
     data_columns: tuple[str, ...] = field(

@@ -3,6 +3,10 @@
 Flag names follow the original MA-RLHF scripts (``--termination_condition``, ``--ngram``,
 ``--repeat_times``, ``--parser_cutoff``, ``--value_function``). Validation raises ``ValueError`` naming
 the flag and never rewrites a value.
+
+The values of ``--termination_condition`` are the registered rules (:mod:`marlhf.macro.rules`, no
+torch: the built-in ones declared there and those of the ``--plugin`` files); its help lists them
+with their descriptions, and the chosen rule validates the flags it reads.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from marlhf.config import check_own_numbers
+from marlhf.macro.rules import RULES, rule_class, rules_help
+from marlhf.plugins import load_plugins
 
-TERMINATION_CONDITIONS = ("fixed", "randomized", "parsing", "ppl", "entropy", "lowprob")
 LOWPROB_CUTS = ("after", "before")
 MACRO_CREDITS = ("all", "boundary")
 RANDOMIZED_MODES = ("original", "resample")
@@ -27,10 +32,9 @@ class MacroConfig:
     termination_condition: str = field(
         default="fixed",
         metadata={
-            "help": "Rule that ends macro actions: fixed n-gram, randomized lengths, constituency "
-            "parsing, perplexity (ppl), reference-model entropy (Segment-PPO) or low sampled "
-            "probability under the rollout policy (lowprob: SPO's cutpoints, SAE's boundaries).",
-            "choices": TERMINATION_CONDITIONS,
+            "help": f"Rule that ends macro actions: {rules_help()}; or one a --plugin file "
+            "registers.",
+            "choices": RULES,  # the registry itself: the rules --plugin files add count too
         },
     )
     ngram: int = field(
@@ -166,8 +170,29 @@ class MacroConfig:
         },
     )
 
+    plugin: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Python files (path/to/rules.py) or modules (package.module) imported before "
+            "the flags are checked, once each: the termination rules, advantage estimators and "
+            "reward sources they register become values of --termination_condition, "
+            "--advantage_estimator and --reward_source (docs/extending.md). Repeatable.",
+            "repeat": True,
+            "plugins": True,  # marlhf.cli imports them before it checks any flag
+        },
+    )
+
     def __post_init__(self) -> None:
         check_own_numbers(self)
+        load_plugins(self.plugin)  # a config read from a run's run_config.json names its plugins
+        rule = rule_class(self.termination_condition)  # ValueError listing the registered rules
+        names = {f.name for f in fields(self)}
+        unknown = [flag for flag in rule.flags if flag not in names]
+        if unknown:
+            raise ValueError(
+                f"--termination_condition {self.termination_condition}: the rule reads {unknown}, "
+                "which are no fields of MacroConfig"
+            )
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
@@ -199,3 +224,4 @@ class MacroConfig:
                 f"--ppl_max_len ({self.ppl_max_len}) must be 0 or >= --ppl_min_len "
                 f"({self.ppl_min_len})"
             )
+        rule.validate(self)

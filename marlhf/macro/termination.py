@@ -1,10 +1,14 @@
-"""Termination rules: which response tokens end a macro action (MA-RLHF Sec. 3.1), batched.
+"""Termination rules at work: what a rule reads (`TerminationInputs`, built for it by
+:func:`termination_inputs`) and answers (`TerminationOutput`), how it is built and checked
+(:func:`build_termination`), and the built-in rules that answer batches (MA-RLHF Sec. 3.1).
 
 Every rule maps a right-padded batch of responses to `macro_end: (B, A) bool`, true on the last token of
-each macro action and always on the last valid token. Rules are looked up by their CLI name in `RULES`
-(``--termination_condition``); `build_termination` wraps the chosen rule with input checks and the
-``--eos_own_macro`` convention. The ``parsing`` rule lives in `marlhf.macro.parsing` and registers
-itself with ``@register_rule("parsing")``.
+each macro action and always on the last valid token. Rules are looked up by their CLI name in the
+registry (``--termination_condition``, :mod:`marlhf.macro.rules`, which declares each built-in rule's
+description, flags and label without torch); each class here implements one of them, a subclass of
+its declaration registered under the same name. `build_termination` wraps the chosen rule with
+input checks and the ``--eos_own_macro`` convention. The ``parsing`` rule is implemented in
+:mod:`marlhf.macro.parsing.rule`, imported with its parser backends when it is first built.
 
 Example: fixed 2-grams over a batch of two responses; the first ends with EOS, which becomes its own
 macro action.
@@ -31,7 +35,21 @@ from typing import Any, Protocol
 
 import torch
 
-from marlhf.macro.config import MacroConfig
+from marlhf.macro.rules import (
+    INPUT_SOURCES,
+    RULES,
+    Entropy,
+    Fixed,
+    LowProb,
+    MacroFlags,
+    Ppl,
+    Randomized,
+    Rule,
+    register_rule,
+    rule_class,
+    rule_implementation,
+    rules_help,
+)
 
 __all__ = [
     "RULES",
@@ -40,17 +58,22 @@ __all__ = [
     "LowProbRule",
     "PplRule",
     "RandomizedRule",
+    "Rule",
     "TerminationInputs",
     "TerminationOutput",
     "TerminationRule",
     "build_termination",
     "register_rule",
+    "rule_class",
+    "rules_help",
+    "termination_inputs",
 ]
 
 
 @dataclass
 class TerminationInputs:
-    """What a termination rule may look at, for a right-padded batch of responses.
+    """What a termination rule may look at, for a right-padded batch of responses
+    (:func:`termination_inputs` builds it for a rule).
 
     Fields:
         response_ids: (B, A) long — sampled response tokens.
@@ -109,30 +132,65 @@ class TerminationOutput:
 
 
 class TerminationRule(Protocol):
-    """A batched termination rule. `needs` names the optional `TerminationInputs` fields it reads."""
+    """A batched termination rule, as built: `needs` names the optional `TerminationInputs` fields
+    it reads."""
 
     needs: frozenset[str]
 
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput: ...
 
 
-RuleFactory = Callable[[MacroConfig, Any], TerminationRule]
-RULES: dict[str, RuleFactory] = {}
+def _missing(rule_name: str, name: str) -> ValueError:
+    return ValueError(
+        f"termination rule {rule_name!r} needs TerminationInputs.{name}; compute it from "
+        f"{INPUT_SOURCES.get(name, 'its source')} and pass it"
+    )
 
 
-def register_rule(name: str) -> Callable[[RuleFactory], RuleFactory]:
-    """Register a rule factory ``factory(cfg: MacroConfig, tokenizer | None) -> TerminationRule``
-    under the CLI name `name` (a class whose ``__init__`` takes ``(cfg, tokenizer=None)`` works)."""
+def termination_inputs(
+    rule: TerminationRule,
+    response_ids: torch.Tensor,
+    action_mask: torch.Tensor,
+    ends_with_eos: torch.Tensor,
+    *,
+    ref_logprobs: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    ref_entropy: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    old_logprobs: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    generator: torch.Generator | None = None,
+    row_seeds: torch.Tensor | None = None,
+    all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+) -> TerminationInputs:
+    """The `TerminationInputs` of a batch for ``rule`` (as built by :func:`build_termination`):
+    the three fields every rule reads, of the optional per-token quantities those ``rule.needs``
+    (each given as a (B, A) tensor or as a zero-argument callable computing it, called only when the
+    rule reads it; the others are left None), and the batch helpers as given.
 
-    def decorator(factory: RuleFactory) -> RuleFactory:
-        RULES[name] = factory
-        return factory
-
-    return decorator
+    Raises:
+        ValueError: a quantity the rule needs is not given (naming where it comes from).
+    """
+    needs = frozenset(getattr(rule, "needs", frozenset()))
+    given = {"ref_logprobs": ref_logprobs, "ref_entropy": ref_entropy, "old_logprobs": old_logprobs}
+    per_token = {}
+    for name, value in given.items():
+        if name not in needs:
+            continue
+        value = value() if callable(value) else value
+        if value is None:
+            raise _missing(getattr(rule, "name", type(rule).__name__), name)
+        per_token[name] = value
+    return TerminationInputs(
+        response_ids=response_ids,
+        action_mask=action_mask,
+        ends_with_eos=ends_with_eos,
+        generator=generator,
+        row_seeds=row_seeds,
+        all_gather=all_gather,
+        **per_token,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
-# helpers
+# building
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -144,6 +202,78 @@ def _last_valid(mask: torch.Tensor) -> torch.Tensor:
     """(B, A) bool — true on the last valid token of each non-empty row."""
     n_valid = mask.sum(1, keepdim=True)
     return _positions(mask) == (n_valid - 1)
+
+
+class _CheckedRule:
+    """A registered rule plus input validation and the ``--eos_own_macro`` convention."""
+
+    def __init__(self, name: str, rule: TerminationRule, eos_own_macro: bool) -> None:
+        self.name = name
+        self.rule = rule
+        self.needs: frozenset[str] = frozenset(getattr(rule, "needs", frozenset()))
+        self.eos_own_macro = eos_own_macro
+
+    def __repr__(self) -> str:
+        return f"TerminationRule({self.name!r}, eos_own_macro={self.eos_own_macro})"
+
+    def _check(self, inputs: TerminationInputs) -> None:
+        mask = inputs.action_mask
+        if mask.dim() != 2 or mask.dtype != torch.bool:
+            raise ValueError(
+                f"action_mask must be a (B, A) bool tensor, got {mask.dtype} {tuple(mask.shape)}"
+            )
+        B, A = mask.shape
+        if tuple(inputs.response_ids.shape) != (B, A):
+            raise ValueError(
+                f"response_ids {tuple(inputs.response_ids.shape)} must match action_mask {(B, A)}"
+            )
+        if tuple(inputs.ends_with_eos.shape) != (B,):
+            raise ValueError(f"ends_with_eos {tuple(inputs.ends_with_eos.shape)} must be ({B},)")
+        if A > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+            raise ValueError("action_mask must be right-padded (true on a prefix of each row)")
+        if inputs.row_seeds is not None and tuple(inputs.row_seeds.shape) != (B,):
+            raise ValueError(f"row_seeds {tuple(inputs.row_seeds.shape)} must be ({B},)")
+        for name in sorted(self.needs):
+            value = getattr(inputs, name, None)
+            if value is None:
+                raise _missing(self.name, name)
+            if isinstance(value, torch.Tensor) and tuple(value.shape) != (B, A):
+                raise ValueError(
+                    f"TerminationInputs.{name} {tuple(value.shape)} must match action_mask {(B, A)}"
+                )
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        self._check(inputs)
+        out = self.rule(inputs)
+        mask = inputs.action_mask
+        last = _last_valid(mask) & mask
+        macro_end = (out.macro_end.bool() | last) & mask
+        if self.eos_own_macro:
+            # The token before a final EOS ends a macro action, so the EOS stands alone.
+            n_valid = mask.sum(1)
+            own = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
+            before_last = _positions(mask) == (n_valid - 2)[:, None]
+            macro_end = macro_end | (before_last & own[:, None])
+        return TerminationOutput(macro_end=macro_end, fallback=out.fallback, stats=out.stats)
+
+
+def build_termination(cfg: MacroFlags, tokenizer: Any = None) -> TerminationRule:
+    """The rule named by ``cfg.termination_condition`` (a ``MacroConfig``), with input checks and
+    ``--eos_own_macro``.
+
+    Raises:
+        ValueError: unknown rule name (lists the registered ones); a rule that needs the policy's
+            tokenizer built without one.
+    """
+    name = cfg.termination_condition
+    cls = rule_implementation(name)
+    if cls.needs_tokenizer and tokenizer is None:
+        raise ValueError(f"--termination_condition {name} needs the policy tokenizer")
+    return _CheckedRule(name, cls(cfg, tokenizer), cfg.eos_own_macro)
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
 
 
 def _ends_from_lengths(lengths: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -168,20 +298,19 @@ def _ends_from_lengths(lengths: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 
 
 # --------------------------------------------------------------------------------------------------
-# rules
+# the built-in rules: each implements its declaration in marlhf.macro.rules (the description, flags,
+# labels and inputs there) and registers itself in its place
 
 
 @register_rule("fixed")
-class FixedRule:
+class FixedRule(Fixed):
     """Fixed n-gram: a macro action ends after every `--ngram` valid tokens and at the last one.
 
     ``n = 1`` makes every token its own macro action, so MA-PPO is exactly token-level PPO (the original
     added a spurious zero-length step when (T-1) % n == 0; this does not).
     """
 
-    needs: frozenset[str] = frozenset()
-
-    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+    def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.n = cfg.ngram
 
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
@@ -191,7 +320,7 @@ class FixedRule:
 
 
 @register_rule("randomized")
-class RandomizedRule:
+class RandomizedRule(Randomized):
     """Randomized n-gram lengths, each row its own draw from its own generator ``g_b`` seeded with
     ``inputs.row_seeds[b]`` (without row seeds, they are ``torch.randint(2**32, (B,),
     generator=inputs.generator)``). A row's macro actions depend only on its seed and its length.
@@ -209,9 +338,7 @@ class RandomizedRule:
     rows share the batch — the data-parallel split of the global batch included.
     """
 
-    needs: frozenset[str] = frozenset()
-
-    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+    def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.choices = torch.tensor([int(n) for n in cfg.ngram_choices], dtype=torch.long)
         self.repeat_times = cfg.repeat_times
         self.mode = cfg.randomized_mode
@@ -238,7 +365,7 @@ class RandomizedRule:
 
 
 @register_rule("ppl")
-class PplRule:
+class PplRule(Ppl):
     """Perplexity rule over the reference model's token NLLs, nll_t = -log p_ref(a_t | s_t).
 
     Scanning left to right, the current macro action holds tokens with running mean NLL m (its
@@ -252,9 +379,7 @@ class PplRule:
     fire.) Loops over A with batched tensor ops, never over rows.
     """
 
-    needs: frozenset[str] = frozenset({"ref_logprobs"})
-
-    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+    def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.min_len = cfg.ppl_min_len
         self.max_len = cfg.ppl_max_len
 
@@ -281,7 +406,7 @@ class PplRule:
 
 
 @register_rule("entropy")
-class EntropyRule:
+class EntropyRule(Entropy):
     """Entropy segmentation (Segment-PPO, arXiv 2501.02790): a new macro action starts before token j
     (j >= 1) when the reference model was uncertain there, H_j > tau; then token j-1 ends a macro action.
 
@@ -295,9 +420,7 @@ class EntropyRule:
     -inf when every candidate is one).
     """
 
-    needs: frozenset[str] = frozenset({"ref_entropy"})
-
-    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+    def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.threshold = cfg.entropy_threshold
         self.target = cfg.target_macro_len
         self.eos_own_macro = cfg.eos_own_macro
@@ -346,7 +469,7 @@ class EntropyRule:
 
 
 @register_rule("lowprob")
-class LowProbRule:
+class LowProbRule(LowProb):
     """Low-probability cut points (SPO's cutpoints, arXiv 2505.23564; SAE's segment boundaries,
     arXiv 2601.07320): token t is a cut point when its sampled probability under the rollout policy,
     p_t = π_old(a_t | s_t) (``inputs.old_logprobs``, at the sampling temperature), is below
@@ -368,9 +491,7 @@ class LowProbRule:
     1 when every candidate is one).
     """
 
-    needs: frozenset[str] = frozenset({"old_logprobs"})
-
-    def __init__(self, cfg: MacroConfig, tokenizer: Any = None) -> None:
+    def __init__(self, cfg: MacroFlags, tokenizer: Any = None) -> None:
         self.threshold = cfg.lowprob_threshold
         self.target = cfg.target_macro_len
         self.cut = cfg.lowprob_cut
@@ -429,86 +550,3 @@ class LowProbRule:
             macro_end=(macro_end | _last_valid(mask)) & mask,
             stats={"macro/lowprob_threshold": math.exp(-tau)},
         )
-
-
-# --------------------------------------------------------------------------------------------------
-# building
-
-
-class _CheckedRule:
-    """A registered rule plus input validation and the ``--eos_own_macro`` convention."""
-
-    def __init__(self, name: str, rule: TerminationRule, eos_own_macro: bool) -> None:
-        self.name = name
-        self.rule = rule
-        self.needs: frozenset[str] = frozenset(getattr(rule, "needs", frozenset()))
-        self.eos_own_macro = eos_own_macro
-
-    def __repr__(self) -> str:
-        return f"TerminationRule({self.name!r}, eos_own_macro={self.eos_own_macro})"
-
-    def _check(self, inputs: TerminationInputs) -> None:
-        mask = inputs.action_mask
-        if mask.dim() != 2 or mask.dtype != torch.bool:
-            raise ValueError(
-                f"action_mask must be a (B, A) bool tensor, got {mask.dtype} {tuple(mask.shape)}"
-            )
-        B, A = mask.shape
-        if tuple(inputs.response_ids.shape) != (B, A):
-            raise ValueError(
-                f"response_ids {tuple(inputs.response_ids.shape)} must match action_mask {(B, A)}"
-            )
-        if tuple(inputs.ends_with_eos.shape) != (B,):
-            raise ValueError(f"ends_with_eos {tuple(inputs.ends_with_eos.shape)} must be ({B},)")
-        if A > 1 and bool((mask[:, 1:] & ~mask[:, :-1]).any()):
-            raise ValueError("action_mask must be right-padded (true on a prefix of each row)")
-        if inputs.row_seeds is not None and tuple(inputs.row_seeds.shape) != (B,):
-            raise ValueError(f"row_seeds {tuple(inputs.row_seeds.shape)} must be ({B},)")
-        for name in sorted(self.needs):
-            value = getattr(inputs, name, None)
-            if value is None:
-                source = (
-                    "the rollout's log-probs of its sampled tokens"
-                    if name == "old_logprobs"
-                    else "the reference model"
-                )
-                raise ValueError(
-                    f"termination rule {self.name!r} needs TerminationInputs.{name}; "
-                    f"compute it from {source} and pass it"
-                )
-            if isinstance(value, torch.Tensor) and tuple(value.shape) != (B, A):
-                raise ValueError(
-                    f"TerminationInputs.{name} {tuple(value.shape)} must match action_mask {(B, A)}"
-                )
-
-    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
-        self._check(inputs)
-        out = self.rule(inputs)
-        mask = inputs.action_mask
-        last = _last_valid(mask) & mask
-        macro_end = (out.macro_end.bool() | last) & mask
-        if self.eos_own_macro:
-            # The token before a final EOS ends a macro action, so the EOS stands alone.
-            n_valid = mask.sum(1)
-            own = inputs.ends_with_eos.bool().to(mask.device) & (n_valid >= 2)
-            before_last = _positions(mask) == (n_valid - 2)[:, None]
-            macro_end = macro_end | (before_last & own[:, None])
-        return TerminationOutput(macro_end=macro_end, fallback=out.fallback, stats=out.stats)
-
-
-def build_termination(cfg: MacroConfig, tokenizer: Any = None) -> TerminationRule:
-    """The rule named by ``cfg.termination_condition``, with input checks and ``--eos_own_macro``.
-
-    Raises:
-        ValueError: unknown rule name (lists the registered ones).
-    """
-    name = cfg.termination_condition
-    if name not in RULES:
-        hint = ""
-        if name == "parsing":
-            hint = " (the parsing rule registers when marlhf.macro.parsing is importable)"
-        raise ValueError(
-            f"--termination_condition {name!r} is not a registered rule; known: "
-            f"{sorted(RULES)}{hint}"
-        )
-    return _CheckedRule(name, RULES[name](cfg, tokenizer), cfg.eos_own_macro)

@@ -310,7 +310,7 @@ def _vllm_share(plan: Plan, vcfg, actor: ModelShape, tokens: int, dtype: str) ->
 def _model_paths(cfg) -> dict[str, str]:
     """role -> model of a PPO stage config, with the stage's defaults (:func:`ppo_model_roles`);
     the critic only when the estimator builds one."""
-    roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+    roles = ppo_model_roles(cfg.models, cfg.reward_source)
     paths = {
         "actor": roles["--actor_model_name_or_path"],
         "reference": roles["--reference_model_name_or_path"],

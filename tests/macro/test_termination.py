@@ -399,7 +399,7 @@ def test_entropy_target_tau_is_global_over_ranks(target, eos_own_macro):
 # ------------------------------------------------------------------ registry and config
 
 
-def test_registry(monkeypatch):
+def test_registry():
     assert {"fixed", "randomized", "ppl", "entropy"} <= set(RULES)
 
     class Everything:
@@ -411,14 +411,18 @@ def test_registry(monkeypatch):
         def __call__(self, inputs):
             return TerminationOutput(macro_end=inputs.action_mask.clone())
 
-    monkeypatch.setitem(RULES, "fixed", RULES["fixed"])  # restore the real rule afterwards
-    assert register_rule("fixed")(Everything) is Everything
-    inputs = random_inputs(0)
-    out = build_termination(MacroConfig(ngram=7))(inputs)
-    assert torch.equal(out.macro_end, inputs.action_mask)
-    monkeypatch.delitem(RULES, "fixed")
-    with pytest.raises(ValueError, match="known: .*entropy"):
-        build_termination(MacroConfig())
+    saved = dict(RULES)  # restored whole afterwards: its order is the order --help lists them in
+    try:
+        assert register_rule("fixed")(Everything) is Everything
+        inputs = random_inputs(0)
+        out = build_termination(MacroConfig(ngram=7))(inputs)
+        assert torch.equal(out.macro_end, inputs.action_mask)
+        del RULES["fixed"]
+        with pytest.raises(ValueError, match="known: .*entropy"):
+            build_termination(MacroConfig())
+    finally:
+        RULES.clear()
+        RULES.update(saved)
 
 
 def test_wrapper_validates_inputs():

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.estimators import (
-    ESTIMATORS,
     EstimatorInputs,
     EstimatorOptions,
     MCBoundaries,
@@ -27,11 +26,12 @@ from marlhf.algo.kl_rewards import compose_rewards, kl_penalty, sequence_rewards
 from marlhf.algo.kl_rewards import token_rewards as kl_token_rewards
 from marlhf.algo.losses import masked_mean, masked_whiten
 from marlhf.algo.macro_gae import macro_stats
-from marlhf.macro import MacroSegments, TerminationInputs, build_segments
+from marlhf.macro import MacroSegments, build_segments
 from marlhf.macro.credit import credit_mask
 from marlhf.runtime.distributed import all_gather_object, all_gather_padded, world_size
 from marlhf.runtime.finite import check_finite
 from marlhf.stages.ppo.rollout import Rollout
+from marlhf.stages.ppo.scoring import rollout_termination_inputs
 
 if TYPE_CHECKING:
     from marlhf.macro.termination import TerminationOutput, TerminationRule
@@ -91,18 +91,7 @@ def segment(
     ``row_seeds`` ((B,) long, `marlhf.runtime.rows.derive_row_seeds`) and ``all_gather``
     (`marlhf.runtime.distributed.all_gather_padded`) make the segments independent of the split over ranks
     (``randomized``: per-row draws; ``entropy``: tau over all ranks' rows)."""
-    return rule(
-        TerminationInputs(
-            response_ids=ro.response_ids,
-            action_mask=ro.action_mask,
-            ends_with_eos=ro.ends_with_eos,
-            ref_logprobs=scored.ref_logprobs,
-            ref_entropy=scored.ref_entropy,
-            row_seeds=row_seeds,
-            all_gather=all_gather,
-            old_logprobs=scored.old_logprobs,
-        )
-    )
+    return rule(rollout_termination_inputs(rule, ro, scored, row_seeds, all_gather))
 
 
 def token_rewards(
@@ -231,7 +220,7 @@ def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -
         scores=exp.outcome,
         action_mask=mask,
         segments=segments,
-        values=exp.values if ESTIMATORS[ppo.estimator].needs_critic else None,
+        values=exp.values if ppo.needs_critic else None,
         group_ids=group_ids(mask.shape[0], G, mask.device) if G > 1 else None,
         mc=mc,
     )
@@ -263,10 +252,7 @@ def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> E
     segments = segments_of(exp)
     mcfg = cfg.macro
     if mcfg.macro_credit != "all":  # the tokens the policy loss trains (marlhf.macro.credit)
-        credit = credit_mask(
-            segments, mcfg.macro_credit, mcfg.termination_condition, mcfg.lowprob_cut
-        )
-        exp = replace(exp, credit=credit)
+        exp = replace(exp, credit=credit_mask(segments, mcfg))
     advantages, returns = estimate_advantages(exp, segments, cfg)
     stats = experience_stats(exp, segments, term)
     if exp.credit is not None:

@@ -37,6 +37,9 @@ from marlhf.models.checks import ppo_model_roles
 from marlhf.models.context import check_context
 from marlhf.models.load import load_tokenizer
 from marlhf.rewards.code import CodeRewarder
+from marlhf.rewards.registry import RewardContext, build_sources, check_sources, source_names
+from marlhf.rewards.sources import check_columns, custom_rewards
+from marlhf.rewards.sources import describe as describe_reward
 from marlhf.runtime import preemption, startup
 from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
@@ -359,7 +362,7 @@ class Run:
     eos_ids: list[int]
     gold: Callable[[str, str], float] | None  # the synthetic task's gold scorer (logged)
     rewarder: CodeRewarder | None  # the execution reward (--reward_source code / rm+code)
-    reward: SequenceReward  # the step's sequence-level reward (--reward_source)
+    reward: SequenceReward  # the sequence-level reward (--reward_source, --reward_fn, --reward_url)
     run_config: dict  # run_config.json: the config as it ran (the backend resolved)
     settings: dict | None = None  # the run's settings, saved with each training state
     eval_prompts: Dataset | None = None  # the held-out prompts (with --eval_interval)
@@ -374,11 +377,17 @@ def setup(cfg: PPOStageConfig) -> Run:
     out = ensure_output_dir(cfg.log.output_dir)
     check_seen_settings(cfg)  # the models see the texts they were trained on
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
-    check_context(ppo_model_roles(mc, ppo.reward_source), sequence_lengths(cfg))
+    source = cfg.reward_source  # --reward_source, auto resolved
+    check_sources(source)
+    check_context(ppo_model_roles(mc, source), sequence_lengths(cfg))
     prompts, dropped = load_prompts(cfg, tokenizer)
+    custom = custom_rewards(cfg.reward)  # the user's functions load here: their errors come first
+    check_columns(custom, prompts["meta"])
     startup.mark("data")
     plan = plan_rollouts(len(prompts), cfg)
-    settings = check_resume(cfg, cfg.log, global_sizes(plan, cfg))
+    # what ran (and what a resume compares): the config with --reward_source resolved
+    ran = replace(cfg, ppo=replace(ppo, reward_source=source))
+    settings = check_resume(ran, cfg.log, global_sizes(plan, cfg))
     models = build_models(cfg, plan.total_updates, tokenizer)
     startup.mark("models + engines")
     backend = rollout_sampler.run_backend(cfg, models.actor)
@@ -389,8 +398,11 @@ def setup(cfg: PPOStageConfig) -> Run:
         seg_rule is not None and "ref_entropy" in seg_rule.needs
     )
     gold, rewarder = _reward_sources(cfg)
+    score_stats = models.reward_info.get("score_stats") if models.reward_info else None
+    ctx = RewardContext(gold, rewarder, ppo.normalize_reward, score_stats, cfg.reward.reward_errors)
+    sources = build_sources(source_names(source), ctx) + custom
     # what ran: the config with the resolved backend (a copy; the config itself keeps `auto`)
-    run_config = config_to_dict(replace(cfg, generation=replace(g, generation_backend=backend)))
+    run_config = config_to_dict(replace(ran, generation=replace(g, generation_backend=backend)))
     if is_main():
         write_json(out / "run_config.json", run_config)
         ds = {"actor": models.actor_ds, "critic": models.critic_ds}
@@ -408,8 +420,9 @@ def setup(cfg: PPOStageConfig) -> Run:
             cfg.macro.termination_condition,
             ppo.estimator,
         )
-    score_stats = models.reward_info.get("score_stats") if models.reward_info else None
-    oracle = gold if ppo.reward_source == "gold" else None
+        log.info("reward: %s", describe_reward(source, cfg.reward))
+    oracle = gold if "gold" in source_names(source) else None
+    errors = cfg.reward.reward_errors
     run = Run(
         cfg=cfg,
         out=out,
@@ -426,7 +439,7 @@ def setup(cfg: PPOStageConfig) -> Run:
         eos_ids=eos_token_ids(tokenizer, cfg.data),
         gold=gold,
         rewarder=rewarder,
-        reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle),
+        reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle, sources, errors),
         run_config=run_config,
         settings=settings,
         eval_prompts=load_eval_prompts(cfg, tokenizer) if cfg.log.eval_interval > 0 else None,
@@ -455,19 +468,12 @@ def global_sizes(plan: RolloutPlan, cfg: PPOStageConfig) -> dict[str, int]:
 
 
 def _reward_sources(cfg: PPOStageConfig):
-    """The gold scorer (or None) and the code rewarder (or None) of ``--reward_source``."""
-    ppo = cfg.ppo
-    gold = gold_scorer(cfg.data)
-    if ppo.reward_source == "gold" and gold is None:
-        raise ValueError(
-            "--reward_source gold needs a synthetic task's prompts (--data_path synthetic-tldr, "
-            "synthetic-facts-16|64|256 or synthetic-verdict-16|64|256): the gold score is only "
-            "defined there"
-        )
+    """The gold scorer (or None: the data are no synthetic task) and the code rewarder (or None)
+    of ``--reward_source``."""
     rewarder = None
-    if ppo.reward_source in ("code", "rm+code"):
+    if "code" in source_names(cfg.reward_source):
         rewarder = CodeRewarder.from_config(cfg.code)
-    return gold, rewarder
+    return gold_scorer(cfg.data), rewarder
 
 
 def pretraining_mix(run: Run, state: TrainState):
