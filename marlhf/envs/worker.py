@@ -64,6 +64,10 @@ def _finish(env) -> dict:
     return out
 
 
+def _finish_nothing() -> dict:
+    return {"metrics": {}, "metrics_error": None, "close_error": None}
+
+
 def run_call(factory: EnvFactory, env, kind: str, arg: Any, extras: dict):
     """One call on an environment of this process: (the environment, the call's value). ``init``
     builds the environment first."""
@@ -72,8 +76,8 @@ def run_call(factory: EnvFactory, env, kind: str, arg: Any, extras: dict):
         return env, env.init(arg)
     if kind == "step":
         return env, env.step(arg)
-    if kind == "finish":
-        return env, _finish(env)
+    if kind == "finish":  # an environment whose constructor failed has nothing to close
+        return env, _finish(env) if env is not None else _finish_nothing()
     raise ValueError(f"unknown environment call {kind!r}")
 
 

@@ -155,12 +155,15 @@ def test_init_errors_and_a_failing_close(tmp_path):
     rows = rows_of([[{"obs": "o", "done": True}], [{"obs": "o", "done": True}]])
     rows[1]["init_raise"] = "no database"
     factory = load_env(f"{FAKES}:Scripted", json.dumps({"log_dir": str(tmp_path)}))
-    cfg = EnvConfig(env="x", env_timeout_s=0, env_errors="zero_reward")
-    episodes = run_episodes(factory, rows, act, cfg, row_names=["prompt 7", "prompt 8"])
-    assert episodes[1].stop == "error" and episodes[1].turns == []
-    assert episodes[1].error == "--env Scripted: prompt 8: init raised RuntimeError: no database"
-    assert episodes[1].messages == [{"role": "user", "content": "q1"}]
-    assert episodes[0].stop == "done"
+    for timeout in (0.0, 30.0):  # in this process, and in worker processes
+        cfg = EnvConfig(env="x", env_timeout_s=timeout, env_errors="zero_reward")
+        episodes = run_episodes(factory, rows, act, cfg, row_names=["prompt 7", "prompt 8"])
+        assert episodes[1].stop == "error" and episodes[1].turns == []
+        assert (
+            episodes[1].error == "--env Scripted: prompt 8: init raised RuntimeError: no database"
+        )
+        assert episodes[1].messages == [{"role": "user", "content": "q1"}]
+        assert episodes[0].stop == "done" and episodes[0].error is None
     factory = load_env(f"{FAKES}:BrokenClose", json.dumps({"log_dir": str(tmp_path / "b")}))
     (tmp_path / "b").mkdir()
     with pytest.raises(
