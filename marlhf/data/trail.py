@@ -7,10 +7,10 @@ credit has turns to travel, and it is small enough for the tiny models on a CPU.
 
 The game
 --------
-The user lost something somewhere, and names three people and where each of them is::
+The user names three people and where each of them is, and what they lost where::
 
-    I lost my keys at the party. My sister is at the office, my boss is at the party and my dog
-    is at the cafe.
+    My sister is at the office, my boss is at the party and my dog is at the cafe. I lost my keys
+    at the party.
 
 The agent phones people. Each of the three knows someone who knows someone ...: each starts a trail
 of ``turns - 1`` names whose last one holds the object. Only the person who was where the object
@@ -76,7 +76,7 @@ TRAIL_VERSION = 1
 TURNS = (2, 4, 8)
 CANDIDATES = 3  # people named in the prompt
 # Share of the pretraining games whose first call is not the key person (pretraining_conversations).
-PRETRAIN_WRONG_FIRST = 0.3
+PRETRAIN_WRONG_FIRST = 0.4
 
 # Single tokens of the tiny tokenizer (with a leading space), as the TL;DR task spells them.
 PEOPLE = (
@@ -184,10 +184,11 @@ def make_world(turns: int, rng: random.Random) -> World:
 
 
 def prompt_text(world: World) -> str:
-    """The user's message: what was lost where, and where each candidate is."""
+    """The user's message: where each candidate is, then what was lost where (last, next to the
+    agent's first call: the clue is a match of two places, one hop for a small model)."""
     where = [f"my {c} is at the {p}" for c, p in zip(world.candidates, world.places, strict=True)]
     listed = ", ".join(where[:-1]) + " and " + where[-1]
-    return f"I lost {world.object} at the {world.place}. {listed[0].upper()}{listed[1:]}."
+    return f"{listed[0].upper()}{listed[1:]}. I lost {world.object} at the {world.place}."
 
 
 def call_text(person: str) -> str:

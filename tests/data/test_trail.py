@@ -42,8 +42,8 @@ def test_doctests():
 def test_the_world_and_its_prompt():
     assert (W.key, W.holder) == ("sister", "coach")
     assert trail.prompt_text(W) == (
-        "I lost my keys at the party. My boss is at the office, my sister is at the party and "
-        "my dog is at the cafe."
+        "My boss is at the office, my sister is at the party and my dog is at the cafe. I lost "
+        "my keys at the party."
     )
     assert World.from_info(W.info()) == W
     with pytest.raises(ValueError, match="not a consistent trail world of 5 turns"):
@@ -143,7 +143,7 @@ def test_pretraining_games_are_wrong_first_in_the_stated_share():
     wrong = 0
     for c in convs:
         words = c[0]["content"].replace(",", "").replace(".", "").split()
-        lost_at = words[words.index("at") + 2]
+        lost_at = words[-1]
         people = [words[i - 1] for i, w in enumerate(words) if w == "is"]
         places = [words[i + 3] for i, w in enumerate(words) if w == "is"]
         wrong += trail.first_call(c) != people[places.index(lost_at)]
