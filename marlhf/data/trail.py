@@ -7,15 +7,19 @@ credit has turns to travel, and it is small enough for the tiny models on a CPU.
 
 The game
 --------
-The user names three people and where each of them is, and what they lost where::
+The user lost something somewhere and names three people: one of them found it, the others are
+elsewhere::
 
-    My sister is at the office, my boss is at the party and my dog is at the cafe. I lost my keys
-    at the party.
+    I lost my keys at the party. My sister is at the office, my boss found it and my dog is at the
+    cafe.
 
 The agent phones people. Each of the three knows someone who knows someone ...: each starts a trail
-of ``turns - 1`` names whose last one holds the object. Only the person who was where the object
-was lost (the *key* person: the boss) starts the true trail; the others start trails that look the
-same and end at the wrong holder. A game of ``turns`` turns (the environment's ``done`` comes at
+of ``turns - 1`` names whose last one holds the object. Only the one who found it (the *key*
+person: the boss, who was at the party) starts the true trail, along which the object was passed
+on; the others start trails that look the same and end at the wrong holder. (Which of the three
+found it is written in the prompt, for a small model to read; a clue that has to be matched, such as
+"the one at the place where it was lost", is associative recall, which the 2-layer tiny models did
+not learn in 1,500 steps of clean examples, where this one takes 100.) A game of ``turns`` turns (the environment's ``done`` comes at
 the last one, or at an answer)::
 
     > call my boss                       turn 1: the decision (one of three)
@@ -184,11 +188,14 @@ def make_world(turns: int, rng: random.Random) -> World:
 
 
 def prompt_text(world: World) -> str:
-    """The user's message: where each candidate is, then what was lost where (last, next to the
-    agent's first call: the clue is a match of two places, one hop for a small model)."""
-    where = [f"my {c} is at the {p}" for c, p in zip(world.candidates, world.places, strict=True)]
+    """The user's message: what was lost where, and the three candidates: the one who was there
+    found it, the others are elsewhere."""
+    where = [
+        f"my {c} found it" if p == world.place else f"my {c} is at the {p}"
+        for c, p in zip(world.candidates, world.places, strict=True)
+    ]
     listed = ", ".join(where[:-1]) + " and " + where[-1]
-    return f"{listed[0].upper()}{listed[1:]}. I lost {world.object} at the {world.place}."
+    return f"I lost {world.object} at the {world.place}. {listed[0].upper()}{listed[1:]}."
 
 
 def call_text(person: str) -> str:

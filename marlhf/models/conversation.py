@@ -142,10 +142,19 @@ class ChatLayout:
             turn: the action's turn (1, 2, ...), for errors.
             before_ids: ``render(before, True)`` if the caller has it, else it is rendered here.
         """
-        return self._context(before, action, observations, ended, turn, before_ids)[0]
+        return self.context_and_render(before, action, observations, ended, turn, before_ids)[0]
 
-    def _context(self, before, action, observations, ended, turn, before_ids):
-        """(the context tokens, ``render(before + action + observations, True)``)."""
+    def context_and_render(
+        self,
+        before: Sequence[dict],
+        action: str,
+        observations: Sequence[dict],
+        ended: bool = True,
+        turn: int = 1,
+        before_ids: list[int] | None = None,
+    ) -> tuple[list[int], list[int]]:
+        """``(context(...), render(before + action + observations, True))``: the second is the
+        ``before_ids`` of the next turn's call, so a conversation is rendered once per turn."""
         assistant = {"role": "assistant", "content": action}
         a = self.render(before, True) if before_ids is None else before_ids
         b = self.render([*before, assistant], False)
@@ -185,7 +194,7 @@ class ChatLayout:
             if k == len(actions):
                 break
             ended = bool(action_ids) and action_ids[-1] == self.end_of_turn
-            piece, ids = self._context(messages, text, observations[k - 1], ended, k, ids)
+            piece, ids = self.context_and_render(messages, text, observations[k - 1], ended, k, ids)
             out.extend(piece, False, k)
             messages += [{"role": "assistant", "content": text}, *observations[k - 1]]
         return out

@@ -410,7 +410,7 @@ def pretrain_rm_base(
 # turns in turn, rendered with the task's chat template (which the base's tokenizer carries); the
 # SFT stage's loss covers every token after the first prompt, the environment's lines too (an LM
 # base; RL trains only the actions).
-TRAIL_ROWS = 24000
+TRAIL_ROWS = 18000
 TRAIL_FLAGS = lm_flags(160, 32, "2e-3", 1)
 
 

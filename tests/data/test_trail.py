@@ -42,8 +42,8 @@ def test_doctests():
 def test_the_world_and_its_prompt():
     assert (W.key, W.holder) == ("sister", "coach")
     assert trail.prompt_text(W) == (
-        "My boss is at the office, my sister is at the party and my dog is at the cafe. I lost "
-        "my keys at the party."
+        "I lost my keys at the party. My boss is at the office, my sister found it and my dog is "
+        "at the cafe."
     )
     assert World.from_info(W.info()) == W
     with pytest.raises(ValueError, match="not a consistent trail world of 5 turns"):
@@ -132,7 +132,7 @@ def test_every_word_is_one_token_of_the_tiny_tokenizer():
     world = trail.make_world(2, random.Random(0))
     text = trail.prompt_text(world)
     n_words = len(text.split()) + text.count(",") + text.count(".")  # punctuation is a token
-    assert len(tok(text, add_special_tokens=False)["input_ids"]) == n_words == 29
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) == n_words == 27
 
 
 def test_pretraining_games_are_wrong_first_in_the_stated_share():
@@ -143,9 +143,6 @@ def test_pretraining_games_are_wrong_first_in_the_stated_share():
     wrong = 0
     for c in convs:
         words = c[0]["content"].replace(",", "").replace(".", "").split()
-        lost_at = words[-1]
-        people = [words[i - 1] for i, w in enumerate(words) if w == "is"]
-        places = [words[i + 3] for i, w in enumerate(words) if w == "is"]
-        wrong += trail.first_call(c) != people[places.index(lost_at)]
+        wrong += trail.first_call(c) != words[words.index("found") - 1]
     assert abs(wrong / len(convs) - trail.PRETRAIN_WRONG_FIRST) < 0.04
     assert convs[:9] == trail.pretraining_conversations(9, seed=0)
