@@ -39,8 +39,8 @@ earns ``r``, a per-turn reward that does not give the true trail away.
 The gold score of an episode is its final reward: 1 when the last action is an answer naming the
 holder of the true trail, else 0, read from the row's world (``extra_info``) and the conversation's
 text (:func:`gold`). All words are single tokens of the tiny tokenizer (its TL;DR vocabulary):
-with the template a prompt is 32 tokens, and a game of 2, 4 and 8 turns played to the end (the
-trail followed) 54, 82 and 138 tokens.
+with the template a prompt is 30 tokens, and a game of 2, 4 and 8 turns played to the end (the
+trail followed) 52, 80 and 136 tokens.
 
 Rows, the chat template, the pretraining corpus
 -----------------------------------------------

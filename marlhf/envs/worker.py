@@ -9,8 +9,9 @@ the metrics, then close) run: in this process, or each in a process of its own.
   has skyrl-gym imported (a fresh interpreter, not a fork of the trainer and its threads). At most
   ``--env_workers`` calls run at once. A call that does not answer within the timeout has its
   process group killed (SIGKILL: a step stuck in C code or in a child process stops too), and the
-  row gets a timeout error; the other rows' environments live on in their own processes. A process
-  killed with the trainer's fork server (the trainer died) dies too (``PR_SET_PDEATHSIG``).
+  row gets a timeout error; the other rows' environments live on in their own processes. When the
+  trainer dies (even by SIGKILL) the fork server exits, and each environment's process group with
+  it (:func:`_die_with_the_trainer`).
 
 Every call ends as an :class:`Outcome`: ``ok`` with the call's return value, ``error`` (the
 environment raised; ``text`` is ``TypeName: message``) or ``timeout``.
@@ -19,11 +20,13 @@ environment raised; ``text`` is ``TypeName: message``) or ``timeout``.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -122,20 +125,43 @@ class LocalPool:
             self._threads.shutdown(wait=True)
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when its parent (the fork server, which exits with the trainer) ends."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def _kill_own_group(*_) -> None:
+    os.killpg(0, signal.SIGKILL)
+
+
+def _die_with_the_trainer() -> None:
+    """End this process's group (the environment and any process its steps started) when the
+    trainer dies. The fork server exits once no process holds its "alive" pipe, so this process
+    lets go of the copy it inherited; the server's exit then signals this process
+    (``PR_SET_PDEATHSIG``), and a watchdog thread that sees the parent change does the same in case
+    the signal's handler cannot run."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    parent = os.getppid()
+    signal.signal(signal.SIGTERM, _kill_own_group)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        _kill_own_group()
+
+    threading.Thread(target=watch, daemon=True, name="marlhf-env-watchdog").start()
+    if os.getppid() != parent:  # the server ended before the signal was armed
+        _kill_own_group()
 
 
 def _child(conn, spec: str, name: str, target: str, kwargs: dict, env_config: dict, extras: dict):
     """The loop of an environment's process: answer each request ``(kind, arg)`` with ``("ok",
     value)`` or ``("error", text)`` until ``finish`` (or the trainer closes the pipe)."""
     os.setsid()  # its own process group: a timeout kills the environment's children too
-    _die_with_parent()
+    _die_with_the_trainer()
     env, factory = None, None
     while True:
         try:

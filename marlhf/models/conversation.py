@@ -7,8 +7,8 @@ when it stopped there) and the environment's observations. After each action the
 are the *context* the template puts after it: what follows its end-of-turn token (``\\n`` in
 ChatML), the observations' messages and the next generation prompt::
 
-    [ prompt ............ ][ action 1 ][ context 1 ............ ][ action 2 ][ context 2 ] ...
-    <bos>...user msg\\n>    call my boss<eos>  \\nmy boss: call my cousin.\\n>   call my cousin<eos> ...
+    [ prompt ......................][ action 1 ......][ context 1 ................][ action 2 ........]
+    <bos>I lost my keys ... cafe.\\n> call my boss<eos>\\nmy boss: call my cousin.\\n> call my cousin<eos>
 
 Concatenated, the pieces are the tokenisation of the whole conversation rendered at once (up to
 its last end-of-turn token) whenever each action's tokens are the tokenisation of its text: that

@@ -257,3 +257,44 @@ def test_a_hanging_step_is_stopped_with_its_children(tmp_path, errors):
     assert all(map(_dead, pids))
     other = "r1" if hung == "r0" else "r0"
     assert closed(tmp_path) == [other]  # a killed environment cannot close; the other one did
+
+
+TRAINER = """
+import json, sys
+from marlhf.envs.config import EnvConfig
+from marlhf.envs.loading import load_env
+from marlhf.envs.runner import run_episodes
+factory = load_env(sys.argv[1], json.dumps({"log_dir": sys.argv[2]}))
+rows = [{"prompt": "q", "id": "r0", "plan": [{"hang": True}]}]
+run_episodes(factory, rows, lambda ids, c: ["a"] * len(ids), EnvConfig(env="x", env_timeout_s=600))
+"""
+
+
+@pytest.mark.slow
+def test_environment_processes_die_with_a_killed_trainer(tmp_path):
+    """kill -9 of the trainer while a step hangs: the fork server exits, and with it (through
+    PR_SET_PDEATHSIG) the environment's process; the step's own child is in its process group."""
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, f"{FAKES}:Scripted", str(tmp_path)], env=env, cwd=root
+    )
+    pids_file = tmp_path / "r0.pids"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not pids_file.exists() or len(pids_file.read_text().split()) < 2
+    ):
+        time.sleep(0.2)
+    env_pid, child_pid = (int(x) for x in pids_file.read_text().split())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while not _dead(env_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _dead(env_pid)
+    if not _dead(child_pid):  # not the environment's: the step's child, orphaned; stop it here
+        os.kill(child_pid, signal.SIGKILL)
