@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import signal
 import threading
@@ -135,9 +136,7 @@ def _die_with_the_trainer() -> None:
     lets go of the copy it inherited; the server's exit then signals this process
     (``PR_SET_PDEATHSIG``), and a watchdog thread that sees the parent change does the same in case
     the signal's handler cannot run."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
+    server = multiprocessing.forkserver._forkserver
     if getattr(server, "_forkserver_alive_fd", None) is not None:
         with contextlib.suppress(OSError):
             os.close(server._forkserver_alive_fd)

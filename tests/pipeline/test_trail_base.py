@@ -80,8 +80,10 @@ def test_the_corpus_is_the_conversation_as_the_sft_stage_tokenises_it():
 
 @pytest.mark.parametrize("turns", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_the_base_plays_the_game_with_room_to_improve(turns):
-    """Greedy it follows the format and the trails; sampled, its first call is right only part of
-    the time, and the games it wins are those whose first call was right."""
+    """Greedy it follows the format and the trails and mostly calls the right person first;
+    sampled, its first call is right only part of the time. Measured on these 24 games (gold,
+    first call right): greedy 0.75, 0.75 (2 turns), 0.88, 0.88 (4), 0.83, 0.83 (8); sampled 0.54,
+    0.54; 0.62, 0.62; 0.62, 0.58 (a wrong first call can still win by calling the holder by luck)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path("tiny-base-trail")
@@ -103,7 +105,6 @@ def test_the_base_plays_the_game_with_room_to_improve(turns):
         firsts = [
             trail.first_call(e.messages) == w.key for w, e in zip(worlds, episodes, strict=True)
         ]
-        assert all(f for g, f in zip(golds, firsts, strict=True) if g == 1.0)  # no win by luck
         assert all(e.stop == "done" for e in episodes)  # the game ends by its last turn
         if mode == "greedy":  # it calls and follows until the last turn, then answers
             assert all(len(e.turns) == turns for e in episodes)
