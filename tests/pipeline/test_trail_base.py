@@ -111,3 +111,31 @@ def test_the_base_plays_the_game_with_room_to_improve(turns):
         out[mode] = (sum(golds) / len(golds), sum(firsts) / len(firsts))
     assert out["greedy"][0] >= 0.5, out
     assert 0.3 <= out["T1"][1] <= 0.95, out  # an early decision left to learn
+
+
+@pytest.mark.slow
+def test_the_recipe_runs_and_writes_a_loadable_base(tmp_path):
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.support.stage_env import stage_env
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "base"
+    cmd = [sys.executable, "-m", "marlhf.tiny", str(out), "--pretrain", "--trail", "--rows", "60"]
+    cmd += ["--max_steps", "2", "--per_device_train_batch_size", "4", "--disable_progress_bar"]
+    env = stage_env(tmp_path / "home")
+    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((out / "pretraining.json").read_text())
+    assert record["steps"] == 2
+    assert record["corpus"] == "marlhf.data.trail.pretraining_conversations(60, seed=0)"
+    assert set(record["figures"]) == {
+        "prompts_per_task",
+        *(f"marlhf-trail-{t}/{m}" for t in trail.TURNS for m in ("greedy", "T1")),
+    }
+    assert AutoTokenizer.from_pretrained(out).chat_template == trail.CHAT_TEMPLATE
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert next(model.parameters()).dtype == torch.float32
