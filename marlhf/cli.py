@@ -313,7 +313,8 @@ class Parser(argparse.ArgumentParser):
 
     def _load_plugins(self, args: list[str]) -> None:
         """Import the files and modules of a ``plugins`` flag (``--plugin``) before any flag is
-        checked: the rules and estimators they register are values of the flags."""
+        checked: the rules, estimators, reward sources and generation backends they register are
+        values of the flags."""
         for action in self._actions:
             if getattr(action, "plugins", False):
                 pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)

@@ -1,8 +1,10 @@
 """Plugins (``--plugin``): Python files or modules of the user's, imported before a program checks
-its flags, so that the termination rules, advantage estimators and reward sources they register
-(:func:`marlhf.macro.rules.register_rule`, :func:`marlhf.algo.registry.register_estimator`,
-:func:`marlhf.rewards.registry.register_source`) are valid values of ``--termination_condition``,
-``--advantage_estimator`` and ``--reward_source``.
+its flags, so that the termination rules, advantage estimators, reward sources and generation
+backends they register (:func:`marlhf.macro.rules.register_rule`,
+:func:`marlhf.algo.registry.register_estimator`, :func:`marlhf.rewards.registry.register_source`,
+:func:`marlhf.models.generation.registry.register_backend`) are valid values of
+``--termination_condition``, ``--advantage_estimator``, ``--reward_source`` and
+``--generation_backend``.
 
 A plugin is named by a path ending in ``.py`` (relative to the working directory) or by a dotted
 module name on ``sys.path`` (``my_package.rules``). Each is imported once per process: a second

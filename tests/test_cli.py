@@ -259,6 +259,8 @@ def test_config_alias_bomb_is_bounded(tmp_path, capsys):
     ok.write_text("learning_rate: &lr 0.5\nweight_decay: *lr\n")
     cfg = parse_config(_Stage, ["--config", str(ok)])
     assert (cfg.optim.learning_rate, cfg.optim.weight_decay) == (0.5, 0.5)
+
+
 # ---------------------------------------------------------------- registries and --plugin files
 
 

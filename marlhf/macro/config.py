@@ -174,9 +174,10 @@ class MacroConfig:
         default=(),
         metadata={
             "help": "Python files (path/to/rules.py) or modules (package.module) imported before "
-            "the flags are checked, once each: the termination rules, advantage estimators and "
-            "reward sources they register become values of --termination_condition, "
-            "--advantage_estimator and --reward_source (docs/extending.md). Repeatable.",
+            "the flags are checked, once each: the termination rules, advantage estimators, "
+            "reward sources and generation backends they register become values of "
+            "--termination_condition, --advantage_estimator, --reward_source and "
+            "--generation_backend (docs/extending.md). Repeatable.",
             "repeat": True,
             "plugins": True,  # marlhf.cli imports them before it checks any flag
         },

@@ -2,8 +2,9 @@
 (PPO's rollouts, its held-out evaluation and its Monte-Carlo continuations, ``marlhf infer``),
 what it is opened on (:class:`SamplerSetup`) and what one call returns (:class:`Sampled`).
 
-A backend is one module of :mod:`marlhf.models.generation.backends` (the registry finds it there,
-:mod:`marlhf.models.generation.registry`). Its class states what the callers must know about it:
+A backend is a registered subclass (:mod:`marlhf.models.generation.registry`: a built-in one is
+declared there and implemented in :mod:`marlhf.models.generation.backends`, one of one's own is a
+``--plugin`` file). Its class states what the callers must know about it:
 
 - ``records_logprobs`` / ``records_entropy``: whether a call returns log π(a_t | s_t) of each
   sampled token (and the entropy of π(· | s_t)) at the sampling temperature, before top-k/top-p,
@@ -19,7 +20,11 @@ A backend is one module of :mod:`marlhf.models.generation.backends` (the registr
 - ``samples_partitioned``: whether it can sample from a ZeRO-3 partitioned model without the
   whole weights being gathered first;
 - ``auto_rank`` and :meth:`GenerationBackend.supports`: where ``--generation_backend auto`` looks
-  (the supporting backend of lowest rank; None: never chosen by ``auto``).
+  (the supporting backend of lowest rank; None: never chosen by ``auto``);
+- ``implementation``: ``"package.module:Class"`` of the subclass that samples, imported when the
+  backend is first opened (a built-in backend's declaration); None: this class samples.
+
+This module imports no torch when it runs (the configuration and ``--help`` read the classes).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class SamplingConfig(Protocol):
@@ -99,10 +105,12 @@ class GenerationBackend(ABC):
     can_sleep: ClassVar[bool] = False
     samples_partitioned: ClassVar[bool] = False
     auto_rank: ClassVar[int | None] = None
+    implementation: ClassVar[str | None] = None
 
     @classmethod
     def supports(cls, model_config: Any) -> bool:
-        """Whether ``auto`` may pick this backend for a model of ``model_config`` (its HF config)."""
+        """Whether ``auto`` may pick this backend for a model of ``model_config`` (its HF config);
+        read from the declaration, so no torch."""
         return True
 
     @classmethod  # noqa: B027 - a hook: nothing to refuse unless a backend says so

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from marlhf.config import check_own_numbers
 from marlhf.models.config import VLLMConfig
-from marlhf.models.generation.registry import AUTO, backend_names, backends_help, get_backend
+from marlhf.models.generation.registry import AUTO, BACKEND_CHOICES, backend_info, backends_help
 
 
 @dataclass
@@ -31,7 +31,7 @@ class SamplingConfig:
         default=AUTO,
         metadata={
             "help": f"The decoder (marlhf.models.generation). {backends_help()}",
-            "choices": (AUTO, *backend_names()),
+            "choices": BACKEND_CHOICES,  # auto and the registry: --plugin files' backends count
         },
     )
     compile_generation: bool = field(
@@ -48,7 +48,7 @@ class SamplingConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.generation_backend != AUTO:
-            get_backend(self.generation_backend)  # ValueError listing the names
+            backend_info(self.generation_backend)  # ValueError listing the names; imports nothing
         check_own_numbers(self)
         if self.top_k < 0:
             raise ValueError(f"--top_k must be >= 0, got {self.top_k}")

@@ -22,7 +22,7 @@ from marlhf.config import (
 )
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
-from marlhf.models.generation import SamplingConfig, get_backend
+from marlhf.models.generation import SamplingConfig, backend_info
 from marlhf.rewards import registry as reward_sources
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.rewards.config import RewardConfig
@@ -600,7 +600,7 @@ class PPOStageConfig:
         name = self.generation.generation_backend
         if (
             name != "auto"
-            and not get_backend(name).records_logprobs
+            and not backend_info(name).records_logprobs
             and ppo.rollout_correction not in ("auto", "none")
         ):
             raise ValueError(

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marlhf.models.generation import GenerationBackend, sample_responses
+from marlhf.models.generation import GenerationBackend
+from marlhf.models.generation.sampling import sample_responses
 from marlhf.models.sequences import pack_flush_left
 
 if TYPE_CHECKING:

@@ -4,51 +4,25 @@ the caller's model.
 Each row's noise is counter-based from its seed (``row_seeds``), so a row samples the same response
 in any batch and on any number of ranks; it records the sampled tokens' log-probs and the entropies
 at the sampling temperature, before top-k/top-p (PPO skips one actor forward). Full-attention
-models only (:data:`STATIC_MODEL_TYPES`, no sliding window); under ZeRO-3 the caller gathers the
-weights around each call."""
+models only (:data:`~marlhf.models.generation.registry.STATIC_MODEL_TYPES`, no sliding window);
+under ZeRO-3 the caller gathers the weights around each call."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from marlhf.models.decode import sample
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
-
-# model families the static decoder is tested on (full attention, 4-D additive masks)
-STATIC_MODEL_TYPES = ("gemma", "llama", "mistral", "qwen2", "qwen3")
+from marlhf.models.generation.base import SamplerSetup, SamplingConfig
+from marlhf.models.generation.registry import Static, register_backend
 
 
-class StaticBackend(GenerationBackend):
-    name = "static"
-    summary = (
-        "marlhf.models.decode: static KV cache, on-device sampling, each row's noise seeded from "
-        "its own seed (the same samples on any number of ranks); records the sampled tokens' "
-        "log-probs and entropies (PPO skips one actor forward). Full-attention Llama, Gemma, "
-        "Mistral and Qwen models."
-    )
-    records_logprobs = True
-    records_entropy = True
-    seeds_rows = True
-    auto_rank = 0
+@register_backend
+class StaticBackend(Static):
+    """``static`` (declared, with the models it supports, in
+    :mod:`marlhf.models.generation.registry`): the static-KV-cache decoder."""
 
     def __init__(self, model: Any, inference_mode: bool) -> None:
         self.model, self.inference_mode = model, inference_mode
-
-    @classmethod
-    def supports(cls, model_config: Any) -> bool:
-        """Full attention in every layer, no sliding window, a family of
-        :data:`STATIC_MODEL_TYPES`."""
-        text = (
-            model_config.get_text_config()
-            if hasattr(model_config, "get_text_config")
-            else model_config
-        )
-        layer_types = getattr(text, "layer_types", None) or []
-        full = all(t == "full_attention" for t in layer_types)
-        windowed = getattr(text, "sliding_window", None) is not None and (
-            getattr(text, "use_sliding_window", True) is not False
-        )
-        return getattr(text, "model_type", None) in STATIC_MODEL_TYPES and full and not windowed
 
     @classmethod
     def open(cls, cfg: SamplingConfig, setup: SamplerSetup) -> StaticBackend:
@@ -78,6 +52,3 @@ class StaticBackend(GenerationBackend):
             inference_mode=self.inference_mode,
         )
         return tuple(x.to(prompt_ids.device) for x in out)
-
-
-BACKEND = StaticBackend

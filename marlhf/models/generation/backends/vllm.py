@@ -10,22 +10,14 @@ built; ``auto`` never picks this backend."""
 
 from __future__ import annotations
 
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
+from marlhf.models.generation.base import SamplerSetup, SamplingConfig
+from marlhf.models.generation.registry import VLLM, register_backend
 from marlhf.models.vllm_engine import VLLMEngine, VLLMError, require_vllm
 
 
-class VLLMBackend(GenerationBackend):
-    name = "vllm"
-    summary = (
-        "a vLLM engine in each process, seeded per row like `static`, recording the sampled "
-        "tokens' log-probs (no entropies); a trainer loads its weights into it after every update "
-        "(needs vLLM installed: docs/vllm.md)."
-    )
-    records_logprobs = True
-    seeds_rows = True
-    uses_model = False
-    needs_weight_sync = True
-    can_sleep = True
+@register_backend
+class VLLMBackend(VLLM):
+    """``vllm`` (declared in :mod:`marlhf.models.generation.registry`): a vLLM engine."""
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
@@ -72,6 +64,3 @@ class VLLMBackend(GenerationBackend):
 
     def close(self) -> None:
         self.engine.close()
-
-
-BACKEND = VLLMBackend
