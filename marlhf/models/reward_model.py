@@ -169,6 +169,8 @@ class RewardModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
+        use_cache: bool = False,
+        **attention_kwargs: Any,
     ) -> torch.Tensor:
         """``input_ids: (B, T)``, ``attention_mask: (B, T)`` -> ``values: (B, T) float32``.
 
@@ -176,7 +178,10 @@ class RewardModel(nn.Module):
         when it generates after a left-padded prompt; on right-padded rows this equals ``0..T-1`` on
         every real token. ``attention_mask=None``: rows are right-padded (or not padded), attention
         is plain causal and positions are ``0..T-1``; real tokens get the values they get with the
-        mask (padding only follows them), at a lower cost.
+        mask (padding only follows them), at a lower cost. Packed rows
+        (:mod:`marlhf.models.packing`): no mask, their ``position_ids``, and ``attention_kwargs``
+        (flash-attention varlen arguments) passed to the backbone. ``use_cache``: taken for the
+        causal LMs' call signature; a value model keeps no cache.
         """
         if position_ids is None and attention_mask is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
@@ -187,6 +192,7 @@ class RewardModel(nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **attention_kwargs,
         )
         hidden = out.last_hidden_state  # (B, T, hidden)
         return self.v_head(hidden).squeeze(-1).float()  # (B, T)

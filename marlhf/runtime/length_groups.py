@@ -38,11 +38,16 @@ import torch
 
 @dataclass(frozen=True)
 class Grouping:
-    """How a batch is split: at most ``max_groups`` passes, each pass's fixed cost counted as
-    ``call_tokens`` padded positions (:func:`length_groups`)."""
+    """How a batch's rows go through a model: padded, in at most ``max_groups`` passes, each
+    pass's fixed cost counted as ``call_tokens`` padded positions (:func:`length_groups`); or with
+    ``packing``, packed (:mod:`marlhf.models.packing`, where the model supports it exactly: then
+    one pass, without length groups); and with ``max_tokens`` > 0, the passes without gradients
+    cut by that token budget (:mod:`marlhf.runtime.micro_batches`)."""
 
     max_groups: int = 1
     call_tokens: float = 0.0
+    packing: bool = False
+    max_tokens: int = 0
 
 
 def length_groups(
@@ -105,6 +110,16 @@ def grouped(
     groups = length_groups(lengths, grouping.max_groups, grouping.call_tokens)
     if len(groups) == 1:
         return forward(torch.arange(lengths.shape[0], device=lengths.device))
+    return run_groups(forward, groups, widths)
+
+
+def run_groups(
+    forward: Callable[[torch.Tensor], torch.Tensor | tuple],
+    groups: list[torch.Tensor],
+    widths: tuple[int, ...] | int,
+):
+    """``forward(rows)`` once per group of ``groups`` (their union ``0 … B−1``), its outputs
+    reassembled in the batch's row order as :func:`grouped` describes."""
     outs = [forward(g) for g in groups]
     single = not isinstance(outs[0], tuple)
     parts = [(o,) if single else o for o in outs]

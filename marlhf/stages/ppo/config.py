@@ -8,7 +8,13 @@ from marlhf.algo.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estima
 from marlhf.algo.kl_rewards import KL_ESTIMATORS
 from marlhf.algo.losses import LOSS_AGG_MODES, RATIO_LEVELS
 from marlhf.algo.mismatch import CORRECTIONS
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config import (
+    BatchingConfig,
+    DeepSpeedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+)
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.vllm_engine import VLLMConfig
@@ -571,7 +577,8 @@ class PerfConfig:
             "help": "Score and train in up to this many forward passes per batch, the rows sorted "
             "by length and cut where padding costs most (marlhf.runtime.length_groups): each row's "
             "outputs are the one-pass ones up to float rounding, the padding is skipped. "
-            "1: one pass over the batch. Ignored with --score_all_positions."
+            "1: one pass over the batch. Ignored with --score_all_positions, and for models that "
+            "run packed (--packing)."
         },
     )
     length_group_call_tokens: float = field(
@@ -603,6 +610,7 @@ class PerfConfig:
             "every step). One actor forward pass per check (docs/gpu.md)."
         },
     )
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
     log_phase_resources: bool = field(
         default=False,
         metadata={
@@ -627,7 +635,12 @@ class PerfConfig:
     @property
     def grouping(self):
         """The score and update passes' :class:`marlhf.runtime.length_groups.Grouping`."""
-        return Grouping(self.length_groups, self.length_group_call_tokens)
+        return Grouping(
+            self.length_groups,
+            self.length_group_call_tokens,
+            packing=self.batching.packing,
+            max_tokens=self.batching.max_tokens_per_micro_batch,
+        )
 
 
 @dataclass
