@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from marlhf.models.packing import pack_rows, packed_inputs, packing_mode
 from marlhf.rewards.segment import (
     LocationNormalizer,
     ScoreStats,
@@ -89,6 +90,20 @@ def end_scores(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
             f"{tuple(attention_mask.shape)} must have the same (B, T) shape"
         )
     return values.gather(1, end_score_index(attention_mask).unsqueeze(1)).squeeze(1)
+
+
+def padded_values(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, packing: bool = False
+) -> torch.Tensor:
+    """A value model's (or its engine's) ``values: (B, T)`` over a padded batch (``input_ids``,
+    ``attention_mask``: (B, T)). With ``packing``, where the model runs packed rows exactly
+    (:func:`marlhf.models.packing.packing_mode`), the rows go through it packed and come back in
+    the batch's layout, 0 on padding: the padded values up to float rounding."""
+    mode = packing_mode(model) if packing else None
+    if mode is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask)
+    p = pack_rows(input_ids, attention_mask, layout=mode)
+    return p.unpack(model(**packed_inputs(p)))
 
 
 def _hidden_size(config: Any) -> int:

@@ -113,3 +113,31 @@ def accumulation_boundary(engine, is_boundary: bool | None) -> None:
     optimizer = getattr(engine, "optimizer", None)
     if hasattr(optimizer, "set_gradient_accumulation_boundary"):
         optimizer.set_gradient_accumulation_boundary(engine.is_gradient_accumulation_boundary())
+
+
+def regroup(
+    micro_batches: list[list[int]], length_of, max_tokens: int, *, packed: bool
+) -> list[list[int]]:
+    """The rows of one optimizer step's micro-batches (dataset indices, this rank's) cut anew by a
+    budget of ``max_tokens`` positions (:func:`split_rows`, as many micro-batches on every rank);
+    ``length_of(index)``: a row's tokens. ``max_tokens`` 0: ``micro_batches`` unchanged."""
+    if not max_tokens:
+        return micro_batches
+    rows = [i for batch in micro_batches for i in batch]
+    lengths = torch.tensor([int(length_of(i)) for i in rows], dtype=torch.long)
+    parts = split_rows(lengths, max_tokens, packed=packed, agree=world_size() > 1)
+    return [[rows[j] for j in p.tolist()] for p in parts]
+
+
+def accumulate(engine, micro_batches: list, explicit: bool):
+    """Yield the micro-batches of one optimizer step; with ``explicit`` (micro-batches formed by a
+    token budget, their number not DeepSpeed's ``gradient_accumulation_steps``), the engine is
+    told before each one whether its backward pass ends the step
+    (:func:`accumulation_boundary`), and given its own count back after the last."""
+    n = len(micro_batches)
+    for k, batch in enumerate(micro_batches):
+        if explicit:
+            accumulation_boundary(engine, k == n - 1)
+        yield batch
+    if explicit:
+        accumulation_boundary(engine, None)

@@ -8,7 +8,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config import (
+    BatchingConfig,
+    DeepSpeedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+)
 from marlhf.data.config import DataConfig
 from marlhf.macro import MacroConfig
 from marlhf.models.reward_model import RM_TYPES
@@ -103,6 +109,7 @@ class RewardStageConfig:
     log: LoggingConfig = field(default_factory=LoggingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def __post_init__(self) -> None:
         self.model.check_lora()
