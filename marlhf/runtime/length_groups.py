@@ -39,10 +39,10 @@ import torch
 @dataclass(frozen=True)
 class Grouping:
     """How a batch's rows go through a model: padded, in at most ``max_groups`` passes, each
-    pass's fixed cost counted as ``call_tokens`` padded positions (:func:`length_groups`); or with
-    ``packing``, packed (:mod:`marlhf.models.packing`, where the model supports it exactly: then
-    one pass, without length groups); and with ``max_tokens`` > 0, the passes without gradients
-    cut by that token budget (:mod:`marlhf.runtime.micro_batches`)."""
+    pass's fixed cost counted as ``call_tokens`` padded positions (:func:`length_groups`); with
+    ``packing``, each pass packed (:mod:`marlhf.models.packing`, where the model supports it
+    exactly); and with ``max_tokens`` > 0, the passes without gradients cut by that token budget
+    (:mod:`marlhf.runtime.micro_batches`)."""
 
     max_groups: int = 1
     call_tokens: float = 0.0

@@ -577,8 +577,9 @@ class PerfConfig:
             "help": "Score and train in up to this many forward passes per batch, the rows sorted "
             "by length and cut where padding costs most (marlhf.runtime.length_groups): each row's "
             "outputs are the one-pass ones up to float rounding, the padding is skipped. "
-            "1: one pass over the batch. Ignored with --score_all_positions, and for models that "
-            "run packed (--packing)."
+            "1: one pass over the batch. With --packing each pass is packed (short rows apart "
+            "from long ones: a packed row's attention costs its width squared). Ignored with "
+            "--score_all_positions."
         },
     )
     length_group_call_tokens: float = field(

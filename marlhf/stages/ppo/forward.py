@@ -66,7 +66,10 @@ def _layout(engine, groups: Grouping | None) -> str | None:
 def _in_passes(forward, ro: Rollout, widths, groups: Grouping | None, one_pass: bool, layout):
     """``forward(rollout)`` over ``ro``'s rows: without grad in micro-batches of
     ``groups.max_tokens`` positions (as many on every rank for a :func:`lockstep` engine), else
-    in one pass when packed or lockstep, else in length groups (:func:`_by_length`)."""
+    in one pass for a lockstep engine or the ``varlen`` layout (whose attention costs each row
+    its own length only), else in length groups (:func:`_by_length`), padded or each group packed
+    into bins of its own longest row (a bin's attention costs its width squared, so short rows
+    packed apart from a long one cost less)."""
     budget = groups.max_tokens if groups is not None and not torch.is_grad_enabled() else 0
     if budget:
         lengths = sequence_lengths(ro)
@@ -74,7 +77,7 @@ def _in_passes(forward, ro: Rollout, widths, groups: Grouping | None, one_pass: 
         if len(parts) == 1:
             return forward(ro)
         return run_groups(lambda rows: forward(slice_rollout(ro, rows)), parts, widths)
-    if layout is not None or one_pass:
+    if one_pass or layout == "varlen":
         return forward(ro)
     return _by_length(forward, ro, widths, groups)
 
@@ -95,9 +98,10 @@ def policy_forward(
     (:func:`marlhf.models.response_logits.logits_at`), the attention is plain causal, without the
     padding mask (the rows are flush-left: padding only follows a row's tokens, which no real token
     attends to), the temperature is applied block by block inside the chunked log-softmax
-    (`marlhf.models.logprobs`), the rows go through the model packed (``groups.packing``, where
-    the model packs exactly: :mod:`marlhf.models.packing`) or else in passes of rows of similar
-    length (``groups``, :mod:`marlhf.runtime.length_groups`), and without grad in micro-batches of
+    (`marlhf.models.logprobs`), the rows go through the model in passes of rows of similar
+    length (``groups``, :mod:`marlhf.runtime.length_groups`), each pass packed with
+    ``groups.packing`` where the model packs exactly (:mod:`marlhf.models.packing`), and without
+    grad in micro-batches of
     ``groups.max_tokens`` positions and in chunks of at most ``chunk_elements`` logits (B·A·V).
     ``all_positions`` is the reference path (the head at every position, the padding mask passed,
     one padded pass): equal up to float rounding. A :func:`lockstep` engine runs one pass (or, with
