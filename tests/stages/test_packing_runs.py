@@ -30,8 +30,14 @@ def _close(got: list[dict], want: list[dict], rel: float, abs_: float):
                 assert b[k] == pytest.approx(v, rel=rel, abs=abs_), (a["step"], k)
 
 
-def _max_diff(a: dict, b: dict) -> float:
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+def _update_gap(init: dict, want: dict, got: dict) -> float:
+    """``|got − want| / |want − init|`` over all weights (norms): how far apart two runs' updates
+    are for the size of the update (Adam divides by |g|, so single weights whose gradient is near
+    0 amplify rounding; the norm weighs them by what they move)."""
+    step = sum(float((want[k].float() - init[k].float()).square().sum()) for k in want)
+    gap = sum(float((got[k].float() - want[k].float()).square().sum()) for k in want)
+    assert step > 0
+    return (gap / step) ** 0.5
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +76,9 @@ def test_sft_packed_and_by_token_budget_equals_padded(home):
         metrics[name] = _stage("marlhf.stages.sft", home, out, *SFT, *flags)
         weights[name] = load_file(str(out / "model.safetensors"))
     init = load_file(str(Path(_tiny_base(home)) / "model.safetensors"))
-    step = _max_diff(weights["padded"], {k: init[k] for k in weights["padded"]})
-    assert step > 1e-4
     for name in ("packed", "budget"):
         _close(metrics[name], metrics["padded"], rel=1e-5, abs_=1e-6)
-        assert _max_diff(weights[name], weights["padded"]) < 1e-2 * step, name
+        assert _update_gap(init, weights["padded"], weights[name]) < 1e-3, name
 
 
 def _tiny_base(home: Path) -> str:
@@ -94,7 +98,7 @@ RM = (
 
 
 def test_reward_model_packed_and_by_token_budget_equals_padded(home):
-    from marlhf.models.reward_model import load_reward_model
+    from marlhf.models.reward_model import RewardModel, load_reward_model
 
     runs = {"padded": PADDED, "budget": ("--max_tokens_per_micro_batch", "500")}
     metrics, weights = {}, {}
@@ -103,7 +107,11 @@ def test_reward_model_packed_and_by_token_budget_equals_padded(home):
         metrics[name] = _stage("marlhf.stages.reward", home, out, *RM, *flags)
         weights[name] = load_reward_model(out, dtype=torch.float32)[0].state_dict()
     _close(metrics["budget"], metrics["padded"], rel=1e-5, abs_=1e-6)
-    assert _max_diff(weights["budget"], weights["padded"]) < 1e-4
+    torch.manual_seed(0)  # the value head is the saved one's shape: compare the backbones
+    init = RewardModel.from_pretrained(_tiny_base(home), dtype=torch.float32).state_dict()
+    backbone = [k for k in weights["padded"] if k.startswith("backbone.")]
+    pick = lambda w: {k: w[k] for k in backbone}  # noqa: E731
+    assert _update_gap(pick(init), pick(weights["padded"]), pick(weights["budget"])) < 1e-3
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from marlhf.models.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
-from marlhf.models.packing import pack_rows, packed_inputs, packing_mode
+from marlhf.models.packing import attention_weight, pack_rows, packed_inputs, packing_mode
 from marlhf.models.response_logits import logits_at
 from marlhf.models.sequences import (
     gather_response,
@@ -63,13 +63,21 @@ def _layout(engine, groups: Grouping | None) -> str | None:
     return packing_mode(engine.module)
 
 
-def _in_passes(forward, ro: Rollout, widths, groups: Grouping | None, one_pass: bool, layout):
+def _attention(engine, layout: str | None) -> float | None:
+    """The attention weight that chooses the packed passes' groups (None: padded)."""
+    return None if layout is None else attention_weight(engine.module)
+
+
+def _in_passes(
+    forward, ro: Rollout, widths, groups: Grouping | None, one_pass: bool, layout, attention=None
+):
     """``forward(rollout)`` over ``ro``'s rows: without grad in micro-batches of
     ``groups.max_tokens`` positions (as many on every rank for a :func:`lockstep` engine), else
     in one pass for a lockstep engine or the ``varlen`` layout (whose attention costs each row
-    its own length only), else in length groups (:func:`_by_length`), padded or each group packed
-    into bins of its own longest row (a bin's attention costs its width squared, so short rows
-    packed apart from a long one cost less)."""
+    its own length only), else in length groups (:func:`_by_length`): padded, or each group
+    packed into bins of its own longest row, the groups chosen by the packed cost with the model's
+    ``attention`` weight (:func:`marlhf.runtime.length_groups.packed_cost`: a bin's attention costs
+    its width squared, so short rows packed apart from a long one may cost less)."""
     budget = groups.max_tokens if groups is not None and not torch.is_grad_enabled() else 0
     if budget:
         lengths = sequence_lengths(ro)
@@ -79,7 +87,7 @@ def _in_passes(forward, ro: Rollout, widths, groups: Grouping | None, one_pass: 
         return run_groups(lambda rows: forward(slice_rollout(ro, rows)), parts, widths)
     if one_pass or layout == "varlen":
         return forward(ro)
-    return _by_length(forward, ro, widths, groups)
+    return _by_length(forward, ro, widths, groups, attention)
 
 
 def policy_forward(
@@ -124,7 +132,7 @@ def policy_forward(
             engine, r, temperature, with_entropy, chunk_elements, one_pass, layout
         )
 
-    return _in_passes(forward, ro, (A, A), groups, one_pass, layout)
+    return _in_passes(forward, ro, (A, A), groups, one_pass, layout, _attention(engine, layout))
 
 
 def _chunked_forward(
@@ -197,15 +205,17 @@ def _response_forward(
     return logp, ent
 
 
-def _by_length(forward, ro: Rollout, widths, groups: Grouping | None):
+def _by_length(forward, ro: Rollout, widths, groups: Grouping | None, attention=None):
     """``forward(rollout)`` over ``ro`` in passes of rows of similar length (``groups``), or in one
     pass (None or one group): :func:`marlhf.runtime.length_groups.grouped` over ``ro``'s rows, each
-    group cut to its own longest row (``slice_rollout``)."""
+    group cut to its own longest row (``slice_rollout``); ``attention``: ``forward`` packs, the
+    groups are chosen by the packed cost with this weight."""
     if groups is None or groups.max_groups == 1:
         return forward(ro)
     return grouped(
-        lambda rows: forward(slice_rollout(ro, rows)), sequence_lengths(ro), widths, groups
-    )
+        lambda rows: forward(slice_rollout(ro, rows)), sequence_lengths(ro), widths, groups,
+        packed_attention=attention,
+    )  # fmt: skip
 
 
 def value_forward(engine, ro: Rollout, layout: str | None, padding_mask: bool = False):
@@ -238,7 +248,7 @@ def critic_forward(
     if all_positions:
         return forward(ro)
     A = ro.response_ids.shape[1]
-    return _in_passes(forward, ro, A, groups, lockstep(engine), layout)
+    return _in_passes(forward, ro, A, groups, lockstep(engine), layout, _attention(engine, layout))
 
 
 def reward_forward(
@@ -254,7 +264,8 @@ def reward_forward(
 
     if all_positions:
         return forward(ro)
-    return _in_passes(forward, ro, ro.sequences.shape[1], groups, lockstep(engine), layout)
+    T = ro.sequences.shape[1]
+    return _in_passes(forward, ro, T, groups, lockstep(engine), layout, _attention(engine, layout))
 
 
 def _mask(ro: Rollout, padding_mask: bool) -> torch.Tensor | None:
