@@ -14,7 +14,8 @@ rollouts do not depend on the split either (the test checks that they are not th
 These cases score π_old with a forward pass (``--recompute_old_logprobs``); ``reused`` repeats
 ``sampled`` with the default, π_old recorded by the decoder while sampling (and checked against the
 trainer's score at the first step, ``rollout/*``); ``tis`` adds the rollout correction (π_old scored
-by the trainer, macro ratios weighted by truncated importance weights against the record).
+by the trainer, macro ratios weighted by truncated importance weights against the record);
+``budget`` repeats ``fixed`` under ZeRO-3 with micro-batches by a token budget.
 The one-process run is the reference: the same prompts, responses, segments and experience, the
 same rows in every minibatch, actor and critic weights that agree far below the update's size, and
 the same logged metrics (the mean KL, a mean of log-prob differences, within 2e-5 absolute).
@@ -101,6 +102,12 @@ CASES["reused"] = CASES["sampled"][:-1]
 # the rollout correction: π_old scored by the trainer, each macro action's loss weighted by its
 # truncated importance weight against the decoder's record (marlhf.algo.mismatch)
 CASES["tis"] = (*CASES["reused"], "--rollout_correction", "tis", "--ratio_level", "macro")
+# token-budget micro-batches under ZeRO-3: the ranks' halves cut into as many micro-batches on each
+# rank (their lengths differ), scoring and update alike, packed (marlhf.runtime.micro_batches)
+CASES["budget"] = (
+    *CASES["fixed"], "--max_tokens_per_micro_batch", "120", "--actor_zero_stage", "3",
+    "--critic_zero_stage", "3",
+)  # fmt: skip
 CRITIC_FREE = ("grpo", "macro_mc")
 FLAGS = (
     "--generation_backend", "static",
