@@ -66,7 +66,8 @@ def length_groups(
 
     ``packed_attention``: the groups are packed (:mod:`marlhf.models.packing`) and a group costs
     :func:`packed_cost` with that attention weight instead of its padded area; the least cost is
-    then taken over the partitions contiguous in length order."""
+    then taken over the partitions contiguous in length order. Where none of those groups would
+    put two rows in one bin, packing changes nothing and the padded groups are taken."""
     if max_groups < 1:
         raise ValueError(f"max_groups must be >= 1, got {max_groups}")
     if call_tokens < 0:
@@ -81,7 +82,7 @@ def length_groups(
         # cost[i, j]: rows i..j-1 (sorted, 0-based) as one group = (j − i) · s[j−1]
         cost = (i[None, :] - i[:, None]) * torch.cat([s.new_zeros(1), s])[None, :]
     else:
-        cost = packed_cost(s, packed_attention)
+        cost, shared = packed_cost(s, packed_attention, with_shared=True)
     cost = cost.masked_fill(i[:, None] >= i[None, :], float("inf"))  # inf unless i < j
     best = cost[0].clone()  # best[j]: the j shortest rows in one group
     best[0] = 0.0
@@ -92,17 +93,19 @@ def length_groups(
         better = split < best  # strictly: among equal areas keep fewer groups
         cuts.append(torch.where(better, start, -1))
         best = torch.where(better, split, best)
-    groups, j = [], B
+    bounds, j = [], B
     for k in range(len(cuts) - 1, -1, -1):
         i0 = int(cuts[k][j])
         if i0 >= 0:
-            groups.append(order[i0:j])
+            bounds.append((i0, j))
             j = i0
-    groups.append(order[:j])
-    return [g.to(lengths.device) for g in reversed(groups)]
+    bounds.append((0, j))
+    if packed_attention is not None and not any(shared[a, b] for a, b in bounds):
+        return length_groups(lengths, max_groups, call_tokens)
+    return [order[a:b].to(lengths.device) for a, b in reversed(bounds)]
 
 
-def packed_cost(s: torch.Tensor, attention: float) -> torch.Tensor:
+def packed_cost(s: torch.Tensor, attention: float, with_shared: bool = False):
     """The cost of each contiguous run of rows packed into bins of its longest row's width:
     ``cost[i, j]`` for sorted rows ``i … j−1`` ((B+1, B+1) float64; meaningful where i < j).
 
@@ -113,7 +116,8 @@ def packed_cost(s: torch.Tensor, attention: float) -> torch.Tensor:
     each are the padded rows themselves, attended causally (half the pairs):
     ``K·C·(1 + attention·C)`` if K < n, else ``n·C·(1 + attention·C/2)``.
     ``attention``: a model's attention cost per position of context over its other cost per
-    token (:func:`marlhf.models.packing.attention_weight`)."""
+    token (:func:`marlhf.models.packing.attention_weight`). ``with_shared``: also whether each run
+    puts two rows in one bin (K < n), (B+1, B+1) bool."""
     B = s.shape[0]
     zero = s.new_zeros(1)
     prefix = torch.cat([zero, s.cumsum(0)])  # (B+1,)
@@ -126,9 +130,8 @@ def packed_cost(s: torch.Tensor, attention: float) -> torch.Tensor:
     first_big = torch.searchsorted(s, C[0] / 2, right=True).to(torch.float64)[None, :]
     big = (j - torch.maximum(i, first_big)).clamp(min=0)
     K = torch.maximum(torch.ceil(S / C.clamp(min=1)), big)
-    shared = K * C * (1 + attention * C)
-    alone = n * C * (1 + attention * C / 2)
-    return torch.where(K < n, shared, alone)
+    cost = torch.where(K < n, K * C * (1 + attention * C), n * C * (1 + attention * C / 2))
+    return (cost, K < n) if with_shared else cost
 
 
 def grouped(
