@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from marlhf.models.packing import pack_rows, packed_inputs, packing_mode
+from marlhf.models.packing import pack_rows, packed_inputs, packing_mode, packs
 
 IGNORE_INDEX = -100
 
@@ -51,7 +51,7 @@ def causal_lm_loss_sum(
     predicts it) and the sum and count are the padded computation's up to float rounding.
     """
     mode = packing_mode(model) if packing else None
-    if mode is None:
+    if not packs(attention_mask, mode):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
         return lm_loss_sum(logits, labels)
     p = pack_rows(input_ids, attention_mask, layout=mode)

@@ -74,6 +74,22 @@ def packing_mode(model) -> str | None:
     return None
 
 
+def packs(attention_mask: torch.Tensor, layout: str | None) -> bool:
+    """Whether packing a batch (``attention_mask``: (B, T)) in ``layout`` changes its computation:
+    always for ``varlen`` (no padding at all), for ``bins`` only where two rows fit in one bin of
+    the longest row's width (else every bin holds one row: the padded batch itself, which then
+    runs padded, without the packing's bookkeeping); never for None."""
+    if layout is None:
+        return False
+    if layout == "varlen":
+        return True
+    lengths = attention_mask.sum(1)
+    if lengths.shape[0] < 2:
+        return False
+    two = torch.topk(lengths, 2, largest=False).values
+    return int(two.sum()) <= int(lengths.max())
+
+
 def attention_weight(model) -> float:
     """A model's attention cost per position of context, over its other cost per token (the
     matrix products of a layer): ``2 · heads · head_dim / P_layer``, with ``P_layer`` the

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from marlhf.models.packing import pack_rows, packed_inputs, packing_mode
+from marlhf.models.packing import pack_rows, packed_inputs, packing_mode, packs
 from marlhf.rewards.segment import (
     LocationNormalizer,
     ScoreStats,
@@ -100,7 +100,7 @@ def padded_values(
     (:func:`marlhf.models.packing.packing_mode`), the rows go through it packed and come back in
     the batch's layout, 0 on padding: the padded values up to float rounding."""
     mode = packing_mode(model) if packing else None
-    if mode is None:
+    if not packs(attention_mask, mode):
         return model(input_ids=input_ids, attention_mask=attention_mask)
     p = pack_rows(input_ids, attention_mask, layout=mode)
     return p.unpack(model(**packed_inputs(p)))

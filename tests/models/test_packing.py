@@ -259,3 +259,17 @@ def test_models_that_do_not_pack_exactly_run_padded():
     assert pk.packing_mode(llama) is None
     llama.config._attn_implementation = "flash_attention_2"
     assert pk.packing_mode(llama) == "varlen"
+
+
+def test_packing_is_skipped_where_no_two_rows_share_a_bin():
+    def mask(lengths):
+        return _batch(lengths, left=False)[1]
+
+    assert pk.packs(mask([7, 1, 4, 7]), "bins")  # 1 + 4 fit in 7
+    assert not pk.packs(mask([5, 4, 3]), "bins")  # 3 + 4 > 5: one row per bin, the padded batch
+    assert not pk.packs(mask([6]), "bins") and not pk.packs(mask([5, 5, 5]), "bins")
+    assert pk.packs(mask([5, 4, 3]), "varlen")  # no padding at all
+    assert not pk.packs(mask([7, 1]), None)
+    ids, m = _batch([5, 4, 3], left=False)
+    p = pk.pack_rows(ids, m)
+    assert p.input_ids.shape[0] == 3  # what packing would have given: one row per bin

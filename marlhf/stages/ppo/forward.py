@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 
 from marlhf.models.logprobs import DEFAULT_CHUNK_ELEMENTS, entropy_from_logits, token_logprobs
-from marlhf.models.packing import attention_weight, pack_rows, packed_inputs, packing_mode
+from marlhf.models.packing import (
+    attention_weight,
+    pack_rows,
+    packed_inputs,
+    packing_mode,
+    packs,
+)
 from marlhf.models.response_logits import logits_at
 from marlhf.models.sequences import (
     gather_response,
@@ -181,7 +187,7 @@ def _response_forward(
     padded or packed (``layout``); ``block``: the chunked log-softmax's block (logits upcast at
     once)."""
     pos = response_positions(ro)
-    if layout is None:
+    if not packs(ro.attention_mask, layout):
         with logits_at(engine.module, pos) as hooked:
             logits = engine(input_ids=ro.sequences, use_cache=False).logits
         if not hooked:  # no LM head to hook: the full (B, T, V) came back
@@ -221,8 +227,8 @@ def _by_length(forward, ro: Rollout, widths, groups: Grouping | None, attention=
 def value_forward(engine, ro: Rollout, layout: str | None, padding_mask: bool = False):
     """A value model's (critic's, reward model's) values at every position of ``ro``'s rows,
     (B, T): one padded pass (the padding mask passed when ``padding_mask``) or one packed pass
-    (``layout``), 0 on padding then."""
-    if layout is None:
+    (``layout``, where it :func:`marlhf.models.packing.packs`), 0 on padding then."""
+    if not packs(ro.attention_mask, layout):
         return engine(input_ids=ro.sequences, attention_mask=_mask(ro, padding_mask))
     p = pack_rows(ro.sequences, ro.attention_mask, layout=layout)
     return p.unpack(engine(**packed_inputs(p)))
@@ -238,7 +244,7 @@ def critic_forward(
 
     def forward(r: Rollout) -> torch.Tensor:
         A, T = r.response_ids.shape[1], r.sequences.shape[1]
-        if layout is None:
+        if not packs(r.attention_mask, layout):
             values = value_forward(engine, r, None, padding_mask=all_positions)
             return gather_response(values, r.response_start, A)
         p = pack_rows(r.sequences, r.attention_mask, layout=layout)
