@@ -27,13 +27,14 @@ Mixes (``--mixes``; B rows per step, minibatch B/2):
   are padding;
 - ``none``: every row 64 + 64 tokens (no padding: packing can only cost here).
 
-Rounds interleave the layouts (padded, grouped, packed, then the next round in reverse order...), so
-a change of the machine's load over the run falls on all of them alike; each round times
-``--steps`` steps per layout after one warm-up step and keeps the median of each phase (the
-generate phase, the same computation in every layout, is timed once per round and shared). Prints per
-mix and layout the median CPU seconds (``process_time``: steadier than wall time on a shared
-machine) per phase and per step over rounds, the ratios padded ÷ packed and grouped ÷ packed per
-round (median and range), the padding share of each mix, and, last, one JSON line.
+Each rollout goes through the three layouts back to back, their order rotating from one rollout to
+the next, and the rollouts ``--rounds`` times over (one warm-up pass first): a change of the
+machine's load falls on the three alike, and each rollout and round gives one ratio per pair of
+layouts from adjacent measurements. The generate phase, the same computation in every layout, is
+timed once per rollout and round and shared. Prints per mix and layout the median CPU seconds
+(``process_time``: steadier than wall time on a shared machine) per phase and per step, the ratios
+padded ÷ packed and grouped ÷ packed (median and interquartile range over rollouts and rounds), the
+padding share of each mix, and, last, one JSON line.
 """
 
 from __future__ import annotations
@@ -232,42 +233,51 @@ def padding_share(rollouts) -> float:
     return 1 - real / area
 
 
+def _quartiles(xs: list[float]) -> dict:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "q1": q[0], "q3": q[2]}
+
+
+def _total(t: dict, key: str) -> float:
+    if key == "score+train":
+        return t["score"] + t["train"]
+    return sum(t.values()) if key == "step" else t[key]
+
+
 def run_mix(mix: str, args, models, tok, workdir: Path) -> dict:
+    """Each rollout of the mix through the three layouts back to back (their order rotating), the
+    rollouts ``--rounds`` times over; a ratio per rollout and round from the three adjacent
+    measurements, so the machine's load falls on the layouts alike."""
     rollouts = mix_rollouts(mix, args.rows, args.steps + 1, models, tok, workdir)
-    per_round = {lay: [] for lay in LAYOUTS}  # round -> {phase: median s}
-    for r in range(args.rounds):
-        gen = statistics.median(
-            generate_seconds(models, tok, prompt, pmask, ro.response_ids.shape[1])
-            for ro, prompt, pmask in rollouts[1:]
-        )
-        order = LAYOUTS if r % 2 == 0 else LAYOUTS[::-1]
-        for lay in order:
-            times = []
-            for k, (ro, _, _) in enumerate(rollouts):
-                step = forward_backward_seconds(models, ro, lay)
-                if k:  # the first is a warm-up
-                    times.append(step)
-            med = {p: statistics.median(t[p] for t in times) for p in PHASES[1:]}
-            per_round[lay].append({"generate": gen, **med})
+    for ro, _, _ in rollouts[:1]:  # warm-up
+        for lay in LAYOUTS:
+            forward_backward_seconds(models, ro, lay)
+    times: dict[str, list[dict]] = {lay: [] for lay in LAYOUTS}
+    n = 0
+    for _ in range(args.rounds):
+        for ro, prompt, pmask in rollouts[1:]:
+            # the generate phase: the same computation in every layout, timed once and shared
+            gen = generate_seconds(models, tok, prompt, pmask, ro.response_ids.shape[1])
+            order = LAYOUTS[n % 3 :] + LAYOUTS[: n % 3]
+            n += 1
+            for lay in order:
+                times[lay].append({"generate": gen, **forward_backward_seconds(models, ro, lay)})
     summary = {"padding_share": padding_share(rollouts), "layouts": {}, "ratios": {}}
+    keys = (*PHASES, "score+train", "step")
     for lay in LAYOUTS:
-        rounds = per_round[lay]
-        med = {p: statistics.median(x[p] for x in rounds) for p in PHASES}
-        med["score+train"] = statistics.median(x["score"] + x["train"] for x in rounds)
-        med["step"] = statistics.median(sum(x.values()) for x in rounds)
-        summary["layouts"][lay] = med
+        summary["layouts"][lay] = {
+            k: statistics.median(_total(t, k) for t in times[lay]) for k in keys
+        }
     for base in ("padded", "grouped"):
-        ratios = {}
-        for key in (*PHASES[1:], "score+train", "step"):
-            per = []
-            for a, b in zip(per_round[base], per_round["packed"], strict=True):
-                x = a["score"] + a["train"] if key == "score+train" else (
-                    sum(a.values()) if key == "step" else a[key])  # fmt: skip
-                y = b["score"] + b["train"] if key == "score+train" else (
-                    sum(b.values()) if key == "step" else b[key])  # fmt: skip
-                per.append(x / y)
-            ratios[key] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
-        summary["ratios"][f"{base}/packed"] = ratios
+        summary["ratios"][f"{base}/packed"] = {
+            k: _quartiles(
+                [
+                    _total(a, k) / _total(b, k)
+                    for a, b in zip(times[base], times["packed"], strict=True)
+                ]
+            )
+            for k in keys[1:]
+        }
     return summary
 
 
@@ -279,7 +289,7 @@ def print_mix(mix: str, s: dict) -> None:
         print(f"{lay:<22}" + "".join(f"{med[k]:>12.3f}" for k in (*PHASES, "score+train", "step")))
     for name, ratios in s["ratios"].items():
         cells = "".join(
-            f"{ratios[k]['median']:>6.2f}x {ratios[k]['min']:.2f}-{ratios[k]['max']:.2f}"
+            f"{ratios[k]['median']:>6.2f}x {ratios[k]['q1']:.2f}-{ratios[k]['q3']:.2f}"
             for k in ("score", "train", "score+train", "step")
         )
         print(f"{name:<22}{'':>12}{cells}")
