@@ -8,13 +8,7 @@ from marlhf.algo.estimators import ESTIMATOR_ALIASES, ESTIMATORS, resolve_estima
 from marlhf.algo.kl_rewards import KL_ESTIMATORS
 from marlhf.algo.losses import LOSS_AGG_MODES, RATIO_LEVELS
 from marlhf.algo.mismatch import CORRECTIONS
-from marlhf.config import (
-    BatchingConfig,
-    DeepSpeedConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-)
+from marlhf.config import BatchingConfig, DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.vllm_engine import VLLMConfig
@@ -577,8 +571,7 @@ class PerfConfig:
             "help": "Score and train in up to this many forward passes per batch, the rows sorted "
             "by length and cut where padding costs most (marlhf.runtime.length_groups): each row's "
             "outputs are the one-pass ones up to float rounding, the padding is skipped. "
-            "1: one pass over the batch. With --packing each pass is packed (short rows apart "
-            "from long ones: a packed row's attention costs its width squared). Ignored with "
+            "1: one pass over the batch. With --packing each pass is packed. Ignored with "
             "--score_all_positions."
         },
     )
@@ -636,12 +629,8 @@ class PerfConfig:
     @property
     def grouping(self):
         """The score and update passes' :class:`marlhf.runtime.length_groups.Grouping`."""
-        return Grouping(
-            self.length_groups,
-            self.length_group_call_tokens,
-            packing=self.batching.packing,
-            max_tokens=self.batching.max_tokens_per_micro_batch,
-        )
+        args = (self.length_groups, self.length_group_call_tokens)
+        return Grouping(*args, self.batching.packing, self.batching.max_tokens_per_micro_batch)
 
 
 @dataclass
