@@ -42,13 +42,30 @@ def _update_gap(init: dict, want: dict, got: dict) -> float:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("packing_runs")
+    """The runs' directory, with the bundled TL;DR data cut to prompts of 1 to 6 sentences
+    (``short_tldr.jsonl``): prompts of 30 to 90 tokens, so short rows share a packed bin with long
+    ones (prompts of the bundled posts are 90–150 tokens: no two rows would share one)."""
+    import json
+
+    from marlhf.data.sources import BUNDLED_SYNTHETIC
+
+    base = tmp_path_factory.mktemp("packing_runs")
+    rows = [json.loads(line) for line in BUNDLED_SYNTHETIC.read_text().splitlines() if line]
+    for i, row in enumerate(rows):
+        sentences = row["info"]["post"].split(". ")
+        row["info"]["post"] = ". ".join(sentences[: 1 + i % 6])
+    (base / "short_tldr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return base
+
+
+def _data(home: Path) -> tuple[str, str]:
+    return ("--data_path", f"synthetic-tldr:{home / 'short_tldr.jsonl'}")
 
 
 def _stage(module: str, home: Path, out: Path, *flags: str) -> list[dict]:
     run_stage(
         [sys.executable, "-m", module, "--output_dir", str(out), "--data_output_path",
-         str(home / "cache"), "--seed", "1234", "--disable_progress_bar", *flags],
+         str(home / "cache"), "--seed", "1234", "--disable_progress_bar", *_data(home), *flags],
         home / "home",
     )  # fmt: skip
     return read_metrics(out / "metrics.jsonl")
@@ -125,7 +142,7 @@ def ppo_models(home) -> tuple[str, Path]:
 
 
 PPO = (
-    "--data_path", "synthetic-tldr", "--max_prompt_seq_len", "192", "--max_answer_seq_len", "24",
+    "--max_prompt_seq_len", "192", "--max_answer_seq_len", "24",
     "--per_device_generation_batch_size", "8", "--per_device_training_batch_size", "4",
     "--temperature", "1.0", "--top_k", "0", "--max_steps", "3", "--entropy_coef", "0.01",
     "--termination_condition", "fixed", "--ngram", "3",
