@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.short_prompts import write_short_tldr
 from tests.support.stage_env import run_stage
 
 pytestmark = pytest.mark.slow
@@ -42,19 +43,11 @@ def _update_gap(init: dict, want: dict, got: dict) -> float:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    """The runs' directory, with the bundled TL;DR data cut to prompts of 1 to 6 sentences
-    (``short_tldr.jsonl``): prompts of 30 to 90 tokens, so short rows share a packed bin with long
-    ones (prompts of the bundled posts are 90–150 tokens: no two rows would share one)."""
-    import json
-
-    from marlhf.data.sources import BUNDLED_SYNTHETIC
-
+    """The runs' directory, with the bundled TL;DR data cut to short posts (``short_tldr.jsonl``,
+    :mod:`tests.support.short_prompts`): short rows share a packed bin with long ones (prompts of
+    the bundled posts are 90–150 tokens: no two rows would share one)."""
     base = tmp_path_factory.mktemp("packing_runs")
-    rows = [json.loads(line) for line in BUNDLED_SYNTHETIC.read_text().splitlines() if line]
-    for i, row in enumerate(rows):
-        sentences = row["info"]["post"].split(". ")
-        row["info"]["post"] = ". ".join(sentences[: 1 + i % 6])
-    (base / "short_tldr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_short_tldr(base / "short_tldr.jsonl")
     return base
 
 

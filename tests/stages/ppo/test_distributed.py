@@ -55,6 +55,7 @@ import torch
 from marlhf.runtime.distributed import free_port
 from marlhf.runtime.tracking import read_metrics
 from tests.support.ppo_weights import assert_same_update, initial_weights, saved_weights
+from tests.support.short_prompts import write_short_tldr
 from tests.support.stage_env import run_stage
 
 RECORD = Path(__file__).resolve().parents[2] / "support" / "ppo_record.py"
@@ -103,7 +104,8 @@ CASES["reused"] = CASES["sampled"][:-1]
 # truncated importance weight against the decoder's record (marlhf.algo.mismatch)
 CASES["tis"] = (*CASES["reused"], "--rollout_correction", "tis", "--ratio_level", "macro")
 # token-budget micro-batches under ZeRO-3: the ranks' halves cut into as many micro-batches on each
-# rank (their lengths differ), scoring and update alike, packed (marlhf.runtime.micro_batches)
+# rank (their lengths differ), scoring and update alike (marlhf.runtime.micro_batches), on short
+# posts whose rows share packed bins (tests/support/short_prompts.py)
 CASES["budget"] = (
     *CASES["fixed"], "--max_tokens_per_micro_batch", "120", "--actor_zero_stage", "3",
     "--critic_zero_stage", "3",
@@ -178,6 +180,8 @@ def runs(models, request):
     base, case = models, request.param
     # the critic-free cases need no model besides the actor (gold reward)
     model = () if case in CRITIC_FREE else ("--critic_model_name_or_path", str(base / "rm"))
+    if case == "budget":
+        model += ("--data_path", f"synthetic-tldr:{write_short_tldr(base / 'short_tldr.jsonl')}")
     common = (
         "--actor_model_name_or_path", str(base / "actor"), *model,
         "--data_output_path", str(base / "cache"), *CASES[case], *FLAGS,
