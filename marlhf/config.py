@@ -404,3 +404,37 @@ class LoggingConfig:
         problem = tracker_problem(self.report_to)
         if problem is not None:
             raise ValueError(problem)
+
+
+@dataclass
+class BatchingConfig:
+    """How rows go through the models: packed sequences and token-budget micro-batches."""
+
+    packing: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the forward and backward passes over packed rows (each row's tokens end to "
+            "end, position ids restarting per row, attention that never crosses rows: "
+            "marlhf.models.packing) instead of padded rectangles: the cost follows the tokens, not "
+            "the longest row. Exact (the padded results up to float rounding), so on by default "
+            "for the model types that build their attention from packed position ids (gemma, "
+            "gemma2, llama, mistral, qwen2, qwen3, gpt2) with sdpa, eager or flash attention; "
+            "other models run padded. --no_packing: always padded."
+        },
+    )
+    max_tokens_per_micro_batch: int = field(
+        default=0,
+        metadata={
+            "help": "Form the training and scoring micro-batches by a token budget instead of a "
+            "row count: the rows sorted by length and cut into micro-batches of at most N "
+            "positions (tokens when packed, rows x longest row when padded; a longer row goes "
+            "alone), their gradients accumulated into one optimizer step; the update is the same "
+            "up to float rounding (marlhf.runtime.micro_batches). 0: by row count."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_micro_batch < 0:
+            raise ValueError(
+                f"--max_tokens_per_micro_batch must be >= 0, got {self.max_tokens_per_micro_batch}"
+            )

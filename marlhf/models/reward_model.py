@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from marlhf.models.config import RM_TYPES
+from marlhf.models.packing import pack_rows, packed_inputs, packing_mode, packs
 from marlhf.rewards.segment import (
     LocationNormalizer,
     ScoreStats,
@@ -89,6 +90,20 @@ def end_scores(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
             f"{tuple(attention_mask.shape)} must have the same (B, T) shape"
         )
     return values.gather(1, end_score_index(attention_mask).unsqueeze(1)).squeeze(1)
+
+
+def padded_values(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, packing: bool = False
+) -> torch.Tensor:
+    """A value model's (or its engine's) ``values: (B, T)`` over a padded batch (``input_ids``,
+    ``attention_mask``: (B, T)). With ``packing``, where the model runs packed rows exactly
+    (:func:`marlhf.models.packing.packing_mode`), the rows go through it packed and come back in
+    the batch's layout, 0 on padding: the padded values up to float rounding."""
+    mode = packing_mode(model) if packing else None
+    if not packs(attention_mask, mode):
+        return model(input_ids=input_ids, attention_mask=attention_mask)
+    p = pack_rows(input_ids, attention_mask, layout=mode)
+    return p.unpack(model(**packed_inputs(p)))
 
 
 def _hidden_size(config: Any) -> int:
@@ -169,6 +184,8 @@ class RewardModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
+        use_cache: bool = False,
+        **attention_kwargs: Any,
     ) -> torch.Tensor:
         """``input_ids: (B, T)``, ``attention_mask: (B, T)`` -> ``values: (B, T) float32``.
 
@@ -176,7 +193,10 @@ class RewardModel(nn.Module):
         when it generates after a left-padded prompt; on right-padded rows this equals ``0..T-1`` on
         every real token. ``attention_mask=None``: rows are right-padded (or not padded), attention
         is plain causal and positions are ``0..T-1``; real tokens get the values they get with the
-        mask (padding only follows them), at a lower cost.
+        mask (padding only follows them), at a lower cost. Packed rows
+        (:mod:`marlhf.models.packing`): no mask, their ``position_ids``, and ``attention_kwargs``
+        (flash-attention varlen arguments) passed to the backbone. ``use_cache``: taken for the
+        causal LMs' call signature; a value model keeps no cache.
         """
         if position_ids is None and attention_mask is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
@@ -187,6 +207,7 @@ class RewardModel(nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **attention_kwargs,
         )
         hidden = out.last_hidden_state  # (B, T, hidden)
         return self.v_head(hidden).squeeze(-1).float()  # (B, T)

@@ -66,6 +66,13 @@ def pack_flush_left(
     return packed, mask, prompt_mask.bool().sum(dim=1)
 
 
+def state_positions(response_start: torch.Tensor, num_actions: int, width: int) -> torch.Tensor:
+    """(B, A) long: the position of the state before each response token, ``response_start[b]
+    − 1 + j``, clamped into ``[0, width)`` (where :func:`gather_response` reads)."""
+    j = torch.arange(num_actions, device=response_start.device)
+    return (response_start.unsqueeze(1) - 1 + j).clamp(0, width - 1)
+
+
 def gather_response(
     x: torch.Tensor, response_start: torch.Tensor, num_actions: int
 ) -> torch.Tensor:
@@ -76,8 +83,7 @@ def gather_response(
     entries past a row's response are meaningless and masked by the caller).
     """
     B, T = x.shape[:2]
-    j = torch.arange(num_actions, device=x.device)
-    idx = (response_start.to(x.device).unsqueeze(1) - 1 + j).clamp(0, T - 1)  # (B, A)
+    idx = state_positions(response_start.to(x.device), num_actions, T)  # (B, A)
     if x.dim() == 2:
         return torch.gather(x, 1, idx)
     extra = x.shape[2:]

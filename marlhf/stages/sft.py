@@ -20,15 +20,17 @@ from marlhf.cli import parse_config
 from marlhf.data.collate import SFTCollator
 from marlhf.data.tokenize import build_sft_dataset
 from marlhf.models.context import check_context
-from marlhf.models.lm_loss import lm_loss_sum
+from marlhf.models.lm_loss import causal_lm_loss_sum
 from marlhf.models.load import load_causal_lm, load_tokenizer
 from marlhf.models.lora import apply_lora
+from marlhf.models.packing import packing_mode
 from marlhf.models.save import save_hf_causal_lm
 from marlhf.runtime import startup
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
 from marlhf.runtime.engine import build_train_engine, ds_config
 from marlhf.runtime.finite import guarded_step
+from marlhf.runtime.micro_batches import accumulate, regroup
 from marlhf.stages.common import (
     check_resume,
     ensure_output_dir,
@@ -59,10 +61,12 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
         len(dataset), cfg.optim.per_device_eval_batch_size, world_size(), rank(), cfg.log.eval_iters
     ):
         batch = to_device(collate([dataset[i] for i in idx]), engine.device)
-        out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        s, c = causal_lm_loss_sum(
+            engine, batch["input_ids"], batch["attention_mask"], batch["labels"],
+            packing=cfg.batching.packing,
+        )  # fmt: skip
         if not real:
             continue
-        s, c = lm_loss_sum(out.logits, batch["labels"])
         nll += s.double().cpu()
         count += c.double().cpu()
     engine.train()
@@ -117,16 +121,24 @@ def train(cfg: SFTConfig) -> Path:
 
     def train_step(micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
         """One optimizer step: the mean loss per supervised token of the global batch."""
-        micro_batches = [collate([train_ds[i] for i in idx]) for idx in micro_batch_indices]
+        rows = {i: train_ds[i] for idx in micro_batch_indices for i in idx}
+        budget = cfg.batching.max_tokens_per_micro_batch
+        packed = cfg.batching.packing and packing_mode(engine) is not None
+        micro_batch_indices = regroup(  # --max_tokens_per_micro_batch: by tokens
+            micro_batch_indices, lambda i: len(rows[i]["input_ids"]), budget, packed=packed
+        )
+        micro_batches = [collate([rows[i] for i in idx]) for idx in micro_batch_indices]
         # 1. the number of supervised tokens in the whole optimizer step, over all ranks
         local = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
         n_tokens = all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0)
         # 2. forward/backward each micro-batch; DeepSpeed averages gradients over ranks, hence × world
         loss_sum = torch.zeros(())
-        for batch in micro_batches:
+        for batch in accumulate(engine, micro_batches, explicit=budget > 0):
             batch = to_device(batch, engine.device)
-            outputs = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-            nll, _ = lm_loss_sum(outputs.logits, batch["labels"])
+            nll, _ = causal_lm_loss_sum(
+                engine, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                packing=cfg.batching.packing,
+            )  # fmt: skip
             engine.backward(nll * plan.world / n_tokens.to(nll.device), scale_wrt_gas=False)
             guarded_step(engine, step + 1, "model", nll)
             loss_sum += nll.detach().float().cpu()

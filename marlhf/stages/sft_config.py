@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
+from marlhf.config import BatchingConfig, DeepSpeedConfig, LoggingConfig, ModelConfig, OptimConfig
 from marlhf.data.config import DataConfig
 
 
@@ -18,6 +18,7 @@ class SFTConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def __post_init__(self) -> None:
         self.model.check_lora()

@@ -14,6 +14,7 @@ from marlhf.algo.registry import (
     resolve_estimator,
 )
 from marlhf.config import (
+    BatchingConfig,
     DeepSpeedConfig,
     LoggingConfig,
     ModelConfig,
@@ -508,7 +509,8 @@ class PerfConfig:
             "help": "Score and train in up to this many forward passes per batch, the rows sorted "
             "by length and cut where padding costs most (marlhf.runtime.length_groups): each row's "
             "outputs are the one-pass ones up to float rounding, the padding is skipped. "
-            "1: one pass over the batch. Ignored with --score_all_positions."
+            "1: one pass over the batch. With --packing each pass is packed. Ignored with "
+            "--score_all_positions."
         },
     )
     length_group_call_tokens: float = field(
@@ -541,6 +543,7 @@ class PerfConfig:
             "every step). One actor forward pass per check (docs/gpu.md)."
         },
     )
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
     log_phase_resources: bool = field(
         default=False,
         metadata={
@@ -562,7 +565,8 @@ class PerfConfig:
     @property
     def grouping(self):
         """The score and update passes' :class:`marlhf.runtime.length_groups.Grouping`."""
-        return Grouping(self.length_groups, self.length_group_call_tokens)
+        args = (self.length_groups, self.length_group_call_tokens)
+        return Grouping(*args, self.batching.packing, self.batching.max_tokens_per_micro_batch)
 
 
 @dataclass

@@ -190,9 +190,12 @@ def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
 def reuses_critic_forward(models: Models, perf: PerfConfig) -> bool:
     """Whether the update's first minibatch takes its critic pass from scoring
     (``--reuse_critic_forward``): on one rank (elsewhere the first minibatch holds other ranks'
-    rows), on the default path, with no dropout in the critic (scoring runs it without dropout,
-    the update with it)."""
+    rows), on the default path, without a token budget (the update's critic passes are then its
+    micro-batches), with no dropout in the critic (scoring runs it without dropout, the update
+    with it)."""
     if not perf.reuse_critic_forward or models.critic is None or world_size() != 1:
+        return False
+    if perf.batching.max_tokens_per_micro_batch:  # the update cuts the minibatch by tokens
         return False
     if perf.score_all_positions:
         return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from marlhf.config import (
+    BatchingConfig,
     DeepSpeedConfig,
     LoggingConfig,
     ModelConfig,
@@ -110,6 +111,7 @@ class RewardStageConfig:
     log: LoggingConfig = field(default_factory=LoggingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
 
     def __post_init__(self) -> None:
         self.model.check_lora()

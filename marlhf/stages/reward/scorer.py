@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from marlhf.macro import termination_inputs
-from marlhf.models.reward_model import end_scores
+from marlhf.models.reward_model import end_scores, padded_values
 from marlhf.models.sequences import response_logprobs_and_entropy
 from marlhf.rewards.segment import (
     segment_readout,
@@ -160,8 +160,11 @@ class Scorer:
         return self.rule(inputs).macro_end
 
     def scores(self, engine, batch: dict, generator: torch.Generator | None = None):
-        """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch."""
-        values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch
+        (its rows packed with ``--packing``, where the model packs exactly)."""
+        values = padded_values(
+            engine, batch["input_ids"], batch["attention_mask"], packing=self.cfg.batching.packing
+        )
         if not self.segment:
             s = end_scores(values, batch["attention_mask"])
             return s, s, None

@@ -53,6 +53,7 @@ from marlhf.models.load import (
     set_dropout_config,
 )
 from marlhf.models.lora import log_parameter_counts, wrap_lora
+from marlhf.models.packing import packing_mode
 from marlhf.models.reward_model import (
     RewardModel,
     load_value_head,
@@ -63,6 +64,7 @@ from marlhf.runtime import startup
 from marlhf.runtime.distributed import all_reduce_sum, is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.runtime.finite import guarded_step
+from marlhf.runtime.micro_batches import accumulate, regroup
 from marlhf.stages.common import (
     StepPlan,
     check_resume,
@@ -248,8 +250,14 @@ def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) ->
     # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
     gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + step)
     sums = torch.zeros(5, dtype=torch.float64)  # loss, wins, margin, segments, segment tokens
-    for idx in micro_batch_indices:
-        batch = to_device(run.collate([run.train_ds[i] for i in idx]), engine.device)
+    rows = {i: run.train_ds[i] for idx in micro_batch_indices for i in idx}
+    budget = cfg.batching.max_tokens_per_micro_batch
+    packed = cfg.batching.packing and packing_mode(engine) is not None
+    micro_batch_indices = regroup(  # --max_tokens_per_micro_batch: pairs by their tokens
+        micro_batch_indices, lambda i: _pair_length(rows[i], packed), budget, packed=packed
+    )
+    for idx in accumulate(engine, micro_batch_indices, explicit=budget > 0):
+        batch = to_device(run.collate([rows[i] for i in idx]), engine.device)
         scores, _, seg_mask = scorer.scores(engine, batch, gen)
         chosen, rejected = split_pair(scores)
         n = chosen.shape[0]
@@ -366,6 +374,13 @@ def train(cfg: RewardStageConfig) -> Path:
             run.last_eval[1].std,
         )
     return out
+
+
+def _pair_length(row: dict, packed: bool) -> int:
+    """The positions a pair takes in a micro-batch: its two rows' tokens when packed, else twice
+    the longer (the collator pads both to the batch's longest row)."""
+    chosen, rejected = len(row["chosen_input_ids"]), len(row["rejected_input_ids"])
+    return chosen + rejected if packed else 2 * max(chosen, rejected)
 
 
 def pair_tokens(batch: dict) -> torch.Tensor:
