@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -179,21 +180,46 @@ def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
     log_file = logs / f"{stage.key}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, *stage.args],
-            env=_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        # SIGTERM reaches the demo alone (a scheduler, `kill`): it is passed on to the stage, which
+        # saves and stops (marlhf.runtime.preemption), and the demo waits for it, so no stage is
+        # left training with its output directory locked; every repeat is passed on as well.
+        terms: list[int] = []
+        proc = None
+
+        def pass_on(signum: int, frame) -> None:
+            terms.append(signum)
+            if proc is not None:
+                proc.send_signal(signum)
+
+        previous = signal.signal(signal.SIGTERM, pass_on)
         try:
-            proc.wait()
-        except KeyboardInterrupt:  # the stage got the Ctrl-C too: it saves a checkpoint, stops
-            proc.wait()
-            raise SystemExit(
-                f"[demo] {stage.title}: interrupted (exit {proc.returncode}); the same command "
-                "resumes the demo"
-            ) from None
+            proc = subprocess.Popen(
+                [sys.executable, *stage.args],
+                env=_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+            if terms:  # it came while the stage was starting
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait()
+            except KeyboardInterrupt:  # the stage got the Ctrl-C too: it saves a checkpoint, stops
+                proc.wait()
+                raise SystemExit(
+                    f"[demo] {stage.title}: interrupted (exit {proc.returncode}); the same "
+                    "command resumes the demo"
+                ) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    if terms:
+        print(
+            f"[demo] {stage.title}: stopped by SIGTERM (stage exit {proc.returncode}); the same "
+            "command resumes the demo",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(128 + signal.SIGTERM)
     if proc.returncode != 0:
         tail = "".join(open(log_file).readlines()[-30:])
         raise SystemExit(

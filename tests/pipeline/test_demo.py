@@ -3,8 +3,11 @@ the SFT model's answers -> RM -> PPO and MA-PPO -> inference -> report; the rewa
 and both arms' gold gains over SFT are asserted at the thresholds stated below."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +90,110 @@ def test_ctrl_c_waits_for_the_stage_and_says_the_same_command_resumes(tmp_path, 
     assert str(stop.value) == (
         "[demo] 1/6 SFT: interrupted (exit 130); the same command resumes the demo"
     )
+
+
+class _Terminated:
+    """A stage process during whose wait the demo gets SIGTERM (sent to the demo alone, as by a
+    scheduler or `kill`); it saves and exits 143 only once the signal is passed on to it."""
+
+    def __init__(self, *args, **kwargs):
+        self.signals, self.returncode = [], None
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+    def wait(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not self.signals and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler runs between bytecodes of this loop
+        self.returncode = 143 if self.signals else None
+        return self.returncode
+
+
+class _DemoKilled(Exception):
+    """What SIGTERM does to the demo when it takes no care of it (instead of killing pytest)."""
+
+
+def test_sigterm_is_passed_on_to_the_stage_and_waited_for(tmp_path, monkeypatch, capsys):
+    started = []
+
+    def popen(*args, **kwargs):
+        started.append(_Terminated())
+        return started[-1]
+
+    def killed(signum, frame):
+        raise _DemoKilled
+
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    previous = signal.signal(signal.SIGTERM, killed)
+    try:
+        stage = demo.Stage("3/6 PPO", "ppo", ["-m", "marlhf.stages.ppo"], tmp_path / "ppo" / "done")
+        with pytest.raises(SystemExit) as stop:
+            demo._run(stage, tmp_path / "logs", fresh=False)
+        assert signal.getsignal(signal.SIGTERM) is killed  # the demo's own handler is gone again
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert started[0].signals == [signal.SIGTERM] and started[0].returncode == 143
+    assert stop.value.code == 143
+    assert capsys.readouterr().err == (
+        "[demo] 3/6 PPO: stopped by SIGTERM (stage exit 143); the same command resumes the demo\n"
+    )
+
+
+# A stage that saves on SIGTERM and exits 143 (as marlhf.runtime.preemption does), writing its PID
+# first so that the test can find it.
+_STAGE = """
+import os, signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def save(signum, frame):
+    time.sleep(0.5)  # saving takes a moment: the demo must wait for it
+    (out / "saved").write_text("step 3")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, save)
+(out / "pid").write_text(str(os.getpid()))
+print("training", flush=True)
+time.sleep(120)
+"""
+_DEMO = """
+import sys
+from pathlib import Path
+from marlhf.pipeline import demo
+out = Path(sys.argv[1])
+demo._run(demo.Stage("3/6 PPO", "ppo", ["-c", sys.argv[2], str(out)], out / "done"), out / "logs", False)
+"""
+
+
+def test_sigterm_to_a_real_demo_process_stops_its_stage_with_a_save(tmp_path):
+    env = stage_env(tmp_path / "home")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DEMO, str(tmp_path), _STAGE],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    log = tmp_path / "logs" / "ppo.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "training" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # to the demo only, not its process group
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        pid = int((tmp_path / "pid").read_text())
+        stage_alive = _alive(pid)
+        if stage_alive:
+            os.kill(pid, signal.SIGKILL)
+    assert not stage_alive, "the stage was left running"
+    assert (tmp_path / "saved").read_text() == "step 3"
+    assert proc.returncode == 143, (proc.returncode, out, err)
+    assert err.endswith(
+        "[demo] 3/6 PPO: stopped by SIGTERM (stage exit 143); the same command resumes the demo\n"
+    ), err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
