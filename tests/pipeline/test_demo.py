@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from marlhf.pipeline import demo
+from tests.support.progress import Stalled, run_while_progressing
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,3 +198,34 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# The guard of the end-to-end test above (tests/support/progress.py), on small fake commands.
+_SLOW_BUT_ALIVE = "import time\nfor i in range(6):\n    print(i, flush=True); time.sleep(0.4)"
+_LOG_GROWS = (
+    "import sys, time\nfor i in range(6):\n"
+    "    open(sys.argv[1], 'a').write('step\\n'); time.sleep(0.4)"
+)
+_HANGS = "import time\nprint('stage 1 ...', flush=True)\ntime.sleep(60)"
+
+
+def test_guard_lets_a_slow_run_that_keeps_printing_finish():
+    # 2.4 s in all, longer than the allowed stall (1 s) but never silent for that long
+    done = run_while_progressing([sys.executable, "-c", _SLOW_BUT_ALIVE], stall_s=1.0, poll_s=0.1)
+    assert done.returncode == 0 and done.stdout.split() == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_guard_counts_a_growing_log_as_progress(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cmd = [sys.executable, "-c", _LOG_GROWS, str(logs / "sft.log")]
+    done = run_while_progressing(cmd, stall_s=1.0, poll_s=0.1, watch=logs)
+    assert done.returncode == 0 and (logs / "sft.log").read_text().count("step") == 6
+
+
+def test_guard_kills_a_run_that_stops_making_progress():
+    t0 = time.monotonic()
+    with pytest.raises(Stalled, match=r"no new output and no log growth for \d+ s") as stall:
+        run_while_progressing([sys.executable, "-c", _HANGS], stall_s=1.0, poll_s=0.1)
+    assert time.monotonic() - t0 < 20  # not the 60 s the command would sleep
+    assert "stage 1 ..." in str(stall.value)  # what it printed last
