@@ -62,16 +62,17 @@ def test_demo_pipeline_end_to_end(tmp_path):
 
 
 class _Interrupted:
-    """A stage process whose first wait is cut by Ctrl-C (the demo's terminal sent it to the whole
-    process group); the stage saves a checkpoint and exits 130, which the second wait returns."""
+    """A stage process during which Ctrl-C arrives (the demo's terminal sent it to the whole
+    process group); the stage saves a checkpoint and exits 130, which the demo's wait returns."""
 
     def __init__(self, *args, **kwargs):
         self.waits, self.returncode = 0, None
 
+    def poll(self):
+        raise KeyboardInterrupt
+
     def wait(self):
         self.waits += 1
-        if self.waits == 1:
-            raise KeyboardInterrupt
         self.returncode = 130
         return 130
 
@@ -87,59 +88,142 @@ def test_ctrl_c_waits_for_the_stage_and_says_the_same_command_resumes(tmp_path, 
     stage = demo.Stage("1/6 SFT", "sft", ["-m", "marlhf.stages.sft"], tmp_path / "sft" / "done")
     with pytest.raises(SystemExit) as stop:
         demo._run(stage, tmp_path / "logs", fresh=False)
-    assert started[0].waits == 2  # the stage was waited for, not left running
+    assert started[0].waits == 1  # the stage was waited for, not left running
     assert str(stop.value) == (
         "[demo] 1/6 SFT: interrupted (exit 130); the same command resumes the demo"
     )
 
 
 class _Terminated:
-    """A stage process during whose wait the demo gets SIGTERM (sent to the demo alone, as by a
-    scheduler or `kill`); it saves and exits 143 only once the signal is passed on to it."""
+    """A stage process during which the demo gets SIGTERM (sent to the demo alone, as by a
+    scheduler or `kill`, once per step of the demo); it saves and exits 143 only once the signal
+    is passed on to it."""
 
-    def __init__(self, *args, **kwargs):
-        self.signals, self.returncode = [], None
+    killed = False
+
+    def __init__(self, *args, env=None, **kwargs):
+        self.signals, self.returncode, self.env = [], None, env
 
     def send_signal(self, signum):
         self.signals.append(signum)
 
-    def wait(self):
-        os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while not self.signals and time.monotonic() < deadline:
-            time.sleep(0.01)  # the handler runs between bytecodes of this loop
+    def poll(self):
+        if not _Terminated.killed:
+            _Terminated.killed = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs between bytecodes
         self.returncode = 143 if self.signals else None
         return self.returncode
+
+    def wait(self):
+        return self.poll()
 
 
 class _DemoKilled(Exception):
     """What SIGTERM does to the demo when it takes no care of it (instead of killing pytest)."""
 
 
-def test_sigterm_is_passed_on_to_the_stage_and_waited_for(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_sigterm_is_passed_on_to_the_running_stages_and_waited_for(
+    tmp_path, monkeypatch, capsys, lanes
+):
     started = []
 
     def popen(*args, **kwargs):
-        started.append(_Terminated())
+        started.append(_Terminated(**kwargs))
         return started[-1]
 
     def killed(signum, frame):
         raise _DemoKilled
 
     monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(_Terminated, "killed", False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    stages = [
+        demo.Stage("3/6 PPO (n=1)", "ppo", ["-m", "marlhf.stages.ppo"], tmp_path / "ppo" / "d"),
+        demo.Stage("4/6 MA-PPO (n=10)", "mappo", ["-m", "x"], tmp_path / "mappo" / "d"),
+    ]
     previous = signal.signal(signal.SIGTERM, killed)
     try:
-        stage = demo.Stage("3/6 PPO", "ppo", ["-m", "marlhf.stages.ppo"], tmp_path / "ppo" / "done")
         with pytest.raises(SystemExit) as stop:
-            demo._run(stage, tmp_path / "logs", fresh=False)
+            demo.run_step(stages, tmp_path / "logs", fresh=False, lanes=lanes)
         assert signal.getsignal(signal.SIGTERM) is killed  # the demo's own handler is gone again
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert started[0].signals == [signal.SIGTERM] and started[0].returncode == 143
+    # the stages running when it came got it and were waited for; no other stage was started
+    assert len(started) == lanes
+    assert all(p.signals == [signal.SIGTERM] and p.returncode == 143 for p in started)
+    # two at a time share the 2 threads
+    assert [p.env["OMP_NUM_THREADS"] for p in started] == (["2"] if lanes == 1 else ["1", "1"])
     assert stop.value.code == 143
+    stopped = ", ".join(s.title for s in stages[:lanes])
     assert capsys.readouterr().err == (
-        "[demo] 3/6 PPO: stopped by SIGTERM (stage exit 143); the same command resumes the demo\n"
+        f"[demo] {stopped}: stopped by SIGTERM (stage exit {', '.join(['143'] * lanes)}); the "
+        "same command resumes the demo\n"
     )
+
+
+class _Exits:
+    """A stage process that ends at its second poll with the status its command names (``-c N``),
+    or runs until it gets a signal (``-c run``), then ends with 143."""
+
+    def __init__(self, cmd, *args, env=None, **kwargs):
+        self.cmd, self.env, self.polls, self.signals, self.returncode = cmd, env, 0, [], None
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+    def poll(self):
+        self.polls += 1
+        if self.cmd[-1] == "run":
+            self.returncode = 143 if self.signals else None
+        elif self.polls >= 2:
+            self.returncode = int(self.cmd[-1])
+        return self.returncode
+
+    def wait(self):
+        return self.poll()
+
+
+def _fake_stages(tmp_path, codes):
+    return [
+        demo.Stage(f"5/6 inference ({i})", f"inference_{i}", ["-c", c], tmp_path / f"done{i}")
+        for i, c in enumerate(codes)
+    ]
+
+
+def test_a_step_runs_its_stages_two_at_a_time_with_one_thread_each(tmp_path, monkeypatch):
+    started = []
+
+    def popen(cmd, *args, **kwargs):
+        started.append(_Exits(cmd, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    stages = _fake_stages(tmp_path, ["0", "0", "0"])
+    stages[1].done.write_text("")  # this one is done: skipped
+    timing = demo.run_step(stages, tmp_path / "logs", fresh=False, lanes=2)
+    assert [p.cmd[-1] for p in started] == ["0", "0"]
+    assert [p.env["OMP_NUM_THREADS"] for p in started] == ["1", "1"]
+    assert timing.wall["inference_1"] is None and timing.wall["inference_0"] >= 0
+    assert timing.cpu >= 0
+
+
+def test_a_failed_stage_stops_the_one_beside_it(tmp_path, monkeypatch):
+    started = []
+
+    def popen(cmd, *args, **kwargs):
+        started.append(_Exits(cmd, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        demo.run_step(_fake_stages(tmp_path, ["run", "3", "0"]), tmp_path / "logs", False, 2)
+    assert len(started) == 2  # the third was not started
+    assert started[0].signals == [signal.SIGTERM] and started[0].returncode == 143
+    assert str(stop.value).startswith("[demo] 5/6 inference (1) failed (exit 3); log ")
 
 
 # A stage that saves on SIGTERM and exits 143 (as marlhf.runtime.preemption does), writing its PID
