@@ -386,7 +386,7 @@ def _timings_section(
     extra = ""
     if cpu_s is not None:
         extra += f" CPU time of these stages: {cpu_s:.0f} s"
-        extra += f" ({threads} threads)." if threads else "."
+        extra += f" ({threads} thread{'s' if threads > 1 else ''})." if threads else "."
     return ["", f"Stage wall times of this invocation: {text}.{extra}"]
 
 
