@@ -61,8 +61,8 @@ def test_demo_pipeline_end_to_end(tmp_path):
     # like their labels; gold over SFT on the 200 held-out prompts (95 % bootstrap intervals) PPO
     # -0.939 [-1.110, -0.771], MA-PPO +0.006 [-0.068, +0.086]; MA-PPO - PPO +0.944 [+0.767, +1.126];
     # right verdicts SFT 0.80, PPO 0.56, MA-PPO 0.84. PPO seeds 1, 2, 3 on the same SFT model and
-    # RM: PPO's upper bounds -0.46 to -0.50, MA-PPO - PPO's lower bounds +0.10 to +0.48, right
-    # verdicts MA-PPO - PPO +0.23 to +0.30. The thresholds are what every one of those runs shares:
+    # RM: PPO's upper bounds -0.45 to -0.48, MA-PPO - PPO's lower bounds +0.10 to +0.48, right
+    # verdicts MA-PPO - PPO +0.23 to +0.31. The thresholds are what every one of those runs shares:
     # PPO below SFT, MA-PPO above PPO (intervals excluding 0), 0.1 more right verdicts; the RM's
     # accuracy with 0.03 to spare.
     assert rm["accuracy_vs_labels"] >= 0.60, rm
