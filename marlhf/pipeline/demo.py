@@ -35,21 +35,11 @@ from pathlib import Path
 
 from marlhf.cli import Parser
 from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
-from marlhf.pipeline.demo_settings import (  # noqa: F401 - SFT/RM/PPO_FLAGS: the TL;DR task's
-    DEFAULT_TASK,
-    LEARNED_RM_PPO_FLAGS,
-    PPO_FLAGS,
-    RM_BASE_FLAGS,
-    RM_FLAGS,
-    SFT_FLAGS,
-    TASKS,
-    DemoTask,
-)
+from marlhf.pipeline.demo_settings import DEFAULT_TASK, TASKS, DemoTask
 from marlhf.pipeline.report import write_report
 from marlhf.runtime.run_lock import LOCK_FILE, OutputDirInUse, acquire
 
 ROOT = Path(__file__).resolve().parents[2]
-PPO_STEPS = TASKS["synthetic-tldr"].ppo_steps  # the TL;DR task's (benchmarks import it)
 
 
 def policy_pairs_file(out: Path) -> Path:
@@ -79,10 +69,10 @@ def ppo_epochs(steps: int, prompts: int = 760, rollouts: int = 16) -> int:
 
 def threads() -> int:
     """The demo's CPU threads: ``OMP_NUM_THREADS`` (2 when unset, the Makefile's)."""
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "2")))
-    except ValueError:
-        return 2
+    value = os.environ.get("OMP_NUM_THREADS", "2")
+    if not value.strip().isdigit() or int(value) < 1:
+        raise SystemExit(f"error: OMP_NUM_THREADS={value!r}: the demo needs a whole number >= 1")
+    return int(value)
 
 
 def _env(n_threads: int) -> dict[str, str]:
@@ -456,10 +446,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     task = TASKS[args.task]
     out = Path(args.output_dir).resolve()
+    # two stages at a time where they are independent, given 2 threads or more (half each)
+    lanes = 2 if threads() >= 2 else 1
     lock_and_clear(out, args.fresh)
     t_start = time.time()
-    # two stages at a time where they are independent, given 2 threads or more (one each)
-    lanes = 2 if threads() >= 2 else 1
     timings: dict[str, float | None] = {}
     cpu = 0.0
     for step in pipeline(task, args, out):

@@ -240,6 +240,19 @@ def test_a_failed_stage_stops_the_one_beside_it(tmp_path, monkeypatch):
     assert str(stop.value).startswith("[demo] 5/6 inference (1) failed (exit 3); log ")
 
 
+@pytest.mark.parametrize("value", ["two", "0", ""])
+def test_a_thread_count_that_is_no_number_stops_the_demo_before_it_writes(
+    tmp_path, monkeypatch, value
+):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    with pytest.raises(SystemExit) as stop:
+        demo.main(["--output_dir", str(tmp_path / "demo")])
+    assert str(stop.value) == (
+        f"error: OMP_NUM_THREADS={value!r}: the demo needs a whole number >= 1"
+    )
+    assert not (tmp_path / "demo").exists()
+
+
 # A stage that saves on SIGTERM and exits 143 (as marlhf.runtime.preemption does), writing its PID
 # first so that the test can find it.
 _STAGE = """
