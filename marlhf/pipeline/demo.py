@@ -109,6 +109,10 @@ def _cpu_of_children() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _titles(stages: list[tuple[Stage, int]]) -> str:
+    return ", ".join(stage.title for stage, _ in stages) or "between stages"
+
+
 def run_step(stages: list[Stage], logs: Path, fresh: bool, lanes: int = 1) -> Timing:
     """Run the stages of one pipeline step, which need nothing from each other: each as its own
     process (log in ``logs/<key>.log``), ``lanes`` at a time, each with ``threads() // lanes``
@@ -162,16 +166,9 @@ def run_step(stages: list[Stage], logs: Path, fresh: bool, lanes: int = 1) -> Ti
                     proc.send_signal(signal.SIGTERM)
             if (terms or failed) and not running:
                 break
-            try:
-                done = [k for k, (_, proc, _) in running.items() if proc.poll() is not None]
-                if not done:
-                    time.sleep(0.1)
-            except KeyboardInterrupt:  # the stages got the Ctrl-C too: they save and stop
-                codes = [(stage, proc.wait()) for stage, proc, _ in running.values()]
-                raise SystemExit(
-                    f"[demo] {', '.join(st.title for st, _ in codes)}: interrupted (exit "
-                    f"{', '.join(str(c) for _, c in codes)}); the same command resumes the demo"
-                ) from None
+            done = [k for k, (_, proc, _) in running.items() if proc.poll() is not None]
+            if not done:
+                time.sleep(0.1)
             for key in done:
                 stage, proc, t0 = running.pop(key)
                 if terms or failed:
@@ -183,6 +180,12 @@ def run_step(stages: list[Stage], logs: Path, fresh: bool, lanes: int = 1) -> Ti
                 else:
                     wall[key] = time.time() - t0
                     print(f"[demo] {stage.title}: done in {wall[key]:.0f}s", flush=True)
+    except KeyboardInterrupt:  # the stages got the Ctrl-C too: they save and stop
+        codes = [(stage, proc.wait()) for stage, proc, _ in running.values()]
+        raise SystemExit(
+            f"[demo] {_titles(codes)}: interrupted (exit "
+            f"{', '.join(str(c) for _, c in codes)}); the same command resumes the demo"
+        ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     if failed:
@@ -192,7 +195,7 @@ def run_step(stages: list[Stage], logs: Path, fresh: bool, lanes: int = 1) -> Ti
         raise SystemExit(f"[demo] {stage.title} failed (exit {code}); log {log_file}:\n{tail}")
     if terms:
         print(
-            f"[demo] {', '.join(st.title for st, _ in ended)}: stopped by SIGTERM (stage exit "
+            f"[demo] {_titles(ended)}: stopped by SIGTERM (stage exit "
             f"{', '.join(str(c) for _, c in ended)}); the same command resumes the demo",
             file=sys.stderr,
             flush=True,
