@@ -7,9 +7,10 @@ sweep (docs/results.md, "Does MA-PPO beat PPO?"). Its stages start from the ship
 ``tiny-base-64`` and use the sweep's PPO settings (λ = 0.95).
 
 ``synthetic-tldr`` (:mod:`marlhf.data.synthetic`): 15-20-token TL;DR-like summaries from
-``tiny-base``, the reward model from the preference-pretrained ``tiny-rm-base``. At this length PPO
-and MA-PPO raise gold alike (docs/measurement-log.md, "Labelled comparisons of the policy's own
-answers"); ``benchmarks/ppo_vs_mappo.py`` builds on its flags.
+``tiny-base``, the reward model from the preference-pretrained ``tiny-rm-base``. At this length
+macro actions make no difference beyond seed noise, and one run's comparison of PPO and MA-PPO can
+go either way with the thread count (docs/measurement-log.md, "The embedded demo");
+``benchmarks/ppo_vs_mappo.py`` builds on its flags.
 
 Everything is sized for 2 CPU cores; the real recipes are in training/*/run_gemma.sh.
 """
