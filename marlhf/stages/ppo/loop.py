@@ -455,7 +455,11 @@ def setup(cfg: PPOStageConfig) -> Run:
             cfg.macro.termination_condition,
             ppo.estimator,
         )
-        log.info("reward: %s", describe_reward(source, cfg.reward))
+        if cfg.env.env is not None:
+            extra = " and " + describe_reward(source, cfg.reward) if source != "none" else ""
+            log.info("reward: the environment's, per turn (--env %s)%s", cfg.env.env, extra)
+        else:
+            log.info("reward: %s", describe_reward(source, cfg.reward))
     oracle = gold if "gold" in source_names(source) else None
     errors = cfg.reward.reward_errors
     run = Run(

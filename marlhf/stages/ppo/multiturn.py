@@ -348,10 +348,10 @@ def collect_episodes(
     this rank's episodes of step ``step`` in ``--generation_batches`` batches, each played
     (:func:`play`, row seeds of stream 2 as the single-turn rollouts') then scored. Returns the
     concatenated rollout and scores, the rows' metas (empty), their prompt texts and the
-    episodes."""
+    episodes' metrics (:func:`episode_step_metrics`)."""
     cfg, plan, env = run.cfg, run.plan, run.env
     assert env is not None
-    rollouts, scoreds, episodes = [], [], []
+    rollouts, scoreds, episodes, played = [], [], [], []
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
     micro = step_prompts(plan, cfg.ppo.optim.seed, step)
@@ -374,10 +374,12 @@ def collect_episodes(
             scoreds.append(score(run.models, ro, cfg, run.need_entropy, later, check_rollout))
         rollouts.append(ro)
         episodes.extend(eps)
+        played.extend(rows)
     prompt_texts = [run.prompts[i]["prompt_text"] for idx in micro for i in idx]
     ro = concat_rollouts(rollouts, run.tokenizer.pad_token_id)
     scored = concat_scored(scoreds, ro.sequences.shape[1], ro.response_ids.shape[1])
-    return ro, scored, [{} for _ in prompt_texts], prompt_texts, episodes
+    metrics = episode_step_metrics(env, episodes, played)
+    return ro, scored, [{} for _ in prompt_texts], prompt_texts, metrics
 
 
 def env_scores(run: Run, ro: Rollout, scored, metas, prompt_texts):
