@@ -295,7 +295,7 @@ def estimators_help() -> str:
 
 def group_size_help() -> str:
     """Which registered estimators need several samples per prompt, for ``--help``: ``grpo,
-    dr_grpo and rloo need G >= 2.``"""
+    dr_grpo, rloo and mt_grpo need G >= 2.``"""
     by_size: dict[int, list[str]] = {}
     for name, cls in ESTIMATORS.items():
         if cls.min_group_size > 1:
