@@ -201,12 +201,15 @@ class TurnSampler:
             texts.append(text)
         return texts
 
-    def finished(self) -> list[ConversationTokens]:
+    def finished(self, episodes: Sequence[Episode]) -> list[ConversationTokens]:
         """Each row's conversation up to its last action (the observations after it, laid out
-        when an episode ended at ``--max_total_seq_len``, dropped: nothing follows them)."""
+        when an episode ended at ``--max_total_seq_len``, dropped: nothing follows them); the
+        first prompt alone, without an action, for a row whose environment failed to start
+        (``--env_errors zero_reward``)."""
         out = []
-        for conv in self.convs:
-            assert conv is not None
+        for i, conv in enumerate(self.convs):
+            if conv is None:
+                conv = self._lay_out(i, episodes[i].messages)
             end = conv.turn_ends[-1] + 1 if conv.turn_ends else conv.prompt_len
             kept = ConversationTokens(
                 conv.token_ids[:end], conv.action_mask[:end], conv.turn_index[:end],
@@ -332,7 +335,7 @@ def play(
     lp = turns.logprobs if turns.recorded[0] else None
     ent = turns.entropy if turns.recorded[0] and turns.recorded[1] else None
     ro = conversation_rollout(
-        turns.finished(), episodes, pad_id, turns.eos_ids, [r["prompt_id"] for r in rows], lp, ent
+        turns.finished(episodes), episodes, pad_id, turns.eos_ids, [r["prompt_id"] for r in rows], lp, ent
     )
     return ro, episodes
 
