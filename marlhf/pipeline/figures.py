@@ -108,10 +108,29 @@ def chat_act(model, tok, temperature: float, max_new_tokens: int, end_of_turn: i
     return act
 
 
+def trail_scores(model, tok, turns: int, prompts: int, temperature: float, seed: int = 0) -> dict:
+    """Gold (the share of games won), the share of first calls to the key person and the mean turns
+    of a model on the first ``prompts`` held-out (``valid``) games of the trail task at ``turns``
+    turns (temperature 0: greedy; torch seed ``seed``; environments in this process)."""
+    rows = trail.rows(turns, prompts, seed=0, split="valid")
+    worlds = [trail.World.from_info(r["extra_info"]) for r in rows]
+    factory = load_env(f"marlhf-trail-{turns}")
+    cfg = EnvConfig(env=factory.spec, max_turns=turns, env_timeout_s=0)
+    torch.manual_seed(seed)
+    episodes = run_episodes(factory, rows, chat_act(model, tok, temperature, TRAIL_NEW_TOKENS), cfg)
+    pairs = list(zip(worlds, episodes, strict=True))
+    return {
+        "gold": round(sum(trail.gold(w, e.messages) for w, e in pairs) / len(pairs), 3),
+        "first_call_key": round(
+            sum(trail.first_call(e.messages) == w.key for w, e in pairs) / len(pairs), 3
+        ),
+        "turns_mean": round(sum(len(e.turns) for _, e in pairs) / len(pairs), 2),
+    }
+
+
 def trail_figures(model_dir: str | Path, prompts: int = 32) -> dict:
-    """Gold score (the share of games won), the share of first calls to the key person, and the
-    turns of a model on the first ``prompts`` held-out (``valid``) games of the trail task at 2, 4
-    and 8 turns, greedy and sampled at temperature 1 (seed 0; environments in this process)."""
+    """:func:`trail_scores` of a model on the first ``prompts`` held-out games at 2, 4 and 8 turns,
+    greedy and sampled at temperature 1 (seed 0)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -119,20 +138,8 @@ def trail_figures(model_dir: str | Path, prompts: int = 32) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     figures: dict = {"prompts_per_task": prompts}
     for turns in trail.TURNS:
-        rows = trail.rows(turns, prompts, seed=0, split="valid")
-        worlds = [trail.World.from_info(r["extra_info"]) for r in rows]
-        factory = load_env(f"marlhf-trail-{turns}")
-        cfg = EnvConfig(env=factory.spec, max_turns=turns, env_timeout_s=0)
         for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
-            torch.manual_seed(0)
-            act = chat_act(model, tok, temperature, TRAIL_NEW_TOKENS)
-            episodes = run_episodes(factory, rows, act, cfg)
-            pairs = list(zip(worlds, episodes, strict=True))
-            figures[f"marlhf-trail-{turns}/{mode}"] = {
-                "gold": round(sum(trail.gold(w, e.messages) for w, e in pairs) / len(pairs), 3),
-                "first_call_key": round(
-                    sum(trail.first_call(e.messages) == w.key for w, e in pairs) / len(pairs), 3
-                ),
-                "turns_mean": round(sum(len(e.turns) for _, e in pairs) / len(pairs), 2),
-            }
+            figures[f"marlhf-trail-{turns}/{mode}"] = trail_scores(
+                model, tok, turns, prompts, temperature
+            )
     return figures
