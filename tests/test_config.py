@@ -29,7 +29,7 @@ from marlhf.judge.sampling import SampleStage
 from marlhf.pipeline.compare import CompareArgs
 from marlhf.stages.ppo.config import GenerationConfig, PPOConfig, PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 # every program built from a config, with the flags it requires
 PROGRAMS = {

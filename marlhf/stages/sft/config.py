@@ -1,4 +1,4 @@
-"""Stage 1's configuration (:mod:`marlhf.stages.sft`): the shared parts, whole. It imports no torch,
+"""Stage 1's configuration (:mod:`marlhf.stages.sft.train`): the shared parts, whole. It imports no torch,
 so that ``marlhf sft --help`` and the flags' validation are quick."""
 
 from __future__ import annotations
