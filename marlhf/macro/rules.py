@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from marlhf.plugins import resolve_reference
+from marlhf.plugins import declared_implementation
 
 __all__ = [
     "INPUT_SOURCES",
@@ -177,16 +177,8 @@ def rule_implementation(name: str) -> type[Rule]:
         ValueError: unknown rule; an implementation that cannot be imported (naming it).
         TypeError: an implementation that is no subclass of its declaration.
     """
-    cls = rule_class(name)
-    target = cls.__dict__.get("implementation")
-    if target is None:
-        return cls
-    impl = resolve_reference(target, f"--termination_condition {name}")
-    if not (isinstance(impl, type) and issubclass(impl, cls)):
-        raise TypeError(f"{target} is no subclass of {cls.__qualname__}, the rule {name!r}")
-    impl.name = name
-    RULES[name] = impl
-    return impl
+    rule_class(name)  # an unknown name: the ValueError listing the rules
+    return declared_implementation(RULES, name, "--termination_condition", "rule")
 
 
 def rules_help() -> str:

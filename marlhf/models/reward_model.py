@@ -368,7 +368,8 @@ def _as_dict(obj: Any, what: str) -> dict | None:
 
 def reward_info(info: RewardModelInfo | None = None, **fields: Any) -> RewardModelInfo:
     """``info``, or the :class:`RewardModelInfo` of ``fields`` (its fields as keywords:
-    ``rm_type=``, ``score_stats=``, ... the way the savers take them too); not both."""
+    ``rm_type=``, ``score_stats=``, ..., as every saver takes them too); not both. Neither: an end
+    reward model with nothing more to say."""
     if info is not None and fields:
         raise TypeError(f"reward model: give the info or its fields {sorted(fields)}, not both")
     return info if info is not None else RewardModelInfo(**fields)
@@ -398,6 +399,7 @@ def save_reward_model_state(
     path: str | os.PathLike,
     *,
     info: RewardModelInfo | None = None,
+    **fields: Any,
 ) -> None:
     """Write a reward-model directory from a plain state dict (e.g. ZeRO-3 weights gathered on rank 0).
 
@@ -408,11 +410,12 @@ def save_reward_model_state(
             ``architectures`` set to the base-model class and ``dtype`` to the weights' dtype).
         tokenizer: saved with ``save_pretrained``; ``None`` to skip.
         path: output directory (created).
-        info: what ``reward_config.json`` says of the model (default: an end RM, nothing more).
+        info: what ``reward_config.json`` says of the model, or its fields as keywords
+            (:func:`reward_info`; neither: an end RM, nothing more).
     """
     from transformers import MODEL_MAPPING
 
-    info = info if info is not None else RewardModelInfo()
+    info = reward_info(info, **fields)
     backbone_sd: dict[str, torch.Tensor] = {}
     head_sd: dict[str, torch.Tensor] = {}
     unexpected = []

@@ -8,14 +8,8 @@ The stage's skeleton, as every stage's: :mod:`~marlhf.stages.sft.config` (the fl
 
 from __future__ import annotations
 
-import importlib
-
+from marlhf.plugins import lazy_attributes
 from marlhf.stages.sft.config import SFTConfig
 
 __all__ = ["SFTConfig", "main"]
-
-
-def __getattr__(name: str):
-    if name == "main":
-        return importlib.import_module("marlhf.stages.sft.train").main
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {"main": "marlhf.stages.sft.train"}, globals())
