@@ -20,12 +20,13 @@ partial overlap would silently compare different prompt sets.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from marlhf.data.readers import json_lines
 
 
 class PairingError(ValueError):
@@ -55,15 +56,7 @@ def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except OSError as err:
         raise PairingError(f"{path}: cannot read result file ({err.strerror})") from None
     with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PairingError(
-                    f"{path} line {lineno}: invalid JSON at column {err.colno} ({err.msg})"
-                ) from None
+        for lineno, row in json_lines(fh, path, PairingError):
             if not isinstance(row, dict):
                 raise PairingError(f"{path} line {lineno}: expected a JSON object")
             for key in ("prompt", "response"):

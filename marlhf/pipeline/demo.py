@@ -31,50 +31,29 @@ from marlhf.runtime.run_lock import LOCK_FILE, OutputDirInUse, acquire, unusable
 ROOT = Path(__file__).resolve().parents[2]
 
 # Settings sized for 2 CPU cores and a few minutes in all; the real recipes are in training/*/run_gemma.sh.
+# The supervised stages' data, batch sizes and schedule shape, the same for SFT and the reward model:
+_SUPERVISED_FLAGS = [
+    "--data_path", "synthetic-tldr",
+    "--max_seq_len", "192",
+    "--per_device_train_batch_size", "16",
+    "--per_device_eval_batch_size", "32",
+    "--warmup_ratio", "0.05",
+    "--zero_stage", "0",
+]  # fmt: skip
 SFT_FLAGS = [
-    "--model_name_or_path",
-    "tiny-base",
-    "--data_path",
-    "synthetic-tldr",
-    "--max_seq_len",
-    "192",
-    "--per_device_train_batch_size",
-    "16",
-    "--per_device_eval_batch_size",
-    "32",
-    "--learning_rate",
-    "5e-4",
-    "--num_train_epochs",
-    "2",
-    "--warmup_ratio",
-    "0.05",
-    "--lr_scheduler_type",
-    "cosine",
-    "--zero_stage",
-    "0",
-    "--eval_iters",
-    "4",
-]
+    "--model_name_or_path", "tiny-base",
+    *_SUPERVISED_FLAGS,
+    "--learning_rate", "5e-4",
+    "--num_train_epochs", "2",
+    "--lr_scheduler_type", "cosine",
+    "--eval_iters", "4",
+]  # fmt: skip
 RM_FLAGS = [
-    "--data_path",
-    "synthetic-tldr",
-    "--max_seq_len",
-    "192",
-    "--per_device_train_batch_size",
-    "16",
-    "--per_device_eval_batch_size",
-    "32",
-    "--learning_rate",
-    "3e-4",
-    "--num_train_epochs",
-    "4",
-    "--warmup_ratio",
-    "0.05",
-    "--zero_stage",
-    "0",
-    "--eval_iters",
-    "8",
-]
+    *_SUPERVISED_FLAGS,
+    "--learning_rate", "3e-4",
+    "--num_train_epochs", "4",
+    "--eval_iters", "8",
+]  # fmt: skip
 # One pass over the 760 PPO prompts in rollouts of 16 (30 steps were too few for a gain above
 # seed noise; docs/research/reward-model.md, "A reward model that learns").
 PPO_STEPS = 47
