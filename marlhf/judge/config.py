@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from marlhf.data.names import canonical, names_help
-from marlhf.judge.pairing import output_overwrites
+from marlhf.judge.pairing import output_overwrites, result_file_field
 
 # Dataset name (marlhf.data.names, the names every tool shares) -> judge template.
 JUDGE_TEMPLATES = {
@@ -43,12 +43,8 @@ PRICES_PER_1M: dict[str, tuple[float, float]] = {
 class JudgeConfig:
     """Pairwise LLM-judge evaluation of two result files."""
 
-    model_name_a: str = field(
-        metadata={"help": "Result JSONL of model a.", "aliases": ("--model_a", "--model-name-a")}
-    )
-    model_name_b: str = field(
-        metadata={"help": "Result JSONL of model b.", "aliases": ("--model_b", "--model-name-b")}
-    )
+    model_name_a: str = result_file_field("a")
+    model_name_b: str = result_file_field("b")
     output: str = field(
         metadata={"help": "Per-pair results JSONL (summary: <output>.summary.json)."}
     )

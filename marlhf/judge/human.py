@@ -25,7 +25,13 @@ from typing import TextIO
 
 from marlhf.cli import parse_config
 from marlhf.judge.outcomes import format_summary, n_words, summarize
-from marlhf.judge.pairing import Pair, PairingError, align_results, output_overwrites
+from marlhf.judge.pairing import (
+    Pair,
+    PairingError,
+    align_results,
+    output_overwrites,
+    result_file_field,
+)
 
 KEYS = {"1": "A", "2": "B", "3": "tie", "4": "skip"}
 
@@ -34,12 +40,8 @@ KEYS = {"1": "A", "2": "B", "3": "tie", "4": "skip"}
 class HumanEvalConfig:
     """Blind pairwise human evaluation of two result files."""
 
-    model_name_a: str = field(
-        metadata={"help": "Result JSONL of model a.", "aliases": ("--model_a", "--model-name-a")}
-    )
-    model_name_b: str = field(
-        metadata={"help": "Result JSONL of model b.", "aliases": ("--model_b", "--model-name-b")}
-    )
+    model_name_a: str = result_file_field("a")
+    model_name_b: str = result_file_field("b")
     output: str = field(metadata={"help": "Answers JSONL (appended; re-running resumes)."})
     seed: int = field(default=42, metadata={"help": "Seed of item choice and A/B order."})
     num: int = field(default=50, metadata={"help": "Number of items to judge."})

@@ -33,6 +33,17 @@ class PairingError(ValueError):
     """The two result files cannot be aligned."""
 
 
+def result_file_field(side: str) -> Any:
+    """The config field of model ``side``'s result file (``side`` ``a``: ``--model_name_a``, also
+    spelled ``--model_a`` and ``--model-name-a``), which the judge and the human evaluation share."""
+    return field(
+        metadata={
+            "help": f"Result JSONL of model {side}.",
+            "aliases": (f"--model_{side}", f"--model-name-{side}"),
+        }
+    )
+
+
 @dataclass
 class Pair:
     """One prompt with model a's and model b's responses; ``extra`` keeps a's other keys;

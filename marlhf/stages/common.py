@@ -50,6 +50,7 @@ from marlhf.runtime.run_lock import lock_output_dir
 from marlhf.runtime.run_settings import SETTINGS_FILE, check_resume_settings, settings_writer
 from marlhf.runtime.run_settings import settings as settings_record
 from marlhf.runtime.tracking import Tracker
+from marlhf.stages.config import SupervisedConfig
 from marlhf.stages.exits import raised_on_purpose, report_and_exit, tear_down_process_group
 
 
@@ -443,7 +444,7 @@ class SupervisedSetup:
     """A supervised stage's run once set up (:func:`setup_supervised`): what its steps,
     evaluations and saves share, and :meth:`loop` to train it."""
 
-    cfg: Any  # the stage's config (``model``, ``data``, ``optim``, ``ds``, ``log`` parts)
+    cfg: SupervisedConfig  # the stage's config
     name: str  # the run's name in the log and the trackers ("SFT", "RM (end)")
     logger: logging.Logger
     out: Path  # the output directory, locked for this run
@@ -487,7 +488,7 @@ class SupervisedSetup:
 
 
 def setup_supervised(
-    cfg,
+    cfg: SupervisedConfig,
     *,
     name: str,
     logger: logging.Logger,
@@ -498,8 +499,8 @@ def setup_supervised(
     unit: str,
     build_model: Callable[[], torch.nn.Module],
 ) -> SupervisedSetup:
-    """Set up the run of a supervised stage whose config ``cfg`` has the ``model``, ``data``,
-    ``optim``, ``ds`` and ``log`` parts, in the order each such stage takes:
+    """Set up the run of a supervised stage (its config ``cfg``), in the order each such stage
+    takes:
 
     1. the process group and seeds (:func:`start`), the output directory locked for this run
        (:func:`ensure_output_dir`);

@@ -1,23 +1,16 @@
-"""The reward-model stage's configuration: the shared model, data, optimisation, DeepSpeed and logging
-parts, the objective (end or segment score, Bradley–Terry options, the normaliser fit) and, for a
-segment RM, the macro-action rule that cuts responses into segments.
+"""The reward-model stage's configuration: the supervised stages' parts (model, data, optimisation,
+DeepSpeed, logging, batching), the objective (end or segment score, Bradley–Terry options, the
+normaliser fit) and, for a segment RM, the macro-action rule that cuts responses into segments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import (
-    BatchingConfig,
-    DeepSpeedConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-    check_own_numbers,
-)
-from marlhf.data.config import DataConfig
+from marlhf.config import check_own_numbers
 from marlhf.macro.config import MacroConfig
 from marlhf.models.config import RM_TYPES
+from marlhf.stages.config import SupervisedConfig
 
 NORMALIZER_SPLITS = ("train", "eval")
 
@@ -101,17 +94,8 @@ class RewardConfig:
 
 
 @dataclass
-class RewardStageConfig:
+class RewardStageConfig(SupervisedConfig):
     """Stage 2: reward-model training (Bradley–Terry on end or segment scores)."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    log: LoggingConfig = field(default_factory=LoggingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
-    batching: BatchingConfig = field(default_factory=BatchingConfig)
-
-    def __post_init__(self) -> None:
-        self.model.check_lora()
