@@ -188,14 +188,9 @@ def estimator_class(name: str) -> type[Estimator]:
 
 
 def estimator_implementation(name: str) -> type[Estimator]:
-    """The class that estimates for `name` (or an alias): the registered class, or, for a
-    declaration, the subclass its ``implementation`` names (its module imported), which then takes
-    its place.
-
-    Raises:
-        ValueError: unknown name; an implementation that cannot be imported (naming it).
-        TypeError: an implementation that is no subclass of its declaration.
-    """
+    """The class that estimates for `name` (or an alias), its declaration's implementation
+    imported (:func:`marlhf.plugins.declared_implementation`); an unknown name:
+    :func:`resolve_estimator`'s error."""
     canonical = resolve_estimator(name)
     return declared_implementation(ESTIMATORS, canonical, "--advantage_estimator", "estimator")
 

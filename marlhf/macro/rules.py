@@ -170,14 +170,9 @@ def rule_class(name: str) -> type[Rule]:
 
 
 def rule_implementation(name: str) -> type[Rule]:
-    """The class that answers rule ``name``: the registered class, or, for a declaration, the
-    subclass its ``implementation`` names (its module imported), which then takes its place.
-
-    Raises:
-        ValueError: unknown rule; an implementation that cannot be imported (naming it).
-        TypeError: an implementation that is no subclass of its declaration.
-    """
-    rule_class(name)  # an unknown name: the ValueError listing the rules
+    """The class that answers rule ``name``, its declaration's implementation imported
+    (:func:`marlhf.plugins.declared_implementation`); an unknown name: :func:`rule_class`'s error."""
+    rule_class(name)
     return declared_implementation(RULES, name, "--termination_condition", "rule")
 
 

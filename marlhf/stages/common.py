@@ -457,34 +457,15 @@ class SupervisedSetup:
     ds_json: dict  # its DeepSpeed config, saved next to every model
     run_config: dict  # the resolved flags, saved next to every model
 
-    def loop(
-        self,
-        *,
-        desc: str,
-        train_step: Callable[[list[list[int]], int], dict[str, float]],
-        evaluate: Callable[[], dict[str, float]],
-        save_model: Callable[[int, Path, bool], None],
-        stage_state: Callable[[], dict] | None = None,
-        load_stage_state: Callable[[dict], None] | None = None,
-    ) -> int:
-        """:func:`supervised_loop` over this run (``desc``: the progress bar's label)."""
+    def loop(self, desc: str, **stage: Callable) -> int:
+        """:func:`supervised_loop` over this run (``desc``: the progress bar's label) with the
+        stage's ``train_step``, ``evaluate`` and ``save_model`` (and, if it has state of its own,
+        ``stage_state`` and ``load_stage_state``)."""
         return supervised_loop(
-            self.engine,
-            self.plan,
-            self.cfg.log,
-            n_train=len(self.train_ds),
-            seed=self.cfg.optim.seed,
-            desc=desc,
-            logger=self.logger,
-            train_step=train_step,
-            evaluate=evaluate,
-            save_model=save_model,
-            stage_state=stage_state,
-            load_stage_state=load_stage_state,
-            settings=self.settings,
-            run_name=self.name,
-            run_config=self.run_config,
-        )
+            self.engine, self.plan, self.cfg.log, n_train=len(self.train_ds),
+            seed=self.cfg.optim.seed, desc=desc, logger=self.logger, settings=self.settings,
+            run_name=self.name, run_config=self.run_config, **stage,
+        )  # fmt: skip
 
 
 def setup_supervised(

@@ -121,14 +121,10 @@ def backend_info(name: str) -> type[GenerationBackend]:
 
 
 def get_backend(name: str) -> type[GenerationBackend]:
-    """The class that samples for ``name``: the registered class, or, for a declaration, the
-    subclass its ``implementation`` names (its module imported), which then takes its place.
-
-    Raises:
-        ValueError: unknown name; an implementation that cannot be imported (naming it).
-        TypeError: an implementation that is no subclass of its declaration.
-    """
-    backend_info(name)  # an unknown name: the ValueError listing the backends
+    """The class that samples for ``name``, its declaration's implementation imported
+    (:func:`marlhf.plugins.declared_implementation`); an unknown name: :func:`backend_info`'s
+    error."""
+    backend_info(name)
     return declared_implementation(BACKENDS, name, "--generation_backend", "backend")
 
 
