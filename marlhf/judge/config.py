@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import flag
+from marlhf.config import check_own_numbers, flag
 from marlhf.data.names import canonical, names_help
 from marlhf.judge.pairing import output_overwrites, result_file_field
 
@@ -69,32 +69,44 @@ class JudgeConfig:
     judge_model: str = flag(
         "gpt-4o-2024-05-13", "Judge model (a fixed snapshot).", aliases=("--judge-model",)
     )
-    concurrency: int = flag(8, "Requests in flight at most.")
+    concurrency: int = flag(8, "Requests in flight at most.", range="[1, inf)")
     max_retries: int = flag(
-        5, "Retries on 429/5xx/timeouts before an item is invalid.", aliases=("--max-retries",)
+        5,
+        "Retries on 429/5xx/timeouts before an item is invalid.",
+        aliases=("--max-retries",),
+        range="[0, inf)",
     )
     retry_base_delay: float = flag(
         1.0,
         "First backoff in seconds (doubles each retry, with jitter).",
         aliases=("--retry-base-delay",),
+        range="[0, inf)",
     )
-    timeout: float = flag(60.0, "Per-request timeout in seconds.")
+    timeout: float = flag(60.0, "Per-request timeout in seconds.", range="(0, inf)")
     cache_dir: str | None = flag(
         None,
         "Reply cache directory (default: .judge_cache next to --output).",
         aliases=("--cache-dir",),
     )
     seed: int = flag(42, "Seed of the bootstrap, jitter and API seed.")
-    limit: int | None = flag(None, "Judge only the first N pairs.")
+    limit: int | None = flag(None, "Judge only the first N pairs.", range="[1, inf)")
     dry_run: bool = flag(False, "Print the cost estimate and exit.", aliases=("--dry-run",))
     price_input: float | None = flag(
-        None, "USD per 1M input tokens (overrides the table).", aliases=("--price-input",)
+        None,
+        "USD per 1M input tokens (overrides the table).",
+        aliases=("--price-input",),
+        range="[0, inf)",
     )
     price_output: float | None = flag(
-        None, "USD per 1M output tokens (overrides the table).", aliases=("--price-output",)
+        None,
+        "USD per 1M output tokens (overrides the table).",
+        aliases=("--price-output",),
+        range="[0, inf)",
     )
-    bootstrap: int = flag(2000, "Bootstrap resamples for the 95 percent CI.")
-    length_tolerance: float = flag(0.10, "Relative length difference of a length-matched pair.")
+    bootstrap: int = flag(2000, "Bootstrap resamples for the 95 percent CI.", range="[1, inf)")
+    length_tolerance: float = flag(
+        0.10, "Relative length difference of a length-matched pair.", range="[0, 1)"
+    )
     retry_unparseable: bool = flag(
         False,
         "Ask the judge again for cached replies without a valid verdict (they are "
@@ -103,26 +115,9 @@ class JudgeConfig:
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         if self.dataset is not None:
             template_for(self.dataset)  # raises for a name without a judge template
-        if self.concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.max_retries < 0:
-            raise ValueError(f"--max_retries must be >= 0, got {self.max_retries}")
-        if self.retry_base_delay < 0:
-            raise ValueError(f"--retry_base_delay must be >= 0, got {self.retry_base_delay}")
-        if self.timeout <= 0:
-            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {self.limit}")
-        for name in ("price_input", "price_output"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ValueError(f"--{name} must be >= 0, got {v}")
-        if self.bootstrap < 1:
-            raise ValueError(f"--bootstrap must be >= 1, got {self.bootstrap}")
-        if not 0 <= self.length_tolerance < 1:
-            raise ValueError(f"--length_tolerance must be in [0, 1), got {self.length_tolerance}")
 
 
 # what `marlhf judge --help` opens with

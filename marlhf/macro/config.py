@@ -34,7 +34,9 @@ class MacroConfig:
         f"Rule that ends macro actions: {rules_help()}; or one a --plugin file registers.",
         choices=RULES,  # the registry itself: the rules --plugin files add count too
     )
-    ngram: int = flag(1, "Tokens per macro action for `fixed` (1 = token-level PPO).")
+    ngram: int = flag(
+        1, "Tokens per macro action for `fixed` (1 = token-level PPO).", range="[1, inf)"
+    )
     ngram_choices: tuple[int, ...] = flag(
         (1, 2, 3, 5, 10),
         "Macro-action lengths drawn by `randomized` (the released code uses 1,2,3,5,10; "
@@ -44,6 +46,7 @@ class MacroConfig:
         1,
         "`randomized` (original mode): each length in --ngram_choices is used "
         "this many times before the remainder becomes one macro action.",
+        range="[1, inf)",
     )
     randomized_mode: str = flag(
         "original",
@@ -55,6 +58,7 @@ class MacroConfig:
         5,
         "`parsing`: a constituent with fewer tokens than this is one macro action.",
         aliases=("--parser_cutoff",),
+        range="[1, inf)",
     )
     parser_backend: str = flag(
         "benepar",
@@ -64,9 +68,15 @@ class MacroConfig:
     )
     spacy_model: str = flag("en_core_web_sm", "`parsing`: spaCy pipeline name or path.")
     benepar_model: str = flag("benepar_en3", "`parsing`: benepar model name or path.")
-    parse_workers: int = flag(0, "`parsing`: worker processes for parsing (0 = parse in process).")
-    ppl_min_len: int = flag(1, "`ppl`: minimum tokens in a macro action before it may end.")
-    ppl_max_len: int = flag(0, "`ppl`: a macro action ends after this many tokens (0 = unbounded).")
+    parse_workers: int = flag(
+        0, "`parsing`: worker processes for parsing (0 = parse in process).", range="[0, inf)"
+    )
+    ppl_min_len: int = flag(
+        1, "`ppl`: minimum tokens in a macro action before it may end.", range="[1, inf)"
+    )
+    ppl_max_len: int = flag(
+        0, "`ppl`: a macro action ends after this many tokens (0 = unbounded).", range="[0, inf)"
+    )
     entropy_threshold: float = flag(
         2.0,
         "`entropy`: a macro action starts before a token whose reference-model entropy "
@@ -142,7 +152,7 @@ class MacroConfig:
         load_plugins(self.plugin)  # a config read from a run's run_config.json names its plugins
         rule = rule_class(self.termination_condition)  # ValueError listing the registered rules
         names = {f.name for f in fields(self)}
-        unknown = [flag for flag in rule.flags if flag not in names]
+        unknown = [name for name in rule.flags if name not in names]
         if unknown:
             raise ValueError(
                 f"--termination_condition {self.termination_condition}: the rule reads {unknown}, "
@@ -158,22 +168,10 @@ class MacroConfig:
                 "--value_function start with --macro_reward_agg weighted would keep only the "
                 "first token's KL reward of each macro action; use --macro_reward_agg sum"
             )
-        if self.ngram < 1:
-            raise ValueError(f"--ngram must be >= 1, got {self.ngram}")
         if len(self.ngram_choices) == 0 or any(int(n) < 1 for n in self.ngram_choices):
             raise ValueError(
                 f"--ngram_choices must be a non-empty list of lengths >= 1, got {self.ngram_choices}"
             )
-        if self.repeat_times < 1:
-            raise ValueError(f"--repeat_times must be >= 1, got {self.repeat_times}")
-        if self.parsing_cutoff < 1:
-            raise ValueError(f"--parsing_cutoff must be >= 1, got {self.parsing_cutoff}")
-        if self.parse_workers < 0:
-            raise ValueError(f"--parse_workers must be >= 0, got {self.parse_workers}")
-        if self.ppl_min_len < 1:
-            raise ValueError(f"--ppl_min_len must be >= 1, got {self.ppl_min_len}")
-        if self.ppl_max_len < 0:
-            raise ValueError(f"--ppl_max_len must be >= 0 (0 = unbounded), got {self.ppl_max_len}")
         if 0 < self.ppl_max_len < self.ppl_min_len:
             raise ValueError(
                 f"--ppl_max_len ({self.ppl_max_len}) must be 0 or >= --ppl_min_len "
