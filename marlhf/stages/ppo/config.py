@@ -619,7 +619,21 @@ class PPOStageConfig:
                 "(use static or auto, or leave --rollout_correction out)"
             )
         check_macro_credit(self.macro, ppo)
-        check_env_flags(self)
+        check_env_flags(
+            self.env,
+            termination_condition=self.macro.termination_condition,
+            advantage_estimator=ppo.advantage_estimator,
+            data_path=self.data.data_path,
+            dense_reward=ppo.dense_reward,
+            custom_reward=self.reward.custom,
+            reward_source=self.reward_source,
+            reward_source_flag=ppo.reward_source,
+            eval_interval=self.log.eval_interval,
+            unsup_coef=ppo.unsup_coef,
+            unsup_data_path=ppo.unsup_data_path,
+            generation_backend=self.generation.generation_backend,
+            max_prompt_seq_len=self.generation.max_prompt_seq_len,
+        )
         if self.env.env is None or reward_sources.source_names(self.reward_source):
             reward_sources.check_reward_flags(
                 self.reward_source, self.reward,

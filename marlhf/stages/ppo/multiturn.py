@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -50,8 +50,10 @@ from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, zero3_gather
 from marlhf.stages.ppo.scoring import concat_scored, score
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import GenerationConfig
-    from marlhf.stages.ppo.loop import Run
+    from marlhf.stages.ppo.config import GenerationConfig, PPOStageConfig
+    from marlhf.stages.ppo.models import Models
+    from marlhf.stages.ppo.prompts import RolloutPlan
+    from marlhf.stages.ppo.scoring import SequenceReward
 
 log = logging.getLogger("marlhf.ppo")
 
@@ -64,6 +66,20 @@ class EnvRollouts:
     factory: EnvFactory
     layout: ChatLayout
     cfg: EnvConfig
+
+
+class Run(Protocol):
+    """What a multi-turn step reads of the PPO loop's run (:class:`marlhf.stages.ppo.loop.Run`)."""
+
+    cfg: PPOStageConfig
+    plan: RolloutPlan
+    prompts: Any  # the tokenised PPO prompts (a datasets.Dataset)
+    tokenizer: Any
+    models: Models
+    need_entropy: bool  # a rule reads the reference's entropies
+    eos_ids: list[int]
+    reward: SequenceReward
+    env: EnvRollouts | None
 
 
 def env_setup(cfg: EnvConfig, tokenizer) -> EnvRollouts:
@@ -335,7 +351,13 @@ def play(
     lp = turns.logprobs if turns.recorded[0] else None
     ent = turns.entropy if turns.recorded[0] and turns.recorded[1] else None
     ro = conversation_rollout(
-        turns.finished(episodes), episodes, pad_id, turns.eos_ids, [r["prompt_id"] for r in rows], lp, ent
+        turns.finished(episodes),
+        episodes,
+        pad_id,
+        turns.eos_ids,
+        [r["prompt_id"] for r in rows],
+        lp,
+        ent,
     )
     return ro, episodes
 
