@@ -44,7 +44,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["load_plugins", "plugin_module_name", "resolve_reference"]
+__all__ = [
+    "declared_implementation",
+    "implements_declaration",
+    "lazy_attributes",
+    "load_plugins",
+    "plugin_module_name",
+    "resolve_reference",
+]
 
 
 def plugin_module_name(path: Path) -> str:
@@ -132,3 +139,64 @@ def resolve_reference(target: str, owner: str) -> Any:
         raise ValueError(
             f"{owner}: its implementation {target} cannot be imported ({type(err).__name__}: {err})"
         ) from err
+
+
+def implements_declaration(registry: dict[str, type], cls: Any, name: str) -> bool:
+    """Whether ``cls`` implements the declaration ``registry`` holds as ``name``: a subclass of
+    it, while the declaration still names an implementation (so it may take the declaration's
+    place)."""
+    entry = registry.get(name)
+    return (
+        entry is not None
+        and entry.__dict__.get("implementation") is not None
+        and isinstance(cls, type)
+        and issubclass(cls, entry)
+    )
+
+
+def declared_implementation(registry: dict[str, type], name: str, flag: str, kind: str) -> type:
+    """The class that answers ``name`` in ``registry``: the registered class, or, for a
+    declaration, the subclass its ``implementation`` names (its module imported:
+    :func:`resolve_reference`), which then takes its place in ``registry`` under its ``name``.
+    ``flag`` (``--termination_condition``) and ``kind`` (``rule``) name the entry in the errors.
+
+    Raises:
+        ValueError: an implementation that cannot be imported (naming it).
+        TypeError: an implementation that is no subclass of its declaration.
+    """
+    cls = registry[name]
+    target = cls.__dict__.get("implementation")
+    if target is None:
+        return cls
+    impl = resolve_reference(target, f"{flag} {name}")
+    if not (isinstance(impl, type) and issubclass(impl, cls)):
+        raise TypeError(f"{target} is no subclass of {cls.__qualname__}, the {kind} {name!r}")
+    impl.name = name
+    registry[name] = impl
+    return impl
+
+
+def lazy_attributes(package: str, modules: dict[str, str], namespace: dict[str, Any]):
+    """A package's module-level ``__getattr__`` (PEP 562) for the names ``modules`` maps to the
+    module that defines each: imported on first use (a package that must import without torch
+    offers the names that need it this way), then kept in ``namespace`` (the package's
+    ``globals()``). ``package`` names the package in the ``AttributeError`` of other names.
+
+    >>> __getattr__ = lazy_attributes("pkg", {"dumps": "json"}, {})
+    >>> __getattr__("dumps")([1])
+    '[1]'
+    >>> __getattr__("loads")
+    Traceback (most recent call last):
+    ...
+    AttributeError: module 'pkg' has no attribute 'loads'
+    """
+
+    def __getattr__(name: str) -> Any:
+        module = modules.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value
+        return value
+
+    return __getattr__

@@ -178,7 +178,7 @@ def test_one_source_per_flag():
     from marlhf.data.config import DataConfig
     from marlhf.stages.ppo.config import PPOStageConfig
     from marlhf.stages.reward.config import RewardStageConfig
-    from marlhf.stages.sft import SFTConfig
+    from marlhf.stages.sft.config import SFTConfig
 
     shared = (ModelConfig, OptimConfig, DeepSpeedConfig, LoggingConfig, DataConfig)
     shared_names = {f.name for cls in shared for f in dataclasses.fields(cls)}

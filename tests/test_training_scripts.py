@@ -16,7 +16,7 @@ NUM_GPUS = 8  # the scripts' default
 
 def _stage_config(stage: str):
     if stage == "sft":
-        from marlhf.stages.sft import SFTConfig
+        from marlhf.stages.sft.config import SFTConfig
 
         return SFTConfig
     if stage == "reward":

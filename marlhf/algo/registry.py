@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from marlhf.plugins import resolve_reference
+from marlhf.plugins import declared_implementation, implements_declaration
 
 __all__ = [
     "ESTIMATORS",
@@ -155,18 +155,6 @@ ESTIMATORS: dict[str, type[Estimator]] = {}
 ESTIMATOR_ALIASES: dict[str, str] = {}
 
 
-def _implements(cls: type, name: str) -> bool:
-    """Whether ``cls`` implements the declaration registered as ``name`` (a subclass of it, while
-    the declaration names an implementation)."""
-    entry = ESTIMATORS.get(name)
-    return (
-        entry is not None
-        and entry.__dict__.get("implementation") is not None
-        and isinstance(cls, type)
-        and issubclass(cls, entry)
-    )
-
-
 def register_estimator(
     name: str, aliases: tuple[str, ...] = ()
 ) -> Callable[[type[Estimator]], type[Estimator]]:
@@ -177,7 +165,7 @@ def register_estimator(
     def decorate(cls: type[Estimator]) -> type[Estimator]:
         if not (isinstance(cls, type) and issubclass(cls, Estimator)):
             raise TypeError(f"register_estimator({name!r}) decorates an Estimator subclass")
-        if _implements(cls, name) and not aliases:
+        if implements_declaration(ESTIMATORS, cls, name) and not aliases:
             cls.name = name
             ESTIMATORS[name] = cls
             return cls
@@ -212,27 +200,11 @@ def estimator_class(name: str) -> type[Estimator]:
 
 
 def estimator_implementation(name: str) -> type[Estimator]:
-    """The class that estimates for `name` (or an alias): the registered class, or, for a
-    declaration, the subclass its ``implementation`` names (its module imported), which then takes
-    its place.
-
-    Raises:
-        ValueError: unknown name; an implementation that cannot be imported (naming it).
-        TypeError: an implementation that is no subclass of its declaration.
-    """
+    """The class that estimates for `name` (or an alias), its declaration's implementation
+    imported (:func:`marlhf.plugins.declared_implementation`); an unknown name:
+    :func:`resolve_estimator`'s error."""
     canonical = resolve_estimator(name)
-    cls = ESTIMATORS[canonical]
-    target = cls.__dict__.get("implementation")
-    if target is None:
-        return cls
-    impl = resolve_reference(target, f"--advantage_estimator {canonical}")
-    if not (isinstance(impl, type) and issubclass(impl, cls)):
-        raise TypeError(
-            f"{target} is no subclass of {cls.__qualname__}, the estimator {canonical!r}"
-        )
-    impl.name = canonical
-    ESTIMATORS[canonical] = impl
-    return impl
+    return declared_implementation(ESTIMATORS, canonical, "--advantage_estimator", "estimator")
 
 
 def build_estimator(name: str, options: EstimatorOptions | None = None) -> Any:

@@ -10,10 +10,9 @@ work, the segments) load their module on first use.
 
 from __future__ import annotations
 
-import importlib
-
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.rules import RULES, Rule, register_rule, rule_class
+from marlhf.plugins import lazy_attributes
 
 _LAZY = {
     "MacroSegments": "marlhf.macro.segments",
@@ -31,10 +30,4 @@ _LAZY = {
 __all__ = ["RULES", "MacroConfig", "Rule", "register_rule", "rule_class", *sorted(_LAZY)]
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from marlhf.plugins import resolve_reference
+from marlhf.plugins import declared_implementation
 
 __all__ = [
     "INPUT_SOURCES",
@@ -172,23 +172,10 @@ def rule_class(name: str) -> type[Rule]:
 
 
 def rule_implementation(name: str) -> type[Rule]:
-    """The class that answers rule ``name``: the registered class, or, for a declaration, the
-    subclass its ``implementation`` names (its module imported), which then takes its place.
-
-    Raises:
-        ValueError: unknown rule; an implementation that cannot be imported (naming it).
-        TypeError: an implementation that is no subclass of its declaration.
-    """
-    cls = rule_class(name)
-    target = cls.__dict__.get("implementation")
-    if target is None:
-        return cls
-    impl = resolve_reference(target, f"--termination_condition {name}")
-    if not (isinstance(impl, type) and issubclass(impl, cls)):
-        raise TypeError(f"{target} is no subclass of {cls.__qualname__}, the rule {name!r}")
-    impl.name = name
-    RULES[name] = impl
-    return impl
+    """The class that answers rule ``name``, its declaration's implementation imported
+    (:func:`marlhf.plugins.declared_implementation`); an unknown name: :func:`rule_class`'s error."""
+    rule_class(name)
+    return declared_implementation(RULES, name, "--termination_condition", "rule")
 
 
 def rules_help() -> str:

@@ -216,6 +216,37 @@ def _last_valid(mask: torch.Tensor) -> torch.Tensor:
     return _positions(mask) == (n_valid - 1)
 
 
+def _pooled(
+    inputs: TerminationInputs, scores: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(action_mask, ends_with_eos, scores)`` of the rows a batch-chosen threshold is computed
+    over: this rank's, or every rank's with ``inputs.all_gather``. Such a threshold depends only
+    on the multiset of (row length, EOS, candidate scores), not on the rows' order, so the
+    rank-major gathered rows give the threshold one process would."""
+    mask, ends, scores = inputs.action_mask, inputs.ends_with_eos.bool(), scores.detach()
+    if inputs.all_gather is None:
+        return mask, ends, scores
+    return (
+        inputs.all_gather(mask, False),
+        inputs.all_gather(ends, False),
+        inputs.all_gather(scores, 0.0),
+    )
+
+
+def _threshold_above(values: torch.Tensor, k: int) -> float:
+    """The threshold that exactly ``k`` of ``values: (N,)`` exceed (without ties): ``inf`` for
+    ``k <= 0``, ``-inf`` when ``k`` is all of them, else the (k+1)-th largest value.
+
+    >>> _threshold_above(torch.tensor([3.0, 1.0, 2.0]), 2), _threshold_above(torch.tensor([1.0]), 0)
+    (1.0, inf)
+    """
+    if k <= 0:
+        return math.inf
+    if k >= values.numel():
+        return -math.inf
+    return float(torch.topk(values, k + 1).values[-1])
+
+
 class _CheckedRule:
     """A registered rule plus input validation and the ``--eos_own_macro`` convention."""
 
@@ -452,14 +483,8 @@ class EntropyRule(Entropy):
         all ranks' rows when ``inputs.all_gather`` is given."""
         if self.target is None:
             return self.threshold
-        mask, ends, entropy = inputs.action_mask, inputs.ends_with_eos, inputs.ref_entropy
-        assert entropy is not None
-        if inputs.all_gather is not None:
-            # tau depends only on the multiset of (row length, EOS, candidate entropies), not on the
-            # rows' order: the rank-major gathered rows give the tau of one process
-            mask = inputs.all_gather(mask, False)
-            ends = inputs.all_gather(ends.bool(), False)
-            entropy = inputs.all_gather(entropy.detach(), 0.0)
+        assert inputs.ref_entropy is not None
+        mask, ends, entropy = _pooled(inputs, inputs.ref_entropy)
         n_valid = mask.sum(1)
         candidate = mask & (_positions(mask) >= 1)
         forced = torch.zeros_like(n_valid, dtype=torch.bool)
@@ -468,12 +493,7 @@ class EntropyRule(Entropy):
             candidate = candidate & ~(_last_valid(mask) & forced[:, None])
         wanted = round(float(n_valid.sum()) / self.target)
         k = wanted - int((n_valid > 0).sum()) - int(forced.sum())
-        values = entropy.detach()[candidate].to(torch.float64)
-        if k <= 0:
-            return math.inf
-        if k >= values.numel():
-            return -math.inf
-        return float(torch.topk(values, k + 1).values[-1])
+        return _threshold_above(entropy[candidate].to(torch.float64), k)
 
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
         mask = inputs.action_mask
@@ -544,23 +564,13 @@ class LowProbRule(LowProb):
         with ``inputs.all_gather``)."""
         if self.target is None:
             return -math.log(self.threshold)
-        mask, ends, logp = inputs.action_mask, inputs.ends_with_eos, inputs.old_logprobs
-        assert logp is not None
-        if inputs.all_gather is not None:
-            # tau depends on the multiset of (row length, EOS, candidate scores) only
-            mask = inputs.all_gather(mask, False)
-            ends = inputs.all_gather(ends.bool(), False)
-            logp = inputs.all_gather(logp.detach(), 0.0)
+        assert inputs.old_logprobs is not None
+        mask, ends, logp = _pooled(inputs, inputs.old_logprobs)
         candidate, n_forced = self.candidates(mask, ends)
         n_valid = mask.sum(1)
         wanted = round(float(n_valid.sum()) / self.target)
         k = wanted - int((n_valid > 0).sum()) - n_forced
-        values = self.end_scores(-logp.detach())[candidate]
-        if k <= 0:
-            return math.inf
-        if k >= values.numel():
-            return -math.inf
-        return float(torch.topk(values, k + 1).values[-1])
+        return _threshold_above(self.end_scores(-logp)[candidate], k)
 
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
         mask = inputs.action_mask

@@ -20,28 +20,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # --- synthetic-tldr ---------------------------------------------------------------------------------
-SFT_FLAGS = [
-    "--model_name_or_path", "tiny-base",
+# The supervised stages' data, batch sizes and schedule shape, the same for SFT and the reward model:
+_SUPERVISED_FLAGS = [
     "--data_path", "synthetic-tldr",
     "--max_seq_len", "192",
     "--per_device_train_batch_size", "16",
     "--per_device_eval_batch_size", "32",
+    "--warmup_ratio", "0.05",
+    "--zero_stage", "0",
+]  # fmt: skip
+SFT_FLAGS = [
+    "--model_name_or_path", "tiny-base",
+    *_SUPERVISED_FLAGS,
     "--learning_rate", "5e-4",
     "--num_train_epochs", "2",
-    "--warmup_ratio", "0.05",
     "--lr_scheduler_type", "cosine",
-    "--zero_stage", "0",
     "--eval_iters", "4",
 ]  # fmt: skip
 RM_FLAGS = [
-    "--data_path", "synthetic-tldr",
-    "--max_seq_len", "192",
-    "--per_device_train_batch_size", "16",
-    "--per_device_eval_batch_size", "32",
+    *_SUPERVISED_FLAGS,
     "--learning_rate", "3e-4",
     "--num_train_epochs", "4",
-    "--warmup_ratio", "0.05",
-    "--zero_stage", "0",
     "--eval_iters", "8",
 ]  # fmt: skip
 # The TL;DR reward model starts from tiny-rm-base (larger than the policy and preference-pretrained

@@ -67,7 +67,7 @@ from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_f
 from marlhf.rewards.registry import reads_reward_model
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 # --- data -----------------------------------------------------------------------------------------
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")

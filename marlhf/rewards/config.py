@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from marlhf.config import flag
 from marlhf.rewards.registry import ERROR_MODES
 
 
@@ -15,56 +16,38 @@ from marlhf.rewards.registry import ERROR_MODES
 class RewardConfig:
     """Your own rewards: functions, a server, and how bad values are handled."""
 
-    reward_fn: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "A Python reward function, path/to/file.py:name or module:name (repeat the "
-            "flag for several): fn(prompts, completions, **columns) -> list of float or None, the "
-            "rows' other dataset columns as keyword lists (TRL's convention; async def too). "
-            "Added to --reward_source's reward; each function's mean is logged as "
-            "reward/<name>. docs/guide/rewards.md.",
-            "repeat": True,
-        },
+    reward_fn: tuple[str, ...] = flag(
+        (),
+        "A Python reward function, path/to/file.py:name or module:name (repeat the "
+        "flag for several): fn(prompts, completions, **columns) -> list of float or None, the "
+        "rows' other dataset columns as keyword lists (TRL's convention; async def too). "
+        "Added to --reward_source's reward; each function's mean is logged as "
+        "reward/<name>. docs/guide/rewards.md.",
+        repeat=True,
     )
-    reward_weights: tuple[float, ...] = field(
-        default=(),
-        metadata={
-            "help": "Weights of the --reward_fn functions, in order, then of --reward_url "
-            "(default 1 each)."
-        },
+    reward_weights: tuple[float, ...] = flag(
+        (), "Weights of the --reward_fn functions, in order, then of --reward_url (default 1 each)."
     )
-    reward_url: str | None = field(
-        default=None,
-        metadata={
-            "help": 'A reward server, http://host:port/path: POST {"prompts": [...], '
-            '"completions": [...], <the rows\' other columns as lists>}, answer {"rewards": '
-            "[...]} (logged as reward/server; scripts/reward_server.py is a reference server)."
-        },
+    reward_url: str | None = flag(
+        None,
+        'A reward server, http://host:port/path: POST {"prompts": [...], '
+        '"completions": [...], <the rows\' other columns as lists>}, answer {"rewards": '
+        "[...]} (logged as reward/server; scripts/reward_server.py is a reference server).",
     )
-    reward_batch_size: int = field(
-        default=32, metadata={"help": "Rows per request to --reward_url."}
+    reward_batch_size: int = flag(32, "Rows per request to --reward_url.")
+    reward_concurrency: int = flag(4, "Requests to --reward_url in flight at once.")
+    reward_timeout_s: float = flag(60.0, "Seconds a request to --reward_url may take.")
+    reward_retries: int = flag(
+        3,
+        "Retries of a request to --reward_url that fails to connect, times out or "
+        "gets 429/5xx (waiting 0.5 s, 1 s, 2 s, ...).",
     )
-    reward_concurrency: int = field(
-        default=4, metadata={"help": "Requests to --reward_url in flight at once."}
-    )
-    reward_timeout_s: float = field(
-        default=60.0, metadata={"help": "Seconds a request to --reward_url may take."}
-    )
-    reward_retries: int = field(
-        default=3,
-        metadata={
-            "help": "Retries of a request to --reward_url that fails to connect, times out or "
-            "gets 429/5xx (waiting 0.5 s, 1 s, 2 s, ...)."
-        },
-    )
-    reward_errors: str = field(
-        default="raise",
-        metadata={
-            "help": "A reward that raises or is not a finite number (a function's, the server's, "
-            "math or reasoning-gym's): `raise` stops the run with one error line naming it, the "
-            "row and the value; `zero` scores it 0, warns and counts it in reward/errors.",
-            "choices": ERROR_MODES,
-        },
+    reward_errors: str = flag(
+        "raise",
+        "A reward that raises or is not a finite number (a function's, the server's, "
+        "math or reasoning-gym's): `raise` stops the run with one error line naming it, the "
+        "row and the value; `zero` scores it 0, warns and counts it in reward/errors.",
+        choices=ERROR_MODES,
     )
 
     @property

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
-from marlhf.plugins import resolve_reference
+from marlhf.plugins import declared_implementation, implements_declaration
 
 __all__ = [
     "AUTO",
@@ -59,17 +59,6 @@ AUTO = "auto"
 BACKENDS: dict[str, type[GenerationBackend]] = {}
 
 
-def _implements(cls: type, name: str) -> bool:
-    """Whether ``cls`` implements the declaration registered as ``name`` (a subclass of it, while
-    the declaration names an implementation)."""
-    entry = BACKENDS.get(name)
-    return (
-        entry is not None
-        and entry.__dict__.get("implementation") is not None
-        and issubclass(cls, entry)
-    )
-
-
 def register_backend(cls: type[GenerationBackend]) -> type[GenerationBackend]:
     """Register ``cls`` under its ``name`` (usable as a class decorator). A name is registered
     once; only a built-in's implementation (a subclass of its declaration) takes the declaration's
@@ -84,7 +73,7 @@ def register_backend(cls: type[GenerationBackend]) -> type[GenerationBackend]:
     name = getattr(cls, "name", "")
     if not isinstance(name, str) or not name:
         raise TypeError(f"{cls.__qualname__}: a generation backend has a name")
-    if name == AUTO or (name in BACKENDS and not _implements(cls, name)):
+    if name == AUTO or (name in BACKENDS and not implements_declaration(BACKENDS, cls, name)):
         raise ValueError(f"generation backend {name!r} is registered twice")
     BACKENDS[name] = cls
     return cls
@@ -132,22 +121,11 @@ def backend_info(name: str) -> type[GenerationBackend]:
 
 
 def get_backend(name: str) -> type[GenerationBackend]:
-    """The class that samples for ``name``: the registered class, or, for a declaration, the
-    subclass its ``implementation`` names (its module imported), which then takes its place.
-
-    Raises:
-        ValueError: unknown name; an implementation that cannot be imported (naming it).
-        TypeError: an implementation that is no subclass of its declaration.
-    """
-    cls = backend_info(name)
-    target = cls.__dict__.get("implementation")
-    if target is None:
-        return cls
-    impl = resolve_reference(target, f"--generation_backend {name}")
-    if not (isinstance(impl, type) and issubclass(impl, cls)):
-        raise TypeError(f"{target} is no subclass of {cls.__qualname__}, the backend {name!r}")
-    BACKENDS[name] = impl
-    return impl
+    """The class that samples for ``name``, its declaration's implementation imported
+    (:func:`marlhf.plugins.declared_implementation`); an unknown name: :func:`backend_info`'s
+    error."""
+    backend_info(name)
+    return declared_implementation(BACKENDS, name, "--generation_backend", "backend")
 
 
 def auto_order() -> tuple[str, ...]:

@@ -29,7 +29,7 @@ from marlhf.rewards import registry as reward_sources
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.rewards.config import RewardConfig
 from marlhf.runtime.grouping import Grouping
-from marlhf.stages.ppo.env_checks import StageFlags, check_env_flags
+from marlhf.stages.ppo.env_checks import check_env_flags
 
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
@@ -619,23 +619,20 @@ class PPOStageConfig:
                 "(use static or auto, or leave --rollout_correction out)"
             )
         check_macro_credit(self.macro, ppo)
-        g = self.generation
         check_env_flags(
             self.env,
-            StageFlags(
-                advantage_estimator=ppo.advantage_estimator,
-                termination_condition=self.macro.termination_condition,
-                data_path=self.data.data_path,
-                dense_reward=ppo.dense_reward,
-                custom_reward=bool(self.reward.custom),
-                reward_source_flag=ppo.reward_source,
-                reward_source=self.reward_source,
-                eval_interval=self.log.eval_interval,
-                unsup_coef=ppo.unsup_coef,
-                unsup_data_path=ppo.unsup_data_path,
-                generation_backend=g.generation_backend,
-                max_prompt_seq_len=g.max_prompt_seq_len,
-            ),
+            termination_condition=self.macro.termination_condition,
+            advantage_estimator=ppo.advantage_estimator,
+            data_path=self.data.data_path,
+            dense_reward=ppo.dense_reward,
+            custom_reward=self.reward.custom,
+            reward_source=self.reward_source,
+            reward_source_flag=ppo.reward_source,
+            eval_interval=self.log.eval_interval,
+            unsup_coef=ppo.unsup_coef,
+            unsup_data_path=ppo.unsup_data_path,
+            generation_backend=self.generation.generation_backend,
+            max_prompt_seq_len=self.generation.max_prompt_seq_len,
         )
         if self.env.env is None or reward_sources.source_names(self.reward_source):
             reward_sources.check_reward_flags(

@@ -69,17 +69,17 @@ class EnvRollouts:
 
 
 class Run(Protocol):
-    """What the multi-turn rollouts read of the PPO loop's run (:class:`marlhf.stages.ppo.loop.Run`)."""
+    """What a multi-turn step reads of the PPO loop's run (:class:`marlhf.stages.ppo.loop.Run`)."""
 
     cfg: PPOStageConfig
     plan: RolloutPlan
-    env: EnvRollouts | None
-    prompts: Any  # the prompt rows (a list of dicts)
-    models: Models
+    prompts: Any  # the tokenised PPO prompts (a datasets.Dataset)
     tokenizer: Any
+    models: Models
+    need_entropy: bool  # a rule reads the reference's entropies
     eos_ids: list[int]
-    need_entropy: bool
     reward: SequenceReward
+    env: EnvRollouts | None
 
 
 def env_setup(cfg: EnvConfig, tokenizer) -> EnvRollouts:

@@ -1,5 +1,6 @@
-"""Stage 1's configuration (:mod:`marlhf.stages.sft`): the shared parts, whole. It imports no torch,
-so that ``marlhf sft --help`` and the flags' validation are quick."""
+"""The parts every supervised stage's configuration has (SFT, reward model), so that the shared
+set-up (:func:`marlhf.stages.common.setup_supervised`) and loop take any of them. It imports no
+torch, as no stage's configuration does."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from marlhf.data.config import DataConfig
 
 
 @dataclass
-class SFTConfig:
-    """Stage 1: supervised fine-tuning (SFT)."""
+class SupervisedConfig:
+    """A supervised stage: the model, its data, optimisation, DeepSpeed, logging and batching."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
