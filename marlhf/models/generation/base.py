@@ -21,6 +21,11 @@ declared there and implemented in :mod:`marlhf.models.generation.backends`, one 
   whole weights being gathered first;
 - ``auto_rank`` and :meth:`GenerationBackend.supports`: where ``--generation_backend auto`` looks
   (the supporting backend of lowest rank; None: never chosen by ``auto``);
+- ``continues_conversations``: whether :meth:`GenerationBackend.open_conversations` continues a
+  multi-turn conversation from what it holds of it (the static decoder's KV cache, vLLM's prefix
+  cache), reading only each turn's new tokens; otherwise
+  :func:`marlhf.models.generation.conversations.open_conversations` re-reads every conversation
+  from its start at each turn through :meth:`GenerationBackend.sample`;
 - ``implementation``: ``"package.module:Class"`` of the subclass that samples, imported when the
   backend is first opened (a built-in backend's declaration); None: this class samples.
 
@@ -30,7 +35,7 @@ This module imports no torch when it runs (the configuration and ``--help`` read
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -58,7 +63,9 @@ class SamplerSetup:
     ``model``: the policy as a module in this process (None where only an engine of its own is
     needed); ``model_path``: its directory (an engine loads it from there); ``dtype``: ``fp32``,
     ``bf16`` or ``fp16``; ``seed``: the seed of draws without row seeds; ``max_rows``: the most
-    rows of one call; ``context_flags``: the flags whose sum is prompt + response (named in
+    rows of one call; ``max_conversation_len``: the most tokens of one conversation that
+    :meth:`GenerationBackend.open_conversations` continues (0: prompt + response only; an engine
+    sizes its context for it); ``context_flags``: the flags whose sum is prompt + response (named in
     errors); ``zero3``: ``model``'s weights are ZeRO-3 partitioned, ``gathered``: the caller
     gathers them around every call."""
 
@@ -67,6 +74,7 @@ class SamplerSetup:
     dtype: str = "fp32"
     seed: int = 0
     max_rows: int = 1
+    max_conversation_len: int = 0
     context_flags: str = "--max_prompt_seq_len + --max_answer_seq_len"
     trust_remote_code: bool = False
     zero3: bool = False
@@ -90,6 +98,59 @@ class Sampled:
     entropy: torch.Tensor | None = None
 
 
+@dataclass
+class SampledTurn:
+    """One turn's actions, one entry per row of the :meth:`Conversations.sample_turn` call, in its
+    order.
+
+    action_ids[i]: the tokens row i sampled, up to and including its first EOS (at least one
+    token); ends_with_eos[i]: false for an action cut at the length limit; logprobs[i],
+    entropy[i]: one float per action token, recorded while sampling (as :class:`Sampled`'s),
+    None where the backend records none."""
+
+    action_ids: list[list[int]]
+    ends_with_eos: list[bool]
+    logprobs: list[list[float]] | None = None
+    entropy: list[list[float]] | None = None
+
+
+class Conversations(ABC):
+    """Rows' multi-turn conversations, continued turn by turn (opened by
+    :func:`marlhf.models.generation.conversations.open_conversations`).
+
+    Row ``r`` reads exactly ``prompt_r + a_1 + c_1 + a_2 + c_2 + ...``: its prompt, then each
+    turn's sampled action ``a_k`` (its tokens as sampled, never re-tokenised) followed by the
+    context ``c_k`` the caller gives before the next turn (the observations and the next
+    generation prompt: :meth:`marlhf.models.conversation.ChatLayout.context`). Turn ``k`` (0, 1,
+    ...) of row ``r`` draws its tokens from :func:`~marlhf.models.generation.conversations.turn_seeds`
+    of the row's seed and ``k``, so an episode depends on its seed, its tokens and the weights
+    only, not on the other rows or on which of them still play (up to the float rounding of
+    batched kernels), and the recorded log-probs are those of one forward pass over the finished
+    conversation."""
+
+    @abstractmethod
+    def sample_turn(
+        self,
+        rows: Sequence[int],
+        context_ids: Sequence[Sequence[int]],
+        cfg: SamplingConfig,
+        eos_ids: list[int],
+        pad_id: int,
+    ) -> SampledTurn:
+        """Append ``context_ids[i]`` (possibly empty; the first turn's usually is) after the last
+        action of row ``rows[i]`` and sample its next action: up to ``cfg.max_answer_seq_len``
+        tokens at ``cfg``'s temperature, top-k and top-p, stopping after the first token of
+        ``eos_ids``, and never past the conversation's length limit. A row left out of a call
+        has ended: it cannot be named again (ValueError)."""
+
+    @abstractmethod
+    def conversation(self, row: int) -> list[int]:
+        """Row ``row``'s tokens so far: its prompt, actions and contexts."""
+
+    def close(self) -> None:  # noqa: B027 - no-op where nothing is held
+        """Release what the conversations hold (a KV cache)."""
+
+
 class GenerationBackend(ABC):
     """A sampler: opened once on a :class:`SamplerSetup` (:meth:`open`), called once per batch
     (:meth:`sample`). The class attributes are described in the module doc; a backend that holds
@@ -105,6 +166,7 @@ class GenerationBackend(ABC):
     can_sleep: ClassVar[bool] = False
     samples_partitioned: ClassVar[bool] = False
     auto_rank: ClassVar[int | None] = None
+    continues_conversations: ClassVar[bool] = False
     implementation: ClassVar[str | None] = None
 
     @classmethod
@@ -139,6 +201,15 @@ class GenerationBackend(ABC):
         ``seeds_rows`` (None: the global RNG). Returns (response_ids (B, A') long, A' <=
         ``cfg.max_answer_seq_len``; logprobs and entropy (B, A') float32 or None), on the
         prompts' device."""
+
+    def open_conversations(
+        self, prompt_ids: Sequence[Sequence[int]], row_seeds: torch.Tensor, max_len: int
+    ) -> Conversations:
+        """With ``continues_conversations``: conversations of the prompts ``prompt_ids`` (one
+        token list per row, unpadded), row ``r`` seeded by ``row_seeds[r]`` ((R,) long), each at
+        most ``max_len`` tokens long (see :class:`Conversations`). Callers go through
+        :func:`marlhf.models.generation.conversations.open_conversations`."""
+        raise NotImplementedError(f"--generation_backend {self.name} re-reads conversations")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: B027
         """Load (checkpoint name, tensor) pairs into the backend's own copy of the weights
