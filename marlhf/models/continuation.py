@@ -218,7 +218,9 @@ class ContinuedDecoder:
             if was_training:
                 self.model.train()
 
-    def _sample(self, rows, new_ids, budgets, row_seeds, temperature, top_k, top_p, eos_ids, pad_id):
+    def _sample(
+        self, rows, new_ids, budgets, row_seeds, temperature, top_k, top_p, eos_ids, pad_id
+    ):
         self._keep_rows(sorted(self.index[r] for r in rows))
         where = {r: i for i, r in enumerate(rows)}  # row -> its place in the call
         for r, ids in zip(rows, new_ids, strict=True):

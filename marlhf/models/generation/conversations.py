@@ -151,7 +151,10 @@ class ReplayConversations(TrackedConversations):
 
         self.end_turn(rows, actions)
         return SampledTurn(
-            actions, [bool(a) and a[-1] in eos for a in actions], cut(out.logprobs), cut(out.entropy)
+            actions,
+            [bool(a) and a[-1] in eos for a in actions],
+            cut(out.logprobs),
+            cut(out.entropy),
         )
 
 
