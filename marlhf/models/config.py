@@ -37,6 +37,16 @@ class VLLMConfig:
         default=False,
         metadata={"help": "GPU: run the engine without CUDA graphs (less memory, slower)."},
     )
+    vllm_block_size: int = field(
+        default=0,
+        metadata={
+            "help": "Tokens per block of the engine's KV cache (0: vLLM's default, 16 on a GPU, "
+            "128 on a CPU, where it must be a multiple of 32). Its prefix cache reuses whole "
+            "blocks only: a multi-turn conversation re-reads up to a block of what it has read "
+            "at every turn.",
+            "range": "[0, inf)",
+        },
+    )
 
     def __post_init__(self) -> None:
         check_own_numbers(self)
