@@ -40,8 +40,8 @@ class VLLMConfig:
     vllm_block_size: int = field(
         default=0,
         metadata={
-            "help": "Tokens per block of the engine's KV cache (0: vLLM's default, 16 on a GPU, "
-            "128 on a CPU, where it must be a multiple of 32). Its prefix cache reuses whole "
+            "help": "Tokens per block of the engine's KV cache (0: 16 on a GPU, vLLM's default, "
+            "and 32 on a CPU, where it must be a multiple of 32). Its prefix cache serves whole "
             "blocks only: a multi-turn conversation re-reads up to a block of what it has read "
             "at every turn.",
             "range": "[0, inf)",

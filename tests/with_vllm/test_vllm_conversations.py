@@ -3,7 +3,7 @@ every turn, the engine's prefix cache serves what it has read; continuing them t
 tokens and log-probs of re-reading them with the cache emptied before every turn, the recorded
 log-probs are the trainer's forward pass over the finished conversation, and a row's episode
 depends on its seed only. On the shipped ``tiny-base-trail`` with the trail task's prompts, float32
-on CPU, KV-cache blocks of 32 tokens. Runs where vLLM is installed (``make test-vllm``)."""
+on CPU, KV-cache blocks of 32 tokens (the CPU default). Runs where vLLM is installed (``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def setup():
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cfg = SamplingConfig(
         max_prompt_seq_len=40, max_answer_seq_len=10, temperature=T, top_k=0,
-        generation_backend="vllm", vllm=VLLMConfig(vllm_block_size=32),
+        generation_backend="vllm", vllm=VLLMConfig(),  # CPU blocks of 32 by default
     )  # fmt: skip
     sampler = open_sampler(
         "vllm", cfg, SamplerSetup(model_path=path, max_rows=4, max_conversation_len=MAX_LEN)

@@ -103,7 +103,11 @@ class TrackedConversations(Conversations):
         self.playing = set(rows)
         for r, ids in zip(rows, context_ids, strict=True):
             self.tokens[r].extend(int(t) for t in ids)
-        seeds = torch.stack([turn_seeds(self.row_seeds[r : r + 1], self.turns[r])[0] for r in rows])
+        turn = torch.tensor([self.turns[r] for r in rows])
+        seeds = self.row_seeds[rows]
+        for k in turn.unique().tolist():  # rows are usually at the same turn: one call
+            at = turn == k
+            seeds[at] = turn_seeds(seeds[at], k)
         return seeds, budgets
 
     def end_turn(self, rows: Sequence[int], actions: list[list[int]]) -> None:
