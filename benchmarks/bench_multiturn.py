@@ -14,8 +14,9 @@ after each action one fixed context, the one the trail environment's answer make
 costs nothing here. For each backend and k, three ways, measured interleaved (their order rotated
 every repeat), ``--repeats`` times after a warm-up:
 
-- ``continue``: :func:`marlhf.models.generation.conversations.open_conversations`, each turn
-  reading the new tokens only (static: one KV cache; vLLM: its prefix cache);
+- ``continue``: the conversations sampled turn by turn as multi-turn PPO samples them
+  (:func:`marlhf.models.generation.sampling.sample_turns`), each turn reading the new tokens only
+  (static: one KV cache, ``StaticBackend.sample_turn``; vLLM: sent whole, its prefix cache);
 - ``reread``: the same conversations read from their start every turn (static: through
   ``sample``; vLLM: the prefix cache emptied before each turn);
 - ``single``: one response of k × ``--action_tokens`` tokens to the same prompts;
@@ -23,8 +24,9 @@ every repeat), ``--repeats`` times after a warm-up:
   the conversation, in one turn (what is left of ``continue``'s cost is that of the turns).
 
 It prints the median seconds of each, the medians of the per-repeat ratios ``continue / single``
-(the goal: at most 1.10), ``reread / single`` and ``continue / single_all_tokens``, the prompt tokens each way reads, and for vLLM the
-share of prompt tokens its prefix cache served. The last line is JSON.
+(the goal: at most 1.10), ``reread / single`` and ``continue / single_all_tokens``, the prompt
+tokens each way reads, and for vLLM the share of prompt tokens its prefix cache served. The last
+line is JSON. Run from the repository root with it on the path (``PYTHONPATH=.``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _prompts(layout, batch: int) -> tuple[list[list[int]], list[int]]:
     return prompts, context
 
 
-def _sampler(name: str, path: str, cfg, batch: int, max_len: int):
+def _sampler(name: str, path: str, cfg, batch: int):
     from marlhf.models.generation import SamplerSetup, open_sampler
 
     model = None
@@ -69,15 +71,16 @@ def _sampler(name: str, path: str, cfg, batch: int, max_len: int):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    setup = SamplerSetup(model=model, model_path=path, max_rows=batch, max_conversation_len=max_len)
+    setup = SamplerSetup(model=model, model_path=path, max_rows=batch)
     return open_sampler(name, cfg, setup)
 
 
-def _ways(sampler, prompts, context, turns: int, m: int, max_len: int, cfg):
+def _ways(sampler, prompts, context, turns: int, m: int, cfg):
     """The three ways of one backend and turn count, as functions (each returns its prompt
     tokens read)."""
-    from marlhf.models.generation.conversations import open_conversations
-    from marlhf.models.generation.sampling import sample_responses
+    from marlhf.models.generation import Conversations
+    from marlhf.models.generation.sampling import left_pad, sample_responses, sample_turns
+    from marlhf.runtime.rows import turn_seeds
 
     B = len(prompts)
     seeds = torch.arange(B) + 1000
@@ -88,19 +91,29 @@ def _ways(sampler, prompts, context, turns: int, m: int, max_len: int, cfg):
     def play(replay: bool):
         if vllm is not None:
             vllm.llm.reset_prefix_cache()
-        conv = open_conversations(sampler, prompts, max_len, seeds, replay=replay)
-        read = 0
+        convs = [list(p) for p in prompts]
+        seen, rows, read = [0] * B, list(range(B)), 0
         for k in range(turns):
-            ctx = [[] if k == 0 else context] * B
-            if vllm is not None and replay:
-                vllm.llm.reset_prefix_cache()
-            if replay or k == 0:
-                read += sum(len(conv.conversation(r)) + len(c) for r, c in enumerate(ctx))
+            if k > 0:
+                for c in convs:
+                    c.extend(context)
+            seeds_k = turn_seeds(seeds, k + 1)
+            if replay:
+                if vllm is not None:
+                    vllm.llm.reset_prefix_cache()
+                ids_k, mask_k = left_pad(convs, 0)
+                out = sample_responses(sampler, ids_k, mask_k, cfg, [], 0, seeds_k)
+                read += sum(len(c) for c in convs)
             else:
-                read += B * (len(context) + 1)  # the last action's token and the context
-            out = conv.sample_turn(list(range(B)), ctx, cfg, [], 0)
-            assert all(len(a) == m for a in out.action_ids)
-        conv.close()
+                batch = Conversations([list(c) for c in convs], rows, list(seen))
+                out = sample_turns(sampler, batch, cfg, [], 0, seeds_k)
+                # the prompts, then the last action's token and the context
+                read += sum(len(c) for c in convs) if k == 0 else B * (len(context) + 1)
+            assert out.action_mask.sum(1).tolist() == [m] * B
+            for b, c in enumerate(convs):
+                c.extend(out.response_ids[b, :m].tolist())
+                seen[b] = len(c)
+        sampler.end_conversations()
         return read
 
     # the conversation's other tokens (the contexts) before the single response instead
@@ -202,17 +215,18 @@ def main(argv: list[str] | None = None) -> dict:
             res["vllm_error"] = "vLLM is not installed (run with .venv-vllm/bin/python)"
             continue
         cfg = SamplingConfig(
-            max_prompt_seq_len=len(prompts[0]),
+            # vLLM's context holds the longest conversation (multi-turn PPO's --max_prompt_seq_len)
+            max_prompt_seq_len=len(prompts[0]) if name == "static" else max_len,
             max_answer_seq_len=m,
             temperature=args.temperature,
             top_k=0,
             generation_backend=name,
             vllm=VLLMConfig(vllm_block_size=args.vllm_block_size),
         )
-        sampler = _sampler(name, path, cfg, args.batch, max_len + m * longest)
+        sampler = _sampler(name, path, cfg, args.batch)
         engine = getattr(sampler, "engine", None)
         for turns in args.turns:
-            ways = _ways(sampler, prompts, context, turns, m, max_len, cfg)
+            ways = _ways(sampler, prompts, context, turns, m, cfg)
             r = measure(ways, args.repeats, engine)
             res[f"{name}_k{turns}"] = r
             print(

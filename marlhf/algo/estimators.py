@@ -29,6 +29,14 @@ the per-token KL reward `-beta * KL_t`; how the estimators use those rewards:
 - ``macro_mc``: a credit segment's advantage is V̂(end) - V̂(start) plus the KL rewards of its own
   tokens (undiscounted); the Monte-Carlo values V̂ estimate the expected outcome score.
 
+Multi-turn rollouts (``--env``) bring a third part, the environment's per-turn rewards, each on its
+turn's last action token; each estimator says how they enter (``Estimator.turn_rewards``,
+:func:`with_turn_rewards`): with the per-token rewards (``gae``, ``reinforce_pp``: each turn's
+reward reaches the tokens before it through the return), summed into the outcome (``grpo``,
+``dr_grpo``, ``rloo``: the episode's total reward is what the group compares), or apart
+(``mt_grpo``: each turn's reward normalised over the group's same turn,
+:func:`per_turn_advantages`).
+
 The registry (:mod:`marlhf.algo.registry`, no torch, its names exported here too). Each estimator
 is an :class:`Estimator` subclass registered under its CLI name with ``@register_estimator(name)``;
 its class attributes say everything the trainer and the configuration ask of it (its label, what it
@@ -56,7 +64,7 @@ Example: GRPO over two prompts with G = 2 samples each, rows of a group not adja
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import torch
@@ -77,7 +85,9 @@ from marlhf.algo.registry import (
     ESTIMATORS,
     GAE,
     GRPO,
+    MTGRPO,
     RLOO,
+    TURN_REWARDS,
     DrGRPO,
     Estimator,
     EstimatorOptions,
@@ -117,12 +127,14 @@ __all__ = [
     "leave_one_out_mean",
     "macro_mc_advantages",
     "outcome_advantages",
+    "per_turn_advantages",
     "register_estimator",
     "reinforce_pp_advantages",
     "resolve_estimator",
     "returns_to_go",
     "select_mc_boundaries",
     "select_spaced_mc_boundaries",
+    "with_turn_rewards",
 ]
 
 
@@ -144,6 +156,12 @@ class EstimatorInputs:
         group_ids: (B,) long — which prompt each row answers; rows of a group need not be adjacent
             (``grpo``, ``dr_grpo``, ``rloo``; ``macro_mc`` without prompt values) | None.
         mc: Monte-Carlo values at macro-action boundaries (``macro_mc``) | None.
+        turn_rewards: (B, A) float — a multi-turn rollout's per-turn rewards, each on its turn's
+            last action token, 0 elsewhere, for an estimator that reads them apart
+            (``turn_rewards = "own"``: ``mt_grpo``; :func:`with_turn_rewards`) | None.
+        turn_end: (B, A) bool — each turn's last action token (with `turn_rewards`) | None.
+        turn_index: (B, A) long — each action's turn, 1, 2, ...; 0 on padding (with
+            `turn_rewards`) | None.
     """
 
     kl_rewards: torch.Tensor
@@ -153,6 +171,9 @@ class EstimatorInputs:
     values: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     mc: MCValues | None = None
+    turn_rewards: torch.Tensor | None = None
+    turn_end: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.action_mask.dim() != 2:
@@ -168,6 +189,49 @@ class EstimatorInputs:
             raise ValueError(f"values must be (B, A) = {(B, A)}, got {tuple(self.values.shape)}")
         if self.group_ids is not None and self.group_ids.shape != (B,):
             raise ValueError(f"group_ids must be (B,) = ({B},), got {tuple(self.group_ids.shape)}")
+        for name in ("turn_rewards", "turn_end", "turn_index"):
+            x = getattr(self, name)
+            if x is not None and x.shape != (B, A):
+                raise ValueError(f"{name} must be (B, A) = {(B, A)}, got {tuple(x.shape)}")
+
+
+def with_turn_rewards(
+    inputs: EstimatorInputs,
+    how: str,
+    turn_rewards: torch.Tensor,
+    turn_end: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+) -> EstimatorInputs:
+    """``inputs`` with a multi-turn rollout's per-turn rewards ``turn_rewards`` (B, A) (each on its
+    turn's last action token) where the estimator takes them (``how``, its ``turn_rewards``):
+
+    - ``tokens``: added to ``kl_rewards``, a reward on the turn's last token like any per-token
+      reward (``gae``: the critic's returns and the macro actions' rewards hold them;
+      ``reinforce_pp``: in the return-to-go of each earlier token);
+    - ``outcome``: their sum over the row added to ``scores``, the episode's total reward as the
+      sequence-level reward (``grpo``, ``dr_grpo``, ``rloo``: the group compares episodes);
+    - ``own``: set as ``inputs.turn_rewards`` with ``turn_end`` and ``turn_index`` (``mt_grpo``).
+
+    >>> mask = torch.tensor([[True, True, True]])
+    >>> inputs = EstimatorInputs(torch.zeros(1, 3), torch.tensor([1.0]), mask)
+    >>> turns = torch.tensor([[0.0, 0.5, 2.0]])
+    >>> with_turn_rewards(inputs, "outcome", turns).scores.tolist()
+    [3.5]
+    >>> with_turn_rewards(inputs, "tokens", turns).kl_rewards.tolist()
+    [[0.0, 0.5, 2.0]]
+    """
+    if how not in TURN_REWARDS:
+        raise ValueError(f"turn_rewards must be one of {TURN_REWARDS}, got {how!r}")
+    mask = inputs.action_mask.bool()
+    dtype = torch.promote_types(inputs.kl_rewards.dtype, torch.float32)
+    r = torch.where(mask, turn_rewards.to(dtype), torch.zeros((), dtype=dtype))
+    if how == "tokens":
+        return replace(inputs, kl_rewards=inputs.kl_rewards.to(dtype) + r)
+    if how == "outcome":
+        return replace(inputs, scores=inputs.scores.to(dtype) + r.sum(1))
+    if turn_end is None or turn_index is None:
+        raise ValueError("per-turn rewards read apart need turn_end and turn_index")
+    return replace(inputs, turn_rewards=r, turn_end=turn_end.bool(), turn_index=turn_index.long())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,6 +345,70 @@ def reinforce_pp_advantages(
     return masked_whiten(returns, action_mask), returns
 
 
+def per_turn_advantages(
+    scores: torch.Tensor,
+    turn_rewards: torch.Tensor,
+    turn_end: torch.Tensor,
+    turn_index: torch.Tensor,
+    action_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    eps: float = 1e-6,
+    name: str = "mt_grpo",
+) -> torch.Tensor:
+    """(B, A) MT-GRPO's token advantages (Zeng et al. 2025, arXiv 2505.11821, turn-level credit
+    assignment; their two-turn rule `A_1 = Â^T + Â^O`, `A_2 = Â^O` with lambda 1, for any number of
+    turns). Row i of group g has K_i turns with rewards r_{i,1..K_i} (``turn_rewards`` on each
+    turn's last action token) and a sequence-level reward s_i (``scores``):
+
+        outcome  O_i = s_i + r_{i,K_i}                       (the last turn's reward is the outcome)
+        Â^O_i = (O_i - mean_g O) / (std_g O + eps)           (GRPO over the G rows of g)
+        Â^T_{i,k} = (r_{i,k} - mean_{g,k} r) / (std_{g,k} r + eps)   for k < K_i
+                    over the rows j of g that have an intermediate turn k (k < K_j); 0 where
+                    fewer than two have one
+        A_{i,t} = Â^O_i + Â^T_{i,k(t)}  for a token t of an intermediate turn k(t) < K_i,
+                  Â^O_i                 for a token of the last turn
+
+    (std Bessel-corrected, as in :func:`group_normalised_scores`). The turn term is a baseline per
+    turn *index*: when the policy decides how many turns an episode has, which rows share turn k's
+    statistics depends on the row's own later choices (verl RFC #7244), and the estimator is
+    biased (``benchmarks/credit_bias.py``, the turns toy; with a fixed number of turns it is
+    GRPO's estimate per turn).
+
+    >>> mask = torch.ones(4, 2, dtype=torch.bool)
+    >>> end = torch.tensor([[True, True]] * 4)
+    >>> index = torch.tensor([[1, 2]] * 4)
+    >>> r = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    >>> a = per_turn_advantages(torch.zeros(4), r, end, index, mask, torch.zeros(4))
+    >>> [[round(x, 3) for x in row] for row in a.tolist()]
+    [[1.732, 0.866], [0.0, 0.866], [0.0, -0.866], [-1.732, -0.866]]
+    """
+    mask = action_mask.bool()
+    dtype = torch.promote_types(turn_rewards.dtype, torch.float32)
+    rewards = torch.where(mask, turn_rewards.to(dtype), torch.zeros((), dtype=dtype))
+    ends = turn_end.bool() & mask
+    index = torch.where(mask, turn_index.long(), 0)
+    n_turns = index.amax(1) if index.shape[1] else index.new_zeros(index.shape[0])  # K_i
+    last = ends & (index == n_turns[:, None])
+    outcome = scores.to(dtype) + (rewards * last).sum(1)
+    adv = group_normalised_scores(outcome, group_ids, eps=eps, name=name)  # (B,)
+    inverse, P, _ = _group_index(group_ids, mask.shape[0], name)
+    middle = ends & (index < n_turns[:, None])  # intermediate turns' last tokens
+    K = int(n_turns.max()) + 1 if n_turns.numel() else 1
+    key = inverse[:, None] * K + index  # (B, A) one bucket per (group, turn)
+    k, r = key[middle], rewards[middle]
+    count = torch.zeros(P * K, dtype=dtype).index_add_(0, k, torch.ones_like(r))
+    mean = torch.zeros(P * K, dtype=dtype).index_add_(0, k, r) / count.clamp(min=1)
+    centred = r - mean[k]
+    var = torch.zeros(P * K, dtype=dtype).index_add_(0, k, centred.square())
+    std = (var / (count - 1).clamp(min=1)).sqrt()
+    term = torch.where(count[k] >= 2, centred / (std[k] + eps), torch.zeros((), dtype=dtype))
+    per_turn = torch.zeros(mask.shape[0], K, dtype=dtype)  # (B, K) Â^T of each row's turns
+    rows = torch.nonzero(middle)[:, 0]
+    per_turn[rows, index[middle]] = term
+    tokens = torch.where(mask, per_turn.gather(1, index), torch.zeros((), dtype=dtype))
+    return torch.where(mask, adv[:, None] + tokens, torch.zeros((), dtype=dtype))
+
+
 # --------------------------------------------------------------------------------------------------
 # the estimators and their registry
 
@@ -370,6 +498,23 @@ class RLOOEstimator(RLOO):
         outcome = inputs.scores.to(baseline.dtype) - baseline
         adv = outcome_advantages(outcome, inputs.kl_rewards, inputs.action_mask, self.options.gamma)
         return adv, None
+
+
+@register_estimator("mt_grpo")
+@dataclass(frozen=True)
+class MTGRPOEstimator(MTGRPO):
+    """MT-GRPO (Zeng et al. 2025): each token's advantage is the group-normalised outcome plus its
+    turn's group-normalised reward (:func:`per_turn_advantages`), plus the return-to-go of the KL
+    rewards (as ``grpo``'s). Needs a multi-turn rollout's per-turn rewards."""
+
+    def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _require(inputs, self.name, "turn_rewards", "turn_end", "turn_index", "group_ids")
+        adv = per_turn_advantages(
+            inputs.scores, inputs.turn_rewards, inputs.turn_end, inputs.turn_index,
+            inputs.action_mask, inputs.group_ids, self.options.group_eps, self.name,
+        )  # fmt: skip
+        kl = returns_to_go(inputs.kl_rewards, inputs.action_mask, self.options.gamma)
+        return adv + kl, None
 
 
 @register_estimator("reinforce_pp")

@@ -40,7 +40,9 @@ __all__ = [
     "ESTIMATOR_ALIASES",
     "GAE",
     "GRPO",
+    "MTGRPO",
     "RLOO",
+    "TURN_REWARDS",
     "DrGRPO",
     "Estimator",
     "EstimatorOptions",
@@ -97,6 +99,11 @@ class Estimator:
         per_macro: gives each macro action its own advantage (``--macro_credit boundary`` places
             them on boundary tokens); else one advantage per response.
         fixed_gamma: the only ``--gamma`` it is defined with, or None.
+        turn_rewards: how a multi-turn rollout's per-turn rewards (``--env``) enter
+            (:func:`marlhf.algo.estimators.with_turn_rewards`): ``tokens`` (with the per-token
+            rewards, each on its turn's last action token), ``outcome`` (summed into the
+            sequence-level reward; the default) or ``own`` (read apart).
+        needs_turns: reads a multi-turn rollout's turns (``--env``); refused without one.
         implementation: ``"package.module:Class"`` of the subclass that estimates, imported when
             the estimator is first built (the built-in ones); None: this class estimates.
     """
@@ -114,6 +121,8 @@ class Estimator:
     min_group_size: ClassVar[int] = 1
     per_macro: ClassVar[bool] = False
     fixed_gamma: ClassVar[float | None] = None
+    turn_rewards: ClassVar[str] = "outcome"
+    needs_turns: ClassVar[bool] = False
     implementation: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
@@ -138,6 +147,9 @@ class Estimator:
         label = cls.label or cls.name
         return label if token_level else f"{label}, macro {macro}"
 
+
+# how an estimator takes a multi-turn rollout's per-turn rewards (Estimator.turn_rewards)
+TURN_REWARDS = ("tokens", "outcome", "own")
 
 ESTIMATORS: dict[str, type[Estimator]] = {}
 ESTIMATOR_ALIASES: dict[str, str] = {}
@@ -283,7 +295,7 @@ def estimators_help() -> str:
 
 def group_size_help() -> str:
     """Which registered estimators need several samples per prompt, for ``--help``: ``grpo,
-    dr_grpo and rloo need G >= 2.``"""
+    dr_grpo, rloo and mt_grpo need G >= 2.``"""
     by_size: dict[int, list[str]] = {}
     for name, cls in ESTIMATORS.items():
         if cls.min_group_size > 1:
@@ -309,6 +321,7 @@ class GAE(Estimator):
     needs_critic = True
     needs_segments = True
     per_macro = True
+    turn_rewards = "tokens"
     implementation = "marlhf.algo.estimators:GAEEstimator"
 
     @classmethod
@@ -351,6 +364,22 @@ class RLOO(Estimator):
     implementation = "marlhf.algo.estimators:RLOOEstimator"
 
 
+@register_estimator("mt_grpo", aliases=("mt-grpo",))
+class MTGRPO(Estimator):
+    """MT-GRPO (Zeng et al. 2025): per-turn group-normalised rewards plus the outcome's."""
+
+    label = "MT-GRPO"
+    description = (
+        "per turn: the group-normalised outcome plus the turn's group-normalised reward (--env)"
+    )
+    needs_groups = True
+    needs_turns = True
+    batch_level = True
+    min_group_size = 2
+    turn_rewards = "own"
+    implementation = "marlhf.algo.estimators:MTGRPOEstimator"
+
+
 @register_estimator("reinforce_pp", aliases=("reinforce++", "reinforce_plus_plus"))
 class ReinforcePP(Estimator):
     """REINFORCE++ (Hu 2025): returns whitened over the batch."""
@@ -358,6 +387,7 @@ class ReinforcePP(Estimator):
     label = "REINFORCE++"
     description = "REINFORCE++: KL in the reward, returns whitened over the batch"
     batch_level = True
+    turn_rewards = "tokens"
     implementation = "marlhf.algo.estimators:ReinforcePPEstimator"
 
 

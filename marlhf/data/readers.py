@@ -200,6 +200,13 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> RawRows:
     return RawRows(parsed, lambda i: f"{path} line {line_of[i]}", frozenset(names), bad, True)
 
 
+def read_local(path: Path, skip_bad_rows: bool = False) -> RawRows:
+    """The rows of one local file (the module doc: JSON lines or one JSON document, CSV, TSV or
+    Parquet), each labelled with its file and line; a bad row raises :class:`DataError` naming
+    them (or is skipped and counted in ``bad`` with ``skip_bad_rows``)."""
+    return _read_local(path, skip_bad_rows)
+
+
 def _read_local(path: Path, skip_bad_rows: bool) -> RawRows:
     if path.suffix == ".jsonl":
         return _read_jsonl(path, skip_bad_rows)

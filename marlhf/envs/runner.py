@@ -282,36 +282,55 @@ def run_episodes(
                 active = [i for i in active if not episodes[i].stop]
                 if not active:
                     break
-            actions = act(list(active), [episodes[i].messages for i in active])
-            if not isinstance(actions, list | tuple) or len(actions) != len(active):
-                raise TypeError(f"act returned {_show(actions)} for {len(active)} rows")
-            bad = [a for a in actions if not isinstance(a, str)]
-            if bad:
-                raise TypeError(f"act returned {_show(bad[0])} ({_type(bad[0])}), not a string")
-            outcomes = pool.call(active, "step", list(actions))
+            actions = _checked_actions(
+                act(list(active), [episodes[i].messages for i in active]), len(active)
+            )
+            outcomes = pool.call(active, "step", actions)
             for i, action, o in zip(active, actions, outcomes, strict=True):
-                ep = episodes[i]
-                k = len(ep.turns) + 1
-                try:
-                    if o.status != "ok":
-                        raise ValueError(outcome_text(o))
-                    turn = check_step(o.value)
-                except ValueError as err:
-                    ep.turns.append(Turn(action, reward=0.0))
-                    fail(i, k, "step", str(err))
-                    continue
-                turn.action = action
-                ep.turns.append(turn)
-                if turn.done:
-                    ep.stop = "done"
-                elif k >= cfg.max_turns:
-                    ep.stop = "max_turns"
+                _record_step(episodes[i], action, o, cfg.max_turns, outcome_text, fail)
             ended = [i for i in active if episodes[i].stop]
             finish(ended)
             active = [i for i in active if not episodes[i].stop]
     finally:
         pool.shutdown()
     return episodes
+
+
+def _checked_actions(actions: object, n: int) -> list[str]:
+    """``act``'s answer for ``n`` rows: a list of ``n`` strings (TypeError naming what it was)."""
+    if not isinstance(actions, list | tuple) or len(actions) != n:
+        raise TypeError(f"act returned {_show(actions)} for {n} rows")
+    bad = [a for a in actions if not isinstance(a, str)]
+    if bad:
+        raise TypeError(f"act returned {_show(bad[0])} ({_type(bad[0])}), not a string")
+    return list(actions)
+
+
+def _record_step(
+    ep: Episode,
+    action: str,
+    o: Outcome,
+    max_turns: int,
+    outcome_text: Callable[[Outcome], str],
+    fail: Callable[[int, int, str, str], None],
+) -> None:
+    """Add the turn of ``action`` to ``ep`` from the environment's answer ``o``, and whether the
+    episode stops there (``done``, or ``--max_turns`` reached); a bad answer is ``fail``ed."""
+    k = len(ep.turns) + 1
+    try:
+        if o.status != "ok":
+            raise ValueError(outcome_text(o))
+        turn = check_step(o.value)
+    except ValueError as err:
+        ep.turns.append(Turn(action, reward=0.0))
+        fail(ep.row, k, "step", str(err))
+        return
+    turn.action = action
+    ep.turns.append(turn)
+    if turn.done:
+        ep.stop = "done"
+    elif k >= max_turns:
+        ep.stop = "max_turns"
 
 
 def episode_metrics(episodes: Sequence[Episode], factory: EnvFactory) -> dict[str, float]:

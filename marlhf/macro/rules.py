@@ -56,6 +56,7 @@ __all__ = [
     "Ppl",
     "Randomized",
     "Rule",
+    "Turn",
     "register_rule",
     "rule_class",
     "rule_implementation",
@@ -72,6 +73,7 @@ INPUT_SOURCES = {
     "ref_logprobs": "the reference model",
     "ref_entropy": "the reference model",
     "old_logprobs": "the rollout's log-probs of its sampled tokens",
+    "turn_end": "the multi-turn rollout of --env (each turn's last action token)",
 }
 
 
@@ -85,7 +87,7 @@ class Rule:
         description: one line, listed by ``--termination_condition``'s help.
         flags: the ``MacroConfig`` fields it reads (listed in the help; each must be a field).
         needs: the optional `TerminationInputs` fields it reads (``ref_logprobs``, ``ref_entropy``,
-            ``old_logprobs``): the callers compute only those
+            ``old_logprobs``, ``turn_end``): the callers compute only those
             (:func:`marlhf.macro.termination.termination_inputs`).
         needs_tokenizer: it is built with the policy's tokenizer (a parser decodes the tokens).
         implementation: ``"package.module:Class"`` of the subclass that answers the batches,
@@ -310,3 +312,17 @@ class LowProb(Rule):
     def boundary(cls, cfg: MacroFlags) -> str:
         # after: the low-probability token that ends the macro action; before: the one opening it
         return "last" if cfg.lowprob_cut == "after" else "first"
+
+
+@register_rule("turn")
+class Turn(Rule):
+    """Each policy turn of a multi-turn conversation (``--env``) is one macro action."""
+
+    needs: frozenset[str] = frozenset({"turn_end"})
+    description = "each policy turn of a multi-turn conversation (--env)"
+    flags = ("eos_own_macro",)
+    implementation = "marlhf.macro.termination:TurnRule"
+
+    @classmethod
+    def label(cls, cfg: MacroFlags) -> str:
+        return "turn"

@@ -45,6 +45,7 @@ from marlhf.macro.rules import (
     Ppl,
     Randomized,
     Rule,
+    Turn,
     register_rule,
     rule_class,
     rule_implementation,
@@ -62,6 +63,7 @@ __all__ = [
     "TerminationInputs",
     "TerminationOutput",
     "TerminationRule",
+    "TurnRule",
     "build_termination",
     "register_rule",
     "rule_class",
@@ -95,6 +97,10 @@ class TerminationInputs:
             None: this batch is the whole batch. A collective: every rank calls the rule.
         old_logprobs: (B, A) float | None — log π_old(a_t | s_t) of each sampled token at the
             sampling temperature, as the rollout recorded it (``lowprob``).
+        turn_end: (B, A) bool | None — a multi-turn rollout's actions (``--env``: the tokens of
+            each row's turns, compacted): true on each turn's last token. Every rule's macro
+            actions end there too (a macro action never spans an observation); ``turn`` ends
+            them there only.
     """
 
     response_ids: torch.Tensor
@@ -106,6 +112,7 @@ class TerminationInputs:
     row_seeds: torch.Tensor | None = None
     all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None
     old_logprobs: torch.Tensor | None = None
+    turn_end: torch.Tensor | None = None
 
 
 @dataclass
@@ -159,16 +166,20 @@ def termination_inputs(
     generator: torch.Generator | None = None,
     row_seeds: torch.Tensor | None = None,
     all_gather: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+    turn_end: torch.Tensor | None = None,
 ) -> TerminationInputs:
     """The `TerminationInputs` of a batch for ``rule`` (as built by :func:`build_termination`):
     the three fields every rule reads, of the optional per-token quantities those ``rule.needs``
     (each given as a (B, A) tensor or as a zero-argument callable computing it, called only when the
-    rule reads it; the others are left None), and the batch helpers as given.
+    rule reads it; the others are left None), the turn ends of a multi-turn rollout (every rule's
+    macro actions end there) and the batch helpers as given.
 
     Raises:
         ValueError: a quantity the rule needs is not given (naming where it comes from).
     """
     needs = frozenset(getattr(rule, "needs", frozenset()))
+    if "turn_end" in needs and turn_end is None:
+        raise _missing(getattr(rule, "name", type(rule).__name__), "turn_end")
     given = {"ref_logprobs": ref_logprobs, "ref_entropy": ref_entropy, "old_logprobs": old_logprobs}
     per_token = {}
     for name, value in given.items():
@@ -185,6 +196,7 @@ def termination_inputs(
         generator=generator,
         row_seeds=row_seeds,
         all_gather=all_gather,
+        turn_end=turn_end,
         **per_token,
     )
 
@@ -233,6 +245,12 @@ class _CheckedRule:
             raise ValueError("action_mask must be right-padded (true on a prefix of each row)")
         if inputs.row_seeds is not None and tuple(inputs.row_seeds.shape) != (B,):
             raise ValueError(f"row_seeds {tuple(inputs.row_seeds.shape)} must be ({B},)")
+        turn_end = inputs.turn_end
+        if turn_end is not None and (turn_end.dtype != torch.bool or turn_end.shape != (B, A)):
+            raise ValueError(
+                f"turn_end must be a (B, A) = {(B, A)} bool tensor, got {turn_end.dtype} "
+                f"{tuple(turn_end.shape)}"
+            )
         for name in sorted(self.needs):
             value = getattr(inputs, name, None)
             if value is None:
@@ -243,11 +261,15 @@ class _CheckedRule:
                 )
 
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        """The rule's macro actions, ended on each row's last valid token and on every turn end
+        (``inputs.turn_end``), and, with ``--eos_own_macro``, before a final EOS."""
         self._check(inputs)
         out = self.rule(inputs)
         mask = inputs.action_mask
         last = _last_valid(mask) & mask
         macro_end = (out.macro_end.bool() | last) & mask
+        if inputs.turn_end is not None:  # a macro action never spans an observation
+            macro_end = macro_end | (inputs.turn_end.to(mask.device) & mask)
         if self.eos_own_macro:
             # The token before a final EOS ends a macro action, so the EOS stands alone.
             n_valid = mask.sum(1)
@@ -549,4 +571,17 @@ class LowProbRule(LowProb):
         return TerminationOutput(
             macro_end=(macro_end | _last_valid(mask)) & mask,
             stats={"macro/lowprob_threshold": math.exp(-tau)},
+        )
+
+
+@register_rule("turn")
+class TurnRule(Turn):
+    """Each policy turn of a multi-turn rollout is one macro action: ``macro_end`` is
+    ``inputs.turn_end`` (each turn's last action token) and the last valid token."""
+
+    def __call__(self, inputs: TerminationInputs) -> TerminationOutput:
+        mask = inputs.action_mask
+        assert inputs.turn_end is not None
+        return TerminationOutput(
+            macro_end=(inputs.turn_end.to(mask.device) | _last_valid(mask)) & mask
         )

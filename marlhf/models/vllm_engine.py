@@ -34,7 +34,7 @@ it. One temperature per engine. vLLM returns no entropy.
 Prefix caching. The engine keeps the keys and values of the blocks it has read (vLLM's automatic
 prefix caching, on): a request whose first tokens are those of an earlier one reads only the rest,
 so a multi-turn conversation sent whole at every turn costs its new tokens
-(:class:`~marlhf.models.generation.conversations.ReplayConversations`). Only full blocks are
+(:func:`~marlhf.models.generation.sampling.sample_turns`). Only full blocks are
 cached: blocks of ``--vllm_block_size`` tokens, by default vLLM's 16 on a GPU and 32 on a CPU
 (vLLM's CPU default, 128, would serve no conversation shorter than that; 32 is the smallest its CPU
 attention supports and samples as fast on the tiny models).

@@ -45,8 +45,20 @@ def test_the_built_in_estimators_carry_what_the_trainer_asks():
         "grpo": ("GRPO", 2, False, None, False, None),
         "dr_grpo": ("Dr. GRPO", 2, False, None, False, "seq-mean-token-sum-norm"),
         "rloo": ("RLOO", 2, False, None, False, None),
+        "mt_grpo": ("MT-GRPO", 2, False, None, False, None),
         "reinforce_pp": ("REINFORCE++", 1, False, None, False, None),
         "macro_mc": ("MA-MC", 1, True, 1.0, False, None),
+    }
+    # how a multi-turn rollout's per-turn rewards enter each (--env), and which need turns
+    turns = {n: (c.turn_rewards, c.needs_turns) for n, c in ESTIMATORS.items()}
+    assert turns == {
+        "gae": ("tokens", False),
+        "grpo": ("outcome", False),
+        "dr_grpo": ("outcome", False),
+        "rloo": ("outcome", False),
+        "mt_grpo": ("own", True),
+        "reinforce_pp": ("tokens", False),
+        "macro_mc": ("outcome", False),
     }
     assert all(c.name == n and c.description for n, c in ESTIMATORS.items())
     assert estimator_class("reinforce++") is ESTIMATORS["reinforce_pp"]
@@ -62,7 +74,7 @@ def test_the_flag_help_lists_every_estimator_and_its_description():
     assert (
         fields["n_samples_per_prompt"]
         .metadata["help"]
-        .endswith("grpo, dr_grpo and rloo need G >= 2.")
+        .endswith("grpo, dr_grpo, rloo and mt_grpo need G >= 2.")
     )
 
 
@@ -96,7 +108,9 @@ def _ppo(**kw):
 def test_a_registered_estimator_is_validated_and_named_by_what_it_carries(registry):
     register_estimator("halved", aliases=("half",))(Halved)
     assert Halved.name == "halved" and "`halved` (half the score)" in estimators_help()
-    assert group_size_help() == "grpo, dr_grpo and rloo need G >= 2. halved needs G >= 3."
+    assert group_size_help() == (
+        "grpo, dr_grpo, rloo and mt_grpo need G >= 2. halved needs G >= 3."
+    )
     for kw, message in (
         ({"n_samples_per_prompt": 2}, "--advantage_estimator half compares the samples of one prompt: set "
          "--n_samples_per_prompt to 3 or more \\(got 2\\)"),

@@ -1,28 +1,30 @@
-"""Conversations continued turn by turn (marlhf.models.continuation, the static backend's
-conversations, marlhf.models.generation.conversations): continuing a conversation from the KV cache
-gives the tokens and log-probs of re-reading it from its start every turn through the static
-decoder's ``sample``; the recorded log-probs and entropies are those of one forward pass over the
-finished conversation; a row's episode depends on its seed only; the cache compacts and grows
-without changing a token; the length limit and the calls' checks."""
+"""Conversations continued turn by turn by the static backend (``StaticBackend.sample_turn`` on
+marlhf.models.continuation), called as multi-turn PPO calls it (``sample_turns``, through
+tests/support/turns.py): continuing a conversation from the KV cache gives the tokens and log-probs
+of re-reading it from its start every turn through the static decoder's ``sample``; the recorded
+log-probs and entropies are those of one forward pass over the finished conversation; a row's
+episode depends on its seed only; the cache compacts and grows without changing a token; a call
+the cache does not match (a row it dropped, an action cut short) re-reads the conversations."""
 
 from __future__ import annotations
-
-import doctest
 
 import pytest
 import torch
 from transformers import GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM
 
-import marlhf.models.generation.conversations as conversations
 from marlhf.models.continuation import ContinuedDecoder
 from marlhf.models.decode import sample
-from marlhf.models.generation import SamplerSetup, SamplingConfig, backend_info, open_sampler
-from marlhf.models.generation.conversations import (
-    ReplayConversations,
-    open_conversations,
-    turn_seeds,
+from marlhf.models.generation import (
+    Conversations,
+    SamplerSetup,
+    SamplingConfig,
+    backend_info,
+    open_sampler,
 )
+from marlhf.models.generation.sampling import left_pad, sample_responses, sample_turns
 from marlhf.models.logprobs import entropy_from_logits, token_logprobs
+from marlhf.runtime.rows import turn_seeds
+from tests.support.turns import TurnPlayer
 
 PAD = 0
 EOS = [1, 5, 9, 13]  # several stop tokens: rows stop after a few tokens, at different steps
@@ -71,7 +73,7 @@ def _context(row: int, turn: int, n: int) -> list[int]:
 
 def _play(conv, cfg, schedule=SCHEDULE, names=None, eos=EOS):
     """Play ``schedule`` on ``conv``; ``names[r]``: the row whose contexts session row ``r`` gets
-    (default itself). Returns each turn's SampledTurn."""
+    (default itself). Returns each turn's actions (tests/support/turns.py)."""
     names = names or {}
     turns = []
     for k, (rows, lengths) in enumerate(schedule):
@@ -86,8 +88,8 @@ def _play(conv, cfg, schedule=SCHEDULE, names=None, eos=EOS):
 def _opened(model, cfg, replay: bool, prompts=None, seeds=None, max_len: int = 120):
     sampler = open_sampler("static", cfg, SamplerSetup(model=model))
     prompts = _tokens(PROMPT_LENGTHS, 1) if prompts is None else prompts
-    seeds = torch.arange(len(prompts)) + 11 if seeds is None else seeds
-    return open_conversations(sampler, prompts, max_len, seeds, replay=replay)
+    seeds = torch.arange(len(prompts)) + 31 if seeds is None else seeds
+    return TurnPlayer(sampler, prompts, seeds, max_len, reread=replay)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma"])
@@ -99,8 +101,8 @@ def test_continuing_gives_the_tokens_and_logprobs_of_rereading(arch, top_k, top_
     model, cfg = _model(arch), _cfg(top_k, top_p)
     cont = _opened(model, cfg, replay=False)
     again = _opened(model, cfg, replay=True)
-    assert not isinstance(cont, ReplayConversations) and isinstance(again, ReplayConversations)
     a, b = _play(cont, cfg), _play(again, cfg)
+    assert cont.sampler._decoder is not None and again.sampler._decoder is None
     lengths = set()
     for x, y in zip(a, b, strict=True):
         assert x.action_ids == y.action_ids and x.ends_with_eos == y.ends_with_eos
@@ -157,7 +159,7 @@ def test_recorded_logprobs_equal_one_forward_over_the_finished_conversation(arch
 
 def test_an_episode_depends_on_its_seed_only():
     """Row 3 played alone, in a batch of four, and named last or first, samples the same episode;
-    its first turn is the single-turn decoder's response with the row's seed."""
+    its first turn is the single-turn decoder's response with the row's seed of turn 1."""
     model, cfg = _model("llama"), _cfg(top_k=5)
     prompts = _tokens(PROMPT_LENGTHS, 1)
     seeds = torch.tensor([11, 12, 13, 14])
@@ -175,16 +177,9 @@ def test_an_episode_depends_on_its_seed_only():
     single = sample(
         model, torch.tensor([prompts[3]]), torch.ones(1, len(prompts[3]), dtype=torch.long),
         max_new_tokens=cfg.max_answer_seq_len, temperature=cfg.temperature, top_k=5,
-        eos_ids=EOS, pad_id=PAD, row_seeds=seeds[3:],
+        eos_ids=EOS, pad_id=PAD, row_seeds=turn_seeds(seeds[3:], 1),
     )  # fmt: skip
     assert single[0].tolist()[: len(alone[0])] == alone[0]
-
-
-def test_turn_seeds_are_fresh_for_every_turn_and_row():
-    seeds = torch.tensor([0, 1, 2**62, -5])
-    table = torch.stack([turn_seeds(seeds, k) for k in range(6)])  # (turns, rows)
-    assert torch.equal(table[0], seeds)
-    assert len(set(table.flatten().tolist())) == table.numel()
 
 
 def test_the_cache_compacts_and_grows_without_changing_a_token(monkeypatch):
@@ -212,53 +207,54 @@ def test_the_cache_compacts_and_grows_without_changing_a_token(monkeypatch):
     b = _play(again, cfg, schedule, eos=[])
     assert [t.action_ids for t in a] == [t.action_ids for t in b]
     assert calls["_compact"] >= 1 and calls["_grow"] >= 1
-    assert cont.decoder.L > 64
+    assert cont.sampler._decoder.L > 64
 
 
-def test_an_action_is_cut_at_the_conversations_length_limit():
-    """A row two tokens short of ``max_len`` samples two tokens, marked as not ended; a context
-    that reaches the limit is refused."""
-    model, cfg = _model("llama"), _cfg(new=8)
-    prompts = [[7] * 10, [8] * 4]
-    for replay in (False, True):
-        conv = _opened(model, cfg, replay, prompts, torch.tensor([1, 2]), max_len=12)
-        t = conv.sample_turn([0, 1], [[], []], cfg, [], PAD)  # no stop token
-        assert [len(a) for a in t.action_ids] == [2, 8] and t.ends_with_eos == [False, False]
-        with pytest.raises(ValueError, match="row 1: a conversation of 12 tokens leaves no room"):
-            conv.sample_turn([1], [[3] * 0], cfg, [], PAD)
+def test_calls_the_cache_does_not_match_reread_the_whole_conversations():
+    """Called directly (``sample_turns``): a call whose rows the cache holds continues it; an
+    action the caller cut short, or a row the cache dropped (left out of an earlier call), makes
+    a cache of the call's rows from their whole conversations. Every call samples what re-reading
+    the whole conversations through ``sample`` samples."""
+    model, cfg = _model("llama"), _cfg(new=6)
+    sampler = open_sampler("static", cfg, SamplerSetup(model=model))
+    convs = _tokens(PROMPT_LENGTHS, 1)
+    seen = [0] * 4
+
+    def turn(rows, seeds):
+        token_ids = [list(convs[r]) for r in rows]
+        batch = Conversations(token_ids, rows, [seen[r] for r in rows])
+        got = sample_turns(sampler, batch, cfg, [], PAD, seeds)  # no stop token: 6 each
+        ids, mask = left_pad(token_ids, PAD)
+        ref = sample_responses(sampler, ids, mask, cfg, [], PAD, seeds)
+        assert torch.equal(got.response_ids, ref.response_ids)
+        torch.testing.assert_close(got.logprobs, ref.logprobs, rtol=0, atol=1e-5)
+        for b, r in enumerate(rows):
+            convs[r] += got.response_ids[b].tolist() + _context(r, len(seeds), 3)
+            seen[r] = len(convs[r]) - 3
+        return sampler._decoder
+
+    first = turn([0, 1, 2, 3], torch.tensor([1, 2, 3, 4]))
+    assert turn([0, 1, 3], torch.tensor([5, 6, 7])) is first  # continued; row 2 dropped
+    del convs[1][-5:]  # row 1's last action cut to 4 tokens, its context after it
+    seen[1] = len(convs[1])
+    convs[1] += [4, 6]
+    second = turn([0, 1], torch.tensor([8, 9]))
+    assert second is not first
+    third = turn([0, 2], torch.tensor([10, 11]))  # row 2 left the cache: re-read
+    assert third is not second
+    with pytest.raises(ValueError, match="a row named twice"):
+        sample_turns(sampler, Conversations([[4], [5]], [0, 0], [0, 0]), cfg, EOS, PAD)
+    sampler.end_conversations()
+    assert sampler._decoder is None
 
 
-def test_calls_are_checked():
-    model, cfg = _model("llama"), _cfg()
-    conv = _opened(model, cfg, False)
-    conv.sample_turn([0, 1], [[], []], cfg, EOS, PAD)  # rows 2 and 3 have ended
-    with pytest.raises(ValueError, match="row 2 has ended"):
-        conv.sample_turn([0, 2], [[4], [4]], cfg, EOS, PAD)
-    with pytest.raises(ValueError, match="a row twice"):
-        conv.sample_turn([0, 0], [[4], [4]], cfg, EOS, PAD)
-    with pytest.raises(ValueError, match="2 rows need as many contexts"):
-        conv.sample_turn([0, 1], [[4]], cfg, EOS, PAD)
-    with pytest.raises(ValueError, match="row 1: an empty prompt"):
-        _opened(model, cfg, False, [[3], []], torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match=r"row_seeds must have shape \(2,\)"):
-        _opened(model, cfg, False, [[3], [4]], torch.tensor([1]))
-    conv.close()
-    with pytest.raises(ValueError, match="closed"):
-        conv.sample_turn([0], [[4]], cfg, EOS, PAD)
-
-
-def test_backends_that_reread_get_replayed_conversations():
-    """``hf`` declares no continuation: its conversations are re-read through ``sample``."""
+def test_backends_that_reread_are_given_whole_conversations():
+    """``hf`` declares no continuation: ``sample_turns`` re-reads through its ``sample``."""
     assert backend_info("static").continues_conversations
     assert not backend_info("hf").continues_conversations
+    assert not backend_info("vllm").continues_conversations  # its prefix cache serves them
     model, cfg = _model("llama"), _cfg()
     sampler = open_sampler("hf", cfg, SamplerSetup(model=model))
-    conv = open_conversations(sampler, [[4, 5], [6]], 40, torch.tensor([1, 2]))
-    assert isinstance(conv, ReplayConversations)
     torch.manual_seed(0)
-    t = conv.sample_turn([0, 1], [[], []], cfg, EOS, PAD)
-    assert t.logprobs is None and conv.conversation(1) == [6, *t.action_ids[1]]
-
-
-def test_doctests():
-    assert doctest.testmod(conversations).failed == 0
+    out = sample_turns(sampler, Conversations([[4, 5], [6]], [0, 1], [0, 0]), cfg, EOS, PAD)
+    assert out.logprobs is None and out.response_ids.shape[0] == 2

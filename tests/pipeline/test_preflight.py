@@ -132,10 +132,10 @@ def test_stages_are_named_as_the_marlhf_commands_name_them(capsys):
         assert "preflight: stage rm: models and data in place" in _err(capsys)
     prog = marlhf.cli.PROG or "python -m marlhf.preflight"
     for argv, problem in (
-        (["rmm"], "unknown stage rmm (did you mean rm?); the stages: sft, rm, ppo"),
-        (["rewards"], "unknown stage rewards (did you mean rm?); the stages: sft, rm, ppo"),
-        ([], "name the stage to check first: sft, rm, ppo"),
-        (["--model_name_or_path", "tiny"], "name the stage to check first: sft, rm, ppo"),
+        (["rmm"], "unknown stage rmm (did you mean rm?); the stages: sft, rm, ppo, infer"),
+        (["rewards"], "unknown stage rewards (did you mean rm?); the stages: sft, rm, ppo, infer"),
+        ([], "name the stage to check first: sft, rm, ppo, infer"),
+        (["--model_name_or_path", "tiny"], "name the stage to check first: sft, rm, ppo, infer"),
     ):
         assert main(argv) == 2
         assert _err(capsys).splitlines() == [

@@ -1,6 +1,7 @@
-"""Conversations on the vLLM backend (``marlhf.models.generation.conversations``): sent whole at
-every turn, the engine's prefix cache serves what it has read; continuing them that way gives the
-tokens and log-probs of re-reading them with the cache emptied before every turn, the recorded
+"""Multi-turn conversations on the vLLM backend, sampled as multi-turn PPO samples them
+(``sample_turns``, through tests/support/turns.py): sent whole at every turn, the engine's prefix
+cache serves what it has read; continuing them that way gives the tokens and log-probs of
+re-reading them with the cache emptied before every turn, the recorded
 log-probs are the trainer's forward pass over the finished conversation, and a row's episode
 depends on its seed only. On the shipped ``tiny-base-trail`` with the trail task's prompts, float32
 on CPU, KV-cache blocks of 32 tokens (the CPU default). Runs where vLLM is installed (``make test-vllm``)."""
@@ -16,12 +17,8 @@ from marlhf.data import trail  # noqa: E402
 from marlhf.models.config import VLLMConfig  # noqa: E402
 from marlhf.models.conversation import ChatLayout  # noqa: E402
 from marlhf.models.generation import SamplerSetup, SamplingConfig, open_sampler  # noqa: E402
-from marlhf.models.generation.conversations import (  # noqa: E402
-    ReplayConversations,
-    open_conversations,
-)
 from marlhf.models.logprobs import token_logprobs  # noqa: E402
-from marlhf.models.vllm_engine import VLLMError  # noqa: E402
+from tests.support.turns import TurnPlayer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,22 +43,20 @@ def setup():
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     cfg = SamplingConfig(
-        max_prompt_seq_len=40, max_answer_seq_len=10, temperature=T, top_k=0,
+        max_prompt_seq_len=MAX_LEN, max_answer_seq_len=10, temperature=T, top_k=0,
         generation_backend="vllm", vllm=VLLMConfig(),  # CPU blocks of 32 by default
     )  # fmt: skip
-    sampler = open_sampler(
-        "vllm", cfg, SamplerSetup(model_path=path, max_rows=4, max_conversation_len=MAX_LEN)
-    )
+    sampler = open_sampler("vllm", cfg, SamplerSetup(model_path=path, max_rows=4))
     yield path, tok, model, cfg, sampler
     sampler.close()
 
 
 def _play(sampler, layout, cfg, prompts, seeds, rows_per_turn=ROWS, reread=False):
     """Play the turns with the trail template's contexts after each action; returns the
-    SampledTurns, the conversations and each turn's contexts."""
+    turns' actions, the conversations and each turn's contexts."""
     engine = sampler.engine
     engine.llm.reset_prefix_cache()
-    conv = open_conversations(sampler, [layout.prompt(p) for p in prompts], MAX_LEN, seeds)
+    conv = TurnPlayer(sampler, [layout.prompt(p) for p in prompts], seeds, MAX_LEN)
     messages = [list(p) for p in prompts]
     turns, last, contexts = [], {}, []
     for k, rows in enumerate(rows_per_turn):
@@ -93,10 +88,9 @@ def test_continuing_gives_the_tokens_and_logprobs_of_rereading(setup):
     prompts = [r["prompt"] for r in trail.rows(4, 4, seed=0, split="valid")]
     seeds = torch.tensor([5, 6, 7, 8])
     engine = sampler.engine
-    assert sampler.continues_conversations
+    assert not sampler.continues_conversations  # sent whole: the prefix cache serves them
     engine.prefix_tokens.update(prompt=0, cached=0)
     cont, conv, contexts = _play(sampler, layout, cfg, prompts, seeds)
-    assert isinstance(conv, ReplayConversations)
     hits = dict(engine.prefix_tokens)
     engine.prefix_tokens.update(prompt=0, cached=0)
     again, conv2, _ = _play(sampler, layout, cfg, prompts, seeds, reread=True)
@@ -140,9 +134,3 @@ def test_an_episode_depends_on_its_seed_only(setup):
     assert [t.action_ids[ROWS[k].index(3)] for k, t in enumerate(batch)] == [
         t.action_ids[0] for t in alone
     ]
-
-
-def test_a_conversation_beyond_the_engine_context_is_refused(setup):
-    path, tok, model, cfg, sampler = setup
-    with pytest.raises(VLLMError, match=f"conversations of 999 tokens exceed .* {MAX_LEN} tokens"):
-        open_conversations(sampler, [[2, 3]], 999, torch.tensor([1]))

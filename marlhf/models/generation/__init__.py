@@ -8,14 +8,20 @@
 - :mod:`~marlhf.models.generation.config`: :class:`SamplingConfig`, the sampling flags the
   programs that generate share;
 - :mod:`~marlhf.models.generation.sampling`: ``sample_responses``, the call PPO's rollouts, its
-  evaluation and ``marlhf infer`` sample through (torch: imported from its module);
+  evaluation and ``marlhf infer`` sample through, and ``sample_turns``, the next turn of
+  multi-turn conversations (:class:`Conversations`) (torch: imported from its module);
 - :mod:`~marlhf.models.generation.backends`: the built-in backends' implementations, one module
   each (``hf``, ``static``, ``vllm``), imported when a backend is first opened.
 
 This package imports no torch: the configuration and ``--help`` read it.
 """
 
-from marlhf.models.generation.base import GenerationBackend, Sampled, SamplerSetup
+from marlhf.models.generation.base import (
+    Conversations,
+    GenerationBackend,
+    Sampled,
+    SamplerSetup,
+)
 from marlhf.models.generation.config import SamplingConfig
 from marlhf.models.generation.registry import (
     AUTO,
@@ -29,6 +35,7 @@ from marlhf.models.generation.registry import (
 
 __all__ = [
     "AUTO",
+    "Conversations",
     "GenerationBackend",
     "Sampled",
     "SamplerSetup",

@@ -19,13 +19,12 @@ declared there and implemented in :mod:`marlhf.models.generation.backends`, one 
   :meth:`GenerationBackend.load_weights` (a no-op elsewhere);
 - ``samples_partitioned``: whether it can sample from a ZeRO-3 partitioned model without the
   whole weights being gathered first;
+- ``continues_conversations``: whether it continues multi-turn conversations from a state of its
+  own (:meth:`GenerationBackend.sample_turn`, reading only each conversation's new tokens);
+  otherwise :func:`marlhf.models.generation.sampling.sample_turns` gives it each whole
+  conversation as a prompt (:meth:`GenerationBackend.sample`), which re-reads it every turn;
 - ``auto_rank`` and :meth:`GenerationBackend.supports`: where ``--generation_backend auto`` looks
   (the supporting backend of lowest rank; None: never chosen by ``auto``);
-- ``continues_conversations``: whether :meth:`GenerationBackend.open_conversations` continues a
-  multi-turn conversation from what it holds of it (the static decoder's KV cache, vLLM's prefix
-  cache), reading only each turn's new tokens; otherwise
-  :func:`marlhf.models.generation.conversations.open_conversations` re-reads every conversation
-  from its start at each turn through :meth:`GenerationBackend.sample`;
 - ``implementation``: ``"package.module:Class"`` of the subclass that samples, imported when the
   backend is first opened (a built-in backend's declaration); None: this class samples.
 
@@ -35,7 +34,7 @@ This module imports no torch when it runs (the configuration and ``--help`` read
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -63,9 +62,7 @@ class SamplerSetup:
     ``model``: the policy as a module in this process (None where only an engine of its own is
     needed); ``model_path``: its directory (an engine loads it from there); ``dtype``: ``fp32``,
     ``bf16`` or ``fp16``; ``seed``: the seed of draws without row seeds; ``max_rows``: the most
-    rows of one call; ``max_conversation_len``: the most tokens of one conversation that
-    :meth:`GenerationBackend.open_conversations` continues (0: prompt + response only; an engine
-    sizes its context for it); ``context_flags``: the flags whose sum is prompt + response (named in
+    rows of one call; ``context_flags``: the flags whose sum is prompt + response (named in
     errors); ``zero3``: ``model``'s weights are ZeRO-3 partitioned, ``gathered``: the caller
     gathers them around every call."""
 
@@ -74,11 +71,45 @@ class SamplerSetup:
     dtype: str = "fp32"
     seed: int = 0
     max_rows: int = 1
-    max_conversation_len: int = 0
     context_flags: str = "--max_prompt_seq_len + --max_answer_seq_len"
     trust_remote_code: bool = False
     zero3: bool = False
     gathered: bool = True
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The conversations of one turn of a batch of multi-turn episodes, B of them (the rows still
+    playing), as :meth:`GenerationBackend.sample_turn` receives them.
+
+    ``token_ids[b]``: row ``rows[b]``'s whole conversation so far as token ids, ending with the
+    generation prompt of its next turn (the first prompt, at its first turn). ``rows[b]``: the
+    row's key, stable over the turns of one batch of episodes (until
+    :meth:`GenerationBackend.end_conversations`); a row that has ended is not called again.
+    ``seen[b]``: how many of ``token_ids[b]``'s first tokens the backend has read or sampled for
+    that row in its earlier calls (0 at the row's first turn: a new conversation): the previous
+    call's conversation and the tokens sampled then. The tokens after them are new: the
+    end-of-turn token when the previous action was cut at the length limit, what the chat template
+    puts after an action, the environment's observations and the next generation prompt
+    (:class:`marlhf.models.conversation.ChatLayout`). The sampled tokens are never re-tokenised:
+    ``token_ids[b][seen[b] - k : seen[b]]`` are the ``k`` tokens the backend sampled last time."""
+
+    token_ids: list[list[int]]
+    rows: list[int]
+    seen: list[int]
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.rows) != n or len(self.seen) != n:
+            raise ValueError(
+                f"Conversations: {n} token lists, {len(self.rows)} rows, {len(self.seen)} seen"
+            )
+        for ids, seen in zip(self.token_ids, self.seen, strict=True):
+            if not ids or not 0 <= seen < len(ids):
+                raise ValueError(
+                    f"Conversations: {seen} tokens seen of a conversation of {len(ids)}: "
+                    "every turn brings new tokens"
+                )
 
 
 @dataclass
@@ -98,59 +129,6 @@ class Sampled:
     entropy: torch.Tensor | None = None
 
 
-@dataclass
-class SampledTurn:
-    """One turn's actions, one entry per row of the :meth:`Conversations.sample_turn` call, in its
-    order.
-
-    action_ids[i]: the tokens row i sampled, up to and including its first EOS (at least one
-    token); ends_with_eos[i]: false for an action cut at the length limit; logprobs[i],
-    entropy[i]: one float per action token, recorded while sampling (as :class:`Sampled`'s),
-    None where the backend records none."""
-
-    action_ids: list[list[int]]
-    ends_with_eos: list[bool]
-    logprobs: list[list[float]] | None = None
-    entropy: list[list[float]] | None = None
-
-
-class Conversations(ABC):
-    """Rows' multi-turn conversations, continued turn by turn (opened by
-    :func:`marlhf.models.generation.conversations.open_conversations`).
-
-    Row ``r`` reads exactly ``prompt_r + a_1 + c_1 + a_2 + c_2 + ...``: its prompt, then each
-    turn's sampled action ``a_k`` (its tokens as sampled, never re-tokenised) followed by the
-    context ``c_k`` the caller gives before the next turn (the observations and the next
-    generation prompt: :meth:`marlhf.models.conversation.ChatLayout.context`). Turn ``k`` (0, 1,
-    ...) of row ``r`` draws its tokens from :func:`~marlhf.models.generation.conversations.turn_seeds`
-    of the row's seed and ``k``, so an episode depends on its seed, its tokens and the weights
-    only, not on the other rows or on which of them still play (up to the float rounding of
-    batched kernels), and the recorded log-probs are those of one forward pass over the finished
-    conversation."""
-
-    @abstractmethod
-    def sample_turn(
-        self,
-        rows: Sequence[int],
-        context_ids: Sequence[Sequence[int]],
-        cfg: SamplingConfig,
-        eos_ids: list[int],
-        pad_id: int,
-    ) -> SampledTurn:
-        """Append ``context_ids[i]`` (possibly empty; the first turn's usually is) after the last
-        action of row ``rows[i]`` and sample its next action: up to ``cfg.max_answer_seq_len``
-        tokens at ``cfg``'s temperature, top-k and top-p, stopping after the first token of
-        ``eos_ids``, and never past the conversation's length limit. A row left out of a call
-        has ended: it cannot be named again (ValueError)."""
-
-    @abstractmethod
-    def conversation(self, row: int) -> list[int]:
-        """Row ``row``'s tokens so far: its prompt, actions and contexts."""
-
-    def close(self) -> None:  # noqa: B027 - no-op where nothing is held
-        """Release what the conversations hold (a KV cache)."""
-
-
 class GenerationBackend(ABC):
     """A sampler: opened once on a :class:`SamplerSetup` (:meth:`open`), called once per batch
     (:meth:`sample`). The class attributes are described in the module doc; a backend that holds
@@ -165,8 +143,8 @@ class GenerationBackend(ABC):
     needs_weight_sync: ClassVar[bool] = False
     can_sleep: ClassVar[bool] = False
     samples_partitioned: ClassVar[bool] = False
-    auto_rank: ClassVar[int | None] = None
     continues_conversations: ClassVar[bool] = False
+    auto_rank: ClassVar[int | None] = None
     implementation: ClassVar[str | None] = None
 
     @classmethod
@@ -202,14 +180,30 @@ class GenerationBackend(ABC):
         ``cfg.max_answer_seq_len``; logprobs and entropy (B, A') float32 or None), on the
         prompts' device."""
 
-    def open_conversations(
-        self, prompt_ids: Sequence[Sequence[int]], row_seeds: torch.Tensor, max_len: int
-    ) -> Conversations:
-        """With ``continues_conversations``: conversations of the prompts ``prompt_ids`` (one
-        token list per row, unpadded), row ``r`` seeded by ``row_seeds[r]`` ((R,) long), each at
-        most ``max_len`` tokens long (see :class:`Conversations`). Callers go through
-        :func:`marlhf.models.generation.conversations.open_conversations`."""
-        raise NotImplementedError(f"--generation_backend {self.name} re-reads conversations")
+    def sample_turn(
+        self,
+        conversations: Conversations,
+        cfg: SamplingConfig,
+        eos_ids: list[int],
+        pad_id: int,
+        row_seeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``continues_conversations`` backends: the next action of each of B conversations
+        (:class:`Conversations`), continued from the backend's state of each row, which has read
+        ``conversations.seen[b]`` tokens: only ``token_ids[b][seen[b]:]`` are read here (a
+        backend that holds no state for a row, or one that does not match, reads the whole
+        conversation). Up to ``cfg.max_answer_seq_len`` new tokens per row at ``cfg``'s
+        temperature, top-k and top-p, each row stopping after its first token of ``eos_ids``;
+        ``row_seeds`` (B,) long as for :meth:`sample`. Returns what :meth:`sample` returns
+        (response_ids (B, A') long, right-padded with ``pad_id`` after each row's first EOS;
+        logprobs and entropy (B, A') float32 or None), on the CPU or any device, and the same
+        tokens and log-probs (up to float rounding) as :meth:`sample` with the whole
+        conversations as left-padded prompts and the same ``row_seeds``: what
+        ``tests/models/test_continuation.py`` checks of the static decoder."""
+        raise NotImplementedError(f"generation backend {self.name!r} continues no conversation")
+
+    def end_conversations(self) -> None:  # noqa: B027 - no state unless continues_conversations
+        """The batch of episodes is over: forget every row's state (:meth:`sample_turn`)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: B027
         """Load (checkpoint name, tensor) pairs into the backend's own copy of the weights

@@ -270,5 +270,4 @@ class VLLM(GenerationBackend):
     uses_model = False
     needs_weight_sync = True
     can_sleep = True
-    continues_conversations = True  # by its prefix cache
     implementation = "marlhf.models.generation.backends.vllm:VLLMBackend"

@@ -22,12 +22,14 @@ from marlhf.config import (
     check_own_numbers,
 )
 from marlhf.data.config import DataConfig
+from marlhf.envs.config import EnvConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.generation import SamplingConfig, backend_info
 from marlhf.rewards import registry as reward_sources
 from marlhf.rewards.code import CodeRewardConfig
 from marlhf.rewards.config import RewardConfig
 from marlhf.runtime.grouping import Grouping
+from marlhf.stages.ppo.env_checks import check_env_flags
 
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
@@ -582,6 +584,7 @@ class PPOStageConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
     @property
     def correction(self) -> str:
@@ -594,7 +597,10 @@ class PPOStageConfig:
 
     @property
     def reward_source(self) -> str:
-        """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.registry.resolve_reward_source`)."""
+        """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.registry.resolve_reward_source`;
+        with ``--env``: ``none``, the environment's rewards alone)."""
+        if self.env.env is not None and self.ppo.reward_source == "auto":
+            return "none"
         return reward_sources.resolve_reward_source(
             self.ppo.reward_source, self.reward.custom, self.data.data_path
         )
@@ -613,10 +619,13 @@ class PPOStageConfig:
                 "(use static or auto, or leave --rollout_correction out)"
             )
         check_macro_credit(self.macro, ppo)
-        reward_sources.check_reward_flags(
-            self.reward_source, self.reward, None if ppo.needs_critic else ppo.advantage_estimator,
-            bool(mc.reward_model_name_or_path or mc.critic.model.model_name_or_path),
-        )  # fmt: skip
+        check_env_flags(self)
+        if self.env.env is None or reward_sources.source_names(self.reward_source):
+            reward_sources.check_reward_flags(
+                self.reward_source, self.reward,
+                None if ppo.needs_critic else ppo.advantage_estimator,
+                bool(mc.reward_model_name_or_path or mc.critic.model.model_name_or_path),
+            )  # fmt: skip
 
 
 def check_macro_credit(macro: MacroConfig, ppo: PPOConfig) -> None:

@@ -22,6 +22,7 @@ from marlhf.models.packing import (
 )
 from marlhf.models.response_logits import logits_at
 from marlhf.models.sequences import (
+    action_offsets,
     gather_response,
     response_logprobs_and_entropy,
     state_positions,
@@ -33,11 +34,13 @@ from marlhf.stages.ppo.rollout import Rollout, sequence_lengths, slice_rollout
 
 
 def response_positions(ro: Rollout) -> torch.Tensor:
-    """(B, A) long: the position whose logit predicts response token j of each row,
-    ``response_start[b] − 1 + j`` clamped into the row (padding entries are masked by callers)."""
+    """(B, A) long: the position whose logit predicts action j of each row, ``response_start[b]
+    − 1 + j`` (``+ action_positions[b, j]`` for the actions of a conversation) clamped into the
+    row (padding entries are masked by callers)."""
     A, T = ro.response_ids.shape[1], ro.sequences.shape[1]
-    j = torch.arange(A, device=ro.sequences.device)
-    return (ro.response_start.to(j.device).unsqueeze(1) - 1 + j).clamp(0, T - 2)
+    start = ro.response_start.to(ro.sequences.device)
+    j = action_offsets(start, A, ro.action_positions)
+    return (start.unsqueeze(1) - 1 + j).clamp(0, T - 2)
 
 
 # the no-grad score pass materialises at most this many logits at once (rows are scored in chunks):
@@ -127,8 +130,9 @@ def policy_forward(
         logits = logits / temperature
         A = ro.response_ids.shape[1]
         return response_logprobs_and_entropy(
-            logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy
-        )
+            logits, ro.sequences, ro.response_start, A, with_entropy=with_entropy,
+            offsets=ro.action_positions,
+        )  # fmt: skip
     one_pass = lockstep(engine)
     layout = _layout(engine, groups)
     A = ro.response_ids.shape[1]
@@ -172,6 +176,7 @@ def _rows(ro: Rollout, b0: int, b1: int) -> Rollout:
         action_mask=ro.action_mask[b0:b1],
         ends_with_eos=ro.ends_with_eos[b0:b1],
         prompt_ids=ro.prompt_ids[b0:b1],
+        action_positions=None if ro.action_positions is None else ro.action_positions[b0:b1],
     )
 
 
@@ -246,10 +251,10 @@ def critic_forward(
         A, T = r.response_ids.shape[1], r.sequences.shape[1]
         if not packs(r.attention_mask, layout):
             values = value_forward(engine, r, None, padding_mask=all_positions)
-            return gather_response(values, r.response_start, A)
+            return gather_response(values, r.response_start, A, r.action_positions)
         p = pack_rows(r.sequences, r.attention_mask, layout=layout)
         values = engine(**packed_inputs(p))  # (K, C)
-        return p.take(values, state_positions(r.response_start, A, T))
+        return p.take(values, state_positions(r.response_start, A, T, r.action_positions))
 
     if all_positions:
         return forward(ro)

@@ -1,6 +1,7 @@
 """The training loop of stage 3 (MA-RLHF, Alg. 1). Each PPO step:
 
-1. generate  — sample this step's prompts, generate responses with the actor    (rollout.py)
+1. generate  — sample this step's prompts, generate responses with the actor    (rollout.py;
+               with --env, play multi-turn episodes on the environment          multiturn.py)
 2. score     — log π_old, log π_ref (+ entropy), critic values, reward-model score, and the
                sequence-level reward of each response                            (scoring.py)
 3. segment   — termination rule → macro actions (``--termination_condition``); per-token rewards
@@ -31,6 +32,7 @@ from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.algo.mismatch import mismatch_metrics
 from marlhf.cli import config_to_dict
 from marlhf.data.collate import PromptCollator
+from marlhf.data.env_rows import load_env_rows
 from marlhf.macro import TerminationRule, build_termination
 from marlhf.macro.render import render_terminal, token_pieces
 from marlhf.models.checks import ppo_model_roles
@@ -59,6 +61,14 @@ from marlhf.stages.ppo.experience import (
 )
 from marlhf.stages.ppo.mc import monte_carlo
 from marlhf.stages.ppo.models import Models, build_models, check_seen_settings, model_config
+from marlhf.stages.ppo.multiturn import (
+    EnvRollouts,
+    check_first_prompt,
+    collect_episodes,
+    env_scores,
+    env_setup,
+    turn_mismatch_metrics,
+)
 from marlhf.stages.ppo.naming import run_label
 from marlhf.stages.ppo.prompts import (
     RolloutPlan,
@@ -175,14 +185,23 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         first = first_minibatch_rows(plan.rollout_size * plan.world, ppo, state.shuffle)
     # 1. generate, 2. score (the forward passes), one generation batch at a time
     check = mismatch_check_step(cfg, state.step)
-    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
+    env_metrics: dict[str, float] = {}
+    if run.env is None:
+        ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
+    else:  # --env: multi-turn episodes, laid out as a rollout of their actions
+        ro, scored, metas, prompt_texts, env_metrics = collect_episodes(
+            run, state.step, clock, first, check
+        )
     kept = None
     if first is not None:
         with clock("time/score"):
             scored, kept = kept_critic_values(run.models, ro, scored, first, cfg.perf)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
-        scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
+        if run.env is None:
+            scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
+        else:  # the environment's rewards come per turn (ro.turn_rewards)
+            scores, code_metrics = env_scores(run, ro, scored, metas, prompt_texts)
     # per-row randomness is drawn from (seed, step, the row's global index): split-independent, and
     # a resumed run redraws it without a saved generator state (streams 0 segments, 1 dense rewards)
     rows = global_rows(len(ro.prompt_ids), plan.generation_batch, rank(), plan.world)
@@ -238,9 +257,14 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     # 6. metrics (the loop logs them)
     metrics = {**exp.stats, **upd, **clock.times, **clock.resources_metrics(), **code_metrics}
     metrics.update(mc_stats)
+    metrics.update(env_metrics)
     if exp.trainer_logprobs is not None:  # the trainer scored the rollout's record
         mask, seg = exp.rollout.action_mask, exp.segment_ids
         metrics.update(mismatch_metrics(exp.trainer_logprobs, exp.rollout_logprobs, mask, seg))
+        if exp.rollout.turn_index is not None:  # and per turn
+            turns = exp.rollout.turn_index
+            trainer, record = exp.trainer_logprobs, exp.rollout_logprobs
+            metrics.update(turn_mismatch_metrics(trainer, record, mask, turns))
     metrics = step_metrics(run, state, metrics, ro, scored, scores, exp, prompt_texts)
     return {**metrics, **lrs}, ro, exp, prompt_texts
 
@@ -255,13 +279,16 @@ def step_metrics(
     exp: Experience,
     prompt_texts: list[str],
 ) -> dict[str, float]:
-    """``metrics`` with the step's score, KL coefficient, critic and gold metrics, averaged over
+    """``metrics`` with the step's score (with ``--env``, the episodes' total reward), KL
+    coefficient, critic and gold metrics, averaged over
     ranks. ``metrics`` (experience and update stats) are over the global batch already (the same on
     every rank); the row means of this rank's rows (score, gold) average over ranks (equal counts)."""
     raw_rm = scored.rm_scores
     metrics["objective/score"] = (
         float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
     )
+    if ro.turn_rewards is not None:  # --env: the episodes' total reward
+        metrics["objective/score"] = float((scores + ro.turn_rewards.sum(1)).mean())
     metrics["objective/kl_coef"] = state.kl_ctl.value
     if run.models.critic is not None:
         metrics.update(critic_metrics(exp))
@@ -366,6 +393,7 @@ class Run:
     run_config: dict  # run_config.json: the config as it ran (the backend resolved)
     settings: dict | None = None  # the run's settings, saved with each training state
     eval_prompts: Dataset | None = None  # the held-out prompts (with --eval_interval)
+    env: EnvRollouts | None = None  # --env: the environment the episodes are played on
 
 
 def setup(cfg: PPOStageConfig) -> Run:
@@ -380,9 +408,16 @@ def setup(cfg: PPOStageConfig) -> Run:
     source = cfg.reward_source  # --reward_source, auto resolved
     check_sources(source)
     check_context(ppo_model_roles(mc, source), sequence_lengths(cfg))
-    prompts, dropped = load_prompts(cfg, tokenizer)
+    env = None
+    if cfg.env.env is not None:  # multi-turn: the environment and the prompt rows it plays
+        env = env_setup(cfg.env, tokenizer)
+        prompts, dropped = load_env_rows(cfg.data.data_path, cfg.data.max_samples), 0
+        check_first_prompt(env.layout, prompts, cfg.env.max_total_seq_len)
+    else:
+        prompts, dropped = load_prompts(cfg, tokenizer)
     custom = custom_rewards(cfg.reward)  # the user's functions load here: their errors come first
-    check_columns(custom, prompts["meta"])
+    if env is None:
+        check_columns(custom, prompts["meta"])
     startup.mark("data")
     plan = plan_rollouts(len(prompts), cfg)
     # what ran (and what a resume compares): the config with --reward_source resolved
@@ -420,7 +455,11 @@ def setup(cfg: PPOStageConfig) -> Run:
             cfg.macro.termination_condition,
             ppo.estimator,
         )
-        log.info("reward: %s", describe_reward(source, cfg.reward))
+        if cfg.env.env is not None:
+            extra = " and " + describe_reward(source, cfg.reward) if source != "none" else ""
+            log.info("reward: the environment's, per turn (--env %s)%s", cfg.env.env, extra)
+        else:
+            log.info("reward: %s", describe_reward(source, cfg.reward))
     oracle = gold if "gold" in source_names(source) else None
     errors = cfg.reward.reward_errors
     run = Run(
@@ -443,6 +482,7 @@ def setup(cfg: PPOStageConfig) -> Run:
         run_config=run_config,
         settings=settings,
         eval_prompts=load_eval_prompts(cfg, tokenizer) if cfg.log.eval_interval > 0 else None,
+        env=env,
     )
     # last: the sampler, once per run (an engine of its own gets the weights from `train`)
     models.sampler = rollout_sampler.open_run_sampler(cfg, plan, models.actor, backend)
@@ -450,8 +490,11 @@ def setup(cfg: PPOStageConfig) -> Run:
 
 
 def sequence_lengths(cfg: PPOStageConfig) -> dict[str, int]:
-    """The flags whose sum is the longest sequence a PPO model reads (prompt + response)."""
+    """The flags whose sum is the longest sequence a PPO model reads (prompt + response; with
+    ``--env``, the whole conversation)."""
     g = cfg.generation
+    if cfg.env.env is not None:
+        return {"--max_total_seq_len": cfg.env.max_total_seq_len}
     return {
         "--max_prompt_seq_len": g.max_prompt_seq_len,
         "--max_answer_seq_len": g.max_answer_seq_len,

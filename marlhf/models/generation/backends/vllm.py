@@ -8,15 +8,13 @@ updated weights into the engine after every update (:meth:`VLLMBackend.load_weig
 the engine sleeps while the trainer updates. vLLM is optional and imported when the engine is
 built; ``auto`` never picks this backend.
 
-Conversations are sent whole at every turn
-(:class:`~marlhf.models.generation.conversations.ReplayConversations`); the engine's prefix cache
-holds what it has read of them, so a turn computes its new tokens only. The engine's context is
-sized for ``SamplerSetup.max_conversation_len`` when it is longer than prompt + response."""
+A multi-turn conversation is sent whole at every turn
+(:func:`~marlhf.models.generation.sampling.sample_turns`); the engine's prefix cache holds what it
+has read of it, so a turn computes about its new tokens only (:mod:`marlhf.models.vllm_engine`)."""
 
 from __future__ import annotations
 
 from marlhf.models.generation.base import SamplerSetup, SamplingConfig
-from marlhf.models.generation.conversations import ReplayConversations
 from marlhf.models.generation.registry import VLLM, register_backend
 from marlhf.models.vllm_engine import VLLMEngine, VLLMError, require_vllm
 
@@ -44,9 +42,7 @@ class VLLMBackend(VLLM):
             VLLMEngine(
                 setup.model_path,
                 temperature=cfg.temperature,
-                max_model_len=max(
-                    cfg.max_prompt_seq_len + cfg.max_answer_seq_len, setup.max_conversation_len
-                ),
+                max_model_len=cfg.max_prompt_seq_len + cfg.max_answer_seq_len,
                 max_num_seqs=setup.max_rows,
                 dtype=setup.dtype,
                 seed=setup.seed,
@@ -63,15 +59,6 @@ class VLLMBackend(VLLM):
             temperature=cfg.temperature,
         )  # fmt: skip
         return response, logprobs, None
-
-    def open_conversations(self, prompt_ids, row_seeds, max_len) -> ReplayConversations:
-        if max_len > self.engine.max_model_len:
-            raise VLLMError(
-                f"conversations of {max_len} tokens exceed the vLLM engine's context of "
-                f"{self.engine.max_model_len} tokens ({self.engine.context_flags}): open the "
-                "sampler with SamplerSetup.max_conversation_len"
-            )
-        return ReplayConversations(self, prompt_ids, row_seeds, max_len)
 
     def load_weights(self, weights) -> None:
         self.engine.load_weights(weights)
