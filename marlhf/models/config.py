@@ -32,6 +32,13 @@ class VLLMConfig:
     vllm_enforce_eager: bool = flag(
         False, "GPU: run the engine without CUDA graphs (less memory, slower)."
     )
+    vllm_block_size: int = flag(
+        0,
+        "Tokens per block of the engine's KV cache (0: 16 on a GPU, vLLM's default, and 32 on a "
+        "CPU, where it must be a multiple of 32). Its prefix cache serves whole blocks only: a "
+        "multi-turn conversation re-reads up to a block of what it has read at every turn.",
+        range="[0, inf)",
+    )
 
     def __post_init__(self) -> None:
         check_own_numbers(self)

@@ -43,6 +43,7 @@ def test_backends_and_what_they_declare():
     assert (hf.seeds_rows, static.seeds_rows, vllm.seeds_rows) == (False, True, True)
     assert [b.needs_weight_sync for b in (hf, static, vllm)] == [False, False, True]
     assert [b.uses_model for b in (hf, static, vllm)] == [True, True, False]
+    assert [b.continues_conversations for b in (hf, static, vllm)] == [False, True, False]
     for name in ("fast", "auto"):
         with pytest.raises(ValueError, match=r"--generation_backend must be one of .*'static'"):
             get_backend(name)

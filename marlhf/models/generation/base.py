@@ -199,7 +199,7 @@ class GenerationBackend(ABC):
         logprobs and entropy (B, A') float32 or None), on the CPU or any device, and the same
         tokens and log-probs (up to float rounding) as :meth:`sample` with the whole
         conversations as left-padded prompts and the same ``row_seeds``: what
-        ``tests/models/test_generation.py`` checks for every backend that continues."""
+        ``tests/models/test_continuation.py`` checks of the static decoder."""
         raise NotImplementedError(f"generation backend {self.name!r} continues no conversation")
 
     def end_conversations(self) -> None:  # noqa: B027 - no state unless continues_conversations

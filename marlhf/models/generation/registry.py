@@ -213,6 +213,7 @@ class Static(GenerationBackend):
     records_entropy = True
     seeds_rows = True
     auto_rank = 0
+    continues_conversations = True
     implementation = "marlhf.models.generation.backends.static:StaticBackend"
 
     @classmethod

@@ -4,7 +4,9 @@ template lays out around the sampled tokens (``ChatLayout.build``, rebuilt indep
 log-probs recorded while sampling turn by turn equal one forward pass over the finished
 conversation, a row plays the same episode in any batch, and a backend that continues
 conversations is given exactly the tokens it has not seen (the contract of
-``GenerationBackend.sample_turn``) and samples what re-reading the conversation samples."""
+``GenerationBackend.sample_turn``) and samples what re-reading the conversation samples; the
+static decoder continues each batch's conversations from one KV cache, reading only their new
+tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 
 from marlhf.data.env_rows import load_env_rows
 from marlhf.envs.config import EnvConfig
+from marlhf.models.continuation import ContinuedDecoder
 from marlhf.models.conversation import ChatLayout
 from marlhf.models.generation import SamplerSetup, get_backend, open_sampler
 from marlhf.models.zoo import ensure_trail_base
@@ -48,6 +51,15 @@ def setup():
     env = env_setup(EnvConfig(env="marlhf-trail-4", env_timeout_s=0, max_total_seq_len=200), tok)
     rows = load_env_rows(("marlhf-trail-4:6",))
     return tok, model, g, env, rows
+
+
+def _rereading(model):
+    """The static decoder made to re-read every conversation at each turn (``sample``)."""
+
+    class Rereading(get_backend("static")):
+        continues_conversations = False
+
+    return Rereading(model, inference_mode=True)
 
 
 def _play(setup, rows, seeds, sampler=None):
@@ -143,7 +155,7 @@ def test_a_backend_that_continues_is_given_only_the_new_tokens(setup):
 
     seeds = torch.arange(30, 36)
     ro, eps = _play(setup, rows, seeds, Continuing())
-    plain, plain_eps = _play(setup, rows, seeds)
+    plain, plain_eps = _play(setup, rows, seeds, _rereading(model))
     assert torch.equal(ro.sequences, plain.sequences) and torch.equal(ro.logprobs, plain.logprobs)
     assert [e.messages for e in eps] == [e.messages for e in plain_eps]
     assert ends == [len(rows)]  # the states are dropped once, after the episodes
@@ -151,3 +163,36 @@ def test_a_backend_that_continues_is_given_only_the_new_tokens(setup):
     firsts = [c for c in calls if c[1] == 0]
     assert sorted(r for r, _, _ in firsts) == list(range(len(rows)))
     assert all(seen < total for _, seen, total in calls)
+
+
+def test_the_static_decoder_continues_from_its_kv_cache(setup, monkeypatch):
+    """The run's static backend plays the episodes of re-reading every conversation (the same
+    tokens, log-probs within float rounding), one KV cache per batch of episodes: after each
+    row's first prompt, every turn prefills only the tokens after the row's last sampled one."""
+    tok, model, g, env, rows = setup
+    decoders, prefilled = [], []
+    real_init, real_prefill = ContinuedDecoder.__init__, ContinuedDecoder._prefill
+
+    def init(self, *args, **kwargs):
+        decoders.append(self)
+        real_init(self, *args, **kwargs)
+
+    def prefill(self, pieces, pad_id):
+        prefilled.append([len(p) for p in pieces])
+        return real_prefill(self, pieces, pad_id)
+
+    monkeypatch.setattr(ContinuedDecoder, "__init__", init)
+    monkeypatch.setattr(ContinuedDecoder, "_prefill", prefill)
+    seeds = torch.arange(40, 46)
+    ro, eps = _play(setup, rows, seeds)
+    ref, ref_eps = _play(setup, rows, seeds, _rereading(model))
+    assert [e.messages for e in eps] == [e.messages for e in ref_eps]
+    assert torch.equal(ro.sequences, ref.sequences)
+    torch.testing.assert_close(ro.logprobs, ref.logprobs, rtol=0, atol=1e-5)
+    assert len(decoders) == 1 and len(prefilled) > 2  # one cache, several turns
+    assert prefilled[0] == ro.response_start.tolist()  # the first prompts
+    # every token of a conversation is prefilled once, or fed by a decode step (an action's
+    # tokens but its last), or never read (the last action's last token)
+    length, actions = ro.attention_mask.sum(1), ro.action_mask.sum(1)
+    n_actions = ro.turn_end.sum(1)
+    assert sum(map(sum, prefilled)) == int((length - actions + n_actions - 1).sum())

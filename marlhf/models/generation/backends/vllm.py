@@ -6,7 +6,11 @@ up to the float rounding of the engine's batched kernels); the engine records ea
 log-prob at the sampling temperature, before top-k/top-p, but no entropy. A trainer loads its
 updated weights into the engine after every update (:meth:`VLLMBackend.load_weights`); on a GPU
 the engine sleeps while the trainer updates. vLLM is optional and imported when the engine is
-built; ``auto`` never picks this backend."""
+built; ``auto`` never picks this backend.
+
+A multi-turn conversation is sent whole at every turn
+(:func:`~marlhf.models.generation.sampling.sample_turns`); the engine's prefix cache holds what it
+has read of it, so a turn computes about its new tokens only (:mod:`marlhf.models.vllm_engine`)."""
 
 from __future__ import annotations
 
