@@ -113,6 +113,11 @@ class MacroConfig:
         "other rule. For the per-macro estimators gae and macro_mc, with --ratio_level token.",
         choices=MACRO_CREDITS,
     )
+    step_delimiter: str = flag(
+        "\n",
+        "`step`: the regular expression (Python's re) that ends a reasoning step; a macro "
+        "action ends at the token holding the last character of each match (default: a newline).",
+    )
     eos_own_macro: bool = flag(
         True,
         "The final EOS / end-of-conversation token is its own 1-token macro action "

@@ -40,6 +40,7 @@ built-in one, known before its module is imported.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -56,6 +57,7 @@ __all__ = [
     "Ppl",
     "Randomized",
     "Rule",
+    "Step",
     "Turn",
     "register_rule",
     "rule_class",
@@ -299,6 +301,39 @@ class LowProb(Rule):
     def boundary(cls, cfg: MacroFlags) -> str:
         # after: the low-probability token that ends the macro action; before: the one opening it
         return "last" if cfg.lowprob_cut == "after" else "first"
+
+
+@register_rule("step")
+class Step(Rule):
+    """A reasoning step is one macro action: it ends at each match of ``--step_delimiter``."""
+
+    description = "reasoning steps: a macro action ends at each --step_delimiter (a newline)"
+    flags = ("step_delimiter", "eos_own_macro")
+    needs_tokenizer = True
+    implementation = "marlhf.macro.step:StepRule"
+
+    @classmethod
+    def validate(cls, cfg: MacroFlags) -> None:
+        try:
+            pattern = re.compile(cfg.step_delimiter)
+        except re.error as err:
+            raise ValueError(
+                f"--step_delimiter {cfg.step_delimiter!r} is no regular expression: {err}"
+            ) from None
+        if pattern.fullmatch(""):
+            raise ValueError(
+                f"--step_delimiter {cfg.step_delimiter!r} matches the empty text: every position "
+                "would end a step"
+            )
+
+    @classmethod
+    def label(cls, cfg: MacroFlags) -> str:
+        return "step" if cfg.step_delimiter == "\n" else f"step ({cfg.step_delimiter!r})"
+
+    @classmethod
+    def boundary(cls, cfg: MacroFlags) -> str:
+        # the delimiter closes a step; the decision is the step's first token
+        return "first"
 
 
 @register_rule("turn")

@@ -20,7 +20,7 @@ from marlhf.macro.segments import build_segments
 from marlhf.macro.termination import TerminationOutput, build_termination, termination_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILT_IN = ("fixed", "randomized", "parsing", "ppl", "entropy", "lowprob", "turn")
+BUILT_IN = ("fixed", "randomized", "parsing", "ppl", "entropy", "lowprob", "step", "turn")
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_the_built_in_rules_in_the_flag_order_describe_themselves():
         assert set(cls.flags) <= names and cls.flags, name
         listed = f"`{name}`: {cls.description} ({', '.join('--' + f for f in cls.flags)})"
         assert listed in text and listed in help_text.metadata["help"]
-    assert rule_class("parsing").needs_tokenizer
+    assert rule_class("parsing").needs_tokenizer and rule_class("step").needs_tokenizer
     assert [n for n in BUILT_IN if rule_class(n).needs] == ["ppl", "entropy", "lowprob", "turn"]
 
 
