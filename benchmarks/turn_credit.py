@@ -188,6 +188,12 @@ def run_all(
     jobs: list[tuple], workers: int, turns: int, size: Size, env_config: str | None
 ) -> None:
     """Every job, ``workers`` at a time, a line each as it ends."""
+    # transformers' lazy imports are not thread-safe: resolved here, before the worker threads
+    # import them (two threads importing at once failed with an ImportError)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import marlhf.pipeline.figures  # noqa: F401
+
     print(f"[turn_credit] {len(jobs)} runs", flush=True)
     with ThreadPoolExecutor(workers) as pool:
         futures = [pool.submit(train_and_eval, j, turns, size, env_config) for j in jobs]
