@@ -1,5 +1,5 @@
 """Multi-turn conversations played in tokens through a generation backend, turn by turn, the way
-multi-turn PPO's ``TurnSampler`` (marlhf/stages/ppo/multiturn.py) calls it, without a chat
+``TurnSampler`` (marlhf/envs/turns.py) calls it, without a chat
 template or an environment: the caller gives each row's context tokens before every turn.
 
 :class:`TurnPlayer` keeps each row's tokens and what the backend has seen of them, seeds turn

@@ -3,7 +3,7 @@ environment (:func:`marlhf.envs.runner.run_episodes`), and the finished conversa
 as the :class:`~marlhf.stages.ppo.rollout.Rollout` the scorer reads.
 
 Each round, every row still playing gets its next action from the generation backend
-(:class:`TurnSampler`, the ``act`` of :func:`~marlhf.envs.runner.run_episodes`): its conversation
+(:class:`marlhf.envs.turns.TurnSampler`, the ``act`` of :func:`~marlhf.envs.runner.run_episodes`): its conversation
 is kept in tokens as it is played (:class:`marlhf.models.conversation.ChatLayout`: the first prompt
 with the chat template, each action's *sampled* tokens, never re-tokenised, and after it only the
 new context the template renders, the observations and the next generation prompt), and the
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -39,12 +39,13 @@ from marlhf.data.env_rows import episode_row, trail_gold
 from marlhf.envs.config import EnvConfig
 from marlhf.envs.loading import EnvFactory, load_env
 from marlhf.envs.runner import Episode, episode_metrics, run_episodes
+from marlhf.envs.turns import TurnSampler
+from marlhf.envs.turns import check_first_prompt as check_first_prompt  # the loop reads it here
 from marlhf.models.conversation import ChatLayout, ConversationTokens, TemplateError
-from marlhf.models.generation import Conversations, GenerationBackend
-from marlhf.models.generation.sampling import sample_turns
+from marlhf.models.generation import GenerationBackend
 from marlhf.models.sequences import pack_flush_left
 from marlhf.runtime.distributed import rank
-from marlhf.runtime.rows import derive_row_seeds, global_rows, turn_seeds
+from marlhf.runtime.rows import derive_row_seeds, global_rows
 from marlhf.stages.ppo.prompts import step_prompts
 from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, zero3_gather
 from marlhf.stages.ppo.scoring import concat_scored, score
@@ -94,145 +95,6 @@ def env_setup(cfg: EnvConfig, tokenizer) -> EnvRollouts:
             "actor's chat template (tiny-base-trail carries one)"
         ) from None
     return EnvRollouts(factory, layout, cfg)
-
-
-def check_first_prompt(layout: ChatLayout, rows: Sequence[dict], max_total: int) -> None:
-    """ValueError naming the first row whose first prompt (its messages with the chat template)
-    leaves no room for a turn within ``--max_total_seq_len``."""
-    for row in rows:
-        prompt = row["prompt"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        n = len(layout.prompt(messages))
-        if n >= max_total:
-            raise ValueError(
-                f"prompt row {row['prompt_id']}: its first prompt is {n} tokens with the chat "
-                f"template; --max_total_seq_len {max_total} leaves no room for a turn"
-            )
-
-
-class TurnSampler:
-    """The policy of :func:`~marlhf.envs.runner.run_episodes`: samples the next action of the rows
-    still playing, and keeps each row's conversation in tokens as it is played (module doc).
-
-    Args:
-        layout: the actor tokenizer's :class:`~marlhf.models.conversation.ChatLayout`.
-        sampler: the run's generation backend.
-        g: the sampling flags; ``--max_answer_seq_len`` is the most tokens of one turn.
-        eos_ids: the tokens that end a turn (the layout's end-of-turn token among them).
-        pad_id: the padding token.
-        row_seeds: (B,) long, each row's seed (its turns' seeds derive from it).
-        max_total: ``--max_total_seq_len``: a turn is cut where the conversation reaches it.
-        device: where the backend's prompts go (the actor's device).
-    """
-
-    def __init__(
-        self,
-        layout: ChatLayout,
-        sampler: GenerationBackend,
-        g: GenerationConfig,
-        eos_ids: list[int],
-        pad_id: int,
-        row_seeds: torch.Tensor,
-        max_total: int,
-        device=None,
-    ) -> None:
-        self.layout, self.sampler, self.g = layout, sampler, g
-        self.eos_ids = list(eos_ids)
-        if layout.end_of_turn not in self.eos_ids:
-            self.eos_ids.append(layout.end_of_turn)
-        self.pad_id, self.row_seeds, self.max_total, self.device = (
-            pad_id,
-            row_seeds,
-            max_total,
-            device,
-        )
-        B = len(row_seeds)
-        self.convs: list[ConversationTokens | None] = [None] * B
-        self.laid = [0] * B  # messages laid out, the last action's aside
-        self.rendered: list[list[int]] = [[] for _ in range(B)]  # render(laid messages, True)
-        self.seen = [0] * B  # tokens the backend has read or sampled for the row
-        self.actions: list[list[tuple[str, list[int]]]] = [[] for _ in range(B)]
-        self.logprobs: list[list[float]] = [[] for _ in range(B)]
-        self.entropy: list[list[float]] = [[] for _ in range(B)]
-        self.recorded = [True, True]  # every call recorded log-probs, entropies
-
-    def _lay_out(self, i: int, messages: list[dict]) -> ConversationTokens:
-        """Row ``i``'s conversation in tokens up to ``messages`` (the episode's so far) and its
-        next generation prompt: the first prompt, or the context after its last action."""
-        conv = self.convs[i]
-        if conv is None:
-            ids = self.layout.prompt(messages)
-            conv = ConversationTokens()
-            conv.extend(ids, False, 0)
-            conv.prompt_len = len(ids)
-            self.convs[i], self.rendered[i], self.laid[i] = conv, ids, len(messages)
-            return conv
-        n = self.laid[i]
-        if len(messages) == n:
-            return conv
-        text, ids = self.actions[i][-1]
-        k = len(self.actions[i])
-        ended = bool(ids) and ids[-1] == self.layout.end_of_turn
-        piece, self.rendered[i] = self.layout.context_and_render(
-            messages[:n], text, messages[n + 1 :], ended, k, self.rendered[i]
-        )
-        conv.extend(piece, False, k)
-        self.laid[i] = len(messages)
-        return conv
-
-    def measure(self, i: int, messages: list[dict]) -> int:
-        """Tokens of row ``i``'s conversation with its next generation prompt (``measure`` of
-        :func:`~marlhf.envs.runner.run_episodes`)."""
-        return len(self._lay_out(i, messages).token_ids)
-
-    def __call__(self, row_ids: list[int], conversations: list[list[dict]]) -> list[str]:
-        convs = [self._lay_out(i, m) for i, m in zip(row_ids, conversations, strict=True)]
-        token_ids = [list(c.token_ids) for c in convs]
-        budget = [self.max_total - len(t) for t in token_ids]
-        g = self.g
-        if max(budget) < g.max_answer_seq_len:  # no row has room for a whole turn
-            g = replace(g, max_answer_seq_len=max(budget))
-        seeds = torch.cat(
-            [turn_seeds(self.row_seeds[i : i + 1], len(self.actions[i]) + 1) for i in row_ids]
-        )
-        batch = Conversations(token_ids, list(row_ids), [self.seen[i] for i in row_ids])
-        out = sample_turns(self.sampler, batch, g, self.eos_ids, self.pad_id, seeds, self.device)
-        self.recorded = [self.recorded[0] and out.logprobs is not None, self.recorded[1]]
-        self.recorded[1] = self.recorded[1] and out.entropy is not None
-        texts = []
-        for b, (i, conv) in enumerate(zip(row_ids, convs, strict=True)):
-            n = min(int(out.action_mask[b].sum()), budget[b])  # cut at --max_total_seq_len
-            ids = out.response_ids[b, :n].tolist()
-            body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
-            text = self.layout.tokenizer.decode(body, skip_special_tokens=True)
-            k = len(self.actions[i]) + 1
-            conv.extend(ids, True, k)
-            conv.turn_ends.append(len(conv.token_ids) - 1)
-            self.actions[i].append((text, ids))
-            self.seen[i] = len(conv.token_ids)
-            if out.logprobs is not None:
-                self.logprobs[i].extend(out.logprobs[b, :n].tolist())
-            if out.entropy is not None:
-                self.entropy[i].extend(out.entropy[b, :n].tolist())
-            texts.append(text)
-        return texts
-
-    def finished(self, episodes: Sequence[Episode]) -> list[ConversationTokens]:
-        """Each row's conversation up to its last action (the observations after it, laid out
-        when an episode ended at ``--max_total_seq_len``, dropped: nothing follows them); the
-        first prompt alone, without an action, for a row whose environment failed to start
-        (``--env_errors zero_reward``)."""
-        out = []
-        for i, conv in enumerate(self.convs):
-            if conv is None:
-                conv = self._lay_out(i, episodes[i].messages)
-            end = conv.turn_ends[-1] + 1 if conv.turn_ends else conv.prompt_len
-            kept = ConversationTokens(
-                conv.token_ids[:end], conv.action_mask[:end], conv.turn_index[:end],
-                list(conv.turn_ends), conv.prompt_len,
-            )  # fmt: skip
-            out.append(kept)
-        return out
 
 
 def conversation_rollout(
