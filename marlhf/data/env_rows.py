@@ -36,18 +36,18 @@ TRAIL_SPEC = re.compile(r"^marlhf-trail-(\d+)(?::(\d+))?$")
 TRAIL_ROWS = 1000  # games of a marlhf-trail-N entry without a count
 
 
-def env_rows_problem(spec: str) -> str | None:
-    """What is wrong with a ``--data_path`` entry of a multi-turn run (no file reading), or None."""
+def env_rows_problem(spec: str, flag: str = "--data_path") -> str | None:
+    """What is wrong with a ``flag`` entry of a multi-turn run (no file reading), or None."""
     m = TRAIL_SPEC.match(spec)
     if m:
         if int(m.group(1)) not in trail.TURNS:
-            return f"--data_path {spec}: the trail task has {trail.TURNS} turns"
+            return f"{flag} {spec}: the trail task has {trail.TURNS} turns"
         if m.group(2) is not None and int(m.group(2)) < 1:
-            return f"--data_path {spec}: the number of games must be >= 1"
+            return f"{flag} {spec}: the number of games must be >= 1"
         return None
     if not spec.endswith(ROW_SUFFIXES):
         return (
-            f"--data_path {spec}: with --env, name prompt rows in SkyRL's format (a "
+            f"{flag} {spec}: with --env, name prompt rows in SkyRL's format (a "
             f"{', '.join(ROW_SUFFIXES)} file) or marlhf-trail-{{2,4,8}}[:N]"
         )
     return None
@@ -80,25 +80,31 @@ def _plain(value):
 
 
 def load_env_rows(
-    data_path: Sequence[str], max_samples: int = 0, skip_bad_rows: bool = False
+    data_path: Sequence[str],
+    max_samples: int = 0,
+    skip_bad_rows: bool = False,
+    split: str = "train",
+    flag: str = "--data_path",
 ) -> list[dict]:
     """The prompt rows of ``data_path`` (the module doc), in order: each the row as read, with
     ``prompt_id`` (its ``id`` column, else ``<file>:<row>``) and ``prompt_text`` (its prompt's
-    text, for logs) added. DataError naming the file and row for a row without a valid prompt."""
+    text, for logs) added. ``split``: the trail task's games (``train``, or the held-out
+    ``valid``); ``flag``: how errors name the entries. DataError naming the file and row for a
+    row without a valid prompt."""
     out: list[dict] = []
     for spec in data_path:
-        problem = env_rows_problem(spec)
+        problem = env_rows_problem(spec, flag)
         if problem:
             raise DataError(problem)
         m = TRAIL_SPEC.match(spec)
         if m:
             n = int(m.group(2) or TRAIL_ROWS)
-            rows = trail.rows(int(m.group(1)), n, seed=0, split="train")
+            rows = trail.rows(int(m.group(1)), n, seed=0, split=split)
             labels = [f"{spec} row {i + 1}" for i in range(len(rows))]
         else:
             path = Path(spec)
             if not path.is_file():
-                raise DataError(f"--data_path {spec}: no such file")
+                raise DataError(f"{flag} {spec}: no such file")
             raw = read_local(path, skip_bad_rows)
             if raw.bad and not skip_bad_rows:
                 raise DataError(raw.bad[0])
@@ -117,7 +123,7 @@ def load_env_rows(
                 }
             )
     if not out:
-        raise DataError(f"--data_path {' '.join(data_path)}: no prompt rows")
+        raise DataError(f"{flag} {' '.join(data_path)}: no prompt rows")
     return out
 
 

@@ -9,6 +9,7 @@ from typing import ClassVar
 from marlhf.config import flag
 from marlhf.data.config import DataConfig
 from marlhf.data.names import names_help
+from marlhf.envs.config import EnvConfig
 from marlhf.macro.config import MacroConfig
 from marlhf.models.generation import SamplingConfig
 from marlhf.rewards.code import CodeRewardConfig
@@ -169,3 +170,30 @@ class InferenceArgs:
     inference: InferenceConfig = field(default_factory=InferenceConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    # --env and its flags, as PPO reads them (one source): each prompt row an episode
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    def __post_init__(self) -> None:
+        cfg, env = self.inference, self.env
+        if env.env is None:
+            return
+        flag = f"--env {env.env}"
+        refused = {
+            "--ref-scores": cfg.ref_scores,
+            "--apply_chat_template (an episode's conversation is always rendered with the "
+            "policy's chat template)": cfg.apply_chat_template,
+            "--data_columns": bool(cfg.data.data_columns),
+            "--render-macro (show the episodes with marlhf view)": cfg.render_macro > 0,
+            "--n-samples-per-prompt": cfg.n_samples_per_prompt > 1,
+        }
+        for name, given in refused.items():
+            if given:
+                raise ValueError(f"{name} with {flag}: not supported for episodes")
+        s = cfg.sampling
+        if s.generation_backend == "vllm" and s.max_prompt_seq_len < env.max_total_seq_len:
+            raise ValueError(
+                f"--generation_backend vllm with {flag}: each turn's prompt is the conversation "
+                f"so far, up to --max_total_seq_len {env.max_total_seq_len} tokens; the engine "
+                f"holds --max_prompt_seq_len ({s.max_prompt_seq_len}) + --max_answer_seq_len: "
+                "raise --max_prompt_seq_len to --max_total_seq_len"
+            )

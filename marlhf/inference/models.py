@@ -67,10 +67,11 @@ REWARD_FLAG = "--reward_model_name_or_path"
 CONTEXT_FLAGS = "--max_prompt_seq_len + --max_answer_seq_len"
 
 
-def model_problems(cfg: InferenceConfig) -> list[str]:
+def model_problems(cfg: InferenceConfig, max_total_seq_len: int | None = None) -> list[str]:
     """What is wrong with the models of a run, before any is loaded (one line each, naming the
     flag): a policy that does not exist or is a reward-model directory, a reward model that is no
-    reward-model directory, and prompt + response lengths beyond a model's context."""
+    reward-model directory, and prompt + response lengths beyond a model's context (with
+    ``max_total_seq_len``, ``--env``'s conversations: that length)."""
     problems = []
     if not cfg.ref_scores:
         p = model_source_problem(cfg.model, POLICY_FLAG)
@@ -96,6 +97,8 @@ def model_problems(cfg: InferenceConfig) -> list[str]:
             "--max_prompt_seq_len": s.max_prompt_seq_len,
             "--max_answer_seq_len": s.max_answer_seq_len,
         }
+        if max_total_seq_len is not None:
+            lengths = {"--max_total_seq_len": max_total_seq_len}
         if p := context_problem(models, lengths):
             problems.append(p)
     return problems

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marlhf.data.readers import json_lines
+from marlhf.envs.config import EnvConfig
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.naming import dataset_spec, sidecar
 from marlhf.macro.config import MacroConfig
@@ -75,13 +76,19 @@ def read_rows(path: str) -> list[dict]:
 
 
 def run_settings(
-    cfg: InferenceConfig, macro: MacroConfig, code: CodeRewardConfig, backend: str = "hf"
+    cfg: InferenceConfig,
+    macro: MacroConfig,
+    code: CodeRewardConfig,
+    backend: str = "hf",
+    env: EnvConfig | None = None,
 ) -> dict:
     """What the rows of an output depend on (compared with the sidecar when resuming). The
     sampling flags go under the names the result files use (``max_new_tokens``,
     ``max_prompt_len``, ``temperature``, ...); ``backend``, the resolved ``--generation_backend``,
     is recorded unless it is ``hf`` and ``--data_columns`` unless it is empty, so that a file
-    sampled with ``hf`` from a dataset's own columns keeps the settings it was written with."""
+    sampled with ``hf`` from a dataset's own columns keeps the settings it was written with;
+    ``env``: the ``--env`` flags the episodes depend on, recorded with ``--env`` only (not
+    ``--env_workers`` and ``--env_timeout_s``, which decide where the environments run)."""
     free = _FREE_SETTINGS | {"sampling", "data"}
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in free}
     if not settings.get("apply_chat_template"):  # off: the settings of files written before it
@@ -98,6 +105,12 @@ def run_settings(
         settings["generation_backend"] = backend
     if cfg.data.data_columns:
         settings["data_columns"] = list(cfg.data.data_columns)
+    if env is not None and env.env is not None:
+        settings["env"] = {
+            k: v
+            for k, v in dataclasses.asdict(env).items()
+            if k not in ("env_workers", "env_timeout_s")
+        }
     settings["dataset_spec"] = dataset_spec(cfg.dataset)
     settings["model_path"] = os.path.abspath(cfg.model) if os.path.exists(cfg.model) else cfg.model
     if cfg.reward_model:
@@ -172,7 +185,9 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
 def summarize(rows: list[dict], pass_k: Sequence[int] = ()) -> dict:
     """Summary of a result file: n, reward mean/std (sample std), mean response length, EOS rate,
     mean gold when rows carry it; with ``--ref-scores`` rows the chosen/rejected means and the RM's
-    accuracy (chosen > rejected); with APPS rows unbiased pass@k averaged over problems."""
+    accuracy (chosen > rejected); with APPS rows unbiased pass@k averaged over problems; with rows
+    of episodes (``--env``) the mean turns, the shares ended by the environment (``done_rate``)
+    and by ``--max_turns``, the rows with an environment's error and the reward model's mean."""
     out: dict[str, Any] = {"n": len(rows)}
     rewards = [float(r["reward"]) for r in rows if r.get("reward") is not None]
     out["reward_mean"], out["reward_std"] = _mean_std(rewards)
@@ -192,6 +207,16 @@ def summarize(rows: list[dict], pass_k: Sequence[int] = ()) -> dict:
         out["chosen_reward_mean"] = sum(r["chosen_reward"] for r in pairs) / len(pairs)
         out["rejected_reward_mean"] = sum(r["rejected_reward"] for r in pairs) / len(pairs)
         out["accuracy"] = sum(r["chosen_reward"] > r["rejected_reward"] for r in pairs) / len(pairs)
+    episodes = [r for r in rows if isinstance(r.get("turns"), list)]
+    if episodes:  # marlhf infer --env
+        n = len(episodes)
+        out["turns_mean"] = sum(r.get("num_turns", 0) for r in episodes) / n
+        out["done_rate"] = sum(bool(r.get("done")) for r in episodes) / n
+        out["stopped_max_turns_rate"] = sum(bool(r.get("stopped_max_turns")) for r in episodes) / n
+        out["env_errors"] = sum("env_error" in r for r in episodes)
+        rm = [float(r["rm_reward"]) for r in episodes if r.get("rm_reward") is not None]
+        if rm:
+            out["rm_reward_mean"], out["rm_reward_std"] = _mean_std(rm)
     code = [r for r in rows if "n_correct" in r]
     if code:
         for k in pass_k:

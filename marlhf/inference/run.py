@@ -17,6 +17,7 @@ from marlhf.cli import build_parser, given_dests, parse_config
 from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.sources import load_examples
 from marlhf.inference.config import InferenceArgs, InferenceConfig
+from marlhf.inference.episodes import EnvPlay, check_gold, env_play, play_rows, select_env_prompts
 from marlhf.inference.macro_rule import describe, resolve_macro
 from marlhf.inference.macro_view import write_macro_view
 from marlhf.inference.models import (
@@ -129,10 +130,17 @@ def _tools(
 
 
 def _run_batches(
-    todo: list[Any], cfg: InferenceConfig, models: Models, tools: _Tools, gold, path: str
+    todo: list[Any],
+    cfg: InferenceConfig,
+    models: Models,
+    tools: _Tools,
+    gold,
+    path: str,
+    play: EnvPlay | None = None,
 ) -> tuple[list[dict], int]:
-    """Run and append the batches (``--max_batches`` of them at most); returns the macro-view items
-    and the number of prompts cut from the left. Closes the code rewarder."""
+    """Run and append the batches (``--max_batches`` of them at most; with ``play``, each prompt
+    row an episode on the environment); returns the macro-view items and the number of prompts cut
+    from the left. Closes the code rewarder."""
     n_cut = 0
     html_items: list[dict] = []
     bar = _progress(len(todo), cfg.disable_progress_bar)
@@ -141,7 +149,9 @@ def _run_batches(
             if cfg.max_batches and i >= cfg.max_batches:
                 break
             batch = todo[start : start + cfg.batch_size]
-            if cfg.ref_scores:
+            if play is not None:
+                rows = play_rows(batch, cfg, play, models, tools.scorer, tools.shared_ids)
+            elif cfg.ref_scores:
                 rows = ref_rows(batch, tools.scorer, gold)
             else:
                 rows, items, cut = generate_rows(
@@ -172,18 +182,22 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
     ``macro_given``: the macro-action fields set on the command line, which replace those of the
     rule the policy was trained with in the ``--render-macro`` view (None: the fields of
     ``args.macro`` that differ from the defaults; `marlhf.inference.macro_rule`)."""
-    cfg = args.inference
-    problems = model_problems(cfg)
+    cfg, env = args.inference, args.env
+    problems = model_problems(cfg, env.max_total_seq_len if env.env is not None else None)
     if problems:
         raise ValueError("; ".join(problems))
     path = output_path(cfg)
-    selected, is_code, n_bad = _select(cfg)
-    gold = _want_gold(cfg, selected)
+    if env.env is not None:  # each prompt row an episode on the environment
+        selected, is_code, n_bad, gold = select_env_prompts(cfg), False, 0, None
+        check_gold(cfg, selected)
+    else:
+        selected, is_code, n_bad = _select(cfg)
+        gold = _want_gold(cfg, selected)
     backend = "hf" if cfg.ref_scores else policy_backend(cfg)
-    if not (cfg.reward_model or is_code or gold is not None):
+    if not (cfg.reward_model or is_code or gold is not None or env.env is not None):
         log.info("no reward model: sampling only (the rows have no reward)")
 
-    settings = run_settings(cfg, args.macro, args.code, backend)
+    settings = run_settings(cfg, args.macro, args.code, backend, env)
     done = prepare_output(path, settings, cfg.overwrite)
     todo = [e for e in selected if e.prompt_id not in done]
     log.info(
@@ -204,7 +218,8 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
         if not cfg.ref_scores:
             models.sampler = open_policy_sampler(cfg, models, backend)
         tools = _tools(args, models, is_code, macro_given)
-        html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path)
+        play = env_play(cfg, env, models.tokenizer) if env.env is not None else None
+        html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path, play)
     finally:
         if models.sampler is not None:
             models.sampler.close()
