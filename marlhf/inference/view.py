@@ -6,7 +6,10 @@ macro-action flags given here, and shown in the terminal (coloured, or ``|`` aft
 without a terminal) and in an HTML page ending with the histogram of macro-action lengths
 (``RESULTS.macro.html``, the histogram also in ``RESULTS.macro_lengths.png``, as inference's
 ``--render-macro`` writes; the page's path is printed). Control characters of a response (terminal
-escapes, bidirectional overrides) are shown as escapes (`marlhf.macro.render.visible`). A page that
+escapes, bidirectional overrides) are shown as escapes (`marlhf.macro.render.visible`).
+A row of an episode (``marlhf infer --env``, a row with ``turns``) is shown turn by turn: each
+policy turn with its reward and its macro actions (a macro action never spans an observation,
+`marlhf.inference.turn_view`), each observation between them as context. A page that
 would overwrite a result file or its ``.meta.json`` is refused.
 
 Rows without a response and a half-written last line (inference still running) are not shown,
@@ -47,9 +50,10 @@ from marlhf.inference.macro_view import (
 from marlhf.inference.models import Models, load_models
 from marlhf.inference.naming import sidecar
 from marlhf.inference.prompts import left_pad, prompt_token_ids
+from marlhf.inference.turn_view import check_turns, turn_items
 from marlhf.macro import build_termination
 from marlhf.macro.config import MacroConfig
-from marlhf.macro.render import macro_groups, render_terminal, visible
+from marlhf.macro.render import macro_groups, render_terminal, render_terminal_turns, visible
 from marlhf.models.load import load_tokenizer
 from marlhf.stages.exits import raised_on_purpose
 
@@ -112,6 +116,8 @@ def _check_fields(row: dict, where: str) -> None:
         raise bad("reward", "a number")
     if "ends_with_eos" in row and not isinstance(row["ends_with_eos"], bool):
         raise bad("ends_with_eos", "true or false")
+    if row.get("turns") is not None:
+        check_turns(row, where)
     ids = row.get("response_ids")
     if ids is not None:
         first = ids[0] if isinstance(ids, list) and ids and isinstance(ids[0], list) else ids
@@ -228,8 +234,17 @@ def _print_items(head: str, rows: list[dict], items: list[dict], color: str) -> 
     on = {"auto": None, "always": True, "never": False}[color]
     for n, it in enumerate(items):
         extra = "" if it["reward"] is None else f"  reward {float(it['reward']):.4f}"
-        print(f"\n[{n}] {visible(str(rows[n].get('prompt_id', '')))}{extra}")
-        print(render_terminal(it["pieces"], it["macro_end"], color=on))
+        row = rows[n]
+        if it.get("turns") is None:
+            print(f"\n[{n}] {visible(str(row.get('prompt_id', '')))}{extra}")
+            print(render_terminal(it["pieces"], it["macro_end"], color=on))
+            continue
+        played = f"  {row.get('num_turns', '?')} turns, {visible(str(row.get('stop', '?')))}"
+        print(f"\n[{n}] {visible(str(row.get('prompt_id', '')))}{extra}{played}")
+        if row.get("env_error"):
+            print(f"env error: {visible(str(row['env_error']))}")
+        print(f"prompt: {visible(str(it['prompt']))}")
+        print(render_terminal_turns(it["turns"], color=on))
 
 
 def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dict:
@@ -256,10 +271,22 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
         icfg = InferenceConfig(model=model, gpu=0, dtype="fp32")
         models = load_models(icfg, torch.device("cpu"), need_policy=True)
     where = [f"{path} line {n}" for n in lines]
-    batch = _batch(tok, rows, int(settings.get("max_prompt_len", 512)), where)
-    prompts, rewards = [r.get("prompt") or "" for r in rows], [r.get("reward") for r in rows]
     temperature, seed = float(settings.get("temperature", 1.0)), int(settings.get("seed", 0))
-    items = macro_items(rule, models, *batch, prompts, rewards, temperature, seed)
+    # rows of episodes (marlhf infer --env) are cut turn by turn; the others as one response
+    multi = [b for b, r in enumerate(rows) if r.get("turns") is not None]
+    single = [b for b, r in enumerate(rows) if r.get("turns") is None]
+    items: list[dict] = [{} for _ in rows]
+    if single:
+        part, at = [rows[b] for b in single], [where[b] for b in single]
+        batch = _batch(tok, part, int(settings.get("max_prompt_len", 512)), at)
+        prompts, rewards = [r.get("prompt") or "" for r in part], [r.get("reward") for r in part]
+        got = macro_items(rule, models, *batch, prompts, rewards, temperature, seed)
+        for b, it in zip(single, got, strict=True):
+            items[b] = it
+    if multi:
+        part, at = [rows[b] for b in multi], [where[b] for b in multi]
+        for b, it in zip(multi, turn_items(rule, models, part, at, temperature, seed), strict=True):
+            items[b] = it
     lengths = [e - s for it in items for s, e in macro_groups(it["macro_end"])]
     if cfg.terminal:
         head = (

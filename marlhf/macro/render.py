@@ -27,6 +27,7 @@ __all__ = [
     "plot_length_histogram",
     "render_html",
     "render_terminal",
+    "render_terminal_turns",
     "token_pieces",
     "visible",
 ]
@@ -99,6 +100,81 @@ def render_terminal(pieces: list[str], macro_end: list[bool], color: bool | None
     return "".join(out)
 
 
+def _reward_text(reward: Any) -> str:
+    return "no reward" if reward is None else f"reward {float(reward):.4f}"
+
+
+def render_terminal_turns(turns: list[dict], color: bool | None = None) -> str:
+    """A multi-turn conversation, one turn a line: each policy turn (``{"role": "policy",
+    "pieces", "macro_end", "reward"}``) as ``policy k, reward r:`` and its macro actions
+    (:func:`render_terminal`: a macro action never spans an observation, each turn is cut on its
+    own), each observation (``{"role": "observation", "text", "message_role"}``) indented as
+    ``observation (role):`` and its text; control characters shown as escapes (:func:`visible`).
+
+    >>> print(render_terminal_turns([
+    ...     {"role": "policy", "pieces": [" call", " my", " boss"], "macro_end": [False, False, True],
+    ...      "reward": 0.0},
+    ...     {"role": "observation", "text": "my boss: call my cousin.", "message_role": "user"},
+    ...     {"role": "policy", "pieces": [" my", " cousin"], "macro_end": [True, True], "reward": 1.0},
+    ... ], color=False))
+    policy 1, reward 0.0000:  call my boss|
+        observation (user): my boss: call my cousin.
+    policy 2, reward 1.0000:  my| cousin|
+    """
+    lines, k = [], 0
+    for turn in turns:
+        if turn["role"] == "policy":
+            k += 1
+            text = render_terminal(list(turn["pieces"]), list(turn["macro_end"]), color=color)
+            lines.append(f"policy {k}, {_reward_text(turn.get('reward'))}: {text}")
+        else:
+            role = visible(str(turn.get("message_role") or "observation"))
+            lines.append(f"    observation ({role}): {visible(str(turn['text']))}")
+    return "\n".join(lines)
+
+
+def _html_spans(pieces: list[str], ends: list[bool], lengths: list[int]) -> str:
+    """The macro actions of one response (or policy turn) as spans; their lengths appended to
+    ``lengths``."""
+    spans = []
+    for m, (s, e) in enumerate(macro_groups(ends)):
+        lengths.append(e - s)
+        text = html.escape(visible("".join(pieces[s:e])))
+        spans.append(
+            f'<span class="ma" style="background:{_HTML_BG[m % 2]}" '
+            f'title="macro {m}, {e - s} tokens">{text}</span>'
+        )
+    return "".join(spans)
+
+
+def _html_turns(turns: list[dict], n: int, lengths: list[int]) -> str:
+    """The turns of item ``n``: each policy turn a block with its reward and macro actions, each
+    observation a block of context."""
+    blocks, k = [], 0
+    for turn in turns:
+        if turn["role"] == "policy":
+            k += 1
+            pieces, ends = list(turn["pieces"]), list(turn["macro_end"])
+            if len(pieces) != len(ends):
+                raise ValueError(
+                    f"item {n}, policy turn {k}: {len(pieces)} pieces but {len(ends)} macro_end "
+                    "flags"
+                )
+            head = f"policy {k} &middot; {_reward_text(turn.get('reward'))}"
+            blocks.append(
+                f'<div class="turn policy"><div class="who">{head}</div>'
+                f'<div class="response">{_html_spans(pieces, ends, lengths)}</div></div>'
+            )
+        else:
+            role = html.escape(visible(str(turn.get("message_role") or "observation")))
+            text = html.escape(visible(str(turn["text"])))
+            blocks.append(
+                f'<div class="turn observation"><div class="who">observation ({role})</div>'
+                f'<div class="obs">{text}</div></div>'
+            )
+    return "".join(blocks)
+
+
 def render_html(
     items: list[dict],
     path: str | os.PathLike,
@@ -110,7 +186,10 @@ def render_html(
 
     Args:
         items: one dict per response with ``prompt`` (str), ``pieces`` (list[str], one per token),
-            ``macro_end`` (list[bool], same length) and optionally ``reward`` (float).
+            ``macro_end`` (list[bool], same length) and optionally ``reward`` (float); a
+            multi-turn conversation has ``turns`` instead of ``pieces`` and ``macro_end`` (the
+            dicts of :func:`render_terminal_turns`), shown turn by turn: each policy turn with its
+            reward and macro actions, each observation as context between them.
         path: the .html file to write (parent folders are created).
         subtitle: a line under the title (e.g. where the rule came from).
         figure: a PNG shown at the end of the page, embedded in it (the histogram of macro-action
@@ -123,25 +202,20 @@ def render_html(
     """
     blocks, lengths = [], []
     for n, item in enumerate(items):
-        pieces, ends = list(item["pieces"]), list(item["macro_end"])
-        if len(pieces) != len(ends):
-            raise ValueError(f"item {n}: {len(pieces)} pieces but {len(ends)} macro_end flags")
-        spans = []
-        for m, (s, e) in enumerate(macro_groups(ends)):
-            lengths.append(e - s)
-            text = html.escape(visible("".join(pieces[s:e])))
-            spans.append(
-                f'<span class="ma" style="background:{_HTML_BG[m % 2]}" '
-                f'title="macro {m}, {e - s} tokens">{text}</span>'
-            )
+        if item.get("turns") is not None:
+            body = _html_turns(list(item["turns"]), n, lengths)
+        else:
+            pieces, ends = list(item["pieces"]), list(item["macro_end"])
+            if len(pieces) != len(ends):
+                raise ValueError(f"item {n}: {len(pieces)} pieces but {len(ends)} macro_end flags")
+            body = f'<div class="response">{_html_spans(pieces, ends, lengths)}</div>'
         reward = item.get("reward")
         reward_html = (
             "" if reward is None else f'<div class="reward">reward {float(reward):.4f}</div>'
         )
         prompt = html.escape(visible(str(item.get("prompt", ""))))
         blocks.append(
-            f'<div class="item"><div class="prompt">{prompt}</div>'
-            f'<div class="response">{"".join(spans)}</div>{reward_html}</div>'
+            f'<div class="item"><div class="prompt">{prompt}</div>{body}{reward_html}</div>'
         )
     mean = sum(lengths) / len(lengths) if lengths else 0.0
     summary = (
@@ -164,6 +238,10 @@ def render_html(
         ".response{white-space:pre-wrap;font-family:monospace;line-height:1.6}"
         ".ma{border-radius:3px}.reward{color:#060;margin-top:.3em}"
         ".sub{color:#555}"
+        ".turn{margin:.3em 0 .3em 0}.who{font-size:80%;color:#555}"
+        ".policy{border-left:3px solid #4a90d9;padding-left:.5em}"
+        ".observation{border-left:3px solid #aaa;padding-left:.5em;margin-left:2em}"
+        ".obs{white-space:pre-wrap;color:#444;font-style:italic}"
         f"</style></head><body><h1>{html.escape(visible(title))}</h1>\n"
         + (f'<p class="sub">{html.escape(visible(subtitle))}</p>\n' if subtitle else "")
         + f'<p class="sub">{html.escape(summary)}</p>\n'
