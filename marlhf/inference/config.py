@@ -178,17 +178,20 @@ class InferenceArgs:
         if env.env is None:
             return
         flag = f"--env {env.env}"
-        refused = {
-            "--ref-scores": cfg.ref_scores,
-            "--apply_chat_template (an episode's conversation is always rendered with the "
-            "policy's chat template)": cfg.apply_chat_template,
-            "--data_columns": bool(cfg.data.data_columns),
-            "--render-macro (show the episodes with marlhf view)": cfg.render_macro > 0,
-            "--n-samples-per-prompt": cfg.n_samples_per_prompt > 1,
-        }
-        for name, given in refused.items():
+        refused = (
+            ("--ref-scores", cfg.ref_scores, "episodes are played, not scored from the dataset"),
+            (
+                "--apply_chat_template",
+                cfg.apply_chat_template,
+                "an episode's conversation is always rendered with the policy's chat template",
+            ),
+            ("--data_columns", bool(cfg.data.data_columns), "prompt rows are in SkyRL's format"),
+            ("--render-macro", cfg.render_macro > 0, "show the episodes with marlhf view"),
+            ("--n-samples-per-prompt", cfg.n_samples_per_prompt > 1, "one episode per row"),
+        )
+        for name, given, why in refused:
             if given:
-                raise ValueError(f"{name} with {flag}: not supported for episodes")
+                raise ValueError(f"{name} with {flag}: not supported ({why})")
         s = cfg.sampling
         if s.generation_backend == "vllm" and s.max_prompt_seq_len < env.max_total_seq_len:
             raise ValueError(
