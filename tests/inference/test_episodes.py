@@ -12,10 +12,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoTokenizer
 
 from marlhf.data import trail
 from marlhf.inference import read_rows
 from marlhf.inference.run import main
+from marlhf.models.load import resolve_model_path
+from marlhf.models.reward_model import RewardModel, load_reward_model, save_reward_model
 
 FAKES = str(Path(__file__).resolve().parents[1] / "support" / "fake_envs.py")
 TRAIL = ["--model_name_or_path", "tiny-base-trail", "--max_answer_seq_len", "8"]
@@ -191,3 +195,33 @@ def test_a_policy_without_a_chat_template_is_named(tmp_path, capsys):
     assert (
         err.startswith("error: --env marlhf-trail-2: the tokenizer of ") and "chat template" in err
     )
+
+
+def test_reward_model_scores_the_whole_conversation(tmp_path):
+    """``rm_reward`` is the reward model's value at the last action token of the conversation
+    rendered at once with the chat template (the reference: the template's text up to the last
+    action's eos, tokenised, read by the reward model)."""
+    base = resolve_model_path("tiny-base-trail")
+    tok = AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(0)
+    save_reward_model(RewardModel.from_pretrained(base), tok, tmp_path / "rm")
+    out = tmp_path / "rm.jsonl"
+    summary = infer(
+        out, "--env", "marlhf-trail-2", "--dataset", "marlhf-trail-2:3", "--num-samples", "3",
+        "--reward_model_name_or_path", str(tmp_path / "rm"), "--env_timeout_s", "0",
+        "--top_k", "1", "--dtype", "fp32",
+    )  # fmt: skip
+    rm, _ = load_reward_model(str(tmp_path / "rm"), dtype=torch.float32, device="cpu")
+    rm.eval()
+    rows = read_rows(str(out))
+    for row in rows:
+        messages = _messages(row)
+        last = max(k for k, m in enumerate(messages) if m["role"] == "assistant")
+        text = tok.apply_chat_template(messages[: last + 1], tokenize=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        ids = ids[: len(ids) - ids[::-1].index(tok.eos_token_id)]  # up to the last action's eos
+        with torch.no_grad():
+            values = rm(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+        assert row["rm_reward"] == pytest.approx(float(values[0, -1]), abs=1e-4)
+        assert row["reward"] == sum(t["reward"] for t in row["turns"] if t["role"] == "policy")
+    assert summary["rm_reward_mean"] == pytest.approx(sum(r["rm_reward"] for r in rows) / 3)
