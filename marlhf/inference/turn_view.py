@@ -62,11 +62,12 @@ def _action_ids(tok: Any, turn: dict, where: str) -> list[int]:
     return ids
 
 
-def _policy_quantities(
+def action_logprobs_and_entropy(
     models: Models, row: dict, actions: list[list[int]], temperature: float, A: int, where: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logprobs, entropy) (A,) of the row's action tokens, compacted, from the policy reading the
-    whole conversation (module doc), at ``temperature``."""
+    """(logprobs, entropy) (A,) float of the row's action tokens ``actions`` (each policy turn's
+    ids), side by side and zero after them, from the policy reading the whole conversation
+    (module doc), at ``temperature``. ``where``: the row's file and line, for errors."""
     try:
         layout = ChatLayout(models.tokenizer)
     except TemplateError as err:
@@ -136,14 +137,14 @@ def turn_items(
     def policy(k: int) -> torch.Tensor:
         if not quantities:
             both = [
-                _policy_quantities(models, r, a, temperature, A, w)
+                action_logprobs_and_entropy(models, r, a, temperature, A, w)
                 for r, a, w in zip(rows, actions, where, strict=True)
             ]
             quantities["logp"] = torch.stack([x[0] for x in both])
             quantities["entropy"] = torch.stack([x[1] for x in both])
         return quantities["logp" if k == 0 else "entropy"]
 
-    if rule.needs & POLICY_INPUTS and models.policy is None:
+    if rule.needs & (POLICY_INPUTS - {"turn_end"}) and models.policy is None:
         raise ValueError("the rule reads the policy, which is not loaded")
     inputs = termination_inputs(
         rule,
