@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from marlhf.data import trail
 from marlhf.inference import read_rows
 from marlhf.inference.run import main
+from marlhf.inference.view import main as view_main
 from marlhf.models.load import resolve_model_path
 from marlhf.models.reward_model import RewardModel, load_reward_model, save_reward_model
 
@@ -82,6 +83,17 @@ def test_trail_episodes_replay_the_game(tmp_path, backend):
     assert summary["reward_mean"] == pytest.approx(sum(r["reward"] for r in rows) / 5)
     meta = json.loads(Path(f"{out}.meta.json").read_text())["settings"]
     assert meta["env"]["env"] == "marlhf-trail-4" and meta["env"]["max_turns"] == 3
+    # marlhf view of the file: every policy turn's tokens, its last one ending a macro action
+    shown = view_main([str(out), "--termination_condition", "fixed", "--ngram", "3", "-n", "0",
+                       "--html", "none", "--color", "never"])[0]["items"]  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny-base-trail"))
+    for row, item in zip(rows, shown, strict=True):
+        written = [t for t in row["turns"] if t["role"] == "policy"]
+        cut = [t for t in item["turns"] if t["role"] == "policy"]
+        assert len(cut) == len(written)
+        for w, c in zip(written, cut, strict=True):
+            assert "".join(c["pieces"]) == tok.decode(w["token_ids"])
+            assert c["macro_end"][-1] and c["reward"] == w["reward"]
 
 
 def _scripted_rows(tmp_path: Path) -> Path:
