@@ -31,7 +31,8 @@ with its own traceback. What it checks:
   a local file whose columns (after ``--data_columns``) fit no known schema;
 * ``infer`` (``marlhf infer``'s flags): the policy (``--model_name_or_path``), the reward model if
   one is given, ``--max_prompt_seq_len`` + ``--max_answer_seq_len`` against their context, and
-  ``--dataset`` as above.
+  ``--dataset`` as above; with ``--env``, ``--max_total_seq_len`` against their context, the
+  environment, and ``--dataset`` as prompt rows (a file of them, or ``marlhf-trail-{2,4,8}[:N]``).
 
 Hub datasets are not looked up (``datasets`` has its own cache and offline rules); they fail, with
 their name, when the stage loads them.
@@ -49,8 +50,10 @@ from typing import Any
 import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
+from marlhf.data.env_rows import TRAIL_SPEC, env_rows_problem
 from marlhf.data.gym import gym_problem, is_gym_spec
 from marlhf.data.sources import columns_problem
+from marlhf.envs.loading import load_env
 from marlhf.inference.config import InferenceArgs
 from marlhf.inference.models import model_problems
 from marlhf.inference.naming import dataset_spec
@@ -188,10 +191,21 @@ def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str 
 
 def infer_problems(args: InferenceArgs) -> list[str]:
     """``marlhf infer``'s models (the policy, the reward model) and lengths
-    (:func:`marlhf.inference.models.model_problems`) and its ``--dataset``."""
-    cfg = args.inference
-    problems = model_problems(cfg)
-    p = data_problem(dataset_spec(cfg.dataset), cfg.data.data_columns, flag="--dataset")
+    (:func:`marlhf.inference.models.model_problems`) and its ``--dataset``; with ``--env``, the
+    conversations' length, the environment and the prompt rows (``--dataset``)."""
+    cfg, env = args.inference, args.env
+    if env.env is None:
+        problems = model_problems(cfg)
+        p = data_problem(dataset_spec(cfg.dataset), cfg.data.data_columns, flag="--dataset")
+        return problems + [p] if p else problems
+    problems = model_problems(cfg, env.max_total_seq_len)
+    try:
+        load_env(env.env, env.env_config)
+    except ValueError as err:
+        problems.append(str(err))
+    p = env_rows_problem(cfg.dataset, "--dataset")
+    if p is None and not TRAIL_SPEC.match(cfg.dataset) and not os.path.isfile(cfg.dataset):
+        p = f"--dataset {cfg.dataset}: no such file"
     return problems + [p] if p else problems
 
 

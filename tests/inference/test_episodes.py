@@ -21,6 +21,7 @@ from marlhf.inference.run import main
 from marlhf.inference.view import main as view_main
 from marlhf.models.load import resolve_model_path
 from marlhf.models.reward_model import RewardModel, load_reward_model, save_reward_model
+from marlhf.pipeline.preflight import main as preflight_main
 
 FAKES = str(Path(__file__).resolve().parents[1] / "support" / "fake_envs.py")
 TRAIL = ["--model_name_or_path", "tiny-base-trail", "--max_answer_seq_len", "8"]
@@ -237,3 +238,18 @@ def test_reward_model_scores_the_whole_conversation(tmp_path):
         assert row["rm_reward"] == pytest.approx(float(values[0, -1]), abs=1e-4)
         assert row["reward"] == sum(t["reward"] for t in row["turns"] if t["role"] == "policy")
     assert summary["rm_reward_mean"] == pytest.approx(sum(r["rm_reward"] for r in rows) / 3)
+
+
+def test_preflight_infer_checks_the_environment_and_its_rows(tmp_path, capsys):
+    ok = [*TRAIL, "--env", "marlhf-trail-4", "--dataset", "marlhf-trail-4:2",
+          "--max_total_seq_len", "128"]  # fmt: skip
+    assert preflight_main(["infer", *ok]) == 0
+    capsys.readouterr()
+    missing = tmp_path / "none.jsonl"
+    bad = [*TRAIL, "--env", "marlhf-trail-5", "--dataset", str(missing),
+           "--max_total_seq_len", "100000"]  # fmt: skip
+    assert preflight_main(["infer", *bad]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("preflight: --max_total_seq_len 100000 positions, more than")
+    assert err[1].startswith("preflight: --env marlhf-trail-5: no environment registered")
+    assert err[2] == f"preflight: --dataset {missing}: no such file"
