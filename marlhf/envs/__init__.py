@@ -8,5 +8,7 @@ written for SkyRL runs here unchanged.
 - ``tools``: skyrl-gym's Python tool through the project's sandbox;
 - ``worker``: where the environments live (this process, or a process per row with timeouts);
 - ``runner``: the episodes of a batch of rows, given a policy ``act``;
+- ``turns``: the ``act`` that samples each turn by a generation backend, the conversation kept in
+  tokens with the chat template (PPO's rollouts, ``marlhf infer --env``);
 - ``trail``: the bundled task's environment (:mod:`marlhf.data.trail` is its world and gold).
 """

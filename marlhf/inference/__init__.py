@@ -70,8 +70,10 @@ paths), :mod:`~marlhf.inference.prompts` (selection and encoding), :mod:`~marlhf
 :mod:`~marlhf.inference.generation` (sampling through the generation backend),
 :mod:`~marlhf.inference.scoring` (RM scores,
 :class:`TextScorer`), :mod:`~marlhf.inference.rows` (a batch -> rows),
-:mod:`~marlhf.inference.macro_view` (``--render-macro``) and :mod:`~marlhf.inference.run` (the
-program). The names below are the public API.
+:mod:`~marlhf.inference.macro_view` (``--render-macro``), :mod:`~marlhf.inference.episodes`
+(``--env``: each prompt row an episode on the environment, rows with their turns),
+:mod:`~marlhf.inference.turn_view` (the macro actions of those rows' turns for ``marlhf view``)
+and :mod:`~marlhf.inference.run` (the program). The names below are the public API.
 """
 
 from __future__ import annotations
