@@ -3,10 +3,11 @@ environment (:func:`marlhf.envs.runner.run_episodes`), and the finished conversa
 as the :class:`~marlhf.stages.ppo.rollout.Rollout` the scorer reads.
 
 Each round, every row still playing gets its next action from the generation backend
-(:class:`marlhf.envs.turns.TurnSampler`, the ``act`` of :func:`~marlhf.envs.runner.run_episodes`): its conversation
-is kept in tokens as it is played (:class:`marlhf.models.conversation.ChatLayout`: the first prompt
-with the chat template, each action's *sampled* tokens, never re-tokenised, and after it only the
-new context the template renders, the observations and the next generation prompt), and the
+(:class:`marlhf.envs.turns.TurnSampler`, the ``act`` of :func:`~marlhf.envs.runner.run_episodes`):
+its conversation is kept in tokens as it is played (:class:`marlhf.models.conversation.ChatLayout`:
+the first prompt with the chat template, each action's *sampled* tokens, never re-tokenised, and
+after it only the new context the template renders, the observations and the next generation
+prompt), and the
 backend samples each row's next action from its tokens
 (:func:`marlhf.models.generation.sampling.sample_turns`: a backend that continues conversations
 reads only the new tokens; any other reads the whole conversation again). A row that has ended
