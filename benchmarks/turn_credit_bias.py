@@ -14,8 +14,9 @@ last action token) and ``turn_index`` (1, 2, ...). The policy is ``credit_bias.p
 softmax (one logit vector per prefix of actions, seeded random values).
 
 Rewards: the outcome R of ``credit_bias.py`` (2·[first token is a] + 0.8·#b − [no EOS at the end])
-and, with ``step``, the environment's step reward of each turn on its last action token (1·[the
-turn starts with a] + 0.5·#b in the turn − 0.5: a cost per turn). J = E[Σ step rewards + R].
+and the environment's step reward of each turn on its last action token, ``step`` times (1·[the
+turn starts with a] + 0.5·#b in the turn − 0.5) (``--step_scale``, 1; 0: none; −1: the rewards
+made costs). J = E[Σ step rewards + R].
 
 What is compared: as in ``credit_bias.py``, the exact ∇J (autograd through the enumerated
 probabilities) and each estimator's exact expected update, every episode or every group of G = 3
@@ -129,9 +130,10 @@ class TurnToy:
 
 
 def make_turn_toy(
-    K: int = 2, T: int = 2, varying: bool = True, step: bool = True, seed: int = 0
+    K: int = 2, T: int = 2, varying: bool = True, step: float = 1.0, seed: int = 0
 ) -> TurnToy:
-    """The turns toy with at most ``K`` turns of at most ``T`` tokens (module doc)."""
+    """The turns toy with at most ``K`` turns of at most ``T`` tokens, the step rewards ``step``
+    times :func:`step_reward` (module doc)."""
     eps = episodes(K, T, varying)
     L = K * T
     toy = toy_of([sum(ep, ()) for ep in eps], L, seed=seed, kl=False)
@@ -145,7 +147,7 @@ def make_turn_toy(
             turn_index[i, t : t + len(turn)] = k + 1
             t += len(turn)
             turn_end[i, t - 1] = True
-            rewards[i, t - 1] = step_reward(turn) if step else 0.0
+            rewards[i, t - 1] = step * step_reward(turn)
     return TurnToy(dataclasses.replace(toy, kl=rewards), rewards, turn_end, turn_index, varying)
 
 
@@ -258,7 +260,7 @@ def cases(G: int = 3) -> dict[str, Callable[[TurnToy], torch.Tensor]]:
     }
 
 
-def report(varying: bool, step: bool, seed: int = 0, G: int = 3, K: int = 2, T: int = 2):
+def report(varying: bool, step: float, seed: int = 0, G: int = 3, K: int = 2, T: int = 2):
     tt = make_turn_toy(K, T, varying=varying, step=step, seed=seed)
     true = true_gradient(tt)
     return [compare(name, fn(tt), true) for name, fn in cases(G).items()]
@@ -286,11 +288,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--G", type=int, default=3, help="group size of the group estimators")
     ap.add_argument("--max_turns", type=int, default=2, help="K: the most turns of an episode")
     ap.add_argument("--turn_len", type=int, default=2, help="T: the most tokens of a turn")
+    ap.add_argument(
+        "--step_scale", type=float, default=1.0, help="the step rewards' factor (-1: costs)"
+    )
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     start = time.perf_counter()
     for varying in (True, False):
-        for step in (True, False):
+        for step in (args.step_scale, 0.0):
             n = len(episodes(args.max_turns, args.turn_len, varying))
             turns = (
                 f"the policy decides the number of turns (EOS ends the episode; 1 to "
@@ -298,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
                 if varying
                 else f"{args.max_turns} turns always (EOS ends the turn)"
             )
-            rewards = "step rewards and the outcome" if step else "the outcome only"
+            rewards = f"step rewards × {step:g} and the outcome" if step else "the outcome only"
             print(
                 f"\n{turns}; {rewards}; {n} episodes, turns of at most {args.turn_len} tokens "
                 f"(G = {args.G}, seeds {seeds})\n"

@@ -34,7 +34,7 @@ def cases():
 
 @pytest.fixture(scope="module", params=[True, False], ids=["varying_turns", "fixed_turns"])
 def with_steps(request):
-    tt = tb.make_turn_toy(varying=request.param, step=True, seed=0)
+    tt = tb.make_turn_toy(varying=request.param, step=1.0, seed=0)
     return tt, tb.true_gradient(tt)
 
 
@@ -78,7 +78,7 @@ def plain_J(tt: tb.TurnToy, theta: list[list[float]]) -> float:
 
 @pytest.mark.parametrize("varying", [True, False])
 def test_the_true_gradient_matches_finite_differences(varying):
-    tt = tb.make_turn_toy(varying=varying, step=True, seed=1)
+    tt = tb.make_turn_toy(varying=varying, step=1.0, seed=1)
     grad = tb.true_gradient(tt).view(-1, 3)
     theta = tt.toy.theta.detach().tolist()
     # the same prefix of actions is the same state, a different one another
@@ -144,6 +144,9 @@ def test_mt_grpo_is_biased_when_the_policy_decides_the_number_of_turns(with_step
     row = compare("x", cases[MT_NO_STD](tt), true)
     if tt.varying:
         assert row.residual > 0.03
+        # an episode's further turn is compared only with the group's same turn, so its (here
+        # mostly positive) step reward is under-credited: a push towards ending the episode
+        assert row.eos_bias > 0.01
     else:  # two turns: the first credited with its step and the outcome, the second the outcome
         assert row.residual < 1e-6
         assert row.scale == pytest.approx((G - 1) / 1e8, rel=1e-4)
@@ -152,9 +155,15 @@ def test_mt_grpo_is_biased_when_the_policy_decides_the_number_of_turns(with_step
 
 
 def test_mt_grpo_credits_a_turn_without_the_later_turns_steps():
-    tt = tb.make_turn_toy(K=3, T=1, varying=False, step=True, seed=0)
+    tt = tb.make_turn_toy(K=3, T=1, varying=False, step=1.0, seed=0)
     true = tb.true_gradient(tt)
     assert compare("x", tb.cases(G)[MT_NO_STD](tt), true).residual > 0.02
-    outcome_only = tb.make_turn_toy(K=3, T=1, varying=False, step=False, seed=0)
+    outcome_only = tb.make_turn_toy(K=3, T=1, varying=False, step=0.0, seed=0)
     g = tb.cases(G)[MT_NO_STD](outcome_only)
     assert compare("x", g, tb.true_gradient(outcome_only)).residual < 1e-6
+
+
+def test_mt_grpo_s_push_follows_the_sign_of_the_step_rewards(cases):
+    costs = tb.make_turn_toy(varying=True, step=-1.0, seed=0)  # each step reward made a cost
+    row = compare("x", cases[MT_NO_STD](costs), tb.true_gradient(costs))
+    assert row.residual > 0.1 and row.eos_bias < -0.1  # a push towards taking another turn
