@@ -126,8 +126,20 @@ class Toy:
 def make_toy(L: int = 4, seed: int = 0, kl: bool = True, scale: float = 0.8) -> Toy:
     """The toy with responses of at most ``L`` tokens and seeded random logits."""
     prefixes = [p for n in range(L) for p in itertools.product((A_TOK, B_TOK), repeat=n)]
-    index = {p: i for i, p in enumerate(prefixes)}
     responses = [(*p, EOS) for p in prefixes] + list(itertools.product((A_TOK, B_TOK), repeat=L))
+    return toy_of(responses, L, seed, kl, scale)
+
+
+def toy_of(
+    responses: list[tuple[int, ...]], L: int, seed: int = 0, kl: bool = True, scale: float = 0.8
+) -> Toy:
+    """The toy over ``responses`` (every sequence of tokens the policy can produce, each of at
+    most ``L`` tokens, their probabilities summing to 1 under any logits): one logit vector per
+    proper prefix of a response (ordered by length, then tokens; seeded random values), the
+    per-token rewards of ``TOKEN_REWARD`` (``kl``; else none) and the score R of the module doc
+    (cut: the response does not end with EOS)."""
+    prefixes = sorted({r[:t] for r in responses for t in range(len(r))}, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(prefixes)}
     N = len(responses)
     ids = torch.full((N, L), EOS, dtype=torch.long)
     mask = torch.zeros(N, L, dtype=torch.bool)

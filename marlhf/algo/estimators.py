@@ -371,8 +371,10 @@ def per_turn_advantages(
     (std Bessel-corrected, as in :func:`group_normalised_scores`). The turn term is a baseline per
     turn *index*: when the policy decides how many turns an episode has, which rows share turn k's
     statistics depends on the row's own later choices (verl RFC #7244), and the estimator is
-    biased (``benchmarks/credit_bias.py``, the turns toy; with a fixed number of turns it is
-    GRPO's estimate per turn).
+    biased (``benchmarks/turn_credit_bias.py``; with a fixed number of turns it is GRPO's estimate
+    per turn). A token of turn k is credited with turn k's reward and the outcome, not with the
+    rewards of the turns between (with more than two turns, biased even when their number is
+    fixed).
 
     >>> mask = torch.ones(4, 2, dtype=torch.bool)
     >>> end = torch.tensor([[True, True]] * 4)
