@@ -53,6 +53,20 @@ def register_bundled() -> None:
             skyrl_gym.register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs))
 
 
+def _skyrl_gym(flag: str):
+    """The ``skyrl_gym`` module; ValueError naming ``flag`` where it is not installed."""
+    try:
+        import skyrl_gym
+    except ModuleNotFoundError as err:
+        if err.name != "skyrl_gym":
+            raise
+        raise ValueError(
+            f"{flag}: skyrl-gym is not installed in this environment (environments are skyrl-gym "
+            "Envs): pip install 'ma-rlhf[agents]' (or 'skyrl-gym>=0.4')"
+        ) from None
+    return skyrl_gym
+
+
 def _did_you_mean(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     return f"; did you mean {', '.join(close)}?" if close else ""
@@ -132,8 +146,7 @@ def resolve_target(target: EnvTarget, flag: str) -> tuple[Any, dict, str]:
     if target.kind == "module":
         module = _import_module(target.where, flag)
         return _attribute(module, target.attr, target.where, flag), {}, target.text()
-    import skyrl_gym
-
+    skyrl_gym = _skyrl_gym(flag)
     register_bundled()
     spec = skyrl_gym.registry.get(target.where)
     if spec is None:
@@ -188,7 +201,7 @@ class EnvFactory:
 def build_env(cls, kwargs: dict, env_config: dict, extras: dict, name: str):
     """``cls(**kwargs, env_config=DictConfig(env_config), extras=extras)`` with skyrl-gym's Python
     tool swapped for the sandboxed one."""
-    import skyrl_gym
+    skyrl_gym = _skyrl_gym(f"--env {name}")
     from omegaconf import OmegaConf
 
     env = cls(**kwargs, env_config=OmegaConf.create(env_config), extras=extras)

@@ -1,11 +1,13 @@
 """``--env`` and its flags: the config part's validation, finding the class (registered id, file,
-module) and the errors when it cannot be found, ``--env_config`` inline or from a file, and
-skyrl-gym's own multi-turn GSM8K environment played by a fake policy (mechanics only)."""
+module) and the errors when it cannot be found (skyrl-gym missing too), ``--env_config`` inline
+or from a file, and skyrl-gym's own multi-turn GSM8K environment played by a fake policy
+(mechanics only)."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,18 @@ def test_a_file_that_fails_to_import_and_a_class_that_is_no_env(tmp_path):
     f = load_env(f"{FAKES}:NotAnEnv")
     with pytest.raises(ValueError, match=r"--env NotAnEnv: builds a NotAnEnv, not a skyrl_gym Env"):
         f.make({})
+
+
+def test_without_skyrl_gym_an_id_is_one_error_naming_it(monkeypatch):
+    scripted = load_env(f"{FAKES}:Scripted")
+    monkeypatch.setitem(sys.modules, "skyrl_gym", None)  # its import fails as a missing one
+    with pytest.raises(ValueError) as info:
+        load_env("marlhf-trail-4")
+    says = str(info.value)
+    assert says.startswith("--env marlhf-trail-4: skyrl-gym is not installed")
+    assert len(says.splitlines()) == 1 and "pip install" in says
+    with pytest.raises(ValueError, match=r"^--env Scripted: skyrl-gym is not installed"):
+        scripted.make({})
 
 
 def test_env_config_inline_and_from_files(tmp_path):
