@@ -51,7 +51,7 @@ from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.data.gym import gym_problem, is_gym_spec
 from marlhf.data.sources import columns_problem
-from marlhf.inference.config import InferenceArgs
+from marlhf.inference.config import InferenceArgs, InferenceConfig
 from marlhf.inference.models import model_problems
 from marlhf.inference.naming import dataset_spec
 from marlhf.models.checks import (
@@ -139,24 +139,26 @@ def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], lis
         if ref:
             out.append(("--reference_model_name_or_path", ref, "causal"))
         return out, problems
-    mc, source = cfg.models, cfg.reward_source
-    critic = mc.critic.model.model_name_or_path
-    out.append(("--actor_model_name_or_path", mc.actor.model.model_name_or_path, "causal"))
-    if mc.reference_model_name_or_path:
-        out.append(("--reference_model_name_or_path", mc.reference_model_name_or_path, "causal"))
+    models, source = cfg.models, cfg.reward_source
+    critic = models.critic.model.model_name_or_path
+    out.append(("--actor_model_name_or_path", models.actor.model.model_name_or_path, "causal"))
+    if models.reference_model_name_or_path:
+        out.append(
+            ("--reference_model_name_or_path", models.reference_model_name_or_path, "causal")
+        )
     # the critic and the reward model (a critic not given is the actor, checked above)
-    head = critic_head(mc, source) if cfg.ppo.needs_critic else None
+    head = critic_head(models, source) if cfg.ppo.needs_critic else None
     if head and critic:
         out.append(
             ("--critic_model_name_or_path", critic, "reward" if head == "trained" else "model")
         )
     elif head:
-        problem = critic_problem(mc, source)
+        problem = critic_problem(models, source)
         if problem:
             problems.append(problem)
     if reads_reward_model(source):
-        if mc.reward_model_name_or_path:
-            out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
+        if models.reward_model_name_or_path:
+            out.append(("--reward_model_name_or_path", models.reward_model_name_or_path, "reward"))
         elif not critic:
             problems.append(
                 f"--reward_source {source} needs a reward model: pass the output of stage 2 as "
@@ -186,10 +188,9 @@ def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str 
     return p
 
 
-def infer_problems(args: InferenceArgs) -> list[str]:
+def infer_problems(cfg: InferenceConfig) -> list[str]:
     """``marlhf infer``'s models (the policy, the reward model) and lengths
     (:func:`marlhf.inference.models.model_problems`) and its ``--dataset``."""
-    cfg = args.inference
     problems = model_problems(cfg)
     p = data_problem(dataset_spec(cfg.dataset), cfg.data.data_columns, flag="--dataset")
     return problems + [p] if p else problems
@@ -200,7 +201,7 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     ``stage``: ``sft``, ``rm`` (or ``reward``) or ``ppo``."""
     stage = STAGE_ALIASES.get(stage, stage)
     if stage == "infer":
-        return infer_problems(cfg)
+        return infer_problems(cfg.inference)
     checks, problems = _model_checks(stage, cfg)
     problems = [p for f, n, k in checks if (p := _model_problem(f, n, k, probe_network))] + problems
     for spec in cfg.data.data_path:

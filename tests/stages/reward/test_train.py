@@ -118,7 +118,8 @@ def test_entropy_rule_reads_reference_entropy_of_each_response_token():
             termination_condition="entropy", entropy_threshold=tau, eos_own_macro=False
         )
     )
-    scorer = Scorer(cfg, PAD, EOS, rule=build_termination(cfg.macro), ref=ref)
+    rule = build_termination(cfg.macro)
+    scorer = Scorer(cfg.reward, cfg.optim, cfg.batching.packing, PAD, EOS, rule=rule, ref=ref)
     batch = {"input_ids": ids, "attention_mask": mask, "prompt_len": prompt_len}
     macro_end = scorer.macro_end(batch, resp, None)
     for i in range(4):
