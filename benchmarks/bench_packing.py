@@ -220,10 +220,10 @@ def forward_backward_seconds(models, ro, layout: str) -> dict:
 
     cfg = _cfg(layout, ro.sequences.shape[0])
     c0 = time.process_time()
-    scored = score(models, ro, cfg.passes, need_entropy=False)
+    scored = score(models, ro, cfg.trainer, need_entropy=False)
     c1 = time.process_time()
     exp = _experience(ro, scored)
-    ppo_update(models, exp, cfg.ppo, cfg.passes, True, torch.Generator().manual_seed(0))
+    ppo_update(models, exp, cfg.trainer, True, torch.Generator().manual_seed(0))
     return {"score": c1 - c0, "train": time.process_time() - c1}
 
 

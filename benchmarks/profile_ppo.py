@@ -243,7 +243,7 @@ def ab(run, cfg, state, labels: Labels, variants: list[str], rounds: int) -> dic
             for field_name, (part, value) in base.items():
                 setattr(getattr(cfg, part), field_name, value)
             set_flags(cfg, spec)
-            run = replace(run, passes=cfg.passes)  # the run holds cfg's parts; these are derived
+            run = replace(run, trainer=cfg.trainer)  # the run holds cfg's parts; these are derived
             labels.times.clear()
             labels.cpu.clear()
             t, c = time.perf_counter(), time.process_time()

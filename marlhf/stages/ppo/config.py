@@ -572,10 +572,11 @@ class PerfConfig:
 
 
 @dataclass(frozen=True)
-class PassSettings:
-    """What the trainer's forward passes and losses read besides :class:`PPOConfig`, unpacked once
-    from the stage config (:attr:`PPOStageConfig.passes`)."""
+class TrainerSettings:
+    """What the trainer's forward passes (scoring and the update) and the update's losses read,
+    unpacked once from the stage config (:attr:`PPOStageConfig.trainer`)."""
 
+    ppo: PPOConfig
     temperature: float  # --temperature: log-probs at the sampling temperature
     max_answer_seq_len: int  # the seq-mean-token-sum-norm loss divides by it
     perf: PerfConfig  # the paths: all positions or the response's, length groups, packing
@@ -607,10 +608,10 @@ class PPOStageConfig:
         return "none" if self.models.effective_dtype == "fp32" else "tis"
 
     @property
-    def passes(self) -> PassSettings:
-        """The :class:`PassSettings` of this config."""
-        g = self.generation
-        return PassSettings(g.temperature, g.max_answer_seq_len, self.perf, self.correction)
+    def trainer(self) -> TrainerSettings:
+        """The :class:`TrainerSettings` of this config."""
+        g, ppo = self.generation, self.ppo
+        return TrainerSettings(ppo, g.temperature, g.max_answer_seq_len, self.perf, self.correction)
 
     @property
     def reward_source(self) -> str:

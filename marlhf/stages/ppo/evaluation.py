@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from marlhf.data.tokenize import build_prompt_dataset
 from marlhf.models.sequences import end_index
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.forward import reward_forward
-from marlhf.stages.ppo.prompts import prompt_metas
+from marlhf.stages.ppo.prompts import prompt_metas, prompt_split
 from marlhf.stages.ppo.rollout import generate
 
 if TYPE_CHECKING:
@@ -64,16 +63,7 @@ EVAL_STREAM = 3  # the seeding backends' stream of held-out rows (rollouts use 2
 
 def load_eval_prompts(data: DataConfig, g: GenerationConfig, seed: int, tokenizer):
     """The PPO phase of the eval split, tokenised like the training prompts."""
-    prompts, _ = build_prompt_dataset(
-        data,
-        tokenizer,
-        "eval",
-        seed,
-        g.max_prompt_seq_len,
-        phase=3,
-        overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
-    )
-    return prompts
+    return prompt_split(data, g, seed, tokenizer, "eval")[0]
 
 
 def due(log: LoggingConfig, step: int, total: int) -> bool:

@@ -52,10 +52,10 @@ from marlhf.stages.ppo import sampler as rollout_sampler
 from marlhf.stages.ppo.config import (
     ActorCriticConfig,
     GenerationConfig,
-    PassSettings,
     PerfConfig,
     PPOConfig,
     PPOStageConfig,
+    TrainerSettings,
 )
 from marlhf.stages.ppo.evaluation import due as eval_due
 from marlhf.stages.ppo.evaluation import evaluate_policy, load_eval_prompts
@@ -252,8 +252,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         upd = ppo_update(
             run.models,
             exp,
-            ppo,
-            run.passes,
+            run.trainer,
             train_actor,
             state.shuffle,
             unsup if train_actor else None,
@@ -359,7 +358,7 @@ def collect_rollouts(
         offset += len(idx)
         with clock("time/score"):
             scoreds.append(
-                score(run.models, ro, run.passes, run.need_entropy, later, check_rollout)
+                score(run.models, ro, run.trainer, run.need_entropy, later, check_rollout)
             )
         rollouts.append(ro)
         metas.extend(prompt_metas(batch, len(idx)))
@@ -416,7 +415,7 @@ class Run:
     log: LoggingConfig
     data: DataConfig  # the SFT data of --unsup_coef
     models_cfg: ActorCriticConfig  # the models' ZeRO stages (resume, save)
-    passes: PassSettings  # how the trainer scores and trains (PPOStageConfig.passes)
+    trainer: TrainerSettings  # how the trainer scores and trains (PPOStageConfig.trainer)
     label: str  # what runs, in logs and trackers (run_label)
     settings: dict | None = None  # the run's settings, saved with each training state
     eval_prompts: Dataset | None = None  # the held-out prompts (with --eval_interval)
@@ -511,19 +510,13 @@ def setup(cfg: PPOStageConfig) -> Run:
         rewarder=rewarder,
         reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle, sources, errors),
         run_config=run_config,
-        ppo=ppo,
-        generation=g,
-        macro=cfg.macro,
-        perf=cfg.perf,
-        log=cfg.log,
-        data=data,
-        models_cfg=models_cfg,
-        passes=cfg.passes,
-        label=label,
+        # the config's parts
+        ppo=ppo, generation=g, macro=cfg.macro, perf=cfg.perf, log=cfg.log, data=data,
+        models_cfg=models_cfg, trainer=cfg.trainer, label=label,
         settings=settings,
         eval_prompts=eval_prompts,
         env=env,
-    )
+    )  # fmt: skip
     # last: the sampler, once per run (an engine of its own gets the weights from `train`)
     models.sampler = rollout_sampler.open_run_sampler(
         g, ppo, models_cfg, plan, models.actor, backend

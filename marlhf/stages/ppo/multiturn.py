@@ -50,7 +50,7 @@ from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, zero3_gather
 from marlhf.stages.ppo.scoring import concat_scored, score
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import GenerationConfig, PassSettings, PPOConfig
+    from marlhf.stages.ppo.config import GenerationConfig, PPOConfig, TrainerSettings
     from marlhf.stages.ppo.models import Models
     from marlhf.stages.ppo.prompts import RolloutPlan
     from marlhf.stages.ppo.scoring import SequenceReward
@@ -73,7 +73,7 @@ class Run(Protocol):
 
     ppo: PPOConfig  # --seed
     generation: GenerationConfig
-    passes: PassSettings  # how the trainer scores the rollouts
+    trainer: TrainerSettings  # how the trainer scores the rollouts
     plan: RolloutPlan
     prompts: Any  # the tokenised PPO prompts (a datasets.Dataset)
     tokenizer: Any
@@ -399,7 +399,7 @@ def collect_episodes(
         offset += len(idx)
         with clock("time/score"):
             scoreds.append(
-                score(run.models, ro, run.passes, run.need_entropy, later, check_rollout)
+                score(run.models, ro, run.trainer, run.need_entropy, later, check_rollout)
             )
         rollouts.append(ro)
         episodes.extend(eps)

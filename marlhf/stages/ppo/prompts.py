@@ -91,21 +91,22 @@ def plan_rollouts(n_prompts: int, g: GenerationConfig, ppo: PPOConfig) -> Rollou
     )
 
 
+def prompt_split(data: DataConfig, g: GenerationConfig, seed: int, tokenizer, split: str):
+    """The PPO phase of ``split`` (``train`` or ``eval``), tokenised (``--max_prompt_seq_len``,
+    ``--overlong_prompts``), and the number of over-long prompts dropped or truncated."""
+    overlong = "drop" if g.overlong_prompts == "drop" else "truncate_left"
+    return build_prompt_dataset(
+        data, tokenizer, split, seed, g.max_prompt_seq_len, phase=3, overlong=overlong
+    )
+
+
 def load_prompts(data: DataConfig, g: GenerationConfig, seed: int, reward_source: str, tokenizer):
     """The PPO split's tokenised prompts (left-padded by the collator later), and the number of
     over-long prompts dropped or truncated. With a code reward (``reward_source``:
     ``--reward_source`` resolved), problems without usable test cases are left out (APPS has a
     few); a source that cannot score some prompts otherwise (``math`` without an answer column,
     ``reasoning-gym`` on other data) refuses the data."""
-    prompts, dropped = build_prompt_dataset(
-        data,
-        tokenizer,
-        "train",
-        seed,
-        g.max_prompt_seq_len,
-        phase=3,
-        overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
-    )
+    prompts, dropped = prompt_split(data, g, seed, tokenizer, "train")
     drop, refusals = unusable_prompts(reward_source, prompts["meta"], prompts["prompt_id"])
     if refusals:
         raise ValueError("; ".join(refusals))

@@ -50,7 +50,7 @@ def test_fp32_check_is_near_zero_and_tis_changes_nothing(recorded):
     actor, ro = recorded
     cfg = _cfg("--rollout_correction", "tis")
     with torch.no_grad():
-        old = old_policy(actor, ro, cfg.passes, check_rollout=False, groups=None)
+        old = old_policy(actor, ro, cfg.trainer, check_rollout=False, groups=None)
     mask = ro.action_mask
     assert old.logprobs is old.trainer_logprobs  # π_old: the trainer's score
     m = mismatch_metrics(old.trainer_logprobs, old.rollout_logprobs, mask)
@@ -71,16 +71,16 @@ def test_fp32_check_is_near_zero_and_tis_changes_nothing(recorded):
 def test_pi_old_source_and_the_check(recorded):
     actor, ro = recorded
     none = _cfg("--rollout_correction", "none")
-    plain = old_policy(actor, ro, none.passes, check_rollout=False, groups=None)
+    plain = old_policy(actor, ro, none.trainer, check_rollout=False, groups=None)
     assert plain.logprobs is ro.logprobs and plain.trainer_logprobs is None
-    checked = old_policy(actor, ro, none.passes, check_rollout=True, groups=None)
+    checked = old_policy(actor, ro, none.trainer, check_rollout=True, groups=None)
     assert checked.logprobs is ro.logprobs  # the check changes nothing it trains with
     assert checked.entropy is ro.entropy
     assert checked.trainer_logprobs is not None and checked.rollout_logprobs is ro.logprobs
     # a planted perturbation of the record: the metric reads it back
     shifted = torch.where(ro.action_mask, ro.logprobs - 0.3, ro.logprobs)
     ro2 = type(ro)(**{**ro.__dict__, "logprobs": shifted})
-    out = old_policy(actor, ro2, _cfg("--rollout_correction", "mis").passes, False, None)
+    out = old_policy(actor, ro2, _cfg("--rollout_correction", "mis").trainer, False, None)
     m = mismatch_metrics(out.trainer_logprobs, out.rollout_logprobs, ro.action_mask)
     assert m["rollout/logprob_diff_mean"] == pytest.approx(0.3, abs=1e-4)
     assert m["rollout/ratio_min_token"] == pytest.approx(math.exp(0.3), rel=1e-4)
@@ -117,7 +117,7 @@ def test_a_record_without_entropies_is_the_behaviour_policy(recorded):
     for mode in ("none", "tis"):
         with torch.no_grad():
             out = old_policy(
-                actor, vllm_like, _cfg("--rollout_correction", mode).passes, False, None
+                actor, vllm_like, _cfg("--rollout_correction", mode).trainer, False, None
             )
         assert out.logprobs is out.trainer_logprobs and out.rollout_logprobs is shifted
         torch.testing.assert_close(out.logprobs, ro.logprobs, rtol=0, atol=1e-4)  # the actor's

@@ -204,7 +204,7 @@ def test_observation_tokens_get_no_policy_gradient_kl_or_entropy(estimator, rule
     cfg.ppo.per_device_training_batch_size = 3
     (m,) = list(minibatches(exp, cfg.ppo, torch.Generator().manual_seed(0)))
     models = SimpleNamespace(actor=actor)
-    loss, _ = actor_loss(models, exp, m, cfg.ppo, cfg.passes)
+    loss, _ = actor_loss(models, exp, m, cfg.trainer)
     loss.backward()
     grad = actor.logits.grad
     # the positions whose logits predict an action: the state before each action token
@@ -222,5 +222,5 @@ def test_observation_tokens_get_no_policy_gradient_kl_or_entropy(estimator, rule
     with torch.no_grad():
         noise = torch.randn(actor.logits.shape, generator=torch.Generator().manual_seed(9))
         actor.logits += noise * (~predicts_action)[..., None] * 5
-    again, _ = actor_loss(models, exp, m, cfg.ppo, cfg.passes)
+    again, _ = actor_loss(models, exp, m, cfg.trainer)
     assert torch.equal(again.detach(), loss.detach())
