@@ -220,9 +220,10 @@ def forward_backward_seconds(models, ro, layout: str) -> dict:
 
     cfg = _cfg(layout, ro.sequences.shape[0])
     c0 = time.process_time()
-    scored = score(models, ro, cfg, need_entropy=False)
+    scored = score(models, ro, cfg.trainer, need_entropy=False)
     c1 = time.process_time()
-    ppo_update(models, _experience(ro, scored), cfg, True, torch.Generator().manual_seed(0))
+    exp = _experience(ro, scored)
+    ppo_update(models, exp, cfg.trainer, True, torch.Generator().manual_seed(0))
     return {"score": c1 - c0, "train": time.process_time() - c1}
 
 

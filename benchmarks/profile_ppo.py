@@ -221,9 +221,12 @@ def set_flags(cfg, spec: str) -> None:
             raise SystemExit(f"no stage field {name!r}")
 
 
-def ab(run, state, labels: Labels, variants: list[str], rounds: int) -> dict:
-    """Alternate the variants step by step (``name:field=value,...``) and report each one's median
-    wall and CPU seconds per phase: the machine's load hits all variants alike."""
+def ab(run, cfg, state, labels: Labels, variants: list[str], rounds: int) -> dict:
+    """Alternate the variants step by step (``name:field=value,...``, set on the parts of ``cfg``,
+    the stage config ``run`` was set up from) and report each one's median wall and CPU seconds per
+    phase: the machine's load hits all variants alike."""
+    from dataclasses import replace
+
     from marlhf.stages.ppo.loop import ppo_step
 
     base = {}
@@ -231,15 +234,16 @@ def ab(run, state, labels: Labels, variants: list[str], rounds: int) -> dict:
         for item in filter(None, v.split(":", 1)[1].split(",")):
             name = item.split("=", 1)[0]
             for part in ("generation", "perf", "ppo", "models"):
-                if hasattr(getattr(run.cfg, part), name):
-                    base.setdefault(name, (part, getattr(getattr(run.cfg, part), name)))
+                if hasattr(getattr(cfg, part), name):
+                    base.setdefault(name, (part, getattr(getattr(cfg, part), name)))
     res: dict[str, dict[str, list[float]]] = {v.split(":")[0]: defaultdict(list) for v in variants}
     for _ in range(rounds):
         for v in variants:
             name, spec = v.split(":", 1)
             for field_name, (part, value) in base.items():
-                setattr(getattr(run.cfg, part), field_name, value)
-            set_flags(run.cfg, spec)
+                setattr(getattr(cfg, part), field_name, value)
+            set_flags(cfg, spec)
+            run = replace(run, trainer=cfg.trainer)  # the run holds cfg's parts; these are derived
             labels.times.clear()
             labels.cpu.clear()
             t, c = time.perf_counter(), time.process_time()
@@ -301,13 +305,13 @@ def main(argv: list[str] | None = None) -> dict:
     actor, rm = build_models(work, None, "gemma")
     cfg = parse_config(PPOStageConfig, stage_argv(args, work, actor, rm))
     run = setup(cfg)
-    state = resume(run.models, cfg, run.out)
+    state = resume(run.models, run.ppo, run.log, run.models_cfg, run.out)
     labels = Labels()
     instrument(run, labels)
     for _ in range(args.warmup):
         ppo_step(run, state)
     if args.ab:
-        out = ab(run, state, labels, args.ab, args.rounds)
+        out = ab(run, cfg, state, labels, args.ab, args.rounds)
         print(json.dumps(out))
         return out
     walls: dict[str, list[float]] = defaultdict(list)

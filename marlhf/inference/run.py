@@ -42,9 +42,10 @@ from marlhf.inference.results import (
 from marlhf.inference.rows import generate_rows, ref_rows
 from marlhf.inference.scoring import TextScorer
 from marlhf.macro import build_termination
+from marlhf.macro.config import MacroConfig
 from marlhf.models.checks import settings_mismatches
 from marlhf.models.generation import backend_info
-from marlhf.rewards.code import CodeRewarder
+from marlhf.rewards.code import CodeRewardConfig, CodeRewarder
 from marlhf.stages.exits import raised_on_purpose, report_and_exit
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
@@ -104,16 +105,20 @@ class _Tools:
 
 
 def _tools(
-    args: InferenceArgs, models: Models, is_code: bool, macro_given: frozenset[str] | None
+    cfg: InferenceConfig,
+    macro: MacroConfig,
+    code: CodeRewardConfig,
+    models: Models,
+    is_code: bool,
+    macro_given: frozenset[str] | None,
 ) -> _Tools:
-    cfg = args.inference
     tools = _Tools()
     if cfg.render_macro and not cfg.ref_scores:
-        tools.macro, tools.macro_source = resolve_macro(cfg.model, args.macro, macro_given)
+        tools.macro, tools.macro_source = resolve_macro(cfg.model, macro, macro_given)
         log.info("macro actions: %s, from %s", describe(tools.macro), tools.macro_source)
         tools.rule = build_termination(tools.macro, models.tokenizer)
     if is_code and not cfg.ref_scores:
-        tools.rewarder = CodeRewarder.from_config(args.code)
+        tools.rewarder = CodeRewarder.from_config(code)
     if models.reward_model is not None:
         budget = cfg.sampling.max_prompt_seq_len + cfg.sampling.max_answer_seq_len
         tools.scorer = TextScorer(
@@ -217,7 +222,7 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
     try:
         if not cfg.ref_scores:
             models.sampler = open_policy_sampler(cfg, models, backend)
-        tools = _tools(args, models, is_code, macro_given)
+        tools = _tools(cfg, args.macro, args.code, models, is_code, macro_given)
         play = env_play(cfg, env, models.tokenizer) if env.env is not None else None
         html_items, n_cut = _run_batches(todo, cfg, models, tools, gold, path, play)
     finally:

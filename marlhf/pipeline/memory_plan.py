@@ -247,22 +247,25 @@ def ppo_plan(
     configs by role (``actor``, ``critic``, ``reference``, ``reward``; transformers configs or dicts
     with ``model_type``); by default read from the model directories' ``config.json`` (a reward
     model's backbone config is its ``config.json`` too)."""
-    mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
+    models, g, ppo = cfg.models, cfg.generation, cfg.ppo
     configs = dict(configs or {})
     paths = _model_paths(cfg)
     for role, path in paths.items():
         if role not in configs:
             configs[role] = _read_config(path)
-    dtype = mc.effective_dtype
+    dtype = models.effective_dtype
     plan = Plan(num_gpus, gpu_memory_gb)
-    actor_m, critic_m = mc.actor.model, mc.critic.model
-    actor_z, critic_z = mc.actor.ds.zero_stage, mc.critic.ds.zero_stage
-    only_lora, offload = not mc.shared.lora_train_base, mc.ds.offload  # LoRA freezes the base
+    actor_m, critic_m = models.actor.model, models.critic.model
+    actor_z, critic_z = models.actor.ds.zero_stage, models.critic.ds.zero_stage
+    only_lora, offload = (
+        not models.shared.lora_train_base,
+        models.ds.offload,
+    )  # LoRA freezes the base
     setups = {
         "actor": (EngineSetup(dtype, actor_z, offload, True, actor_m.lora_dim > 0, only_lora),
                   False, actor_m.lora_dim),
         "reference": (EngineSetup(dtype, 3 if actor_z == 3 else 0,
-                                  mc.offload_reference_model and actor_z == 3, False), False, 0),
+                                  models.offload_reference_model and actor_z == 3, False), False, 0),
     }  # fmt: skip
     if "critic" in paths:
         setups["critic"] = (EngineSetup(dtype, critic_z, offload, True, critic_m.lora_dim > 0,

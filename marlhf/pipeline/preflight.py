@@ -53,8 +53,9 @@ from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
 from marlhf.data.env_rows import TRAIL_SPEC, env_rows_problem
 from marlhf.data.gym import gym_problem, is_gym_spec
 from marlhf.data.sources import columns_problem
+from marlhf.envs.config import EnvConfig
 from marlhf.envs.loading import load_env
-from marlhf.inference.config import InferenceArgs
+from marlhf.inference.config import InferenceArgs, InferenceConfig
 from marlhf.inference.models import model_problems
 from marlhf.inference.naming import dataset_spec
 from marlhf.models.checks import (
@@ -142,24 +143,26 @@ def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], lis
         if ref:
             out.append(("--reference_model_name_or_path", ref, "causal"))
         return out, problems
-    mc, source = cfg.models, cfg.reward_source
-    critic = mc.critic.model.model_name_or_path
-    out.append(("--actor_model_name_or_path", mc.actor.model.model_name_or_path, "causal"))
-    if mc.reference_model_name_or_path:
-        out.append(("--reference_model_name_or_path", mc.reference_model_name_or_path, "causal"))
+    models, source = cfg.models, cfg.reward_source
+    critic = models.critic.model.model_name_or_path
+    out.append(("--actor_model_name_or_path", models.actor.model.model_name_or_path, "causal"))
+    if models.reference_model_name_or_path:
+        out.append(
+            ("--reference_model_name_or_path", models.reference_model_name_or_path, "causal")
+        )
     # the critic and the reward model (a critic not given is the actor, checked above)
-    head = critic_head(mc, source) if cfg.ppo.needs_critic else None
+    head = critic_head(models, source) if cfg.ppo.needs_critic else None
     if head and critic:
         out.append(
             ("--critic_model_name_or_path", critic, "reward" if head == "trained" else "model")
         )
     elif head:
-        problem = critic_problem(mc, source)
+        problem = critic_problem(models, source)
         if problem:
             problems.append(problem)
     if reads_reward_model(source):
-        if mc.reward_model_name_or_path:
-            out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
+        if models.reward_model_name_or_path:
+            out.append(("--reward_model_name_or_path", models.reward_model_name_or_path, "reward"))
         elif not critic:
             problems.append(
                 f"--reward_source {source} needs a reward model: pass the output of stage 2 as "
@@ -189,11 +192,10 @@ def _model_problem(flag: str, name: str, kind: str, probe_network: bool) -> str 
     return p
 
 
-def infer_problems(args: InferenceArgs) -> list[str]:
+def infer_problems(cfg: InferenceConfig, env: EnvConfig) -> list[str]:
     """``marlhf infer``'s models (the policy, the reward model) and lengths
     (:func:`marlhf.inference.models.model_problems`) and its ``--dataset``; with ``--env``, the
     conversations' length, the environment and the prompt rows (``--dataset``)."""
-    cfg, env = args.inference, args.env
     if env.env is None:
         problems = model_problems(cfg)
         p = data_problem(dataset_spec(cfg.dataset), cfg.data.data_columns, flag="--dataset")
@@ -214,7 +216,7 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
     ``stage``: ``sft``, ``rm`` (or ``reward``) or ``ppo``."""
     stage = STAGE_ALIASES.get(stage, stage)
     if stage == "infer":
-        return infer_problems(cfg)
+        return infer_problems(cfg.inference, cfg.env)
     checks, problems = _model_checks(stage, cfg)
     problems = [p for f, n, k in checks if (p := _model_problem(f, n, k, probe_network))] + problems
     for spec in cfg.data.data_path:

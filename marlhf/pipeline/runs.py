@@ -107,7 +107,7 @@ def what_ran(path: Path, warn: Warn) -> tuple[str, dict[str, Any] | None, dict[s
         data = json.loads(cfg_file.read_text(encoding="utf-8"))
         if "ppo" in data:
             cfg: Any = config_from_dict(PPOStageConfig, data)
-            name = run_label(cfg)
+            name = run_label(cfg.ppo, cfg.macro)
         elif "reward" in data:
             cfg = config_from_dict(RewardStageConfig, data)
             name = f"RM ({cfg.reward.rm_type})"

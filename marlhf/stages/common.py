@@ -205,14 +205,12 @@ def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def write_run_config(out: Path, cfg, ds_json: dict) -> dict:
-    """Write the resolved ``cfg`` (``run_config.json``) and ``ds_json`` (``ds_config.json``) into
-    ``out`` on rank 0; return the run config, which is saved next to every checkpoint too."""
-    run_config = config_to_dict(cfg)
+def write_run_config(out: Path, run_config: dict, ds_json: dict) -> None:
+    """Write the resolved config ``run_config`` (``run_config.json``, saved next to every
+    checkpoint too) and ``ds_json`` (``ds_config.json``) into ``out`` on rank 0."""
     if is_main():
         write_json(out / "run_config.json", run_config)
         write_json(out / "ds_config.json", ds_json)
-    return run_config
 
 
 # --------------------------------------------------------------------------------------------------
@@ -289,12 +287,13 @@ def _resume(
     return client["global_step"]
 
 
-def check_resume(cfg, log_cfg: LoggingConfig, derived: dict[str, int]) -> dict:
-    """This run's settings (``cfg``'s flags and the ``derived`` global sizes), checked against
+def check_resume(flags: dict, log_cfg: LoggingConfig, derived: dict[str, int]) -> dict:
+    """This run's settings (its ``flags``, :func:`marlhf.cli.flag_values` of its config, and the
+    ``derived`` global sizes), checked against
     those of the checkpoint it resumes from (:mod:`marlhf.runtime.run_settings`: a change to what
     is trained is refused without ``--resume_with_changes``); call it before loading any model.
     The result is saved with every training state."""
-    record = settings_record(flag_values(cfg), derived)
+    record = settings_record(flags, derived)
     out = Path(log_cfg.output_dir)
     check_resume_settings(
         out / "train_state", log_cfg.resume, log_cfg.resume_with_changes, record, out
@@ -444,7 +443,8 @@ class SupervisedSetup:
     """A supervised stage's run once set up (:func:`setup_supervised`): what its steps,
     evaluations and saves share, and :meth:`loop` to train it."""
 
-    cfg: SupervisedConfig  # the stage's config
+    log: LoggingConfig  # the stage's logging and checkpoint flags
+    seed: int  # --seed
     name: str  # the run's name in the log and the trackers ("SFT", "RM (end)")
     logger: logging.Logger
     out: Path  # the output directory, locked for this run
@@ -462,8 +462,8 @@ class SupervisedSetup:
         stage's ``train_step``, ``evaluate`` and ``save_model`` (and, if it has state of its own,
         ``stage_state`` and ``load_stage_state``)."""
         return supervised_loop(
-            self.engine, self.plan, self.cfg.log, n_train=len(self.train_ds),
-            seed=self.cfg.optim.seed, desc=desc, logger=self.logger, settings=self.settings,
+            self.engine, self.plan, self.log, n_train=len(self.train_ds),
+            seed=self.seed, desc=desc, logger=self.logger, settings=self.settings,
             run_name=self.name, run_config=self.run_config, **stage,
         )  # fmt: skip
 
@@ -509,7 +509,7 @@ def setup_supervised(
         check_data(train_ds, eval_ds)
     startup.mark("data")
     plan = plan_steps(len(train_ds), cfg.optim, split, unit)
-    settings = check_resume(cfg, cfg.log, {"global_batch": plan.global_batch})
+    settings = check_resume(flag_values(cfg), cfg.log, {"global_batch": plan.global_batch})
     model = build_model()
     startup.mark("model")
     engine, ds_json = build_train_engine(
@@ -521,13 +521,14 @@ def setup_supervised(
         micro_batch_size=plan.micro,
     )
     startup.mark("engine")
-    run_config = write_run_config(out, cfg, ds_json)
+    run_config = config_to_dict(cfg)
+    write_run_config(out, run_config, ds_json)
     if is_main():
         logger.info(
             "%s: %d train / %d eval %s, %d steps/epoch, %d steps",
             name, len(train_ds), len(eval_ds), unit, plan.steps_per_epoch, plan.total,
         )  # fmt: skip
     return SupervisedSetup(
-        cfg, name, logger, out, tokenizer, train_ds, eval_ds, plan, settings, engine, ds_json,
-        run_config,
+        cfg.log, cfg.optim.seed, name, logger, out, tokenizer, train_ds, eval_ds, plan, settings,
+        engine, ds_json, run_config,
     )  # fmt: skip

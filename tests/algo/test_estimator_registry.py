@@ -129,8 +129,9 @@ def test_a_registered_estimator_is_validated_and_named_by_what_it_carries(regist
     cfg = PPOStageConfig(
         models=models, ppo=ppo, macro=MacroConfig(ngram=3, macro_credit="boundary")
     )
-    assert run_label(cfg) == "HALF, macro n=3, boundary credit"
-    assert run_label(PPOStageConfig(models=models, ppo=ppo)) == "HALF"
+    assert run_label(cfg.ppo, cfg.macro) == "HALF, macro n=3, boundary credit"
+    plain = PPOStageConfig(models=models, ppo=ppo)
+    assert run_label(plain.ppo, plain.macro) == "HALF"
     with pytest.raises(ValueError, match="--gamma must be 0.5"):
         build_estimator("half", EstimatorOptions(gamma=1.0))
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).bool()

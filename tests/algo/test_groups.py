@@ -18,21 +18,22 @@ def test_doctests():
 
 
 def test_plan_counts_prompts_per_step_and_rejects_a_rollout_not_divisible_by_G():
-    def cfg(G, gen_bs=4, batches=1):
-        return PPOStageConfig(
+    def cfg(G, gen_bs=4, batches=1):  # the generation and PPO parts of a stage config
+        c = PPOStageConfig(
             generation=GenerationConfig(
                 per_device_generation_batch_size=gen_bs, generation_batches=batches
             ),
             ppo=PPOConfig(n_samples_per_prompt=G, per_device_training_batch_size=2),
         )
+        return c.generation, c.ppo
 
-    plan = plan_rollouts(100, cfg(4, gen_bs=8))
+    plan = plan_rollouts(100, *cfg(4, gen_bs=8))
     assert plan.samples_per_prompt == 4 and plan.steps_per_epoch == 50  # 2 prompts per step
-    assert plan_rollouts(100, cfg(1, gen_bs=8)).steps_per_epoch == 12
+    assert plan_rollouts(100, *cfg(1, gen_bs=8)).steps_per_epoch == 12
     with pytest.raises(ValueError, match="--n_samples_per_prompt 3"):
-        plan_rollouts(100, cfg(3, gen_bs=4, batches=2))
+        plan_rollouts(100, *cfg(3, gen_bs=4, batches=2))
     with pytest.raises(ValueError, match="fewer than one rollout"):
-        plan_rollouts(1, cfg(4, gen_bs=8))
+        plan_rollouts(1, *cfg(4, gen_bs=8))
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,8 @@ def test_the_ppo_critic_with_lora_saves_its_adapter(tmp_path):
 
     path, rm, tok = _reward_model_with_lora(tmp_path)
     models = SimpleNamespace(critic=SimpleNamespace(module=rm), critic_ds={"zero": 0})
-    _save_critic(models, tok, tmp_path / "critic", ActorCriticConfig(), {"run": 1})
+    zero_stage = ActorCriticConfig().critic.ds.zero_stage
+    _save_critic(models, tok, tmp_path / "critic", zero_stage, {"run": 1})
     _check_reward_adapter(path, rm, tmp_path / "critic")
     assert load_reward_model(tmp_path / "critic")[1]["role"] == "critic"
 
@@ -197,7 +198,7 @@ def test_the_reward_models_parameter_line_counts_its_value_head(tmp_path, caplog
         cfg = parse_config(RewardStageConfig, ["--model_name_or_path", str(path), *flags])
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="marlhf.lora"):
-            build_reward_model(cfg)
+            build_reward_model(cfg.model, cfg.ds.zero_stage, cfg.optim, cfg.reward.init_value_head)
         (line,) = [r.getMessage() for r in caplog.records if "trainable" in r.getMessage()]
         assert line.startswith("reward model (value head included)"), line
         n_lora = lora if flags else 0

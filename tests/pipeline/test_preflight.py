@@ -200,13 +200,14 @@ def test_ppo_stage_refuses_mixed_tokenizers_before_loading(models, monkeypatch):
     argv += ["--critic_model_name_or_path", str(base / "rm_other")]
     cfg = parse_config(PPOStageConfig, argv)
     with pytest.raises(ValueError, match="different tokenizers") as e:
-        ppo.build_models(cfg, total_updates=1)
+        ppo.build_models(cfg.models, cfg.ppo, cfg.reward_source, total_updates=1)
     assert str(base / "rm_other") in str(e.value) and loaded == []
     # the reward model as the reference: caught the same way
     argv2 = argv[:2] + ["--critic_model_name_or_path", str(base / "rm")]
     argv2 += ["--reference_model_name_or_path", str(base / "other")]
     with pytest.raises(ValueError, match="--reference_model_name_or_path"):
-        ppo.build_models(parse_config(PPOStageConfig, argv2), total_updates=1)
+        cfg2 = parse_config(PPOStageConfig, argv2)
+        ppo.build_models(cfg2.models, cfg2.ppo, cfg2.reward_source, total_updates=1)
     assert loaded == []
 
 
@@ -229,7 +230,7 @@ def test_ppo_stage_loads_the_actors_tokenizer_once(models, monkeypatch):
     )
     monkeypatch.setattr(ppo, "build_actor", lambda *a: 1 / 0)  # stop after the check
     with pytest.raises(ZeroDivisionError):
-        ppo.build_models(cfg, 1, actor_tok)
+        ppo.build_models(cfg.models, cfg.ppo, cfg.reward_source, 1, actor_tok)
     assert paths == [rm]
 
 

@@ -96,11 +96,13 @@ def evaluation_run(backend: str, cache) -> SimpleNamespace:
     )  # fmt: skip
     setup = SamplerSetup(model=actor, model_path=path, seed=7, max_rows=3)
     sampler = Spy(open_sampler(backend, cfg.generation, setup))
+    eval_prompts = load_eval_prompts(cfg.data, cfg.generation, cfg.ppo.optim.seed, tok)
     return SimpleNamespace(
-        cfg=cfg, tokenizer=tok, collate=PromptCollator(tok.pad_token_id),
+        ppo=cfg.ppo, generation=cfg.generation, perf=cfg.perf, log=cfg.log,
+        tokenizer=tok, collate=PromptCollator(tok.pad_token_id),
         models=SimpleNamespace(actor=Engine(actor), reward=Engine(rm), sampler=sampler),
         eos_ids=eos_token_ids(tok, cfg.data), reward=SequenceReward(tok, cfg.ppo),
-        gold=gold_score, eval_prompts=load_eval_prompts(cfg, tok), rm=rm,
+        gold=gold_score, eval_prompts=eval_prompts, rm=rm,
     )  # fmt: skip
 
 
@@ -131,7 +133,7 @@ def check_evaluation(backend: str, cache) -> None:
                 assert torch.equal(seeds[r : r + 1], want)
                 alone, _, _ = spy.inner.sample(
                     torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long),
-                    run.cfg.generation, run.eos_ids, tok.pad_token_id, want,
+                    run.generation, run.eos_ids, tok.pad_token_id, want,
                 )  # fmt: skip
                 assert alone[0][response_mask(alone, run.eos_ids)[0][0]].tolist() == response
     assert metrics["eval/response_len"] == statistics.fmean(lengths)
@@ -139,7 +141,7 @@ def check_evaluation(backend: str, cache) -> None:
     assert abs(metrics["eval/score"] - statistics.fmean(scores)) < 1e-5
     assert abs(metrics["eval/gold"] - statistics.fmean(golds)) < 1e-9
     # the reward is the score clipped to --reward_clip (the small head stays inside it)
-    assert max(abs(s) for s in scores) < run.cfg.ppo.reward_clip
+    assert max(abs(s) for s in scores) < run.ppo.reward_clip
     assert abs(metrics["eval/reward"] - metrics["eval/score"]) < 1e-5
     assert evaluate_policy(run, step=3) == metrics
     spy.close()

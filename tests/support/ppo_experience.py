@@ -12,4 +12,4 @@ def loop_experience(rule, ro, scored, scores, cfg, kl_coef, **kwargs):
     ``row_seeds``, ``dense`` and ``all_gather`` of :func:`make_experience`)."""
     term, exp = make_experience(rule, ro, scored, scores, cfg.ppo, kl_coef, **kwargs)
     exp = gather_experience(exp, pad_id=0, block=len(ro.prompt_ids))
-    return estimate(exp, term, cfg)
+    return estimate(exp, term, cfg.ppo, cfg.macro)

@@ -25,10 +25,12 @@ _generated: list[dict] = []
 _parts: list[list[int]] = []
 _steps = [0]
 _critic_rows = [0]
+_out: list[Path] = []  # the run's output directory
 
 
 def setup(cfg):
     run = _setup(cfg)
+    _out[:] = [run.out]
     critic = run.models.critic
     if critic is not None:  # count the rows of every critic forward pass
         forward = critic.forward
@@ -63,8 +65,8 @@ def minibatches(*args, **kwargs):
         yield m
 
 
-def ppo_update(models, exp, cfg, *args, **kwargs):
-    out = _ppo_update(models, exp, cfg, *args, **kwargs)
+def ppo_update(models, exp, *args, **kwargs):
+    out = _ppo_update(models, exp, *args, **kwargs)
     _steps[0] += 1
     fields = ("old_logprobs", "ref_logprobs", "values", "scores", "rewards", "advantages")
     record = {
@@ -84,7 +86,7 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
         stats=dict(exp.stats),
         update=dict(out),
     )
-    path = Path(cfg.log.output_dir) / "record" / f"step-{_steps[0]}-rank-{rank()}.pt"
+    path = _out[0] / "record" / f"step-{_steps[0]}-rank-{rank()}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(record, path)
     _generated.clear()

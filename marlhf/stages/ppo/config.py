@@ -571,6 +571,18 @@ class PerfConfig:
         return Grouping(*args, self.batching.packing, self.batching.max_tokens_per_micro_batch)
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What the trainer's forward passes (scoring and the update) and the update's losses read,
+    unpacked once from the stage config (:attr:`PPOStageConfig.trainer`)."""
+
+    ppo: PPOConfig
+    temperature: float  # --temperature: log-probs at the sampling temperature
+    max_answer_seq_len: int  # the seq-mean-token-sum-norm loss divides by it
+    perf: PerfConfig  # the paths: all positions or the response's, length groups, packing
+    correction: str = "none"  # --rollout_correction resolved (PPOStageConfig.correction)
+
+
 @dataclass
 class PPOStageConfig:
     """Stage 3: MA-PPO (PPO over macro actions)."""
@@ -596,6 +608,12 @@ class PPOStageConfig:
         return "none" if self.models.effective_dtype == "fp32" else "tis"
 
     @property
+    def trainer(self) -> TrainerSettings:
+        """The :class:`TrainerSettings` of this config."""
+        g, ppo = self.generation, self.ppo
+        return TrainerSettings(ppo, g.temperature, g.max_answer_seq_len, self.perf, self.correction)
+
+    @property
     def reward_source(self) -> str:
         """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.registry.resolve_reward_source`;
         with ``--env``: ``none``, the environment's rewards alone)."""
@@ -606,7 +624,7 @@ class PPOStageConfig:
         )
 
     def __post_init__(self) -> None:
-        ppo, mc = self.ppo, self.models
+        ppo, models = self.ppo, self.models
         name = self.generation.generation_backend
         if (
             name != "auto"
@@ -638,7 +656,7 @@ class PPOStageConfig:
             reward_sources.check_reward_flags(
                 self.reward_source, self.reward,
                 None if ppo.needs_critic else ppo.advantage_estimator,
-                bool(mc.reward_model_name_or_path or mc.critic.model.model_name_or_path),
+                bool(models.reward_model_name_or_path or models.critic.model.model_name_or_path),
             )  # fmt: skip
 
 

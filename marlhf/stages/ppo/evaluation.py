@@ -26,17 +26,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from marlhf.data.tokenize import build_prompt_dataset
 from marlhf.models.sequences import end_index
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.forward import reward_forward
-from marlhf.stages.ppo.prompts import prompt_metas
+from marlhf.stages.ppo.prompts import prompt_metas, prompt_split
 from marlhf.stages.ppo.rollout import generate
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.config import LoggingConfig
+    from marlhf.data.config import DataConfig
+    from marlhf.stages.ppo.config import GenerationConfig, PerfConfig, PPOConfig
     from marlhf.stages.ppo.models import Models
     from marlhf.stages.ppo.scoring import SequenceReward
 
@@ -44,7 +45,10 @@ if TYPE_CHECKING:
 class Run(Protocol):
     """What an evaluation reads of the PPO loop's run (:class:`marlhf.stages.ppo.loop.Run`)."""
 
-    cfg: PPOStageConfig
+    ppo: PPOConfig  # --seed
+    generation: GenerationConfig
+    perf: PerfConfig
+    log: LoggingConfig  # --eval_iters
     models: Models
     tokenizer: Any
     collate: Callable[[list], dict]  # left-pads a list of prompts
@@ -57,33 +61,23 @@ class Run(Protocol):
 EVAL_STREAM = 3  # the seeding backends' stream of held-out rows (rollouts use 2)
 
 
-def load_eval_prompts(cfg: PPOStageConfig, tokenizer):
+def load_eval_prompts(data: DataConfig, g: GenerationConfig, seed: int, tokenizer):
     """The PPO phase of the eval split, tokenised like the training prompts."""
-    g = cfg.generation
-    prompts, _ = build_prompt_dataset(
-        cfg.data,
-        tokenizer,
-        "eval",
-        cfg.ppo.optim.seed,
-        g.max_prompt_seq_len,
-        phase=3,
-        overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
-    )
-    return prompts
+    return prompt_split(data, g, seed, tokenizer, "eval")[0]
 
 
-def due(cfg: PPOStageConfig, step: int, total: int) -> bool:
+def due(log: LoggingConfig, step: int, total: int) -> bool:
     """Whether step ``step`` (1-based, just taken) is followed by an evaluation."""
-    n = cfg.log.eval_interval
+    n = log.eval_interval
     return n > 0 and (step % n == 0 or step == total)
 
 
 @torch.no_grad()
 def evaluate_policy(run: Run, step: int) -> dict[str, float]:
     """The ``eval/*`` metrics of the actor after ``step`` steps (every rank calls it)."""
-    cfg, prompts = run.cfg, run.eval_prompts
-    bs = cfg.generation.per_device_generation_batch_size
-    shard = padded_eval_shard(len(prompts), bs, world_size(), rank(), cfg.log.eval_iters)
+    prompts = run.eval_prompts
+    bs = run.generation.per_device_generation_batch_size
+    shard = padded_eval_shard(len(prompts), bs, world_size(), rank(), run.log.eval_iters)
     sums = torch.zeros(6, dtype=torch.float64)  # rows, reward, score, gold, length, eos
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=devices):  # hf draws from the global RNG
@@ -104,17 +98,17 @@ def evaluate_policy(run: Run, step: int) -> dict[str, float]:
 
 def _evaluate_batch(run: Run, step: int, idx: list[int]) -> torch.Tensor:
     """Generate for the held-out prompts ``idx`` and score them: the sums of :func:`evaluate_policy`."""
-    cfg, models = run.cfg, run.models
+    models = run.models
     batch = run.collate([run.eval_prompts[i] for i in idx])
     # the seeding backends' rows (the others draw from the global RNG, forked above)
-    seeds = derive_row_seeds(cfg.ppo.optim.seed, step, torch.tensor(idx), stream=EVAL_STREAM)
+    seeds = derive_row_seeds(run.ppo.optim.seed, step, torch.tensor(idx), stream=EVAL_STREAM)
     ro = generate(
-        models.actor, models.sampler, batch, cfg.generation, run.tokenizer, run.eos_ids, seeds
+        models.actor, models.sampler, batch, run.generation, run.tokenizer, run.eos_ids, seeds
     )
     texts = [run.eval_prompts[i]["prompt"] for i in idx]
     rm_scores = None
     if models.reward is not None:
-        values = reward_forward(models.reward, ro, groups=cfg.perf.grouping)
+        values = reward_forward(models.reward, ro, groups=run.perf.grouping)
         rm_scores = torch.gather(values, 1, end_index(ro.attention_mask).unsqueeze(1))[:, 0]
     rewards, _ = run.reward(ro, rm_scores, prompt_metas(batch, len(idx)), texts)
     gold = 0.0

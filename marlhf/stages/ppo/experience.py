@@ -36,8 +36,9 @@ from marlhf.stages.ppo.rollout import TURN_FIELDS, Rollout
 from marlhf.stages.ppo.scoring import rollout_termination_inputs
 
 if TYPE_CHECKING:
+    from marlhf.macro.config import MacroConfig
     from marlhf.macro.termination import TerminationOutput, TerminationRule
-    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import PPOConfig
     from marlhf.stages.ppo.scoring import Scored
 
 
@@ -179,7 +180,7 @@ def segments_of(exp: Experience) -> MacroSegments:
 
 
 def estimate_advantages(
-    exp: Experience, segments: MacroSegments, cfg: PPOStageConfig
+    exp: Experience, segments: MacroSegments, ppo: PPOConfig, macro: MacroConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The advantage estimator (``--advantage_estimator``, :mod:`marlhf.algo.estimators`):
     (advantages (B, A), returns (B, A) or None) of the global batch ``exp``. This is the one place
@@ -194,13 +195,12 @@ def estimate_advantages(
     (:func:`marlhf.algo.groups.group_ids`) and ``macro_mc``'s Monte-Carlo values; their returns are
     None (``reinforce_pp``: its returns, for logging). Whitened over the batch's valid tokens with
     ``--whiten_advantages``."""
-    ppo, mcfg = cfg.ppo, cfg.macro
     mask = exp.rollout.action_mask
     options = EstimatorOptions(
         gamma=ppo.gamma,
         lam=ppo.lam,
-        value_function=mcfg.value_function,
-        reward_agg=mcfg.macro_reward_agg,
+        value_function=macro.value_function,
+        reward_agg=macro.macro_reward_agg,
     )
     adv, ret = build_estimator(ppo.estimator, options)(estimator_inputs(exp, segments, ppo))
     if ppo.whiten_advantages:  # over the tokens the policy loss trains
@@ -260,19 +260,20 @@ def experience_stats(
     return stats
 
 
-def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> Experience:
+def estimate(
+    exp: Experience, term: TerminationOutput, ppo: PPOConfig, macro: MacroConfig
+) -> Experience:
     """4. ``exp`` (the global batch, :func:`gather_experience`) with its advantages, returns and
     statistics."""
     segments = segments_of(exp)
-    mcfg = cfg.macro
-    if mcfg.macro_credit != "all":  # the tokens the policy loss trains (marlhf.macro.credit)
-        exp = replace(exp, credit=credit_mask(segments, mcfg))
-    advantages, returns = estimate_advantages(exp, segments, cfg)
+    if macro.macro_credit != "all":  # the tokens the policy loss trains (marlhf.macro.credit)
+        exp = replace(exp, credit=credit_mask(segments, macro))
+    advantages, returns = estimate_advantages(exp, segments, ppo, macro)
     stats = experience_stats(exp, segments, term)
     if exp.credit is not None:
         mask = exp.rollout.action_mask
         stats["macro/credit_share"] = float(exp.credit.sum() / mask.sum().clamp(min=1))
-    G = cfg.ppo.n_samples_per_prompt
+    G = ppo.n_samples_per_prompt
     if G > 1 and exp.outcome is not None:
         stats.update(group_stats(exp.outcome, group_ids(len(exp.outcome), G, exp.outcome.device)))
     return replace(exp, advantages=advantages, returns=returns, stats=stats)

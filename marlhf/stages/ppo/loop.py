@@ -30,7 +30,7 @@ import torch
 
 from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.algo.mismatch import mismatch_metrics
-from marlhf.cli import config_to_dict
+from marlhf.cli import config_to_dict, flag_values
 from marlhf.data.collate import PromptCollator
 from marlhf.data.env_rows import load_env_rows
 from marlhf.macro import TerminationRule, build_termination
@@ -49,7 +49,14 @@ from marlhf.runtime.resources import PhaseResources
 from marlhf.runtime.rows import derive_row_seeds, global_rows
 from marlhf.stages.common import check_resume, ensure_output_dir, log_eval, start
 from marlhf.stages.ppo import sampler as rollout_sampler
-from marlhf.stages.ppo.config import PPOStageConfig
+from marlhf.stages.ppo.config import (
+    ActorCriticConfig,
+    GenerationConfig,
+    PerfConfig,
+    PPOConfig,
+    PPOStageConfig,
+    TrainerSettings,
+)
 from marlhf.stages.ppo.evaluation import due as eval_due
 from marlhf.stages.ppo.evaluation import evaluate_policy, load_eval_prompts
 from marlhf.stages.ppo.experience import (
@@ -97,6 +104,11 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
+    from marlhf.config import LoggingConfig
+    from marlhf.data.config import DataConfig
+    from marlhf.envs.config import EnvConfig
+    from marlhf.macro.config import MacroConfig
+    from marlhf.rewards.code import CodeRewardConfig
     from marlhf.rewards.segment import LocationNormalizer
 
 log = logging.getLogger("marlhf.ppo")
@@ -113,20 +125,19 @@ def train(cfg: PPOStageConfig) -> Path:
 
 
 def _train(run: Run) -> Path:
-    cfg = run.cfg
-    state = resume(run.models, cfg, run.out)
+    state = resume(run.models, run.ppo, run.log, run.models_cfg, run.out)
     rollout_sampler.sync_weights(run.models)  # vllm: the (resumed) actor's weights into the engine
     unsup = pretraining_mix(run, state)
-    tracker, bar = open_tracker(cfg.log, state, run.plan.total, run_label(cfg), run.run_config)
+    tracker, bar = open_tracker(run.log, state, run.plan.total, run.label, run.run_config)
     preemption.enter_training()
-    g = cfg.generation
+    g = run.generation
     while state.step < run.plan.total:
         metrics, ro, exp, prompt_texts = ppo_step(run, state, unsup)
         startup.first_step(log)
         # 6. log (every --log_interval steps and the last), evaluate and save
-        if state.step % cfg.log.log_interval == 0 or state.step == run.plan.total:
+        if state.step % run.log.log_interval == 0 or state.step == run.plan.total:
             tracker.log(metrics, state.step)
-        if run.eval_prompts is not None and eval_due(cfg, state.step, run.plan.total):
+        if run.eval_prompts is not None and eval_due(run.log, state.step, run.plan.total):
             log_eval(evaluate_policy(run, state.step), state.step, tracker, log)
         bar.update(1)
         bar.set_postfix(
@@ -136,22 +147,28 @@ def _train(run: Run) -> Path:
         )
         if g.print_answers and is_main() and state.step % g.print_answers_interval == 0:
             print_answer(run.tokenizer, ro, exp, prompt_texts)
-        save_steps = cfg.log.save_steps
+        save_steps = run.log.save_steps
         saved = save_steps and state.step % save_steps == 0
         if saved and state.step < run.plan.total:
-            save_checkpoint(
-                run.models, state, run.tokenizer, cfg, run.run_config, False, run.settings
-            )
+            save_run(run, state, final=False)
         stop_if_requested(run, state, tracker, bar, saved)
     bar.close()
-    save_checkpoint(run.models, state, run.tokenizer, cfg, run.run_config, True, run.settings)
+    save_run(run, state, final=True)
     tracker.close()
     if run.rewarder is not None:
         run.rewarder.close()
     if is_main():
-        log.info("%s actor saved to %s", run_label(cfg), run.out / "actor")
+        log.info("%s actor saved to %s", run.label, run.out / "actor")
     rollout_sampler.close(run.models)  # last: vLLM's teardown ends the process group
     return run.out
+
+
+def save_run(run: Run, state: TrainState, final: bool, models_too: bool = True) -> None:
+    """:func:`~marlhf.stages.ppo.state.save_checkpoint` of the run after ``state.step`` steps."""
+    save_checkpoint(
+        run.models, state, run.tokenizer, run.log, run.models_cfg, run.run_config, final,
+        run.settings, models_too=models_too,
+    )  # fmt: skip
 
 
 def stop_if_requested(run: Run, state: TrainState, tracker, bar, saved: bool) -> None:
@@ -162,10 +179,7 @@ def stop_if_requested(run: Run, state: TrainState, tracker, bar, saved: bool) ->
     if not signum or state.step >= run.plan.total:
         return
     if not saved:  # the training state only: what a resume needs, soonest
-        save_checkpoint(
-            run.models, state, run.tokenizer, run.cfg, run.run_config, False, run.settings,
-            models_too=False,
-        )  # fmt: skip
+        save_run(run, state, final=False, models_too=False)
     bar.close()
     tracker.close()
     state_root = run.out / "train_state"
@@ -176,15 +190,15 @@ def stop_if_requested(run: Run, state: TrainState, tracker, bar, saved: bool) ->
 def ppo_step(run: Run, state: TrainState, unsup=None):
     """One PPO step: returns its metrics (over all ranks), this rank's rollout, the experience
     (global batch) and this rank's prompt texts."""
-    cfg, ppo, plan = run.cfg, run.cfg.ppo, run.plan
-    clock = _Clock(PhaseResources() if cfg.perf.log_phase_resources else None)
+    ppo, plan, perf = run.ppo, run.plan, run.perf
+    clock = _Clock(PhaseResources() if perf.log_phase_resources else None)
     t = time.perf_counter()
     # the update's first minibatch: its critic pass is run once, while scoring, and kept for it
     first = None
-    if reuses_critic_forward(run.models, cfg.perf):
+    if reuses_critic_forward(run.models, perf):
         first = first_minibatch_rows(plan.rollout_size * plan.world, ppo, state.shuffle)
     # 1. generate, 2. score (the forward passes), one generation batch at a time
-    check = mismatch_check_step(cfg, state.step)
+    check = mismatch_check_step(perf, state.step)
     env_metrics: dict[str, float] = {}
     if run.env is None:
         ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
@@ -195,7 +209,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     kept = None
     if first is not None:
         with clock("time/score"):
-            scored, kept = kept_critic_values(run.models, ro, scored, first, cfg.perf)
+            scored, kept = kept_critic_values(run.models, ro, scored, first, perf)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
         if run.env is None:
@@ -220,13 +234,13 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
         with clock("time/mc"):
             exp, mc_stats = monte_carlo(
-                run.models, cfg, run.tokenizer, run.eos_ids, run.reward,
+                run.models, ppo, run.generation, run.tokenizer, run.eos_ids, run.reward,
                 state.step, exp, rows, metas, prompt_texts,
             )  # fmt: skip
     with clock("time/macro"):
         # the global batch on every rank, then 4. estimate: advantages (and returns)
         exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)
-        exp = estimate(exp, term, cfg)
+        exp = estimate(exp, term, ppo, run.macro)
     # the step's numbers, before anything reaches the weights (the global batch: every rank alike)
     check_experience(exp, state.step + 1)
     # 5. update
@@ -238,7 +252,7 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         upd = ppo_update(
             run.models,
             exp,
-            cfg,
+            run.trainer,
             train_actor,
             state.shuffle,
             unsup if train_actor else None,
@@ -300,10 +314,10 @@ def step_metrics(
     return {k: float(all_reduce_mean(torch.tensor(float(v)))) for k, v in sorted(metrics.items())}
 
 
-def mismatch_check_step(cfg: PPOStageConfig, step: int) -> bool:
+def mismatch_check_step(perf: PerfConfig, step: int) -> bool:
     """Whether step ``step`` (0-based) checks the rollout's record of log π_old against the
     trainer's: the first step and every ``--mismatch_check_every``-th after it."""
-    every = cfg.perf.mismatch_check_every
+    every = perf.mismatch_check_every
     return every > 0 and step % every == 0
 
 
@@ -319,22 +333,22 @@ def collect_rollouts(
     leaves for :func:`~marlhf.stages.ppo.scoring.kept_critic_values`; ``check_rollout``: the
     actor also scores the decoder's record (:func:`~marlhf.stages.ppo.scoring.old_policy`).
     Returns the concatenated rollout and scores, the prompts' metas and texts."""
-    cfg, plan = run.cfg, run.plan
+    plan, seed = run.plan, run.ppo.optim.seed
     rollouts, scoreds, metas = [], [], []
     # the static decoder (and vLLM) sample each row from (seed, step, its global row; stream 2,
     # apart from the termination's 0 and the dense rewards' 1): the rollouts do not depend on the
     # split over ranks, and a resumed run redraws them without a saved generator state
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
-    micro = step_prompts(plan, cfg.ppo.optim.seed, step)
+    micro = step_prompts(plan, seed, step)
     offset = 0  # the first row of generation batch j in the concatenated rollout
     for j, idx in enumerate(micro):
         batch = run.collate([run.prompts[i] for i in idx])
         rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
-        sample_seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
+        sample_seeds = derive_row_seeds(seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro = generate(
-                run.models.actor, run.models.sampler, batch, cfg.generation, run.tokenizer,
+                run.models.actor, run.models.sampler, batch, run.generation, run.tokenizer,
                 run.eos_ids, row_seeds=sample_seeds,
             )  # fmt: skip
         later = None
@@ -343,7 +357,9 @@ def collect_rollouts(
             later = later_values[inside] - offset
         offset += len(idx)
         with clock("time/score"):
-            scoreds.append(score(run.models, ro, cfg, run.need_entropy, later, check_rollout))
+            scoreds.append(
+                score(run.models, ro, run.trainer, run.need_entropy, later, check_rollout)
+            )
         rollouts.append(ro)
         metas.extend(prompt_metas(batch, len(idx)))
     prompt_texts = [t for idx in micro for t in (run.prompts[i]["prompt"] for i in idx)]
@@ -372,9 +388,9 @@ def critic_metrics(exp: Experience) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Run:
-    """What the loop reads, built once by :func:`setup`."""
+    """What the loop reads, built once by :func:`setup`: the built objects and the parts of the
+    stage config the steps read (the config itself stays with :func:`setup`)."""
 
-    cfg: PPOStageConfig
     out: Path
     tokenizer: PreTrainedTokenizerBase
     prompts: Dataset  # the tokenised PPO prompts
@@ -391,6 +407,16 @@ class Run:
     rewarder: CodeRewarder | None  # the execution reward (--reward_source code / rm+code)
     reward: SequenceReward  # the sequence-level reward (--reward_source, --reward_fn, --reward_url)
     run_config: dict  # run_config.json: the config as it ran (the backend resolved)
+    # the parts of the stage config the steps, evaluations and saves read
+    ppo: PPOConfig
+    generation: GenerationConfig
+    macro: MacroConfig
+    perf: PerfConfig
+    log: LoggingConfig
+    data: DataConfig  # the SFT data of --unsup_coef
+    models_cfg: ActorCriticConfig  # the models' ZeRO stages (resume, save)
+    trainer: TrainerSettings  # how the trainer scores and trains (PPOStageConfig.trainer)
+    label: str  # what runs, in logs and trackers (run_label)
     settings: dict | None = None  # the run's settings, saved with each training state
     eval_prompts: Dataset | None = None  # the held-out prompts (with --eval_interval)
     env: EnvRollouts | None = None  # --env: the environment the episodes are played on
@@ -398,46 +424,48 @@ class Run:
 
 def setup(cfg: PPOStageConfig) -> Run:
     """Process group and seeds, tokenizer, prompts and plan, the four models, the termination
-    rules and the reward sources; writes run_config.json and ds_config.json."""
-    mc, g, ppo = cfg.models, cfg.generation, cfg.ppo
-    start(mc.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
-    rollout_sampler.check_flags(cfg)  # before any data or model is loaded
+    rules and the reward sources; writes run_config.json and ds_config.json. The one function
+    below :func:`train` that reads the whole config: it hands the run its parts."""
+    models_cfg, g, ppo, data = cfg.models, cfg.generation, cfg.ppo, cfg.data
+    start(models_cfg.ds, ppo.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
+    rollout_sampler.check_flags(g, models_cfg)  # before any data or model is loaded
     out = ensure_output_dir(cfg.log.output_dir)
-    check_seen_settings(cfg)  # the models see the texts they were trained on
-    tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
     source = cfg.reward_source  # --reward_source, auto resolved
+    check_seen_settings(models_cfg, source, data)  # the models see the texts they were trained on
+    tokenizer = load_tokenizer(model_config(models_cfg, models_cfg.actor), padding_side="left")
     check_sources(source)
-    check_context(ppo_model_roles(mc, source), sequence_lengths(cfg))
+    check_context(ppo_model_roles(models_cfg, source), sequence_lengths(g, cfg.env))
     env = None
     if cfg.env.env is not None:  # multi-turn: the environment and the prompt rows it plays
         env = env_setup(cfg.env, tokenizer)
-        prompts, dropped = load_env_rows(cfg.data.data_path, cfg.data.max_samples), 0
+        prompts, dropped = load_env_rows(data.data_path, data.max_samples), 0
         check_first_prompt(env.layout, prompts, cfg.env.max_total_seq_len)
     else:
-        prompts, dropped = load_prompts(cfg, tokenizer)
+        prompts, dropped = load_prompts(data, g, ppo.optim.seed, source, tokenizer)
     custom = custom_rewards(cfg.reward)  # the user's functions load here: their errors come first
     if env is None:
         check_columns(custom, prompts["meta"])
     startup.mark("data")
-    plan = plan_rollouts(len(prompts), cfg)
+    plan = plan_rollouts(len(prompts), g, ppo)
     # what ran (and what a resume compares): the config with --reward_source resolved
     ran = replace(cfg, ppo=replace(ppo, reward_source=source))
-    settings = check_resume(ran, cfg.log, global_sizes(plan, cfg))
-    models = build_models(cfg, plan.total_updates, tokenizer)
+    settings = check_resume(flag_values(ran), cfg.log, global_sizes(plan, ppo))
+    models = build_models(models_cfg, ppo, source, plan.total_updates, tokenizer)
     startup.mark("models + engines")
-    backend = rollout_sampler.run_backend(cfg, models.actor)
+    backend = rollout_sampler.run_backend(g, models_cfg, models.actor)
     rule = build_termination(cfg.macro, tokenizer)
     # Segment-PPO's dense rewards cut responses with the segment RM's own rule: built once here
     seg_rule, seg_norm = segment_rule(models, tokenizer) if ppo.dense_reward else (None, None)
     need_entropy = "ref_entropy" in rule.needs or (
         seg_rule is not None and "ref_entropy" in seg_rule.needs
     )
-    gold, rewarder = _reward_sources(cfg)
+    gold, rewarder = _reward_sources(source, data, cfg.code)
     score_stats = models.reward_info.get("score_stats") if models.reward_info else None
     ctx = RewardContext(gold, rewarder, ppo.normalize_reward, score_stats, cfg.reward.reward_errors)
     sources = build_sources(source_names(source), ctx) + custom
     # what ran: the config with the resolved backend (a copy; the config itself keeps `auto`)
     run_config = config_to_dict(replace(ran, generation=replace(g, generation_backend=backend)))
+    label = run_label(ppo, cfg.macro)
     if is_main():
         write_json(out / "run_config.json", run_config)
         ds = {"actor": models.actor_ds, "critic": models.critic_ds}
@@ -445,7 +473,7 @@ def setup(cfg: PPOStageConfig) -> Run:
         log.info(
             "%s: %d prompts (%d over-long %s), %d steps, rollout %d/device (%d sample(s) "
             "per prompt), termination=%s, estimator=%s",
-            run_label(cfg),
+            label,
             len(prompts),
             dropped,
             "dropped" if g.overlong_prompts == "drop" else "truncated",
@@ -462,8 +490,10 @@ def setup(cfg: PPOStageConfig) -> Run:
             log.info("reward: %s", describe_reward(source, cfg.reward))
     oracle = gold if "gold" in source_names(source) else None
     errors = cfg.reward.reward_errors
+    eval_prompts = None
+    if cfg.log.eval_interval > 0:
+        eval_prompts = load_eval_prompts(data, g, ppo.optim.seed, tokenizer)
     run = Run(
-        cfg=cfg,
         out=out,
         tokenizer=tokenizer,
         prompts=prompts,
@@ -475,58 +505,62 @@ def setup(cfg: PPOStageConfig) -> Run:
         seg_rule=seg_rule,
         seg_norm=seg_norm,
         need_entropy=need_entropy,
-        eos_ids=eos_token_ids(tokenizer, cfg.data),
+        eos_ids=eos_token_ids(tokenizer, data),
         gold=gold,
         rewarder=rewarder,
         reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle, sources, errors),
         run_config=run_config,
+        # the config's parts
+        ppo=ppo, generation=g, macro=cfg.macro, perf=cfg.perf, log=cfg.log, data=data,
+        models_cfg=models_cfg, trainer=cfg.trainer, label=label,
         settings=settings,
-        eval_prompts=load_eval_prompts(cfg, tokenizer) if cfg.log.eval_interval > 0 else None,
+        eval_prompts=eval_prompts,
         env=env,
-    )
+    )  # fmt: skip
     # last: the sampler, once per run (an engine of its own gets the weights from `train`)
-    models.sampler = rollout_sampler.open_run_sampler(cfg, plan, models.actor, backend)
+    models.sampler = rollout_sampler.open_run_sampler(
+        g, ppo, models_cfg, plan, models.actor, backend
+    )
     return run
 
 
-def sequence_lengths(cfg: PPOStageConfig) -> dict[str, int]:
+def sequence_lengths(g: GenerationConfig, env: EnvConfig) -> dict[str, int]:
     """The flags whose sum is the longest sequence a PPO model reads (prompt + response; with
     ``--env``, the whole conversation)."""
-    g = cfg.generation
-    if cfg.env.env is not None:
-        return {"--max_total_seq_len": cfg.env.max_total_seq_len}
+    if env.env is not None:
+        return {"--max_total_seq_len": env.max_total_seq_len}
     return {
         "--max_prompt_seq_len": g.max_prompt_seq_len,
         "--max_answer_seq_len": g.max_answer_seq_len,
     }
 
 
-def global_sizes(plan: RolloutPlan, cfg: PPOStageConfig) -> dict[str, int]:
+def global_sizes(plan: RolloutPlan, ppo: PPOConfig) -> dict[str, int]:
     """The sizes a resumed run must keep whatever its number of processes: responses per step and
     rows per minibatch, over all ranks."""
     return {
         "rollout_batch": plan.rollout_size * plan.world,
-        "minibatch": cfg.ppo.per_device_training_batch_size * plan.world,
+        "minibatch": ppo.per_device_training_batch_size * plan.world,
     }
 
 
-def _reward_sources(cfg: PPOStageConfig):
+def _reward_sources(source: str, data: DataConfig, code: CodeRewardConfig):
     """The gold scorer (or None: the data are no synthetic task) and the code rewarder (or None)
-    of ``--reward_source``."""
+    of ``source`` (``--reward_source`` resolved)."""
     rewarder = None
-    if "code" in source_names(cfg.reward_source):
-        rewarder = CodeRewarder.from_config(cfg.code)
-    return gold_scorer(cfg.data), rewarder
+    if "code" in source_names(source):
+        rewarder = CodeRewarder.from_config(code)
+    return gold_scorer(data), rewarder
 
 
 def pretraining_mix(run: Run, state: TrainState):
     """The SFT batches of ``--unsup_coef`` (None without it); a resumed run skips those consumed."""
-    ppo = run.cfg.ppo
+    ppo = run.ppo
     if ppo.unsup_coef <= 0:
         return None
     minibatches = run.plan.rollout_size // ppo.per_device_training_batch_size
     consumed = max(0, state.step - ppo.critic_warmup_steps) * ppo.ppo_epochs * minibatches
-    return sft_batches(run.cfg, run.tokenizer, skip=consumed)
+    return sft_batches(run.data, ppo, run.tokenizer, skip=consumed)
 
 
 class _Clock:

@@ -49,7 +49,7 @@ from marlhf.stages.ppo.scoring import SequenceReward
 
 if TYPE_CHECKING:
     from marlhf.macro import MacroSegments
-    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import GenerationConfig, PPOConfig
     from marlhf.stages.ppo.models import Models
 
 MC_STREAM = 3  # the seed stream of the continuations (0 segments, 1 dense rewards, 2 responses)
@@ -190,7 +190,8 @@ def _chunks(jobs: MCJobs, size: int, collective: bool) -> list[torch.Tensor | No
 
 def continuation_rewards(
     models: Models,
-    cfg: PPOStageConfig,
+    ppo: PPOConfig,
+    g: GenerationConfig,
     tokenizer,
     eos_ids: list[int],
     reward: SequenceReward,
@@ -203,7 +204,6 @@ def continuation_rewards(
 ) -> torch.Tensor:
     """(J,) the sequence reward of every continuation of ``jobs`` (on the CPU), drawn in calls of
     ``--mc_generation_batch_size`` rows (see the module docstring)."""
-    g, ppo = cfg.generation, cfg.ppo
     pad = tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
     engines = (models.actor, models.reward)
@@ -248,7 +248,8 @@ def mc_boundaries(segments: MacroSegments, ppo: PPOConfig, max_answer_seq_len: i
 
 def monte_carlo(
     models: Models,
-    cfg: PPOStageConfig,
+    ppo: PPOConfig,
+    g: GenerationConfig,
     tokenizer,
     eos_ids: list[int],
     reward: SequenceReward,
@@ -261,9 +262,8 @@ def monte_carlo(
     """This rank's experience (its own rows, before gathering) with ``macro_mc``'s Monte-Carlo
     values (``mc_positions``, ``mc_values``, ``mc_prompt_values``), and the step's ``mc/*`` metrics
     over all ranks. ``rows``: the rows' global indices; ``metas``/``texts``: their prompts'."""
-    ppo = cfg.ppo
     K, C = ppo.mc_rollouts, ppo.mc_max_boundaries
-    boundaries = mc_boundaries(segments_of(exp), ppo, cfg.generation.max_answer_seq_len)
+    boundaries = mc_boundaries(segments_of(exp), ppo, g.max_answer_seq_len)
     with_prompt = ppo.n_samples_per_prompt == 1
     cpu = MCBoundaries(
         positions=boundaries.positions.cpu(),
@@ -274,7 +274,8 @@ def monte_carlo(
     keys = job_keys(jobs, rows.cpu(), C, K)
     rewards = continuation_rewards(
         models,
-        cfg,
+        ppo,
+        g,
         tokenizer,
         eos_ids,
         reward,

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
+from marlhf.data.config import DataConfig
 from marlhf.models.checks import (
     check_same_tokenizer,
     critic_head,
@@ -41,7 +42,6 @@ from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_conf
 from marlhf.stages.ppo.config import (
     ActorCriticConfig,
     PPOConfig,
-    PPOStageConfig,
     TrainedModelConfig,
 )
 
@@ -76,15 +76,15 @@ def eval_mode(*engines):
             engine.train(mode)
 
 
-def model_config(mc: ActorCriticConfig, m: TrainedModelConfig) -> ModelConfig:
-    """How a trained model (``mc.actor`` or ``mc.critic``) is loaded: its own settings (path,
+def model_config(models: ActorCriticConfig, m: TrainedModelConfig) -> ModelConfig:
+    """How a trained model (``models.actor`` or ``models.critic``) is loaded: its own settings (path,
     dropout, checkpointing, LoRA) with those the four models share (``--dtype``, ...)."""
     return replace(
         m.model,
-        trust_remote_code=mc.shared.trust_remote_code,
-        dtype=mc.effective_dtype,
-        only_optimize_lora=mc.shared.only_optimize_lora and m.model.lora_dim > 0,
-        lora_train_base=mc.shared.lora_train_base and m.model.lora_dim > 0,
+        trust_remote_code=models.shared.trust_remote_code,
+        dtype=models.effective_dtype,
+        only_optimize_lora=models.shared.only_optimize_lora and m.model.lora_dim > 0,
+        lora_train_base=models.shared.lora_train_base and m.model.lora_dim > 0,
     )
 
 
@@ -99,43 +99,47 @@ def optim_config(ppo: PPOConfig, m: TrainedModelConfig) -> OptimConfig:
     )
 
 
-def ds_config_of(mc: ActorCriticConfig, m: TrainedModelConfig) -> DeepSpeedConfig:
+def ds_config_of(models: ActorCriticConfig, m: TrainedModelConfig) -> DeepSpeedConfig:
     """A trained model's DeepSpeed settings: the shared ones with the model's ZeRO stage."""
-    return replace(mc.ds, zero_stage=m.ds.zero_stage)
+    return replace(models.ds, zero_stage=m.ds.zero_stage)
 
 
-def actor_model_config(mc: ActorCriticConfig) -> ModelConfig:
+def actor_model_config(models: ActorCriticConfig) -> ModelConfig:
     """How the actor is loaded (the reference shares it, minus LoRA, checkpointing and dropout)."""
-    return model_config(mc, mc.actor)
+    return model_config(models, models.actor)
 
 
-def build_actor(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict]:
+def build_actor(
+    models: ActorCriticConfig, ppo: PPOConfig, total_updates: int
+) -> tuple[object, dict]:
     """The SFT policy as a trainable engine, and its DeepSpeed config."""
-    mc, ppo = cfg.models, cfg.ppo
     micro = ppo.per_device_training_batch_size
-    actor_cfg = actor_model_config(mc)
+    actor_cfg = actor_model_config(models)
     # ZeRO-3: load the weights partitioned across ranks (transformers reads only the ZeRO section)
     zero3 = (
-        ds_config(zero_stage=3, dtype=mc.effective_dtype, micro_batch_size=micro, inference=True)
-        if mc.actor.ds.zero_stage == 3
+        ds_config(
+            zero_stage=3, dtype=models.effective_dtype, micro_batch_size=micro, inference=True
+        )
+        if models.actor.ds.zero_stage == 3
         else None
     )
     actor = apply_lora(load_causal_lm(actor_cfg, ds_zero3_config=zero3), actor_cfg, "actor")
     return build_train_engine(
         actor,
         model_cfg=actor_cfg,
-        ds=ds_config_of(mc, mc.actor),
-        optim=optim_config(ppo, mc.actor),
+        ds=ds_config_of(models, models.actor),
+        optim=optim_config(ppo, models.actor),
         total_steps=total_updates,
         micro_batch_size=micro,
     )
 
 
-def build_reference(mc: ActorCriticConfig) -> object:
+def build_reference(models: ActorCriticConfig) -> object:
     """The reference policy: the same SFT weights (or --reference_model_name_or_path), frozen."""
     ref_cfg = replace(
-        actor_model_config(mc),
-        model_name_or_path=mc.reference_model_name_or_path or mc.actor.model.model_name_or_path,
+        actor_model_config(models),
+        model_name_or_path=models.reference_model_name_or_path
+        or models.actor.model.model_name_or_path,
         lora_dim=0,
         only_optimize_lora=False,
         lora_train_base=False,
@@ -144,24 +148,23 @@ def build_reference(mc: ActorCriticConfig) -> object:
     )
     engine, _ = build_eval_engine(
         load_causal_lm(ref_cfg),
-        dtype=mc.effective_dtype,
-        zero_stage=mc.actor.ds.zero_stage,
-        offload=mc.offload_reference_model,
+        dtype=models.effective_dtype,
+        zero_stage=models.actor.ds.zero_stage,
+        offload=models.offload_reference_model,
     )
     return engine
 
 
-def _load_critic(cfg: PPOStageConfig):
+def _load_critic(models: ActorCriticConfig, reward_source: str):
     """The critic's module (a RewardModel) and the reward_config.json it came with ({} if none):
     a reward model's backbone and value head, or with a fresh value head
     (:func:`marlhf.models.checks.critic_head`: ``--critic_value_head``)."""
-    mc = cfg.models
-    dtype = _DTYPES[mc.effective_dtype]
-    critic_path = mc.critic.model.model_name_or_path or mc.actor.model.model_name_or_path
-    problem = critic_problem(mc, cfg.reward_source)
+    dtype = _DTYPES[models.effective_dtype]
+    critic_path = models.critic.model.model_name_or_path or models.actor.model.model_name_or_path
+    problem = critic_problem(models, reward_source)
     if problem:
         raise ValueError(problem)
-    head = critic_head(mc, cfg.reward_source)
+    head = critic_head(models, reward_source)
     if is_reward_dir(critic_path):
         critic, info = load_reward_model(critic_path, dtype=dtype)
         if head == "fresh":
@@ -173,40 +176,42 @@ def _load_critic(cfg: PPOStageConfig):
     return critic, info
 
 
-def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict, dict]:
+def build_critic(
+    models: ActorCriticConfig, ppo: PPOConfig, reward_source: str, total_updates: int
+) -> tuple[object, dict, dict]:
     """The critic as a trainable engine (initialised from the reward model), its DeepSpeed config
     and the reward_config.json it was loaded from."""
-    mc, ppo = cfg.models, cfg.ppo
     micro = ppo.per_device_training_batch_size
-    critic, info = _load_critic(cfg)
-    if mc.critic.model.dropout is not None:
-        set_model_dropout(critic, mc.critic.model.dropout)
-    if mc.critic.model.gradient_checkpointing:
+    critic, info = _load_critic(models, reward_source)
+    if models.critic.model.dropout is not None:
+        set_model_dropout(critic, models.critic.model.dropout)
+    if models.critic.model.gradient_checkpointing:
         critic.gradient_checkpointing_enable({"use_reentrant": False})
     critic_lora = replace(
-        model_config(mc, mc.critic), model_name_or_path="", dropout=None,
+        model_config(models, models.critic), model_name_or_path="", dropout=None,
         gradient_checkpointing=False,
     )  # fmt: skip
     critic.backbone, lora = wrap_lora(critic.backbone, critic_lora)
     log_parameter_counts(critic, f"critic (value head included){lora}")
     engine, critic_ds = build_train_engine(
         critic,
-        model_cfg=actor_model_config(mc),
-        ds=ds_config_of(mc, mc.critic),
-        optim=optim_config(ppo, mc.critic),
+        model_cfg=actor_model_config(models),
+        ds=ds_config_of(models, models.critic),
+        optim=optim_config(ppo, models.critic),
         total_steps=total_updates,
         micro_batch_size=micro,
     )
     return engine, critic_ds, info
 
 
-def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None, dict]:
-    """The frozen reward model's engine (None unless --reward_source uses it) and its
-    reward_config.json (``critic_info`` when there is no reward model)."""
-    mc, source = cfg.models, cfg.reward_source
+def build_reward(
+    models: ActorCriticConfig, source: str, critic_info: dict
+) -> tuple[object | None, dict]:
+    """The frozen reward model's engine (None unless ``source``, ``--reward_source`` resolved,
+    uses it) and its reward_config.json (``critic_info`` when there is no reward model)."""
     if not reads_reward_model(source):
         return None, critic_info
-    name = mc.reward_model_name_or_path or mc.critic.model.model_name_or_path
+    name = models.reward_model_name_or_path or models.critic.model.model_name_or_path
     if not name:
         raise ValueError(
             f"--reward_source {source} needs a reward model: pass the output of "
@@ -214,28 +219,28 @@ def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None,
         )
     if not is_reward_dir(name):
         raise ValueError(
-            f"{model_flag(mc, 'reward')}: not a reward-model directory (no reward_config.json); "
+            f"{model_flag(models, 'reward')}: not a reward-model directory (no reward_config.json); "
             f"--reward_source {source} needs one: pass the output of stage 2 as "
             "--reward_model_name_or_path"
         )
-    reward, info = load_reward_model(name, dtype=_DTYPES[mc.effective_dtype])
+    reward, info = load_reward_model(name, dtype=_DTYPES[models.effective_dtype])
     assert isinstance(reward, RewardModel)
     engine, _ = build_eval_engine(
-        reward, dtype=mc.effective_dtype, zero_stage=mc.critic.ds.zero_stage
+        reward, dtype=models.effective_dtype, zero_stage=models.critic.ds.zero_stage
     )
     return engine, info
 
 
-def check_seen_settings(cfg: PPOStageConfig) -> None:
+def check_seen_settings(models: ActorCriticConfig, reward_source: str, data: DataConfig) -> None:
     """The models were trained on texts rendered as this run renders them
     (:func:`marlhf.models.checks.settings_mismatches`: ``--apply_chat_template``,
     ``--end_of_conversation_token``); a mismatch is refused, or with ``--allow_settings_mismatch``
     logged as a warning."""
-    roles = ppo_model_roles(cfg.models, cfg.reward_source)
-    problems = settings_mismatches(roles, vars(cfg.data))
+    roles = ppo_model_roles(models, reward_source)
+    problems = settings_mismatches(roles, vars(data))
     if not problems:
         return
-    if not cfg.models.allow_settings_mismatch:
+    if not models.allow_settings_mismatch:
         raise ValueError(
             "; ".join(problems) + ". The model would see other texts than it learned on: pass "
             "the setting it was trained with, or --allow_settings_mismatch to train anyway"
@@ -245,36 +250,40 @@ def check_seen_settings(cfg: PPOStageConfig) -> None:
             log.warning("%s (--allow_settings_mismatch: training anyway)", problem)
 
 
-def build_models(cfg: PPOStageConfig, total_updates: int, tokenizer: Any = None) -> Models:
+def build_models(
+    models: ActorCriticConfig,
+    ppo: PPOConfig,
+    reward_source: str,
+    total_updates: int,
+    tokenizer: Any = None,
+) -> Models:
     """Actor, reference, critic and reward model, in that order (each may draw from the RNG:
     LoRA and fresh value heads are initialised randomly). The four share one tokenizer: checked
     before any weights are loaded (`marlhf.models.checks.check_same_tokenizer`; ``tokenizer``, the
     actor's as the stage loaded it, is not loaded again). The critic only when the estimator reads
-    one (``--advantage_estimator gae``)."""
-    roles = ppo_model_roles(cfg.models, cfg.reward_source)
+    one (``--advantage_estimator gae``). ``reward_source``: ``--reward_source`` resolved."""
+    roles = ppo_model_roles(models, reward_source)
     # the stage's tokenizer is the one the check loads for the actor's directory (unless a
     # tokenizer is named apart from the model)
-    own = cfg.models.actor.model
+    own = models.actor.model
     loaded = (
         {own.model_name_or_path: tokenizer}
         if tokenizer is not None and not own.tokenizer_name_or_path
         else {}
     )
-    check_same_tokenizer(
-        roles, trust_remote_code=cfg.models.shared.trust_remote_code, loaded=loaded
-    )
-    actor, actor_ds = build_actor(cfg, total_updates)
-    ref = build_reference(cfg.models)
-    if cfg.ppo.needs_critic:
-        critic, critic_ds, critic_info = build_critic(cfg, total_updates)
+    check_same_tokenizer(roles, trust_remote_code=models.shared.trust_remote_code, loaded=loaded)
+    actor, actor_ds = build_actor(models, ppo, total_updates)
+    ref = build_reference(models)
+    if ppo.needs_critic:
+        critic, critic_ds, critic_info = build_critic(models, ppo, reward_source, total_updates)
     else:
         critic, critic_ds, critic_info = None, None, {}
         if is_main():
             log.info(
                 "no critic: --advantage_estimator %s needs none (none is built, trained or saved)",
-                cfg.ppo.estimator,
+                ppo.estimator,
             )
-    reward, reward_info = build_reward(cfg, critic_info)
+    reward, reward_info = build_reward(models, reward_source, critic_info)
     return Models(
         actor=actor,
         critic=critic,

@@ -52,7 +52,7 @@ from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, zero3_gather
 from marlhf.stages.ppo.scoring import concat_scored, score
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import GenerationConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import GenerationConfig, PPOConfig, TrainerSettings
     from marlhf.stages.ppo.models import Models
     from marlhf.stages.ppo.prompts import RolloutPlan
     from marlhf.stages.ppo.scoring import SequenceReward
@@ -73,7 +73,9 @@ class EnvRollouts:
 class Run(Protocol):
     """What a multi-turn step reads of the PPO loop's run (:class:`marlhf.stages.ppo.loop.Run`)."""
 
-    cfg: PPOStageConfig
+    ppo: PPOConfig  # --seed
+    generation: GenerationConfig
+    trainer: TrainerSettings  # how the trainer scores the rollouts
     plan: RolloutPlan
     prompts: Any  # the tokenised PPO prompts (a datasets.Dataset)
     tokenizer: Any
@@ -237,20 +239,20 @@ def collect_episodes(
     (:func:`play`, row seeds of stream 2 as the single-turn rollouts') then scored. Returns the
     concatenated rollout and scores, the rows' metas (empty), their prompt texts and the
     episodes' metrics (:func:`episode_step_metrics`)."""
-    cfg, plan, env = run.cfg, run.plan, run.env
+    plan, env, seed = run.plan, run.env, run.ppo.optim.seed
     assert env is not None
     rollouts, scoreds, episodes, played = [], [], [], []
     gen_bs = plan.generation_batch
     gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
-    micro = step_prompts(plan, cfg.ppo.optim.seed, step)
+    micro = step_prompts(plan, seed, step)
     offset = 0
     for j, idx in enumerate(micro):
         rows = [run.prompts[i] for i in idx]
         rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
-        seeds = derive_row_seeds(cfg.ppo.optim.seed, step, rows_j, stream=2)
+        seeds = derive_row_seeds(seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro, eps = play(
-                env, run.models.actor, run.models.sampler, rows, cfg.generation, run.eos_ids,
+                env, run.models.actor, run.models.sampler, rows, run.generation, run.eos_ids,
                 run.tokenizer.pad_token_id, seeds,
             )  # fmt: skip
         later = None
@@ -259,7 +261,9 @@ def collect_episodes(
             later = later_values[inside] - offset
         offset += len(idx)
         with clock("time/score"):
-            scoreds.append(score(run.models, ro, cfg, run.need_entropy, later, check_rollout))
+            scoreds.append(
+                score(run.models, ro, run.trainer, run.need_entropy, later, check_rollout)
+            )
         rollouts.append(ro)
         episodes.extend(eps)
         played.extend(rows)

@@ -1,13 +1,12 @@
 """What a stage-3 run is called in logs and trackers: the algorithm its flags select.
 
->>> from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+>>> from marlhf.stages.ppo.config import PPOConfig
 >>> from marlhf.macro.config import MacroConfig
->>> run_label(PPOStageConfig())
+>>> run_label(PPOConfig(), MacroConfig())
 'PPO'
->>> run_label(PPOStageConfig(macro=MacroConfig(ngram=5)))
+>>> run_label(PPOConfig(), MacroConfig(ngram=5))
 'MA-PPO n=5'
->>> run_label(PPOStageConfig(ppo=PPOConfig(advantage_estimator="grpo", n_samples_per_prompt=4),
-...                          models=_critic_free()))
+>>> run_label(PPOConfig(advantage_estimator="grpo", n_samples_per_prompt=4), MacroConfig())
 'GRPO'
 """
 
@@ -16,7 +15,7 @@ from __future__ import annotations
 from marlhf.algo.registry import estimator_class
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.rules import rule_class
-from marlhf.stages.ppo.config import ActorCriticConfig
+from marlhf.stages.ppo.config import PPOConfig
 
 
 def token_level(macro: MacroConfig) -> bool:
@@ -29,17 +28,12 @@ def macro_label(macro: MacroConfig) -> str:
     return rule_class(macro.termination_condition).short_label(macro)
 
 
-def run_label(cfg) -> str:
+def run_label(ppo: PPOConfig, macro: MacroConfig) -> str:
     """``PPO`` (GAE over tokens), ``MA-PPO n=5`` (GAE over macro actions), ``GRPO``, ``RLOO``,
     ``Dr. GRPO``, ``REINFORCE++``, ``MA-MC`` (``macro_mc``): the estimator's run label
     (:meth:`marlhf.algo.registry.Estimator.run_label`); a critic-free estimator over macro
     actions carries the rule too (``GRPO, macro n=5``); ``--macro_credit boundary`` adds
     ``, boundary credit``."""
-    credit = ", boundary credit" if cfg.macro.macro_credit == "boundary" else ""
-    est = estimator_class(cfg.ppo.advantage_estimator)
-    return est.run_label(macro_label(cfg.macro), token_level(cfg.macro)) + credit
-
-
-def _critic_free():
-    """Doctest helper: models without a critic but with a reward model."""
-    return ActorCriticConfig(reward_model_name_or_path="rm")
+    credit = ", boundary credit" if macro.macro_credit == "boundary" else ""
+    est = estimator_class(ppo.advantage_estimator)
+    return est.run_label(macro_label(macro), token_level(macro)) + credit

@@ -22,7 +22,8 @@ from marlhf.runtime.distributed import rank, world_size
 from marlhf.runtime.rows import step_prompt_indices
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.data.config import DataConfig
+    from marlhf.stages.ppo.config import GenerationConfig, PPOConfig
 
 log = logging.getLogger("marlhf.ppo")
 
@@ -50,10 +51,9 @@ class RolloutPlan:
         return self.generation_batch * self.generation_batches
 
 
-def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
+def plan_rollouts(n_prompts: int, g: GenerationConfig, ppo: PPOConfig) -> RolloutPlan:
     """The plan for ``n_prompts`` prompts: ``--max_steps`` steps when given (the prompts are looped
     over as often as needed, each epoch in its own order), else ``--num_train_epochs`` epochs."""
-    g, ppo = cfg.generation, cfg.ppo
     gen_bs, gen_batches, ws = g.per_device_generation_batch_size, g.generation_batches, world_size()
     rollout_size = gen_bs * gen_batches
     if rollout_size % ppo.per_device_training_batch_size:
@@ -91,22 +91,23 @@ def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
     )
 
 
-def load_prompts(cfg: PPOStageConfig, tokenizer):
-    """The PPO split's tokenised prompts (left-padded by the collator later), and the number of
-    over-long prompts dropped or truncated. With a code reward, problems without usable test cases
-    are left out (APPS has a few); a source that cannot score some prompts otherwise (``math``
-    without an answer column, ``reasoning-gym`` on other data) refuses the data."""
-    g, ppo = cfg.generation, cfg.ppo
-    prompts, dropped = build_prompt_dataset(
-        cfg.data,
-        tokenizer,
-        "train",
-        ppo.optim.seed,
-        g.max_prompt_seq_len,
-        phase=3,
-        overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
+def prompt_split(data: DataConfig, g: GenerationConfig, seed: int, tokenizer, split: str):
+    """The PPO phase of ``split`` (``train`` or ``eval``), tokenised (``--max_prompt_seq_len``,
+    ``--overlong_prompts``), and the number of over-long prompts dropped or truncated."""
+    overlong = "drop" if g.overlong_prompts == "drop" else "truncate_left"
+    return build_prompt_dataset(
+        data, tokenizer, split, seed, g.max_prompt_seq_len, phase=3, overlong=overlong
     )
-    drop, refusals = unusable_prompts(cfg.reward_source, prompts["meta"], prompts["prompt_id"])
+
+
+def load_prompts(data: DataConfig, g: GenerationConfig, seed: int, reward_source: str, tokenizer):
+    """The PPO split's tokenised prompts (left-padded by the collator later), and the number of
+    over-long prompts dropped or truncated. With a code reward (``reward_source``:
+    ``--reward_source`` resolved), problems without usable test cases are left out (APPS has a
+    few); a source that cannot score some prompts otherwise (``math`` without an answer column,
+    ``reasoning-gym`` on other data) refuses the data."""
+    prompts, dropped = prompt_split(data, g, seed, tokenizer, "train")
+    drop, refusals = unusable_prompts(reward_source, prompts["meta"], prompts["prompt_id"])
     if refusals:
         raise ValueError("; ".join(refusals))
     if drop:  # the code reward's problems without tests
@@ -145,20 +146,20 @@ def prompt_metas(batch: dict, n: int) -> list[dict]:
     return [json.loads(m) if isinstance(m, str) else (m or {}) for m in batch.get("meta", [{}] * n)]
 
 
-def sft_batches(cfg: PPOStageConfig, tokenizer, skip: int):
+def sft_batches(data: DataConfig, ppo: PPOConfig, tokenizer, skip: int):
     """Endless SFT micro-batches for the pretraining-mix loss (``--unsup_coef``), this rank's shard,
     from the ``skip``-th on (the batches a resumed run already consumed)."""
-    data = replace(cfg.data, data_path=cfg.ppo.unsup_data_path or cfg.data.data_path)
-    ds = build_sft_dataset(data, tokenizer, "train", cfg.ppo.optim.seed)
+    data = replace(data, data_path=ppo.unsup_data_path or data.data_path)
+    ds = build_sft_dataset(data, tokenizer, "train", ppo.optim.seed)
     collate = SFTCollator(tokenizer.pad_token_id)
-    mb, ws = cfg.ppo.per_device_training_batch_size, world_size()
+    mb, ws = ppo.per_device_training_batch_size, world_size()
     spe = steps_per_epoch(len(ds), mb, 1, ws)
     if spe == 0:
         raise ValueError(f"--unsup_coef: the SFT data has {len(ds)} examples, fewer than one batch")
     i = skip
     while True:
         epoch, step = divmod(i, spe)
-        perm = epoch_permutation(len(ds), cfg.ppo.optim.seed + 1, epoch)
+        perm = epoch_permutation(len(ds), ppo.optim.seed + 1, epoch)
         (idx,) = step_micro_batches(perm, step, mb, 1, ws, rank())
         yield collate([ds[j] for j in idx])
         i += 1

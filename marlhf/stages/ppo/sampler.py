@@ -51,7 +51,7 @@ from marlhf.models.lora import unwrap_peft
 from marlhf.runtime.distributed import barrier
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOStageConfig
+    from marlhf.stages.ppo.config import ActorCriticConfig, GenerationConfig, PPOConfig
     from marlhf.stages.ppo.models import Models
     from marlhf.stages.ppo.prompts import RolloutPlan
 
@@ -59,17 +59,16 @@ CONTEXT_FLAGS = "--max_prompt_seq_len + --max_answer_seq_len"
 log = logging.getLogger("marlhf.ppo")
 
 
-def check_flags(cfg: PPOStageConfig) -> None:
+def check_flags(g: GenerationConfig, models: ActorCriticConfig) -> None:
     """One-line errors, before anything is loaded, for the flags a named backend cannot honour
     (:meth:`~marlhf.models.generation.GenerationBackend.check`) and for a backend that needs whole
     weights under ZeRO-3 without ``--enable_zero3_generation_gather``."""
-    g = cfg.generation
     if g.generation_backend == AUTO:
         return
     backend = get_backend(g.generation_backend)
     backend.check(g)
     if (
-        cfg.models.actor.ds.zero_stage == 3
+        models.actor.ds.zero_stage == 3
         and not g.enable_zero3_generation_gather
         and not backend.samples_partitioned
     ):
@@ -81,34 +80,39 @@ def check_flags(cfg: PPOStageConfig) -> None:
         )
 
 
-def run_backend(cfg: PPOStageConfig, actor) -> str:
+def run_backend(g: GenerationConfig, models: ActorCriticConfig, actor) -> str:
     """``--generation_backend`` with ``auto`` resolved for the ``actor`` engine's model."""
-    g = cfg.generation
     return resolve_backend(
         g.generation_backend,
         actor.module.config,
-        zero3=cfg.models.actor.ds.zero_stage == 3,
+        zero3=models.actor.ds.zero_stage == 3,
         gathered=g.enable_zero3_generation_gather,
     )
 
 
-def open_run_sampler(cfg: PPOStageConfig, plan: RolloutPlan, actor, name: str) -> GenerationBackend:
+def open_run_sampler(
+    g: GenerationConfig,
+    ppo: PPOConfig,
+    models: ActorCriticConfig,
+    plan: RolloutPlan,
+    actor,
+    name: str,
+) -> GenerationBackend:
     """This rank's sampler of backend ``name`` on the ``actor`` engine: room for the largest
     generate call of the run (the rollout's, or ``macro_mc``'s continuations), the actor's
     directory and dtype, ``--seed``."""
-    g, ppo, mc = cfg.generation, cfg.ppo, cfg.models
     rows = plan.generation_batch
     if ppo.needs_mc:
         rows = max(rows, ppo.mc_generation_batch_size or rows * ppo.mc_rollouts)
     setup = SamplerSetup(
         model=actor.module,
-        model_path=resolve_model_path(mc.actor.model.model_name_or_path),
-        dtype=mc.effective_dtype,
+        model_path=resolve_model_path(models.actor.model.model_name_or_path),
+        dtype=models.effective_dtype,
         seed=ppo.optim.seed,
         max_rows=rows,
         context_flags=CONTEXT_FLAGS,
-        trust_remote_code=mc.shared.trust_remote_code,
-        zero3=mc.actor.ds.zero_stage == 3,
+        trust_remote_code=models.shared.trust_remote_code,
+        zero3=models.actor.ds.zero_stage == 3,
         gathered=g.enable_zero3_generation_gather,
     )
     return open_sampler(name, g, setup)

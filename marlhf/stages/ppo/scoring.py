@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from marlhf.rewards.code import CodeRewarder
     from marlhf.rewards.segment import ScoreStats
     from marlhf.runtime.length_groups import Grouping
-    from marlhf.stages.ppo.config import PerfConfig, PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import PerfConfig, PPOConfig, TrainerSettings
     from marlhf.stages.ppo.models import Models
 
 
@@ -87,20 +87,20 @@ def no_grad_mode(*engines):
 def score(
     models: Models,
     ro: Rollout,
-    cfg: PPOStageConfig,
+    trainer: TrainerSettings,
     need_entropy: bool,
     later_values: torch.Tensor | None = None,
     check_rollout: bool = False,
 ) -> Scored:
     """:func:`score_rollout` without autograd (:func:`no_grad_mode`)."""
     with no_grad_mode(models.actor, models.critic):
-        return score_rollout(models, ro, cfg, need_entropy, later_values, check_rollout)
+        return score_rollout(models, ro, trainer, need_entropy, later_values, check_rollout)
 
 
 def score_rollout(
     models: Models,
     ro: Rollout,
-    cfg: PPOStageConfig,
+    trainer: TrainerSettings,
     need_entropy: bool,
     later_values: torch.Tensor | None = None,
     check_rollout: bool = False,
@@ -112,12 +112,12 @@ def score_rollout(
     log π_old and its entropy: :func:`old_policy`. ``later_values``: (k,) long rows whose critic
     values are left at 0 here (the update's first minibatch: :func:`kept_critic_values` computes
     them). ``check_rollout``: the actor also scores a recorded rollout (:func:`old_policy`)."""
-    T = cfg.generation.temperature
-    full = cfg.perf.score_all_positions
-    groups = None if full else cfg.perf.grouping
+    T = trainer.temperature
+    full = trainer.perf.score_all_positions
+    groups = None if full else trainer.perf.grouping
     critic = models.critic  # None: a critic-free estimator (values are 0)
     with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
-        old = old_policy(models.actor, ro, cfg, check_rollout, groups)
+        old = old_policy(models.actor, ro, trainer, check_rollout, groups)
         old_logp = old.logprobs
         ref_logp, ref_ent = policy_forward(
             models.ref, ro, T, with_entropy=need_entropy, all_positions=full, groups=groups
@@ -150,7 +150,7 @@ def score_rollout(
 
 
 def old_policy(
-    actor, ro: Rollout, cfg: PPOStageConfig, check_rollout: bool, groups: Grouping | None
+    actor, ro: Rollout, trainer: TrainerSettings, check_rollout: bool, groups: Grouping | None
 ) -> OldPolicy:
     """π_old of the rollout's tokens (:class:`OldPolicy`), with the rollout engine's record and
     the actor's own forward pass over the same tokens whenever the actor scores a recorded rollout
@@ -163,17 +163,20 @@ def old_policy(
     behaviour policy and the actor's are π_old, compared every step); ``check_rollout`` scores it
     too while keeping the record as π_old (the mismatch check, ``--mismatch_check_every``). Call
     with dropout off."""
-    T, full = cfg.generation.temperature, cfg.perf.score_all_positions
+    T, full = trainer.temperature, trainer.perf.score_all_positions
     recorded = ro.logprobs is not None
     partial = recorded and ro.entropy is None  # vLLM's record: log-probs, no entropies
     trainer_old = (
-        not recorded or partial or cfg.perf.recompute_old_logprobs or cfg.correction != "none"
+        not recorded
+        or partial
+        or trainer.perf.recompute_old_logprobs
+        or trainer.correction != "none"
     )
     if not trainer_old and not check_rollout:
         return OldPolicy(ro.logprobs, ro.entropy)
     logp, ent = policy_forward(actor, ro, T, with_entropy=True, all_positions=full, groups=groups)
     pair = {}
-    if recorded and (check_rollout or partial or cfg.correction != "none"):
+    if recorded and (check_rollout or partial or trainer.correction != "none"):
         pair = {"rollout_logprobs": ro.logprobs, "trainer_logprobs": logp}
     if trainer_old:
         return OldPolicy(logp, ent, **pair)

@@ -46,7 +46,7 @@ from marlhf.stages.common import progress
 
 if TYPE_CHECKING:
     from marlhf.config import LoggingConfig
-    from marlhf.stages.ppo.config import ActorCriticConfig, PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import ActorCriticConfig, PPOConfig
     from marlhf.stages.ppo.models import Models
 
 log = logging.getLogger("marlhf.ppo")
@@ -75,10 +75,15 @@ def _engines(models: Models) -> dict:
     return {k: v for k, v in engines.items() if v is not None}
 
 
-def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
+def resume(
+    models: Models,
+    ppo: PPOConfig,
+    log_cfg: LoggingConfig,
+    models_cfg: ActorCriticConfig,
+    out: Path,
+) -> TrainState:
     """A fresh state, or the one of the checkpoint ``--resume`` picks under ``out/train_state``
     (engines, step, KL controller, shuffle, RNGs and EMA restored)."""
-    ppo = cfg.ppo
     state_root = out / "train_state"
     # the minibatch shuffle: one stream shared by all ranks (minibatches are drawn from the global batch)
     state = TrainState(
@@ -87,9 +92,9 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         shuffle=torch.Generator().manual_seed(ppo.optim.seed),
         ema=None,
     )
-    found = find_resume(state_root, cfg.log.resume)
+    found = find_resume(state_root, log_cfg.resume)
     if found is not None:
-        _check_engines(found[0], found[1], _engines(models), cfg)
+        _check_engines(found[0], found[1], _engines(models), ppo.advantage_estimator)
         client = load_train_state(_engines(models), *found)
         state.step = client["global_step"]
         state.kl_ctl.load_state_dict(client["kl_ctl"])
@@ -99,7 +104,7 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
         log.info("resumed from %s/step-%d", found[0], state.step)
     if ppo.enable_ema:
         state.ema = EMA(
-            models.actor.module, ppo.ema_decay, zero3=cfg.models.actor.ds.zero_stage == 3
+            models.actor.module, ppo.ema_decay, zero3=models_cfg.actor.ds.zero_stage == 3
         )
         # the tag actually loaded (load_train_state falls back past a checkpoint it cannot read)
         tag = f"step-{state.step}"
@@ -109,7 +114,7 @@ def resume(models: Models, cfg: PPOStageConfig, out: Path) -> TrainState:
     return state
 
 
-def _check_engines(root: Path, tag: str, engines: dict, cfg: PPOStageConfig) -> None:
+def _check_engines(root: Path, tag: str, engines: dict, advantage_estimator: str) -> None:
     """Refuse a checkpoint that lacks an engine this run trains: a critic-free run (grpo, rloo,
     ...) resumed with ``--advantage_estimator gae`` has no critic state to resume."""
     missing = [name for name in engines if not (root / name / tag).is_dir()]
@@ -118,7 +123,7 @@ def _check_engines(root: Path, tag: str, engines: dict, cfg: PPOStageConfig) -> 
         trained = f"--advantage_estimator {saved}" if saved else "a critic-free estimator"
         raise ValueError(
             f"{root / tag}: the run has no critic to resume (it was trained with {trained}), "
-            f"and --advantage_estimator {cfg.ppo.advantage_estimator} trains one. Resume with "
+            f"and --advantage_estimator {advantage_estimator} trains one. Resume with "
             "the run's estimator, or start over with --resume never or another --output_dir"
         )
     if missing:
@@ -166,14 +171,14 @@ def open_tracker(
 # checkpoints
 
 
-def _save_critic(models: Models, tokenizer, critic_dir: Path, mc: ActorCriticConfig, run_config):
+def _save_critic(models: Models, tokenizer, critic_dir: Path, zero_stage: int, run_config):
     """The critic as a reward-model directory (LoRA merged, its adapter beside: as a reward
-    model's), with the run's and its DeepSpeed configs."""
+    model's; ``zero_stage``: the critic's), with the run's and its DeepSpeed configs."""
     save_reward_checkpoint(
         models.critic.module,
         tokenizer,
         critic_dir,
-        zero_stage=mc.critic.ds.zero_stage,
+        zero_stage=zero_stage,
         rm_type="end",
         run_config=run_config,
         ds_config=models.critic_ds,
@@ -181,10 +186,12 @@ def _save_critic(models: Models, tokenizer, critic_dir: Path, mc: ActorCriticCon
     )
 
 
-def _save_ema(models: Models, ema: EMA, tokenizer, ema_dir: Path, cfg, run_config) -> None:
+def _save_ema(
+    models: Models, ema: EMA, tokenizer, ema_dir: Path, zero_stage: int, run_config
+) -> None:
     """The actor's EMA as an HF model directory (LoRA merged) with the run's configs (its shadow for
-    a resume goes into the train state: :func:`save_checkpoint`)."""
-    like = gather_state_dict(models.actor.module, cfg.models.actor.ds.zero_stage)
+    a resume goes into the train state: :func:`save_checkpoint`; ``zero_stage``: the actor's)."""
+    like = gather_state_dict(models.actor.module, zero_stage)
     if not is_main():
         return
     base, scaling = unwrap_peft(models.actor.module)
@@ -202,7 +209,8 @@ def save_checkpoint(
     models: Models,
     state: TrainState,
     tokenizer,
-    cfg: PPOStageConfig,
+    log_cfg: LoggingConfig,
+    models_cfg: ActorCriticConfig,
     run_config: dict,
     final: bool,
     settings: dict | None = None,
@@ -212,10 +220,10 @@ def save_checkpoint(
     ``checkpoints/step-N/``; none without ``models_too``) and a resumable train state (the newest
     ``--keep_checkpoints`` kept) with the run's ``settings``
     (:mod:`marlhf.runtime.run_settings`). Every rank calls it."""
-    out = Path(cfg.log.output_dir)
+    out = Path(log_cfg.output_dir)
     step = state.step
     if models_too:
-        _save_models(models, state, tokenizer, cfg, run_config, final)
+        _save_models(models, state, tokenizer, out, models_cfg, run_config, final)
     state_root = out / "train_state"
     extra: dict = {"actor": {}}
     if state.ema is not None:
@@ -230,16 +238,21 @@ def save_checkpoint(
         "rng": rng_state(),
     }
     save_train_state(
-        _engines(models), state_root, step, client, cfg.log.keep_checkpoints, extra_files=extra
+        _engines(models), state_root, step, client, log_cfg.keep_checkpoints, extra_files=extra
     )
 
 
 def _save_models(
-    models: Models, state: TrainState, tokenizer, cfg: PPOStageConfig, run_config: dict, final
+    models: Models,
+    state: TrainState,
+    tokenizer,
+    out: Path,
+    models_cfg: ActorCriticConfig,
+    run_config: dict,
+    final,
 ) -> None:
-    """The actor (and critic, EMA) after ``state.step`` steps: ``output_dir/{actor,critic}`` when
-    ``final``, else ``checkpoints/step-N/``."""
-    out = Path(cfg.log.output_dir)
+    """The actor (and critic, EMA) after ``state.step`` steps: ``out/{actor,critic}`` when
+    ``final``, else ``out/checkpoints/step-N/``."""
     step = state.step
     # written aside, then renamed, so a kill mid-save leaves nothing half-written: checkpoints/step-N
     # as a whole, and each final model directory (actor/, critic/, actor_ema/) on its own
@@ -251,13 +264,15 @@ def _save_models(
                 models.actor.module,
                 tokenizer,
                 where,
-                zero_stage=cfg.models.actor.ds.zero_stage,
+                zero_stage=models_cfg.actor.ds.zero_stage,
                 run_config=run_config,
                 ds_config=models.actor_ds,
             )
         if models.critic is not None:
             with each(root / "critic") as where:
-                _save_critic(models, tokenizer, where, cfg.models, run_config)
+                _save_critic(models, tokenizer, where, models_cfg.critic.ds.zero_stage, run_config)
         if state.ema is not None:
             with each(root / "actor_ema") as where:
-                _save_ema(models, state.ema, tokenizer, where, cfg, run_config)
+                _save_ema(
+                    models, state.ema, tokenizer, where, models_cfg.actor.ds.zero_stage, run_config
+                )

@@ -35,7 +35,7 @@ from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward
 from marlhf.stages.ppo.rollout import Rollout, sequence_lengths, slice_rollout
 
 if TYPE_CHECKING:
-    from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
+    from marlhf.stages.ppo.config import PPOConfig, TrainerSettings
     from marlhf.stages.ppo.models import Models
 
 
@@ -114,7 +114,7 @@ def actor_step(
     models: Models,
     exp: Experience,
     m: Minibatch,
-    cfg: PPOStageConfig,
+    trainer: TrainerSettings,
     unsup_batches=None,
     step: int = 0,
 ) -> dict:
@@ -123,10 +123,11 @@ def actor_step(
     entropy, plus ``--kl_loss_coef`` × the KL to the reference, plus ``--unsup_coef`` × the SFT
     loss; with a token budget over the minibatch's :func:`micro_batches`, their gradients
     accumulated into the one step. Returns its stats."""
-    parts = micro_batches(models.actor, exp, m, cfg)
+    parts = micro_batches(models.actor, exp, m, trainer)
     stats: dict = {}
     for i, part in enumerate(parts):
-        loss, part_stats = actor_loss(models, exp, part, cfg, unsup_batches if i == 0 else None)
+        unsup = unsup_batches if i == 0 else None
+        loss, part_stats = actor_loss(models, exp, part, trainer, unsup)
         _backward(models.actor, loss * m.world, i, len(parts))
         guarded_step(models.actor, step, "actor", loss)
         _add(stats, part_stats)
@@ -136,15 +137,15 @@ def actor_step(
 
 
 def actor_loss(
-    models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig, unsup_batches=None
+    models: Models, exp: Experience, m: Minibatch, trainer: TrainerSettings, unsup_batches=None
 ) -> tuple[torch.Tensor, dict]:
     """The actor's loss on (a micro-batch of) minibatch ``m`` and its stats (shares of the
     minibatch's: every mean is divided by ``m``'s whole-minibatch counts)."""
-    ppo = cfg.ppo
+    ppo = trainer.ppo
     agg = {
         "loss_agg_mode": ppo.policy_loss_agg_mode,
         "num_seqs": m.num_seqs,
-        "norm_length": float(cfg.generation.max_answer_seq_len),
+        "norm_length": float(trainer.max_answer_seq_len),
     }
     mask = m.rollout.action_mask
     # the tokens the policy loss trains (--macro_credit boundary: each macro action's boundary)
@@ -154,10 +155,10 @@ def actor_loss(
     logp, ent = policy_forward(
         models.actor,
         m.rollout,
-        cfg.generation.temperature,
+        trainer.temperature,
         with_entropy=need_ent,
-        all_positions=cfg.perf.score_all_positions,
-        groups=cfg.perf.grouping,
+        all_positions=trainer.perf.score_all_positions,
+        groups=trainer.perf.grouping,
     )
     pg, pstats = policy_loss(
         logp,
@@ -169,7 +170,7 @@ def actor_loss(
         segment_ids=m.cut(exp.segment_ids),
         num_terms=m.num_terms,
         num_tokens=m.num_tokens if exp.credit is None else m.num_terms,
-        is_weights=correction_weights(exp, m, cfg),
+        is_weights=correction_weights(exp, m, trainer),
         **agg,
     )
     loss = pg
@@ -191,7 +192,7 @@ def actor_loss(
         loss = loss - ppo.entropy_coef * ent_mean
         stats["policy/entropy_train"] = ent_mean.detach()
     if unsup_batches is not None:
-        unsup = unsup_loss(models.actor, unsup_batches, cfg.perf.grouping.packing)
+        unsup = unsup_loss(models.actor, unsup_batches, trainer.perf.grouping.packing)
         loss = loss + ppo.unsup_coef * unsup
         stats["loss/unsup"] = unsup.detach()
     stats.update(pstats)
@@ -199,11 +200,13 @@ def actor_loss(
     return loss, stats
 
 
-def micro_batches(engine, exp: Experience, m: Minibatch, cfg: PPOStageConfig) -> list[Minibatch]:
+def micro_batches(
+    engine, exp: Experience, m: Minibatch, trainer: TrainerSettings
+) -> list[Minibatch]:
     """``m`` as ``engine`` trains on it: itself, or with ``--max_tokens_per_micro_batch`` its rows
     cut by that budget (:mod:`marlhf.runtime.micro_batches`; as many micro-batches on every
     rank), each with ``m``'s whole-minibatch counts, so their losses add up to ``m``'s."""
-    grouping = cfg.perf.grouping
+    grouping = trainer.perf.grouping
     if not grouping.max_tokens:
         return [m]
     packed = grouping.packing and packing_mode(engine.module) is not None
@@ -229,18 +232,18 @@ def _add(total: dict, part: dict) -> None:
         total[k] = total.get(k, 0.0) + v
 
 
-def correction_weights(exp: Experience, m: Minibatch, cfg: PPOStageConfig):
+def correction_weights(exp: Experience, m: Minibatch, trainer: TrainerSettings):
     """The rollout correction's importance weights of minibatch ``m`` (mb, A'), or None when
     there is no correction or no record to correct against (`marlhf.algo.mismatch`)."""
-    if cfg.correction == "none" or exp.rollout_logprobs is None:
+    if trainer.correction == "none" or exp.rollout_logprobs is None:
         return None
     return importance_weights(
         m.cut(exp.trainer_logprobs),
         m.cut(exp.rollout_logprobs),
         m.rollout.action_mask,
-        mode=cfg.correction,
-        cap=cfg.ppo.rollout_is_cap,
-        level=cfg.ppo.ratio_level,
+        mode=trainer.correction,
+        cap=trainer.ppo.rollout_is_cap,
+        level=trainer.ppo.ratio_level,
         segment_ids=m.cut(exp.segment_ids),
     )
 
@@ -249,7 +252,7 @@ def critic_step(
     models: Models,
     exp: Experience,
     m: Minibatch,
-    cfg: PPOStageConfig,
+    trainer: TrainerSettings,
     values: torch.Tensor | None = None,
     step: int = 0,
 ) -> dict:
@@ -262,15 +265,15 @@ def critic_step(
             f"kept critic values {tuple(values.shape)} do not fit the first minibatch "
             f"{tuple(m.rollout.action_mask.shape)}"
         )
-    parts = [m] if values is not None else micro_batches(models.critic, exp, m, cfg)
+    parts = [m] if values is not None else micro_batches(models.critic, exp, m, trainer)
     stats: dict = {}
     for i, part in enumerate(parts):
         if values is None:
             part_values = critic_forward(
                 models.critic,
                 part.rollout,
-                all_positions=cfg.perf.score_all_positions,
-                groups=cfg.perf.grouping,
+                all_positions=trainer.perf.score_all_positions,
+                groups=trainer.perf.grouping,
             )
         else:
             part_values = values
@@ -279,7 +282,7 @@ def critic_step(
             part.cut(exp.values),
             part.cut(exp.returns),
             part.rollout.action_mask,
-            cliprange_value=cfg.ppo.cliprange_value,
+            cliprange_value=trainer.ppo.cliprange_value,
             num_tokens=m.num_tokens,
         )
         _backward(models.critic, vl * m.world, i, len(parts))
@@ -293,7 +296,7 @@ def critic_step(
 def ppo_update(
     models: Models,
     exp: Experience,
-    cfg: PPOStageConfig,
+    trainer: TrainerSettings,
     train_actor: bool,
     generator: torch.Generator,
     unsup_batches=None,
@@ -309,16 +312,16 @@ def ppo_update(
     message, :func:`marlhf.runtime.finite.guarded_step`). Returns the stats' global means."""
     sums: dict[str, float] = {}
     n = 0
-    for m in minibatches(exp, cfg.ppo, generator):
+    for m in minibatches(exp, trainer.ppo, generator):
         stats: dict = {}
         if kept is not None:  # the first minibatch
             if not torch.equal(m.idx, kept.rows.to(m.idx.device)):
                 raise ValueError("the kept critic values are not the first minibatch's rows")
-            stats.update(critic_step(models, exp, m, cfg, values=kept.values, step=step))
+            stats.update(critic_step(models, exp, m, trainer, values=kept.values, step=step))
         if train_actor:
-            stats.update(actor_step(models, exp, m, cfg, unsup_batches, step=step))
+            stats.update(actor_step(models, exp, m, trainer, unsup_batches, step=step))
         if models.critic is not None and kept is None:  # critic-free estimators build none
-            stats.update(critic_step(models, exp, m, cfg, step=step))
+            stats.update(critic_step(models, exp, m, trainer, step=step))
         kept = None
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + float(v)

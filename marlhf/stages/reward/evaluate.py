@@ -41,20 +41,20 @@ def evaluate(
     Returns ``({"eval/accuracy", "eval/chosen_mean", "eval/rejected_mean", "eval/score_std",
     "eval/loss"}, ScoreStats of the end scores of all 2N responses)``. Accuracy counts a tie as half.
     """
-    cfg = scorer.cfg
+    optim = scorer.optim
     engine.eval()
     acc = torch.zeros(len(_SUMS), dtype=torch.float64)
     gen = torch.Generator().manual_seed(
-        cfg.optim.seed
+        optim.seed
     )  # the `randomized` rule: the same cuts every eval
-    for idx, real in _shard(len(dataset), cfg.optim.per_device_eval_batch_size, max_batches):
+    for idx, real in _shard(len(dataset), optim.per_device_eval_batch_size, max_batches):
         batch = to_device(collate([dataset[i] for i in idx]), engine.device)
         scores, ends, _ = scorer.scores(engine, batch, gen)
         if not real:
             continue
         chosen, rejected = split_pair(scores.float())
         n = chosen.shape[0]
-        loss = bt_loss(chosen, rejected, scorer.margin(batch), cfg.reward.center_rewards_coef)
+        loss = bt_loss(chosen, rejected, scorer.margin(batch), scorer.reward.center_rewards_coef)
         wins = (chosen > rejected).double() + 0.5 * (chosen == rejected).double()
         e = ends.double()
         acc += torch.stack(
@@ -100,14 +100,13 @@ def fit_normalizer(engine, dataset, collate, scorer: Scorer):
 
     Uses the first ``--normalizer_max_samples`` pairs of ``dataset`` (all with 0).
     """
-    cfg = scorer.cfg
-    n = len(dataset)
-    if cfg.reward.normalizer_max_samples:
-        n = min(n, cfg.reward.normalizer_max_samples)
+    n, optim = len(dataset), scorer.optim
+    if scorer.reward.normalizer_max_samples:
+        n = min(n, scorer.reward.normalizer_max_samples)
     engine.eval()
     rewards, positions = [], []
-    gen = torch.Generator().manual_seed(cfg.optim.seed)
-    for idx, real in _shard(n, cfg.optim.per_device_eval_batch_size):
+    gen = torch.Generator().manual_seed(optim.seed)
+    for idx, real in _shard(n, optim.per_device_eval_batch_size):
         batch = to_device(collate([dataset[i] for i in idx]), engine.device)
         values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         responses = pair_responses(

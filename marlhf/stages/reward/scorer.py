@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from marlhf.config import OptimConfig
 from marlhf.macro import termination_inputs
 from marlhf.models.reward_model import end_scores, padded_values
 from marlhf.models.sequences import response_logprobs_and_entropy
@@ -20,7 +21,7 @@ from marlhf.rewards.segment import (
     segment_readout,
     segment_score,
 )
-from marlhf.stages.reward.config import RewardStageConfig
+from marlhf.stages.reward.config import RewardConfig
 
 
 @dataclass
@@ -109,10 +110,13 @@ def response_scores(
 
 @dataclass
 class Scorer:
-    """Everything needed to score a collated pair batch with the engine: the termination rule and the
-    frozen reference model of a segment RM (None for an end RM)."""
+    """Everything needed to score a collated pair batch with the engine: the objective's flags, the
+    evaluation's batches and seed, the termination rule and the frozen reference model of a segment
+    RM (None for an end RM)."""
 
-    cfg: RewardStageConfig
+    reward: RewardConfig  # the objective (--use_margin, --center_rewards_coef, the normaliser)
+    optim: OptimConfig  # --per_device_eval_batch_size, --seed (the evaluations' batches and cuts)
+    packing: bool  # --packing
     pad_id: int
     eot_id: int
     rule: Any = None  # termination rule (segment RM)
@@ -123,7 +127,7 @@ class Scorer:
         return self.rule is not None
 
     def margin(self, batch: dict) -> torch.Tensor | None:
-        if not self.cfg.reward.use_margin:
+        if not self.reward.use_margin:
             return None
         m = batch["margin"]
         return torch.nan_to_num(m, nan=0.0)
@@ -163,7 +167,7 @@ class Scorer:
         """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch
         (its rows packed with ``--packing``, where the model packs exactly)."""
         values = padded_values(
-            engine, batch["input_ids"], batch["attention_mask"], packing=self.cfg.batching.packing
+            engine, batch["input_ids"], batch["attention_mask"], packing=self.packing
         )
         if not self.segment:
             s = end_scores(values, batch["attention_mask"])

@@ -40,10 +40,11 @@ import torch
 
 from marlhf.algo.bradley_terry import bt_loss, split_pair
 from marlhf.cli import parse_config
-from marlhf.config import ModelConfig
+from marlhf.config import BatchingConfig, DeepSpeedConfig, ModelConfig, OptimConfig
 from marlhf.data.collate import PairCollator
 from marlhf.data.tokenize import build_pair_dataset, eot_ids
 from marlhf.macro import build_termination
+from marlhf.macro.config import MacroConfig
 from marlhf.models.load import (
     TORCH_DTYPES,
     load_causal_lm,
@@ -71,32 +72,33 @@ log = logging.getLogger("marlhf.reward")
 # the stage's moving parts
 
 
-def build_reward_model(cfg: RewardStageConfig):
-    """A fresh value head on the backbone of ``--model_name_or_path`` (dropout, checkpointing, LoRA)."""
+def build_reward_model(m: ModelConfig, zero_stage: int, optim: OptimConfig, init_value_head: bool):
+    """A fresh value head (``init_value_head``: the saved one) on the backbone of
+    ``--model_name_or_path`` (dropout, checkpointing, LoRA); under ZeRO-3 (``zero_stage``) loaded
+    partitioned across ranks."""
     from transformers import AutoConfig
 
-    m = cfg.model
     path = resolve_model_path(m.model_name_or_path)
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
     if m.dropout is not None:
         set_dropout_config(hf_config, m.dropout)
     keep = None
-    if cfg.ds.zero_stage == 3:
+    if zero_stage == 3:
         # Load the backbone partitioned across ranks (the config object must outlive from_pretrained).
         from transformers.integrations import HfDeepSpeedConfig
 
         zero3 = ds_config(
             zero_stage=3,
             dtype=m.dtype,
-            micro_batch_size=cfg.optim.per_device_train_batch_size,
-            learning_rate=cfg.optim.learning_rate,
+            micro_batch_size=optim.per_device_train_batch_size,
+            learning_rate=optim.learning_rate,
         )
         keep = HfDeepSpeedConfig(zero3)  # noqa: F841
     model = RewardModel.from_pretrained(
         path, dtype=TORCH_DTYPES[m.dtype], config=hf_config, trust_remote_code=m.trust_remote_code
     )
     del keep
-    if cfg.reward.init_value_head:
+    if init_value_head:
         load_value_head(model, path)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable({"use_reentrant": False})
@@ -111,42 +113,43 @@ def build_reward_model(cfg: RewardStageConfig):
 # training
 
 
-def _check_margins(dataset, cfg: RewardStageConfig) -> None:
-    if not cfg.reward.use_margin:
+def _check_margins(dataset, use_margin: bool, data_path: tuple[str, ...]) -> None:
+    if not use_margin:
         return
     margins = torch.tensor(list(dataset["margin"]), dtype=torch.float32)
     if margins.numel() and bool(torch.isnan(margins).all()):
         raise ValueError(
-            f"--use_margin: no example of {list(cfg.data.data_path)} has a `margin` value; "
+            f"--use_margin: no example of {list(data_path)} has a `margin` value; "
             "drop the flag or use data with a margin column"
         )
 
 
-def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
-    scorer = Scorer(cfg, tokenizer.pad_token_id, eot_ids(cfg.data, tokenizer)[-1])
-    if cfg.reward.rm_type != "segment":
+def _build_scorer(
+    scorer: Scorer, macro: MacroConfig, model: ModelConfig, ds: DeepSpeedConfig, tokenizer
+) -> Scorer:
+    """``scorer`` with, for a segment RM, the termination rule of ``macro`` and the reference model
+    it reads (``--reference_model_name_or_path``, default: ``model``'s)."""
+    if scorer.reward.rm_type != "segment":
         return scorer
-    scorer.rule = build_termination(cfg.macro, tokenizer)
+    scorer.rule = build_termination(macro, tokenizer)
     if scorer.rule.needs & {"ref_logprobs", "ref_entropy"}:
-        ref_path = cfg.reward.reference_model_name_or_path or cfg.model.model_name_or_path
+        ref_path = scorer.reward.reference_model_name_or_path or model.model_name_or_path
         ref_cfg = ModelConfig(
             model_name_or_path=ref_path,
-            trust_remote_code=cfg.model.trust_remote_code,
-            dtype=cfg.model.dtype,
+            trust_remote_code=model.trust_remote_code,
+            dtype=model.dtype,
             dropout=0.0,
         )
         zero3 = None
-        if cfg.ds.zero_stage == 3:
-            zero3 = ds_config(
-                zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=1, inference=True
-            )
+        if ds.zero_stage == 3:
+            zero3 = ds_config(zero_stage=3, dtype=model.dtype, micro_batch_size=1, inference=True)
         ref = load_causal_lm(ref_cfg, ds_zero3_config=zero3)
         scorer.ref, _ = build_eval_engine(
-            ref, dtype=cfg.model.dtype, zero_stage=cfg.ds.zero_stage, offload=cfg.ds.offload
+            ref, dtype=model.dtype, zero_stage=ds.zero_stage, offload=ds.offload
         )
         log.info(
             "segment RM: %s rule reads reference model %s",
-            cfg.macro.termination_condition,
+            macro.termination_condition,
             ref_path,
         )
     return scorer
@@ -155,26 +158,24 @@ def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
 @dataclass
 class _RMRun:
     """What one reward-model run's steps, evaluations and saves share (built by :func:`_setup`):
-    the shared set-up and the scorer. ``last_eval`` is ``(metrics, end-score statistics)`` of the
-    latest evaluation; it travels with the training state, so a resumed run saves the statistics
-    the uninterrupted one would."""
+    the shared set-up, the scorer (with the objective's flags), the rule of a segment RM and the
+    flags the steps read. ``last_eval`` is ``(metrics, end-score statistics)`` of the latest
+    evaluation; it travels with the training state, so a resumed run saves the statistics the
+    uninterrupted one would."""
 
     setup: SupervisedSetup
     scorer: Scorer
     collate: PairCollator
+    macro: MacroConfig  # a segment RM's rule, saved with the model
+    batching: BatchingConfig  # --packing, --max_tokens_per_micro_batch
+    zero_stage: int
     last_eval: tuple[dict, Any] | None = None
 
-    @property
-    def cfg(self) -> RewardStageConfig:
-        return self.setup.cfg
 
-
-def _check_data(cfg: RewardStageConfig, train_ds, eval_ds) -> None:
+def _check_data(data_path: tuple[str, ...], use_margin: bool, train_ds, eval_ds) -> None:
     if len(eval_ds) == 0:
-        raise ValueError(
-            f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
-        )
-    _check_margins(train_ds, cfg)
+        raise ValueError(f"--data_path {list(data_path)}: the reward-model eval split is empty")
+    _check_margins(train_ds, use_margin, data_path)
 
 
 def _setup(cfg: RewardStageConfig) -> _RMRun:
@@ -189,25 +190,32 @@ def _setup(cfg: RewardStageConfig) -> _RMRun:
             "--reference_model_name_or_path": cfg.reward.reference_model_name_or_path or "",
         },
         build_dataset=build_pair_dataset,
-        check_data=functools.partial(_check_data, cfg),
+        check_data=functools.partial(_check_data, cfg.data.data_path, cfg.reward.use_margin),
         split="reward-model split",
         unit="pairs",
-        build_model=functools.partial(build_reward_model, cfg),
+        build_model=functools.partial(
+            build_reward_model, cfg.model, cfg.ds.zero_stage, cfg.optim, cfg.reward.init_value_head
+        ),
     )
-    scorer = _build_scorer(cfg, setup.tokenizer)
-    return _RMRun(setup, scorer, PairCollator(setup.tokenizer.pad_token_id))
+    tok = setup.tokenizer
+    scorer = Scorer(
+        cfg.reward, cfg.optim, cfg.batching.packing, tok.pad_token_id, eot_ids(cfg.data, tok)[-1]
+    )
+    scorer = _build_scorer(scorer, cfg.macro, cfg.model, cfg.ds, tok)
+    collate = PairCollator(tok.pad_token_id)
+    return _RMRun(setup, scorer, collate, cfg.macro, cfg.batching, cfg.ds.zero_stage)
 
 
 def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
     """One optimizer step: the Bradley–Terry loss, mean over the global batch's pairs."""
-    cfg, engine, scorer, plan = run.cfg, run.setup.engine, run.scorer, run.setup.plan
+    engine, scorer, plan = run.setup.engine, run.scorer, run.setup.plan
     pairs_per_step = plan.global_batch
     # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
-    gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + step)
+    gen = torch.Generator().manual_seed(scorer.optim.seed * 1_000_003 + step)
     sums = torch.zeros(5, dtype=torch.float64)  # loss, wins, margin, segments, segment tokens
     rows = {i: run.setup.train_ds[i] for idx in micro_batch_indices for i in idx}
-    budget = cfg.batching.max_tokens_per_micro_batch
-    packed = cfg.batching.packing and packing_mode(engine) is not None
+    budget = run.batching.max_tokens_per_micro_batch
+    packed = run.batching.packing and packing_mode(engine) is not None
     micro_batch_indices = regroup(  # --max_tokens_per_micro_batch: pairs by their tokens
         micro_batch_indices, lambda i: _pair_length(rows[i], packed), budget, packed=packed
     )
@@ -216,7 +224,7 @@ def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) ->
         scores, _, seg_mask = scorer.scores(engine, batch, gen)
         chosen, rejected = split_pair(scores)
         n = chosen.shape[0]
-        loss = bt_loss(chosen, rejected, scorer.margin(batch), cfg.reward.center_rewards_coef)
+        loss = bt_loss(chosen, rejected, scorer.margin(batch), scorer.reward.center_rewards_coef)
         # bt_loss is a mean over this micro-batch's n pairs; rescale to a share of the global
         # batch's mean (× world: DeepSpeed averages gradients over ranks).
         engine.backward(loss * (n * plan.world / pairs_per_step), scale_wrt_gas=False)
@@ -250,7 +258,7 @@ def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) ->
 def _run_eval(run: _RMRun) -> dict[str, float]:
     """An evaluation (``--eval_iters`` batches); remembered as ``run.last_eval``."""
     s = run.setup
-    run.last_eval = evaluate(s.engine, s.eval_ds, run.collate, run.scorer, run.cfg.log.eval_iters)
+    run.last_eval = evaluate(s.engine, s.eval_ds, run.collate, run.scorer, s.log.eval_iters)
     return run.last_eval[0]
 
 
@@ -258,26 +266,26 @@ def _save_model(run: _RMRun, step: int, path: Path, final: bool) -> None:
     """One reward-model directory. An intermediate one holds the end-score statistics of the latest
     evaluation; the final one those over the WHOLE eval split (for PPO's reward normalisation) and,
     for a segment RM, the location-aware normaliser."""
-    cfg, scorer, s = run.cfg, run.scorer, run.setup
+    scorer, s = run.scorer, run.setup
     normalizer, extra = None, {"global_step": step}
     if final:
-        if run.last_eval is None or cfg.log.eval_iters:
+        if run.last_eval is None or s.log.eval_iters:
             run.last_eval = evaluate(s.engine, s.eval_ds, run.collate, scorer, 0)
         extra["eval_accuracy"] = run.last_eval[0]["eval/accuracy"]
         if scorer.segment:
-            norm_ds = s.train_ds if cfg.reward.normalizer_split == "train" else s.eval_ds
+            norm_ds = s.train_ds if scorer.reward.normalizer_split == "train" else s.eval_ds
             normalizer = fit_normalizer(s.engine, norm_ds, run.collate, scorer)
             if is_main():
                 log.info("location normaliser: %s", normalizer)
     info = RewardModelInfo(
-        rm_type=cfg.reward.rm_type,
+        rm_type=scorer.reward.rm_type,
         score_stats=run.last_eval[1] if run.last_eval else None,
         normalizer=normalizer,
-        termination=cfg.macro if scorer.segment else None,
+        termination=run.macro if scorer.segment else None,
         extra=extra,
     )
     save_reward_checkpoint(
-        s.engine.module, s.tokenizer, path, zero_stage=cfg.ds.zero_stage, info=info,
+        s.engine.module, s.tokenizer, path, zero_stage=run.zero_stage, info=info,
         run_config=s.run_config, ds_config=s.ds_json,
     )  # fmt: skip
 

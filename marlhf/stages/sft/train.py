@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from marlhf.cli import parse_config
+from marlhf.config import ModelConfig
 from marlhf.data.collate import SFTCollator
 from marlhf.data.tokenize import build_sft_dataset
 from marlhf.models.lm_loss import causal_lm_loss_sum
@@ -38,8 +39,11 @@ log = logging.getLogger("marlhf.sft")
 
 
 @torch.no_grad()
-def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
-    """Token-level perplexity of the eval split (summed over ranks).
+def evaluate(
+    engine, dataset, collate, batch_size: int, eval_iters: int, packing: bool
+) -> dict[str, float]:
+    """Token-level perplexity of the eval split (summed over ranks): ``eval_iters`` batches of
+    ``batch_size`` per rank (0: all), with ``packing`` (``--packing``) where the model packs.
 
     Every rank runs as many forward passes (ZeRO-3 gathers parameters collectively in each): a rank
     whose shard is short runs padding batches and discards them (``padded_eval_shard``).
@@ -47,13 +51,10 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
     engine.eval()
     nll = torch.zeros((), dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)
-    for idx, real in padded_eval_shard(
-        len(dataset), cfg.optim.per_device_eval_batch_size, world_size(), rank(), cfg.log.eval_iters
-    ):
+    for idx, real in padded_eval_shard(len(dataset), batch_size, world_size(), rank(), eval_iters):
         batch = to_device(collate([dataset[i] for i in idx]), engine.device)
         s, c = causal_lm_loss_sum(
-            engine, batch["input_ids"], batch["attention_mask"], batch["labels"],
-            packing=cfg.batching.packing,
+            engine, batch["input_ids"], batch["attention_mask"], batch["labels"], packing=packing
         )  # fmt: skip
         if not real:
             continue
@@ -65,18 +66,15 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
     return {"eval/loss": loss, "eval/ppl": math.exp(min(loss, 50.0))}
 
 
-def build_model(cfg: SFTConfig):
-    """The causal LM of ``--model_name_or_path`` (dropout, LoRA); under ZeRO-3 loaded partitioned
-    across ranks (big models never fit whole)."""
+def build_model(model: ModelConfig, zero_stage: int, micro_batch_size: int):
+    """The causal LM of ``--model_name_or_path`` (dropout, LoRA); under ZeRO-3 (``zero_stage``)
+    loaded partitioned across ranks (big models never fit whole)."""
     zero3 = None
-    if cfg.ds.zero_stage == 3:
+    if zero_stage == 3:
         zero3 = ds_config(
-            zero_stage=3,
-            dtype=cfg.model.dtype,
-            micro_batch_size=cfg.optim.per_device_train_batch_size,
-            inference=True,
+            zero_stage=3, dtype=model.dtype, micro_batch_size=micro_batch_size, inference=True
         )
-    return apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
+    return apply_lora(load_causal_lm(model, ds_zero3_config=zero3), model)
 
 
 def train(cfg: SFTConfig) -> Path:
@@ -88,7 +86,9 @@ def train(cfg: SFTConfig) -> Path:
         build_dataset=build_sft_dataset,
         split="SFT split",
         unit="examples",
-        build_model=functools.partial(build_model, cfg),
+        build_model=functools.partial(
+            build_model, cfg.model, cfg.ds.zero_stage, cfg.optim.per_device_train_batch_size
+        ),
     )
     engine, plan, train_ds = run.engine, run.plan, run.train_ds
     collate = SFTCollator(run.tokenizer.pad_token_id)
@@ -133,7 +133,14 @@ def train(cfg: SFTConfig) -> Path:
     run.loop(
         desc="sft",
         train_step=train_step,
-        evaluate=lambda: evaluate(engine, run.eval_ds, collate, cfg),
+        evaluate=lambda: evaluate(
+            engine,
+            run.eval_ds,
+            collate,
+            cfg.optim.per_device_eval_batch_size,
+            cfg.log.eval_iters,
+            cfg.batching.packing,
+        ),  # fmt: skip
         save_model=save_model,
     )
     if is_main():

@@ -287,7 +287,7 @@ def test_macro_mc_reads_the_monte_carlo_values_of_the_experience():
         exp.mc_positions = torch.tensor([[2, 4], [-1, -1], [2, -1], [2, -1]])
         exp.mc_values = torch.tensor([[0.3, -0.2], [0.0, 0.0], [1.1, 0.0], [0.4, 0.0]])
         exp.mc_prompt_values = torch.tensor([0.7, 0.1, -0.3, 0.9]) if G == 1 else None
-        exp = estimate(exp, term, cfg)
+        exp = estimate(exp, term, cfg.ppo, cfg.macro)
         r = [max(-2.5, min(2.5, float(s))) for s in scores]
         for b, n in enumerate(lengths):
             v0 = float(exp.mc_prompt_values[b]) if G == 1 else r[b ^ 1]

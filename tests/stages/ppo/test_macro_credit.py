@@ -56,7 +56,7 @@ def test_boundary_credit_trains_the_boundary_tokens_only():
         world=1,
         num_seqs=torch.tensor(2),
     )
-    stats = actor_step(SimpleNamespace(actor=actor), exp, m, cfg)
+    stats = actor_step(SimpleNamespace(actor=actor), exp, m, cfg.trainer)
     logp = torch.log_softmax(actor.logits[0].detach(), -1)
     terms = []
     for b in range(2):

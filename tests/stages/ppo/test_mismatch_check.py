@@ -50,7 +50,7 @@ def test_fp32_check_is_near_zero_and_tis_changes_nothing(recorded):
     actor, ro = recorded
     cfg = _cfg("--rollout_correction", "tis")
     with torch.no_grad():
-        old = old_policy(actor, ro, cfg, check_rollout=False, groups=None)
+        old = old_policy(actor, ro, cfg.trainer, check_rollout=False, groups=None)
     mask = ro.action_mask
     assert old.logprobs is old.trainer_logprobs  # π_old: the trainer's score
     m = mismatch_metrics(old.trainer_logprobs, old.rollout_logprobs, mask)
@@ -71,16 +71,16 @@ def test_fp32_check_is_near_zero_and_tis_changes_nothing(recorded):
 def test_pi_old_source_and_the_check(recorded):
     actor, ro = recorded
     none = _cfg("--rollout_correction", "none")
-    plain = old_policy(actor, ro, none, check_rollout=False, groups=None)
+    plain = old_policy(actor, ro, none.trainer, check_rollout=False, groups=None)
     assert plain.logprobs is ro.logprobs and plain.trainer_logprobs is None
-    checked = old_policy(actor, ro, none, check_rollout=True, groups=None)
+    checked = old_policy(actor, ro, none.trainer, check_rollout=True, groups=None)
     assert checked.logprobs is ro.logprobs  # the check changes nothing it trains with
     assert checked.entropy is ro.entropy
     assert checked.trainer_logprobs is not None and checked.rollout_logprobs is ro.logprobs
     # a planted perturbation of the record: the metric reads it back
     shifted = torch.where(ro.action_mask, ro.logprobs - 0.3, ro.logprobs)
     ro2 = type(ro)(**{**ro.__dict__, "logprobs": shifted})
-    out = old_policy(actor, ro2, _cfg("--rollout_correction", "mis"), False, None)
+    out = old_policy(actor, ro2, _cfg("--rollout_correction", "mis").trainer, False, None)
     m = mismatch_metrics(out.trainer_logprobs, out.rollout_logprobs, ro.action_mask)
     assert m["rollout/logprob_diff_mean"] == pytest.approx(0.3, abs=1e-4)
     assert m["rollout/ratio_min_token"] == pytest.approx(math.exp(0.3), rel=1e-4)
@@ -92,8 +92,10 @@ def test_defaults_per_dtype_and_validation():
     assert _cfg("--bf16").correction == "tis"
     assert _cfg("--dtype", "bf16", "--rollout_correction", "none").correction == "none"
     cfg = _cfg("--mismatch_check_every", "3")
-    assert [s for s in range(10) if mismatch_check_step(cfg, s)] == [0, 3, 6, 9]
-    assert not any(mismatch_check_step(_cfg("--mismatch_check_every", "0"), s) for s in range(5))
+    assert [s for s in range(10) if mismatch_check_step(cfg.perf, s)] == [0, 3, 6, 9]
+    assert not any(
+        mismatch_check_step(_cfg("--mismatch_check_every", "0").perf, s) for s in range(5)
+    )
     with pytest.raises(ValueError, match="--rollout_is_cap"):
         PPOConfig(rollout_is_cap=1.0)
     with pytest.raises(ValueError, match="--rollout_correction"):
@@ -114,7 +116,9 @@ def test_a_record_without_entropies_is_the_behaviour_policy(recorded):
     vllm_like = type(ro)(**{**ro.__dict__, "logprobs": shifted, "entropy": None})
     for mode in ("none", "tis"):
         with torch.no_grad():
-            out = old_policy(actor, vllm_like, _cfg("--rollout_correction", mode), False, None)
+            out = old_policy(
+                actor, vllm_like, _cfg("--rollout_correction", mode).trainer, False, None
+            )
         assert out.logprobs is out.trainer_logprobs and out.rollout_logprobs is shifted
         torch.testing.assert_close(out.logprobs, ro.logprobs, rtol=0, atol=1e-4)  # the actor's
         torch.testing.assert_close(out.entropy, ro.entropy, rtol=0, atol=1e-4)

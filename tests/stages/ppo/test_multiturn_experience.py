@@ -160,7 +160,7 @@ def test_turn_level_gae_matches_a_loop_over_each_rows_turns(gamma, lam):
     cfg = _config(gamma=gamma, lam=lam)
     kl_coef, scores = 0.1, (0.3, -0.4, 3.0)
     actor, term, exp = _experience(cfg, kl_coef, scores)
-    exp = estimate(exp, term, cfg)
+    exp = estimate(exp, term, cfg.ppo, cfg.macro)
     for b, (_, turns, rewards) in enumerate(CONVERSATIONS):
         # the turns of row b: reward R_k (its tokens' KL rewards, its reward, the score on the
         # last), value V_k at its first action token; GAE backwards over the turns
@@ -200,11 +200,11 @@ def test_turn_level_gae_matches_a_loop_over_each_rows_turns(gamma, lam):
 def test_observation_tokens_get_no_policy_gradient_kl_or_entropy(estimator, rule, extra):
     cfg = _config(estimator, rule, entropy_coef=0.3, kl_loss_coef=0.2, **extra)
     actor, term, exp = _experience(cfg)
-    exp = estimate(exp, term, cfg)
+    exp = estimate(exp, term, cfg.ppo, cfg.macro)
     cfg.ppo.per_device_training_batch_size = 3
     (m,) = list(minibatches(exp, cfg.ppo, torch.Generator().manual_seed(0)))
     models = SimpleNamespace(actor=actor)
-    loss, _ = actor_loss(models, exp, m, cfg)
+    loss, _ = actor_loss(models, exp, m, cfg.trainer)
     loss.backward()
     grad = actor.logits.grad
     # the positions whose logits predict an action: the state before each action token
@@ -222,5 +222,5 @@ def test_observation_tokens_get_no_policy_gradient_kl_or_entropy(estimator, rule
     with torch.no_grad():
         noise = torch.randn(actor.logits.shape, generator=torch.Generator().manual_seed(9))
         actor.logits += noise * (~predicts_action)[..., None] * 5
-    again, _ = actor_loss(models, exp, m, cfg)
+    again, _ = actor_loss(models, exp, m, cfg.trainer)
     assert torch.equal(again.detach(), loss.detach())

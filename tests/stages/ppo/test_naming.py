@@ -46,4 +46,4 @@ def test_labels(estimator, macro, label):
         ppo=PPOConfig(advantage_estimator=estimator, n_samples_per_prompt=g),
         macro=macro,
     )
-    assert run_label(cfg) == label
+    assert run_label(cfg.ppo, cfg.macro) == label

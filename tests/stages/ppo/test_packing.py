@@ -189,8 +189,8 @@ def test_token_budget_update_accumulates_the_whole_minibatch_gradient(models, mo
         models_ns = SimpleNamespace(actor=actor, critic=critic)
         actor.zero_grad(), critic.zero_grad()
         actor.calls = critic.calls = 0
-        a_stats = actor_step(models_ns, exp, m, cfg)
-        c_stats = critic_step(models_ns, exp, m, cfg)
+        a_stats = actor_step(models_ns, exp, m, cfg.trainer)
+        c_stats = critic_step(models_ns, exp, m, cfg.trainer)
         results[budget] = (a_stats, c_stats, _grads(actor), _grads(critic), actor.calls)
     whole, split = results[0], results[50]
     assert whole[4] == 1 and split[4] > 2  # the budget cut the minibatch

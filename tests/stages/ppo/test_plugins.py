@@ -113,7 +113,7 @@ def test_a_plugin_rule_and_estimator_train_and_reload(tmp_path):
         "from marlhf.stages.ppo.config import PPOStageConfig\n"
         "from marlhf.stages.ppo.naming import run_label\n"
         "cfg = config_from_dict(PPOStageConfig, json.load(open(sys.argv[2])))\n"
-        "print(run_label(cfg))\n"
+        "print(run_label(cfg.ppo, cfg.macro))\n"
     )
     again = subprocess.run(
         [sys.executable, "-c", code, str(out), str(out / "run_config.json")],

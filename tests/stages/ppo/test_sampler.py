@@ -33,21 +33,21 @@ def test_flags(monkeypatch):
         VLLMConfig(vllm_gpu_memory_utilization=1.5)
     monkeypatch.setattr("marlhf.models.generation.backends.vllm.require_vllm", lambda: None)
     cfg = PPOStageConfig(generation=GenerationConfig(generation_backend="vllm"))
-    check_flags(cfg)  # the defaults are fine
+    check_flags(cfg.generation, cfg.models)  # the defaults are fine
     cfg.generation.compile_generation = True
     with pytest.raises(VLLMError, match="--compile_generation"):
-        check_flags(cfg)
+        check_flags(cfg.generation, cfg.models)
     cfg.generation.compile_generation = False
     cfg.models.actor.ds.zero_stage = 3
     cfg.generation.enable_zero3_generation_gather = False
     with pytest.raises(ValueError, match="--enable_zero3_generation_gather false"):
-        check_flags(cfg)
+        check_flags(cfg.generation, cfg.models)
     # the static decoder samples with whole weights too; hf samples from the partitions
     cfg.generation.generation_backend = "static"
     with pytest.raises(ValueError, match="--generation_backend static samples with the whole"):
-        check_flags(cfg)
+        check_flags(cfg.generation, cfg.models)
     cfg.generation.generation_backend = "hf"
-    check_flags(cfg)
+    check_flags(cfg.generation, cfg.models)
 
 
 def _tiny_llama():

@@ -59,8 +59,8 @@ def test_experience_is_scored_with_dropout_off_and_modes_are_restored(dropout_mo
         b, _ = policy_forward(models.actor, ro, 0.8)
     assert not torch.allclose(a[mask], b[mask])
 
-    first = score(models, ro, PPOStageConfig(), need_entropy=False)
-    second = score(models, ro, PPOStageConfig(), need_entropy=False)
+    first = score(models, ro, PPOStageConfig().trainer, need_entropy=False)
+    second = score(models, ro, PPOStageConfig().trainer, need_entropy=False)
     # KL at the first step (actor == reference) is zero
     torch.testing.assert_close(first.old_logprobs[mask], first.ref_logprobs[mask])
     for key in ("old_logprobs", "values", "entropy"):
@@ -74,7 +74,7 @@ def test_experience_is_scored_with_dropout_off_and_modes_are_restored(dropout_mo
     models.critic.train()
     assert actor.training and critic.training
     models.actor.eval()
-    score(models, ro, PPOStageConfig(), need_entropy=False)
+    score(models, ro, PPOStageConfig().trainer, need_entropy=False)
     assert not actor.training and critic.training
 
 

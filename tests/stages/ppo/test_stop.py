@@ -24,8 +24,8 @@ class _Closable:
 def _run(tmp_path: Path) -> SimpleNamespace:
     """What :func:`loop.stop_if_requested` reads of the loop's run."""
     return SimpleNamespace(
-        plan=SimpleNamespace(total=10), out=tmp_path, models=None, tokenizer=None, cfg=None,
-        run_config={}, settings=None,
+        plan=SimpleNamespace(total=10), out=tmp_path, models=None, tokenizer=None, log=None,
+        models_cfg=None, run_config={}, settings=None,
     )  # fmt: skip
 
 

@@ -86,8 +86,9 @@ def test_preflight_reports_it_and_the_override_turns_it_into_a_warning(templated
     assert main(["ppo", *_flags(base, actor, rm, "--allow_settings_mismatch")]) == 0
     cfg = parse_config(PPOStageConfig, _flags(base, actor, rm, "--allow_settings_mismatch"))
     with caplog.at_level(logging.WARNING, logger="marlhf.ppo"):
-        check_seen_settings(cfg)
+        check_seen_settings(cfg.models, cfg.reward_source, cfg.data)
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 2 and all("training anyway" in w for w in warned), warned
     with pytest.raises(ValueError, match="--allow_settings_mismatch to train anyway"):
-        check_seen_settings(parse_config(PPOStageConfig, _flags(base, actor, rm)))
+        cfg = parse_config(PPOStageConfig, _flags(base, actor, rm))
+        check_seen_settings(cfg.models, cfg.reward_source, cfg.data)

@@ -38,7 +38,7 @@ def test_kl_loss_is_reduced_like_the_policy_loss(mode, kl_type):
     )
     actor = LogitsActor(T, V)
     m = Minibatch(torch.arange(B), ro, mask.sum(), mask.sum(), 1, torch.tensor(B))
-    stats = actor_step(SimpleNamespace(actor=actor), exp, m, cfg)
+    stats = actor_step(SimpleNamespace(actor=actor), exp, m, cfg.trainer)
     # reference: per-token log-probs from the logits, then the two losses by hand
     logp = torch.log_softmax(actor.logits[0].detach(), -1)
     lengths = mask.sum(1).tolist()

@@ -118,7 +118,8 @@ def test_entropy_rule_reads_reference_entropy_of_each_response_token():
             termination_condition="entropy", entropy_threshold=tau, eos_own_macro=False
         )
     )
-    scorer = Scorer(cfg, PAD, EOS, rule=build_termination(cfg.macro), ref=ref)
+    rule = build_termination(cfg.macro)
+    scorer = Scorer(cfg.reward, cfg.optim, cfg.batching.packing, PAD, EOS, rule=rule, ref=ref)
     batch = {"input_ids": ids, "attention_mask": mask, "prompt_len": prompt_len}
     macro_end = scorer.macro_end(batch, resp, None)
     for i in range(4):
@@ -210,6 +211,12 @@ def test_cli_flags_and_validation():
         parse_config(RewardStageConfig, ["--normalizer_max_samples", "-1"])
 
 
+def _build(cfg):
+    """The stage's reward model of ``cfg``, built from the parts the stage passes."""
+    args = (cfg.model, cfg.ds.zero_stage, cfg.optim, cfg.reward.init_value_head)
+    return reward_stage.build_reward_model(*args)
+
+
 def test_init_value_head_starts_from_the_saved_head(tmp_path):
     """--init_value_head: build_reward_model copies value_head.safetensors of the base (a fresh,
     random head otherwise); a base without one, or with a head of another width, is refused."""
@@ -223,17 +230,17 @@ def test_init_value_head_starts_from_the_saved_head(tmp_path):
     save_file({"weight": head}, base / "value_head.safetensors")
     cfg = parse_config(RewardStageConfig, ["--model_name_or_path", str(base), "--init_value_head"])
     assert cfg.reward.init_value_head
-    assert torch.equal(reward_stage.build_reward_model(cfg).v_head.weight.detach(), head)
+    assert torch.equal(_build(cfg).v_head.weight.detach(), head)
     fresh = parse_config(RewardStageConfig, ["--model_name_or_path", str(base)])
-    assert not torch.equal(reward_stage.build_reward_model(fresh).v_head.weight.detach(), head)
+    assert not torch.equal(_build(fresh).v_head.weight.detach(), head)
     save_file({"weight": torch.zeros(1, 64)}, base / "value_head.safetensors")
     with pytest.raises(
         ValueError, match=r"value_head.safetensors must hold 'weight' of shape \(1, 128\)"
     ):
-        reward_stage.build_reward_model(cfg)
+        _build(cfg)
     (base / "value_head.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="--init_value_head: .*value_head.safetensors"):
-        reward_stage.build_reward_model(cfg)
+        _build(cfg)
 
 
 # --------------------------------------------------------------------------------------------------
