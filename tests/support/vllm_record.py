@@ -1,13 +1,15 @@
-"""``python -m marlhf.stages.ppo`` with recording hooks, for tests/with_vllm/test_vllm_ppo.py.
+"""``python -m marlhf.stages.ppo`` with recording hooks, for tests/with_vllm/test_vllm_ppo*.py.
 
 Run like the stage (``python tests/support/vllm_record.py ARGS`` or under ``torchrun``); the program is
-unchanged, but
+unchanged, but (a multi-turn rollout of ``--env`` as a single-turn one, its actions read where they
+sit in the conversations)
 
 - every weight sync after an update saves ``<output_dir>/record/sync-<k>-rank-<r>.pt``: the largest
   difference between the engine's log-probs and the trainer's (the actor's forward pass, the
   scoring code) on this rank's last rollout, just before the sync and just after it, and the
   largest difference, over the step's rollouts, between the log-probs the engine recorded while
-  sampling and π_old as scoring computed it with the actor;
+  sampling and π_old as scoring computed it with the actor; a multi-turn step's rollouts are
+  saved too (``turns``: the conversations, where their actions and each turn's reward sit);
 - every scoring checks that the engine's record is the behaviour policy and the actor's score is
   π_old (``Scored.rollout_logprobs`` is the rollout's ``logprobs``, ``old_logprobs`` the
   ``trainer_logprobs``); a sync's record counts the scorings where that held (``behaviour``);
@@ -31,7 +33,9 @@ import torch
 
 import marlhf.stages.ppo.loop as loop
 import marlhf.stages.ppo.main as stage
+import marlhf.stages.ppo.multiturn as multiturn
 import marlhf.stages.ppo.update as update
+from marlhf.models.sequences import action_offsets
 from marlhf.models.vllm_engine import VLLMError
 from marlhf.runtime.distributed import rank
 from marlhf.stages.exits import run_program
@@ -45,6 +49,7 @@ _generate, _score, _sync, _save = (
     rollout_sampler.sync_weights,
     loop.save_checkpoint,
 )
+_play = multiturn.play
 _weights = update.correction_weights
 _state: dict = {
     "rollouts": [], "sampled_vs_scored": 0.0, "syncs": 0, "cfg": None, "behaviour": 0,
@@ -56,6 +61,12 @@ def generate(actor, sampler, batch, g, tokenizer, eos_ids, **kwargs):
     ro = _generate(actor, sampler, batch, g, tokenizer, eos_ids, **kwargs)
     _state["rollouts"].append(ro)
     return ro
+
+
+def play(*args, **kwargs):
+    ro, episodes = _play(*args, **kwargs)
+    _state["rollouts"].append(ro)
+    return ro, episodes
 
 
 def score(models, ro, cfg, *args, **kwargs):
@@ -74,10 +85,20 @@ def _engine_vs_trainer(models, ro, temperature: float) -> float:
     with eval_mode(models.actor):
         trainer, _ = policy_forward(models.actor, ro, temperature)
     full = models.sampler.engine.token_logprobs(ro.sequences, ro.attention_mask.sum(1))
-    j = torch.arange(ro.response_ids.shape[1])
-    at = (ro.response_start.cpu()[:, None] + j).clamp(max=full.shape[1] - 1)
+    start = ro.response_start.cpu()
+    j = action_offsets(start, ro.response_ids.shape[1], ro.action_positions)
+    at = (start[:, None] + j).clamp(max=full.shape[1] - 1)
     engine = full.gather(1, at).to(trainer.device)
     return float((engine - trainer).abs()[ro.action_mask].max())
+
+
+TURN_FIELDS = ("sequences", "response_start", "response_ids", "action_mask", "action_positions",
+               "turn_end", "turn_index", "turn_rewards")  # fmt: skip
+
+
+def _turns(ro) -> dict[str, torch.Tensor]:
+    """A multi-turn rollout's layout: the conversations and where their actions and rewards sit."""
+    return {"prompt_ids": list(ro.prompt_ids), **{k: getattr(ro, k).cpu() for k in TURN_FIELDS}}
 
 
 def sync_weights(models):
@@ -98,6 +119,7 @@ def sync_weights(models):
         "sampled_vs_scored": _state["sampled_vs_scored"],
         "behaviour": _state["behaviour"],
         "responses": [r.response_ids.cpu() for r in _state["rollouts"]],
+        "turns": [_turns(r) for r in _state["rollouts"] if r.action_positions is not None],
     }
     torch.save(record, out / f"sync-{_state['syncs']}-rank-{rank()}.pt")
     _state["rollouts"].clear()
@@ -129,6 +151,7 @@ def save_checkpoint(models, state, *args, **kwargs):
 
 
 loop.generate, loop.score, loop.save_checkpoint = generate, score, save_checkpoint
+multiturn.play, multiturn.score = play, score
 rollout_sampler.sync_weights = sync_weights
 update.correction_weights = correction_weights
 
