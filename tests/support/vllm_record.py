@@ -43,7 +43,8 @@ from marlhf.stages.ppo import sampler as rollout_sampler
 from marlhf.stages.ppo.forward import policy_forward
 from marlhf.stages.ppo.models import eval_mode
 
-_generate, _score, _sync, _save = (
+_setup, _generate, _score, _sync, _save = (
+    loop.setup,
     loop.generate,
     loop.score,
     rollout_sampler.sync_weights,
@@ -52,9 +53,15 @@ _generate, _score, _sync, _save = (
 _play = multiturn.play
 _weights = update.correction_weights
 _state: dict = {
-    "rollouts": [], "sampled_vs_scored": 0.0, "syncs": 0, "cfg": None, "behaviour": 0,
+    "rollouts": [], "sampled_vs_scored": 0.0, "syncs": 0, "trainer": None, "behaviour": 0,
+    "out": None,
     "weights": [],
 }  # fmt: skip
+
+
+def setup(cfg):
+    _state["out"] = Path(cfg.log.output_dir) / "record"  # where the records go
+    return _setup(cfg)
 
 
 def generate(actor, sampler, batch, g, tokenizer, eos_ids, **kwargs):
@@ -69,9 +76,9 @@ def play(*args, **kwargs):
     return ro, episodes
 
 
-def score(models, ro, cfg, *args, **kwargs):
-    out = _score(models, ro, cfg, *args, **kwargs)
-    _state["cfg"] = cfg
+def score(models, ro, trainer, *args, **kwargs):
+    out = _score(models, ro, trainer, *args, **kwargs)
+    _state["trainer"] = trainer
     behaviour = out.rollout_logprobs is ro.logprobs and out.old_logprobs is out.trainer_logprobs
     _state["behaviour"] += int(ro.logprobs is not None and behaviour)
     if ro.logprobs is not None:  # the engine's record against the trainer's π_old
@@ -104,14 +111,14 @@ def _turns(ro) -> dict[str, torch.Tensor]:
 def sync_weights(models):
     if not _state["rollouts"]:  # the sync at the start of the run
         return _sync(models)
-    ro, T = _state["rollouts"][-1], _state["cfg"].generation.temperature
+    ro, T = _state["rollouts"][-1], _state["trainer"].temperature
     before = _engine_vs_trainer(models, ro, T)
     _sync(models)
     after = _engine_vs_trainer(models, ro, T)
     _state["syncs"] += 1
     if str(_state["syncs"]) == os.environ.get("MARLHF_RECORD_FAIL_AT_SYNC"):
         raise VLLMError(f"a recorded failure at weight sync {_state['syncs']}")
-    out = Path(_state["cfg"].log.output_dir) / "record"
+    out = _state["out"]
     out.mkdir(parents=True, exist_ok=True)
     record = {
         "before": before,
@@ -127,8 +134,8 @@ def sync_weights(models):
     _state["behaviour"] = 0
 
 
-def correction_weights(exp, m, cfg):
-    w = _weights(exp, m, cfg)
+def correction_weights(exp, m, trainer):
+    w = _weights(exp, m, trainer)
     trainer, rollout = exp.trainer_logprobs, exp.rollout_logprobs
     _state["weights"].append(
         {
@@ -138,7 +145,7 @@ def correction_weights(exp, m, cfg):
             "mask": m.rollout.action_mask.cpu(),
         }
     )
-    out = Path(cfg.log.output_dir) / "record"
+    out = _state["out"]
     out.mkdir(parents=True, exist_ok=True)
     torch.save(_state["weights"], out / f"weights-rank-{rank()}.pt")
     return w
@@ -150,7 +157,12 @@ def save_checkpoint(models, state, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-loop.generate, loop.score, loop.save_checkpoint = generate, score, save_checkpoint
+loop.setup, loop.generate, loop.score, loop.save_checkpoint = (
+    setup,
+    generate,
+    score,
+    save_checkpoint,
+)
 multiturn.play, multiturn.score = play, score
 rollout_sampler.sync_weights = sync_weights
 update.correction_weights = correction_weights
