@@ -246,6 +246,19 @@ def ensure_horizon_base(name: str) -> str:
     return _shipped(path, BASE_FILES, name, f"--pretrain {path} --horizon {HORIZON_BASES[name]}")
 
 
+# The shipped base of the multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``):
+# ``tiny-base-arith`` (its recipe: ``marlhf.pipeline.recipes``), and its generation limit (the longest
+# 16-step solutions, 271 tokens, plus room).
+ARITH_BASE = "tiny-base-arith"
+ARITH_BASE_DIR = Path(__file__).resolve().parents[1] / "data" / "bundled" / "tiny_base_arith"
+ARITH_NEW_TOKENS = 320
+
+
+def ensure_arith_base() -> str:
+    """Path of the shipped base of the arithmetic tasks (``--model_name_or_path tiny-base-arith``)."""
+    return _shipped(ARITH_BASE_DIR, BASE_FILES, ARITH_BASE, f"--pretrain {ARITH_BASE_DIR} --arith")
+
+
 RM_BASE_DIR = Path(__file__).resolve().parents[1] / "data" / "bundled" / "tiny_rm_base"
 RM_BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
