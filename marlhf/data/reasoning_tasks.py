@@ -18,17 +18,26 @@ chosen so that every running total stays within 0-99::
     3: plus 8
     Solution:
 
-The solution writes one line per operation, ``i: total op operand is new_total``, and ends with an
-answer line (no newline after it; the model's EOS follows)::
+The solution writes one line per operation, the operation's line of the prompt followed by the
+running total it applies to and the new total (``to`` after ``plus``, ``from`` after ``minus``),
+and ends with an answer line (no newline after it; the model's EOS follows)::
 
-    1: 7 plus 5 is 12
-    2: 12 minus 3 is 9
-    3: 9 plus 8 is 17
+    1: plus 5 to 7 is 12
+    2: minus 3 from 12 is 9
+    3: plus 8 to 9 is 17
     answer: 17
 
+Why the operation comes first: a line then starts as its line of the prompt does, so the operation
+and operand sit at the same short distance from the step number in both, which a 2-layer model can
+look up (an associative recall: step number -> operation). Written as ``2: 12 minus 3 is 9`` the
+operand sits after the previous total, at a distance from the step number that varies with the
+totals' digits: a 2-layer base pretrained for 500 steps on that format copied the operand no better
+than chance (10 % of digits right, teacher-forced), while it wrote everything else.
+
 Numbers are written in digits: the tiny tokenizer (byte-level BPE, no ``<unk>``) spells each digit as
-one token, so a line is 15-17 tokens and a solution 69, 134 and 264 tokens on average at 4, 8 and
-16 steps (prompts 83, 119 and 190 tokens; ``tests/data/test_reasoning_tasks.py`` measures them).
+one token, so a line is 16-18 tokens and a solution 74 (67-76), 140 (127-144) and 280 (260-287)
+tokens at 4, 8 and 16 steps, prompts 60, 96 and 175 tokens (300 held-out problems each;
+``tests/data/test_reasoning_tasks.py`` checks the bands).
 
 The gold score: the final answer alone
 --------------------------------------
@@ -45,8 +54,8 @@ Slips: what the pretrained base gets wrong
 ------------------------------------------
 A slip is one wrong line, after which the chain carries on consistently from the wrong total (as a
 person who slipped would): ``units`` (the new total off by 1 or 2), ``carry`` (off by 10),
-``operator`` (the line applies the other operation: ``12 plus 3 is 15`` for ``minus 3``) and
-``operand`` (it copies another operand: ``12 minus 4 is 8``). Every running total of a slipped
+``operator`` (the line applies the other operation: ``plus 3 to 12 is 15`` for ``minus 3``) and
+``operand`` (it copies another operand: ``minus 4 from 12 is 8``). Every running total of a slipped
 chain stays within 0-99, and its final answer is wrong (plus and minus shift every later total by
 the slip's error).
 
@@ -68,14 +77,14 @@ often the longer the chain.
 >>> p = "Problem: start with 7.\\n1: plus 5\\n2: minus 3\\nSolution:\\n"
 >>> true_result(p)
 9
->>> arith_gold(p, "1: 7 plus 5 is 12\\n2: 12 minus 3 is 9\\nanswer: 9")
+>>> arith_gold(p, "1: plus 5 to 7 is 12\\n2: minus 3 from 12 is 9\\nanswer: 9")
 1.0
->>> arith_gold(p, "1: 7 plus 5 is 13\\n2: 13 minus 3 is 10\\nanswer: 10")
+>>> arith_gold(p, "1: plus 5 to 7 is 13\\n2: minus 3 from 13 is 10\\nanswer: 10")
 0.0
->>> arith_gold(p, "1: 7 plus 5 is 12\\n2: 12 minus 3 is 9")  # no answer line
+>>> arith_gold(p, "1: plus 5 to 7 is 12\\n2: minus 3 from 12 is 9")  # no answer line
 0.0
 >>> solution(7, [("plus", 5), ("minus", 3)])
-'1: 7 plus 5 is 12\\n2: 12 minus 3 is 9\\nanswer: 9'
+'1: plus 5 to 7 is 12\\n2: minus 3 from 12 is 9\\nanswer: 9'
 """
 
 from __future__ import annotations
@@ -104,7 +113,7 @@ N_TRAIN, N_VALID = 1900, 300
 # Pretraining corpus of tiny-base-arith: step counts drawn uniformly from PRETRAIN_STEPS, each line
 # slipping with probability PRETRAIN_SLIP (see ``pretraining_rows``).
 PRETRAIN_STEPS = (2, 16)
-PRETRAIN_SLIP = 0.1
+PRETRAIN_SLIP = 0.08
 
 Op = tuple[str, int]
 
@@ -143,8 +152,8 @@ def prompt_text(start: int, ops: list[Op]) -> str:
 
 
 def step_line(i: int, total: int, op: Op, result: int) -> str:
-    """Line ``i`` of a solution: ``2: 12 minus 3 is 9``."""
-    return f"{i}: {total} {op[0]} {op[1]} is {result}"
+    """Line ``i`` of a solution: ``2: minus 3 from 12 is 9``, ``3: plus 8 to 9 is 17``."""
+    return f"{i}: {op[0]} {op[1]} {'to' if op[0] == 'plus' else 'from'} {total} is {result}"
 
 
 def solution(start: int, ops: list[Op]) -> str:
@@ -203,7 +212,7 @@ def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
     counts once and the lines after it that carry on correctly from it count as right.
 
     >>> line_accuracy("Problem: start with 7.\\n1: plus 5\\n2: minus 3\\nSolution:\\n",
-    ...               "1: 7 plus 5 is 13\\n2: 13 minus 3 is 10\\nanswer: 10")
+    ...               "1: plus 5 to 7 is 13\\n2: minus 3 from 13 is 10\\nanswer: 10")
     (1, 2)
     """
     start, ops = read_problem(prompt)

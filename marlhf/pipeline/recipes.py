@@ -83,10 +83,11 @@ HORIZON_FLAGS = {
 # The base of the multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``): ``tiny-base-arith``,
 # the shape and tokenizer of ``tiny-base`` pretrained further on worked solutions of 2-16 steps, a
 # share of whose lines slip (``reasoning_tasks.pretraining_rows``). The longest prompt and solution
-# take 448 tokens.
+# take 463 tokens.
 ARITH_START = "tiny-base"
 ARITH_ROWS = 16000
-ARITH_FLAGS = lm_flags(464, 16, "2e-3", 1)
+ARITH_FLAGS = lm_flags(480, 16, "2e-3", 1)
+ARITH_FIGURE_PROMPTS = 64  # held-out problems per task in the recorded figures
 
 
 def pretrain_base(
@@ -96,10 +97,12 @@ def pretrain_base(
     workdir: str | Path | None = None,
     horizon: int | None = None,
     arith: bool = False,
+    figure_prompts: int = ARITH_FIGURE_PROMPTS,
 ) -> Path:
     """Make ``tiny-base``: pretrain ``tiny`` on ``rows`` (default ``PRETRAIN_ROWS``) generated posts
     with the SFT stage; with ``horizon``, make ``tiny-base-{horizon}`` instead (``_horizon_setup``);
-    with ``arith``, ``tiny-base-arith`` (``_arith_setup``).
+    with ``arith``, ``tiny-base-arith`` (from ``tiny-base``; its figures on ``figure_prompts``
+    held-out problems per task).
 
     Runs ``python -m marlhf.stages.sft`` (a subprocess, like a user would) with ``PRETRAIN_FLAGS``
     plus ``extra_flags`` (later flags win, e.g. ``--max_steps 2`` for a smoke test) in ``workdir``
@@ -160,7 +163,7 @@ def pretrain_base(
         if horizon is not None:
             record.update(_horizon_finish(out, rows, horizon, wall_s))
         if arith:
-            record.update(_arith_finish(out, rows, wall_s))
+            record.update(_arith_finish(out, rows, wall_s, figure_prompts))
         (out / "pretraining.json").write_text(json.dumps(record, indent=2) + "\n")
     finally:
         if tmp is not None:
@@ -210,7 +213,7 @@ def _to_bf16(out: Path) -> None:
     weights.chmod(0o644)
 
 
-def _arith_finish(out: Path, rows: int, wall_s: float) -> dict:
+def _arith_finish(out: Path, rows: int, wall_s: float, prompts: int) -> dict:
     """Store the weights in bf16 and measure the base: the ``pretraining.json`` entries of
     ``tiny-base-arith``."""
     _to_bf16(out)
@@ -221,7 +224,7 @@ def _arith_finish(out: Path, rows: int, wall_s: float) -> dict:
         "base": f"{ARITH_START} with max_position_embeddings {HORIZON_MAX_POSITIONS}",
         "stored": "bf16 weights, loaded as fp32",
         "sft_wall_s": round(wall_s, 1),
-        "figures": arith_figures(out),
+        "figures": arith_figures(out, prompts),
     }
 
 

@@ -16,11 +16,13 @@ from marlhf.data.sources import load_examples
 # start 25, then 25 + 8 = 33, 33 - 9 = 24, 24 + 7 = 31, 31 - 4 = 27: worked by hand
 PROMPT = "Problem: start with 25.\n1: plus 8\n2: minus 9\n3: plus 7\n4: minus 4\nSolution:\n"
 RIGHT = (
-    "1: 25 plus 8 is 33\n2: 33 minus 9 is 24\n3: 24 plus 7 is 31\n4: 31 minus 4 is 27\nanswer: 27"
+    "1: plus 8 to 25 is 33\n2: minus 9 from 33 is 24\n3: plus 7 to 24 is 31\n"
+    "4: minus 4 from 31 is 27\nanswer: 27"
 )
 # a carry slip at step 1 (23 for 33), carried on consistently: the final answer is 10 short
 SLIPPED = (
-    "1: 25 plus 8 is 23\n2: 23 minus 9 is 14\n3: 14 plus 7 is 21\n4: 21 minus 4 is 17\nanswer: 17"
+    "1: plus 8 to 25 is 23\n2: minus 9 from 23 is 14\n3: plus 7 to 14 is 21\n"
+    "4: minus 4 from 21 is 17\nanswer: 17"
 )
 
 
@@ -62,7 +64,7 @@ def test_gold_scores_the_final_answer_of_hand_worked_solutions():
     assert R.arith_gold(PROMPT, SLIPPED.replace("answer: 17", "answer: 27")) == 1.0
     assert R.arith_gold(PROMPT, "answer: 27") == 1.0
     # text after the answer line is not read; spaces, a final period and capitals are accepted
-    assert R.arith_gold(PROMPT, RIGHT + "\n5: 27 plus 1 is 28\nanswer: 28") == 1.0
+    assert R.arith_gold(PROMPT, RIGHT + "\n5: plus 1 to 27 is 28\nanswer: 28") == 1.0
     assert R.arith_gold(PROMPT, "Answer :  27 .") == 1.0
     # only the first answer line counts, and it must hold one integer and nothing else
     assert R.arith_gold(PROMPT, "answer: 26\nanswer: 27") == 0.0
@@ -78,11 +80,11 @@ def test_gold_scores_the_final_answer_of_hand_worked_solutions():
 def test_line_accuracy_counts_each_slip_once():
     assert R.line_accuracy(PROMPT, RIGHT) == (4, 4)
     assert R.line_accuracy(PROMPT, SLIPPED) == (3, 4)  # the later lines go on right from 23
-    copied = RIGHT.replace("2: 33 minus 9 is 24", "2: 33 minus 8 is 25")  # a wrong operand
-    # line 3 ("24 plus 7") does not start from the 25 of line 2; line 4 follows from line 3's 31
+    copied = RIGHT.replace("2: minus 9 from 33 is 24", "2: minus 8 from 33 is 25")  # wrong operand
+    # line 3 ("to 24") does not go on from the 25 of line 2; line 4 follows from line 3's 31
     assert R.line_accuracy(PROMPT, copied) == (2, 4)
     assert R.line_accuracy(PROMPT, RIGHT + "\n") == (4, 4)
-    assert R.line_accuracy(PROMPT, "1: 25 plus 8 is 33\nhello") == (1, 2)
+    assert R.line_accuracy(PROMPT, "1: plus 8 to 25 is 33\nhello") == (1, 2)
 
 
 @pytest.mark.parametrize("name", sorted(R.TASKS))
@@ -115,14 +117,14 @@ def test_generated_problems_and_solutions(name):
 
 def test_token_lengths_follow_the_steps_and_the_tokenizer_knows_every_character():
     tok = _tokenizer()
-    bands = {4: (62, 74), 8: (124, 140), 16: (248, 276)}  # solutions: about 16 tokens per step
+    bands = {4: (66, 78), 8: (132, 148), 16: (264, 292)}  # solutions: about 17 tokens per step
     for name, task in R.TASKS.items():
         rows = R.generate(name, 50, 0, "valid", R.N_TRAIN)
         answers = [tok(r["chosen"], add_special_tokens=False)["input_ids"] for r in rows]
         prompts = [tok(r["prompt"])["input_ids"] for r in rows]
         lo, hi = bands[task.steps]
         assert lo <= statistics.mean(map(len, answers)) <= hi, name
-        assert max(map(len, prompts)) + max(map(len, answers)) < 460, name  # ARITH_FLAGS' 464
+        assert max(map(len, prompts)) + max(map(len, answers)) < 479, name  # ARITH_FLAGS: 480
         for r, ids in zip(rows, answers, strict=True):
             assert tok.unk_token_id not in ids
             assert tok.decode(ids) == r["chosen"]  # every character spelt, nothing lost
