@@ -41,8 +41,9 @@ demo: $(VENV)/.installed
 
 # The whole suite in two lanes, one per core: the main suite streams its progress while the vLLM
 # suite (in its environment) and then the two end-to-end demo tests run beside it into
-# output/test-side.log, printed after. The status fails when either lane fails. `make test-main`
-# alone runs every test of the main environment, the demos included.
+# output/test-side.log, printed after (the default demo's test runs it as `make demo` does, with 2
+# threads). The status fails when either lane fails. `make test-main` alone runs every test of the
+# main environment, the demos included.
 SIDE_TESTS := tests/pipeline/test_demo.py tests/pipeline/test_demo_bf16.py
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	@mkdir -p output; \

@@ -30,6 +30,7 @@ and ``equal``; λ 1 and 0.95), ``macro_mc`` (spaced and spread boundary selectio
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from collections.abc import Callable
@@ -251,7 +252,7 @@ def ours(name: str, toy: Toy, rows, group_ids=None, **kw) -> torch.Tensor:
         inputs.mc = MCValues(bnd, values, prompt_values=sv[:, 0])
     adv, _ = build_estimator(name, opts)(inputs)
     if kw.get("credit", "all") != "all":
-        keep = credit_mask(seg, kw["credit"], macro.termination_condition, macro.lowprob_cut)
+        keep = credit_mask(seg, dataclasses.replace(macro, macro_credit=kw["credit"]))
         adv = torch.where(keep, adv, 0.0)
     return adv
 

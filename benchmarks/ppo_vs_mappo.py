@@ -4,7 +4,7 @@ MA-RLHF (Chai et al., ICLR 2025) reports that MA-PPO reaches vanilla PPO's final
 faster in training and ends higher. This experiment measures the same thing on the embedded task,
 whose *gold score* (``marlhf.data.synthetic.gold_score``) is the true quality of a summary:
 
-    1. shared SFT and reward model, trained once (``marlhf.demo``'s CPU-sized flags) and reused;
+    1. shared SFT and reward model, trained once (the demo's TL;DR flags, CPU-sized) and reused;
     2. PPO (fixed n=1, token level) and MA-PPO for each termination rule (fixed n=3/5/10, randomized,
        ppl, entropy with a target mean length of 5, parsing where a parser model is installed),
        each for ``--seeds`` seeds and the same number of PPO steps, all other settings equal;
@@ -64,7 +64,7 @@ from benchmarks.analysis import (  # noqa: E402, F401 - re-exported for tests an
     speedup,
     summarize,
 )
-from marlhf.pipeline.demo import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
+from marlhf.pipeline.demo_settings import PPO_FLAGS, RM_FLAGS, SFT_FLAGS  # noqa: E402
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------

@@ -51,11 +51,12 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from marlhf.config import check_numbers
 from marlhf.config_file import load_config_file
+from marlhf.plugins import load_plugins
 
 C = TypeVar("C")
 
@@ -307,7 +308,22 @@ class Parser(argparse.ArgumentParser):
             except ValueError as err:
                 self.error(str(err))
             args = given + args  # the command line's flags come later, so they win
+        self._load_plugins(args)
         return super().parse_known_args(args, namespace)
+
+    def _load_plugins(self, args: list[str]) -> None:
+        """Import the files and modules of a ``plugins`` flag (``--plugin``) before any flag is
+        checked: the rules, estimators, reward sources and generation backends they register are
+        values of the flags."""
+        for action in self._actions:
+            if getattr(action, "plugins", False):
+                pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+                pre.add_argument(*action.option_strings, dest="specs", nargs="+", action="extend")
+                given = pre.parse_known_args(args)[0].specs or []
+                try:  # a, b or a,b as every tuple flag
+                    load_plugins(x for v in given for x in v.split(","))
+                except ValueError as err:
+                    self.error(str(err))
 
     def error(self, message: str):
         """Two lines on stderr, exit status 2: the problem (with "did you mean" for an unknown
@@ -456,7 +472,12 @@ def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> Non
     else:
         kwargs["default"] = default
     base, optional = _unwrap_optional(tp)
-    if "choices" in meta:
+    if isinstance(meta.get("choices"), Mapping):
+        # a registry: its names are read when a value is checked and when --help lists them
+        # (argparse's own {a,b} metavar), so the names --plugin files register count too
+        kwargs["choices"] = meta["choices"]
+        del kwargs["metavar"]
+    elif "choices" in meta:
         kwargs["choices"] = tuple(meta["choices"])
         # --help lists the values (argparse shows only the metavar otherwise)
         kwargs["metavar"] = "{" + ",".join(map(str, kwargs["choices"])) + "}"
@@ -492,7 +513,8 @@ def _add_flag(group, flag: _Flag, part_name: str, seen: dict, post: dict) -> Non
                 kwargs["choices"] = (*kwargs["choices"], None)
     else:
         raise TypeError(f"unsupported field type {tp} for {name}")
-    group.add_argument(name, *aliases, **kwargs)
+    action = group.add_argument(name, *aliases, **kwargs)
+    action.plugins = bool(meta.get("plugins"))  # imported before any flag is checked
 
 
 def _optional(base: type):
@@ -603,7 +625,9 @@ def flag_values(cfg: Any) -> dict[str, Any]:
 
 def config_from_dict(stage_cls: type[C], data: dict[str, Any]) -> C:
     """Inverse of :func:`config_to_dict` (a run's ``run_config.json`` back into its config; keys the
-    config does not know are ignored, missing ones take their defaults)."""
+    config does not know are ignored, missing ones take their defaults). The plugins it names are
+    imported first (:func:`marlhf.plugins.load_plugins`), as its rules and estimators are values."""
+    load_plugins(_plugin_specs(stage_cls, data))
     hints = typing.get_type_hints(stage_cls)
     kw = {}
     for name, value in data.items():
@@ -616,6 +640,21 @@ def config_from_dict(stage_cls: type[C], data: dict[str, Any]) -> C:
             value = tuple(value)
         kw[name] = value
     return stage_cls(**kw)
+
+
+def _plugin_specs(cls: type, data: Any) -> list[str]:
+    """The values in ``data`` (``run_config.json``'s mapping) of ``cls``'s fields that name plugins
+    (metadata ``plugins``), in every part."""
+    if not isinstance(data, dict):
+        return []
+    specs: list[str] = []
+    for name, f, tp in _leaf_fields(cls):
+        base = _unwrap_optional(tp)[0]
+        if _is_part(base):
+            specs += _plugin_specs(base, data.get(name))
+        elif f.metadata.get("plugins") and isinstance(data.get(name), list | tuple):
+            specs += [str(v) for v in data[name]]
+    return specs
 
 
 _UNSET = object()

@@ -22,7 +22,7 @@ import marlhf.cli
 
 # name -> (module, function, one line of help); modules are imported only when their command runs
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "sft": ("marlhf.stages.sft", "main", "stage 1: supervised fine-tuning"),
+    "sft": ("marlhf.stages.sft.train", "main", "stage 1: supervised fine-tuning"),
     "rm": ("marlhf.stages.reward.train", "main", "stage 2: reward model (end or segment scores)"),
     "ppo": ("marlhf.stages.ppo.main", "main", "stage 3: PPO / MA-PPO / GRPO / RLOO / ..."),
     "infer": ("marlhf.inference.run", "main", "sample responses and score them (RM, gold, tests)"),
@@ -51,7 +51,7 @@ ALIASES = {"reward": "rm", "inference": "infer", "human_eval": "human-eval"}
 # parsed here first, from modules that import no torch, so that --help and a flag's error come in
 # a fraction of a second; the program (which imports torch) then parses them again, identically.
 FLAGS: dict[str, tuple[str, str, str | None]] = {
-    "sft": ("marlhf.stages.sft_config", "SFTConfig", None),
+    "sft": ("marlhf.stages.sft.config", "SFTConfig", None),
     "rm": ("marlhf.stages.reward.config", "RewardStageConfig", None),
     "ppo": ("marlhf.stages.ppo.config", "PPOStageConfig", None),
     "infer": ("marlhf.inference.config", "InferenceArgs", "marlhf.inference"),

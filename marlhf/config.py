@@ -123,70 +123,61 @@ def check_own_numbers(part: Any) -> None:
     check_numbers(type(part), vars(part))
 
 
+def flag(default: Any = dataclasses.MISSING, help: str = "", **more: Any) -> Any:
+    """A config field that is a flag: ``field(default=default, metadata={"help": help, **more})``.
+    Without a ``default`` the flag is required; ``more`` is the rest of what :mod:`marlhf.cli`
+    reads: ``choices``, ``aliases``, ``range`` (:func:`check_numbers`), ``flag`` (its name, when
+    not the field's), ``repeat``, ... (docs/CONVENTIONS.md, "Typed configuration").
+
+    >>> @dataclass
+    ... class Part:
+    ...     n: int = flag(1, "How many.", range="[1, inf)")
+    >>> [(f.default, dict(f.metadata)) for f in dataclasses.fields(Part)]
+    [(1, {'help': 'How many.', 'range': '[1, inf)'})]
+    """
+    return field(default=default, metadata={"help": help, **more})
+
+
 @dataclass
 class ModelConfig:
     """Model loading: hub id, local directory, `tiny` (the embedded default) or `tiny-base`."""
 
-    model_name_or_path: str = field(
-        default="tiny",
-        metadata={
-            "help": "Hub id (e.g. google/gemma-2b), local HF directory, `tiny` for the embedded "
-            "tiny Gemma-architecture model built from the bundled corpus (random init), or "
-            "`tiny-base`: the same model shipped pretrained on generated posts, or `tiny-rm-base`: "
-            "the shipped reward-model base (see marlhf.tiny)."
-        },
+    model_name_or_path: str = flag(
+        "tiny",
+        "Hub id (e.g. google/gemma-2b), local HF directory, `tiny` for the embedded "
+        "tiny Gemma-architecture model built from the bundled corpus (random init), or "
+        "`tiny-base`: the same model shipped pretrained on generated posts, or `tiny-rm-base`: "
+        "the shipped reward-model base (see marlhf.tiny).",
     )
-    tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Tokenizer to load; default: the model's own."}
+    tokenizer_name_or_path: str | None = flag(None, "Tokenizer to load; default: the model's own.")
+    trust_remote_code: bool = flag(False, "Allow model code from the hub (off unless asked).")
+    dtype: str = flag("fp32", "Training precision.", choices=DTYPES)
+    gradient_checkpointing: bool = flag(False, "Recompute activations in backward to save memory.")
+    dropout: float | None = flag(
+        None, "Override the model's dropout probabilities (None keeps the model's).", range="[0, 1)"
     )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow model code from the hub (off unless asked)."}
+    lora_dim: int = flag(
+        0,
+        "LoRA rank (0 disables LoRA). LoRA is applied through peft and trains the "
+        "LoRA weights only (the base model is frozen, as in peft and TRL): the saved model "
+        "has them merged, and <model>/adapter/ holds the peft adapter of the base.",
     )
-    dtype: str = field(
-        default="fp32",
-        metadata={"help": "Training precision.", "choices": DTYPES},
+    lora_alpha: float = flag(16.0, "LoRA alpha (scaling = alpha / r).", range="(0, inf)")
+    lora_dropout: float = flag(0.0, "LoRA dropout.", range="[0, 1)")
+    lora_module_name: str = flag(
+        "layers.", "LoRA is applied to Linear modules whose name contains this string."
     )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in backward to save memory."}
+    only_optimize_lora: bool = flag(
+        False,
+        "Freeze everything but the LoRA weights: what --lora_dim does (kept for the "
+        "original scripts' command lines).",
     )
-    dropout: float | None = field(
-        default=None,
-        metadata={
-            "help": "Override the model's dropout probabilities (None keeps the model's).",
-            "range": "[0, 1)",
-        },
-    )
-    lora_dim: int = field(
-        default=0,
-        metadata={
-            "help": "LoRA rank (0 disables LoRA). LoRA is applied through peft and trains the "
-            "LoRA weights only (the base model is frozen, as in peft and TRL): the saved model "
-            "has them merged, and <model>/adapter/ holds the peft adapter of the base."
-        },
-    )
-    lora_alpha: float = field(
-        default=16.0, metadata={"help": "LoRA alpha (scaling = alpha / r).", "range": "(0, inf)"}
-    )
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout.", "range": "[0, 1)"})
-    lora_module_name: str = field(
-        default="layers.",
-        metadata={"help": "LoRA is applied to Linear modules whose name contains this string."},
-    )
-    only_optimize_lora: bool = field(
-        default=False,
-        metadata={
-            "help": "Freeze everything but the LoRA weights: what --lora_dim does (kept for the "
-            "original scripts' command lines)."
-        },
-    )
-    lora_train_base: bool = field(
-        default=False,
-        metadata={
-            "help": "With --lora_dim: train the base model's weights too, beside the LoRA weights "
-            "(the original DeepSpeed-Chat scripts without --only_optimize_lora). The saved model "
-            "is the merged one alone: no adapter/ is written, as one applied to the untouched "
-            "base would not reproduce it."
-        },
+    lora_train_base: bool = flag(
+        False,
+        "With --lora_dim: train the base model's weights too, beside the LoRA weights "
+        "(the original DeepSpeed-Chat scripts without --only_optimize_lora). The saved model "
+        "is the merged one alone: no adapter/ is written, as one applied to the untouched "
+        "base would not reproduce it.",
     )
 
     def __post_init__(self) -> None:
@@ -215,51 +206,30 @@ class ModelConfig:
 class OptimConfig:
     """Optimisation: AdamW (torch's, through DeepSpeed's config), schedule, batch sizes."""
 
-    per_device_train_batch_size: int = field(
-        default=8, metadata={"help": "Micro-batch size per device (per process) for training."}
+    per_device_train_batch_size: int = flag(
+        8, "Micro-batch size per device (per process) for training."
     )
-    per_device_eval_batch_size: int = field(
-        default=8, metadata={"help": "Batch size per device for evaluation."}
+    per_device_eval_batch_size: int = flag(8, "Batch size per device for evaluation.")
+    gradient_accumulation_steps: int = flag(1, "Micro-batches accumulated per optimizer step.")
+    learning_rate: float = flag(5e-5, "Peak learning rate.", range="[0, inf)")
+    weight_decay: float = flag(
+        0.0, "AdamW weight decay (not applied to biases and norms).", range="[0, inf)"
     )
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches accumulated per optimizer step."}
+    adam_beta1: float = flag(0.9, "AdamW beta1.", range="[0, 1)")
+    adam_beta2: float = flag(0.95, "AdamW beta2.", range="[0, 1)")
+    adam_eps: float = flag(1e-8, "AdamW epsilon.", range="[0, inf)")
+    max_grad_norm: float = flag(1.0, "Gradient clipping norm (0 disables).", range="[0, inf)")
+    num_train_epochs: int = flag(1, "Passes over the training data.")
+    max_steps: int = flag(
+        0,
+        "Train exactly this many optimizer steps, looping over the data as often as "
+        "needed (each epoch in a new order, seeded --seed + epoch); it wins over "
+        "--num_train_epochs. 0: --num_train_epochs epochs.",
     )
-    learning_rate: float = field(
-        default=5e-5, metadata={"help": "Peak learning rate.", "range": "[0, inf)"}
-    )
-    weight_decay: float = field(
-        default=0.0,
-        metadata={
-            "help": "AdamW weight decay (not applied to biases and norms).",
-            "range": "[0, inf)",
-        },
-    )
-    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1.", "range": "[0, 1)"})
-    adam_beta2: float = field(default=0.95, metadata={"help": "AdamW beta2.", "range": "[0, 1)"})
-    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon.", "range": "[0, inf)"})
-    max_grad_norm: float = field(
-        default=1.0, metadata={"help": "Gradient clipping norm (0 disables).", "range": "[0, inf)"}
-    )
-    num_train_epochs: int = field(default=1, metadata={"help": "Passes over the training data."})
-    max_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Train exactly this many optimizer steps, looping over the data as often as "
-            "needed (each epoch in a new order, seeded --seed + epoch); it wins over "
-            "--num_train_epochs. 0: --num_train_epochs epochs."
-        },
-    )
-    lr_scheduler_type: str = field(
-        default="cosine", metadata={"help": "Learning-rate schedule.", "choices": SCHEDULERS}
-    )
-    num_warmup_steps: int = field(
-        default=0, metadata={"help": "Warm-up steps (takes precedence over --warmup_ratio)."}
-    )
-    warmup_ratio: float = field(
-        default=0.0,
-        metadata={"help": "Warm-up as a fraction of total steps.", "range": "[0, 1)"},
-    )
-    seed: int = field(default=1234, metadata={"help": "Random seed (data split, shuffling, init)."})
+    lr_scheduler_type: str = flag("cosine", "Learning-rate schedule.", choices=SCHEDULERS)
+    num_warmup_steps: int = flag(0, "Warm-up steps (takes precedence over --warmup_ratio).")
+    warmup_ratio: float = flag(0.0, "Warm-up as a fraction of total steps.", range="[0, 1)")
+    seed: int = flag(1234, "Random seed (data split, shuffling, init).")
 
     def __post_init__(self) -> None:
         check_own_numbers(self)
@@ -281,22 +251,13 @@ class OptimConfig:
 class DeepSpeedConfig:
     """DeepSpeed: ZeRO stage, offload, launcher integration."""
 
-    zero_stage: int = field(default=0, metadata={"help": "ZeRO stage 0..3."})
-    offload: bool = field(
-        default=False,
-        metadata={"help": "ZeRO-Offload: optimizer states (and ZeRO-3 params) on CPU."},
+    zero_stage: int = flag(0, "ZeRO stage 0..3.")
+    offload: bool = flag(False, "ZeRO-Offload: optimizer states (and ZeRO-3 params) on CPU.")
+    deepspeed_config: str | None = flag(
+        None, "A DeepSpeed JSON file merged over the generated config (expert use)."
     )
-    deepspeed_config: str | None = field(
-        default=None,
-        metadata={"help": "A DeepSpeed JSON file merged over the generated config (expert use)."},
-    )
-    local_rank: int = field(
-        default=-1,
-        metadata={"help": "Set by the deepspeed launcher; read from LOCAL_RANK otherwise."},
-    )
-    dist_timeout_s: int = field(
-        default=1800, metadata={"help": "Timeout of collective operations, seconds."}
-    )
+    local_rank: int = flag(-1, "Set by the deepspeed launcher; read from LOCAL_RANK otherwise.")
+    dist_timeout_s: int = flag(1800, "Timeout of collective operations, seconds.")
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -307,80 +268,56 @@ class DeepSpeedConfig:
 class LoggingConfig:
     """Output, checkpoints, TensorBoard, progress."""
 
-    output_dir: str = field(
-        default="./output", metadata={"help": "Where the run writes everything."}
+    output_dir: str = flag("./output", "Where the run writes everything.")
+    enable_tensorboard: bool = flag(
+        True, "Write TensorBoard scalars under <output_dir>/tensorboard."
     )
-    enable_tensorboard: bool = field(
-        default=True, metadata={"help": "Write TensorBoard scalars under <output_dir>/tensorboard."}
+    tensorboard_path: str | None = flag(
+        None, "TensorBoard directory (default <output_dir>/tensorboard)."
     )
-    tensorboard_path: str | None = field(
-        default=None, metadata={"help": "TensorBoard directory (default <output_dir>/tensorboard)."}
+    save_steps: int = flag(0, "Checkpoint every N optimizer steps (0: only at the end).")
+    keep_checkpoints: int = flag(2, "Resumable training-state checkpoints kept (oldest deleted).")
+    eval_interval: int = flag(
+        0,
+        "Evaluate every N optimizer steps and after the last (0: at each epoch's end; "
+        "PPO: never). PPO evaluates the actor's answers to held-out prompts (eval/*).",
     )
-    save_steps: int = field(
-        default=0, metadata={"help": "Checkpoint every N optimizer steps (0: only at the end)."}
+    eval_iters: int = flag(
+        0,
+        "Evaluation batches per rank per evaluation (0: the whole eval split; PPO: "
+        "the eval split's PPO prompts, batches of --per_device_generation_batch_size).",
     )
-    keep_checkpoints: int = field(
-        default=2, metadata={"help": "Resumable training-state checkpoints kept (oldest deleted)."}
+    log_interval: int = flag(
+        1,
+        "Log scalars every N optimizer steps (and the last), and with "
+        "--disable_progress_bar print the step's line as often.",
     )
-    eval_interval: int = field(
-        default=0,
-        metadata={
-            "help": "Evaluate every N optimizer steps and after the last (0: at each epoch's end; "
-            "PPO: never). PPO evaluates the actor's answers to held-out prompts (eval/*)."
-        },
+    resume: str = flag(
+        "auto",
+        "`auto`: continue from the latest checkpoint in output_dir if any; `never`; "
+        "or a checkpoint directory.",
     )
-    eval_iters: int = field(
-        default=0,
-        metadata={
-            "help": "Evaluation batches per rank per evaluation (0: the whole eval split; PPO: "
-            "the eval split's PPO prompts, batches of --per_device_generation_batch_size)."
-        },
+    resume_with_changes: bool = flag(
+        False,
+        "Resume even when settings that change what is trained (learning rate, seed, "
+        "estimator, global batch, ...) differ from the checkpoint's: they are listed and "
+        "appended to <output_dir>/run_history.jsonl. Without it such a resume is refused; "
+        "logging, paths and progress may always change.",
     )
-    log_interval: int = field(
-        default=1,
-        metadata={
-            "help": "Log scalars every N optimizer steps (and the last), and with "
-            "--disable_progress_bar print the step's line as often."
-        },
+    disable_progress_bar: bool = flag(False, "No tqdm bar: one log line per step instead.")
+    report_to: tuple[str, ...] = flag(
+        ("tensorboard",),
+        "Where metrics go besides metrics.jsonl, comma-separated: tensorboard, wandb "
+        "(pip install wandb; WANDB_MODE=offline works without an account), trackio (pip "
+        "install trackio; local, $TRACKIO_DIR), or none.",
+        choices=TRACKERS,
     )
-    resume: str = field(
-        default="auto",
-        metadata={
-            "help": "`auto`: continue from the latest checkpoint in output_dir if any; `never`; "
-            "or a checkpoint directory."
-        },
+    run_name: str | None = flag(
+        None,
+        "The run's name in the trackers (default: what ran, e.g. `MA-PPO n=5`, and the "
+        "output directory's name).",
     )
-    resume_with_changes: bool = field(
-        default=False,
-        metadata={
-            "help": "Resume even when settings that change what is trained (learning rate, seed, "
-            "estimator, global batch, ...) differ from the checkpoint's: they are listed and "
-            "appended to <output_dir>/run_history.jsonl. Without it such a resume is refused; "
-            "logging, paths and progress may always change."
-        },
-    )
-    disable_progress_bar: bool = field(
-        default=False, metadata={"help": "No tqdm bar: one log line per step instead."}
-    )
-    report_to: tuple[str, ...] = field(
-        default=("tensorboard",),
-        metadata={
-            "help": "Where metrics go besides metrics.jsonl, comma-separated: tensorboard, wandb "
-            "(pip install wandb; WANDB_MODE=offline works without an account), trackio (pip "
-            "install trackio; local, $TRACKIO_DIR), or none.",
-            "choices": TRACKERS,
-        },
-    )
-    run_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "The run's name in the trackers (default: what ran, e.g. `MA-PPO n=5`, and the "
-            "output directory's name)."
-        },
-    )
-    tracker_project: str = field(
-        default="ma-rlhf", metadata={"help": "The wandb / trackio project the run is logged to."}
-    )
+    tracker_project: str = flag("ma-rlhf", "The wandb / trackio project the run is logged to.")
 
     def __post_init__(self) -> None:
         bad = [t for t in self.report_to if t not in TRACKERS]
@@ -404,3 +341,33 @@ class LoggingConfig:
         problem = tracker_problem(self.report_to)
         if problem is not None:
             raise ValueError(problem)
+
+
+@dataclass
+class BatchingConfig:
+    """How rows go through the models: packed sequences and token-budget micro-batches."""
+
+    packing: bool = flag(
+        True,
+        "Run the forward and backward passes over packed rows (each row's tokens end to "
+        "end, position ids restarting per row, attention that never crosses rows: "
+        "marlhf.models.packing) instead of padded rectangles: the cost follows the tokens, not "
+        "the longest row. Exact (the padded results up to float rounding), so on by default "
+        "for the model types that build their attention from packed position ids (gemma, "
+        "gemma2, llama, mistral, qwen2, qwen3, gpt2) with sdpa, eager or flash attention; "
+        "other models run padded. --no_packing: always padded.",
+    )
+    max_tokens_per_micro_batch: int = flag(
+        0,
+        "Form the training and scoring micro-batches by a token budget instead of a "
+        "row count: the rows sorted by length and cut into micro-batches of at most N "
+        "positions (tokens when packed, rows x longest row when padded; a longer row goes "
+        "alone), their gradients accumulated into one optimizer step; the update is the same "
+        "up to float rounding (marlhf.runtime.micro_batches). 0: by row count.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_micro_batch < 0:
+            raise ValueError(
+                f"--max_tokens_per_micro_batch must be >= 0, got {self.max_tokens_per_micro_batch}"
+            )

@@ -24,8 +24,12 @@ DEFERRED = {
     "wandb": "tracker",
     "trackio": "tracker",
     "yaml": "config files in YAML (pip install pyyaml)",
+    "skyrl_gym": "environments of multi-turn agents (the agents extra; imports pandas)",
+    "omegaconf": "an environment's env_config (a dependency of skyrl-gym)",
     "seccomp": "libseccomp's bindings (Debian python3-seccomp)",
     "pyseccomp": "libseccomp's bindings (pip)",
+    "math_verify": "verifiable math rewards (pip install math-verify)",
+    "reasoning_gym": "reasoning-gym tasks and their scorers (pip install reasoning-gym)",
     "termios": "POSIX terminal (the human evaluation's key reader)",
     "tty": "POSIX terminal (the human evaluation's key reader)",
     # heavy: seconds each on a CPU
@@ -147,6 +151,7 @@ def test_no_import_circles_between_packages():
 LAYERS = (
     "marlhf.config",
     "marlhf.config_file",
+    "marlhf.plugins",
     "marlhf.cli",
     "marlhf.stats",
     "marlhf.runtime",
@@ -155,6 +160,7 @@ LAYERS = (
     "marlhf.rewards",
     "marlhf.data",
     "marlhf.models",
+    "marlhf.envs",
     "marlhf.stages",
     "marlhf.inference",
     "marlhf.judge",

@@ -178,7 +178,7 @@ def test_one_source_per_flag():
     from marlhf.data.config import DataConfig
     from marlhf.stages.ppo.config import PPOStageConfig
     from marlhf.stages.reward.config import RewardStageConfig
-    from marlhf.stages.sft import SFTConfig
+    from marlhf.stages.sft.config import SFTConfig
 
     shared = (ModelConfig, OptimConfig, DeepSpeedConfig, LoggingConfig, DataConfig)
     shared_names = {f.name for cls in shared for f in dataclasses.fields(cls)}
@@ -259,3 +259,95 @@ def test_config_alias_bomb_is_bounded(tmp_path, capsys):
     ok.write_text("learning_rate: &lr 0.5\nweight_decay: *lr\n")
     cfg = parse_config(_Stage, ["--config", str(ok)])
     assert (cfg.optim.learning_rate, cfg.optim.weight_decay) == (0.5, 0.5)
+
+
+# ---------------------------------------------------------------- registries and --plugin files
+
+
+REGISTRY: dict[str, object] = {"a": object()}
+
+
+@dataclass
+class _Registered:
+    name: str = field(default="a", metadata={"help": "a registered name", "choices": REGISTRY})
+
+
+@dataclass
+class _RegisteredStage:
+    p: _Registered = field(default_factory=_Registered)
+
+
+def test_a_registry_is_the_live_choices_of_its_flag(capsys):
+    parser = build_parser(_RegisteredStage)
+    REGISTRY["b"] = object()  # registered after the parser was built
+    try:
+        assert parser.parse_args(["--name", "b"]).__dict__["p.name"] == "b"
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--help"])
+        assert "--name {a,b}" in capsys.readouterr().out
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--name", "c"])
+        assert "invalid choice: 'c' (choose from 'a', 'b')" in capsys.readouterr().err
+    finally:
+        del REGISTRY["b"]
+
+
+PLUGIN = """
+from marlhf.macro.rules import Rule, register_rule
+
+@register_rule("cli_test_rule")
+class CliTestRule(Rule):
+    description = "a rule of the CLI's test"
+"""
+
+
+@pytest.fixture
+def plugin_file(tmp_path):
+    """A plugin file registering a rule; the rule and the module leave afterwards."""
+    import sys
+
+    from marlhf.macro.rules import RULES
+    from marlhf.plugins import plugin_module_name
+
+    path = tmp_path / "cli_rules.py"
+    path.write_text(PLUGIN)
+
+    def forget():
+        RULES.pop("cli_test_rule", None)
+        sys.modules.pop(plugin_module_name(path), None)
+
+    yield path, forget
+    forget()
+
+
+def test_plugin_files_are_imported_before_the_flags_are_checked(plugin_file, tmp_path, capsys):
+    import json
+
+    from marlhf.macro.config import MacroConfig
+
+    @dataclass
+    class _MacroStage:
+        macro: MacroConfig = field(default_factory=MacroConfig)
+
+    path, forget = plugin_file
+    # the rule is named before the file that registers it
+    cfg = parse_config(
+        _MacroStage, ["--termination_condition", "cli_test_rule", "--plugin", str(path)]
+    )
+    assert cfg.macro.termination_condition == "cli_test_rule" and cfg.macro.plugin == (str(path),)
+    saved = config_to_dict(cfg)
+    forget()
+    # a --config file (run_config.json) names its plugins as well
+    run_config = tmp_path / "run_config.json"
+    run_config.write_text(json.dumps(saved))
+    assert parse_config(_MacroStage, ["--config", str(run_config)]) == cfg
+    forget()
+    assert config_from_dict(_MacroStage, saved) == cfg
+    forget()
+    with pytest.raises(SystemExit):
+        parse_config(_MacroStage, ["--termination_condition", "cli_test_rule"])
+    assert "invalid choice: 'cli_test_rule'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_config(_MacroStage, ["--plugin", str(tmp_path / "none.py")])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].endswith(f"error: --plugin {tmp_path / 'none.py'}: no such file")

@@ -16,7 +16,7 @@ from marlhf.commands import COMMANDS
 from marlhf.commands import main as marlhf
 from marlhf.inference import InferenceArgs
 from marlhf.stages.ppo.config import PPOStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 
 def test_lists_the_commands_and_suggests_one(capsys):

@@ -23,13 +23,16 @@ from marlhf.cli import parse_config
 from marlhf.gpu_check import GPUCheckStageConfig
 from marlhf.inference.run import InferenceArgs
 from marlhf.inference.view import ViewArgs
+from marlhf.judge.config import JudgeConfig
 from marlhf.judge.human import HumanEvalStage
 from marlhf.judge.run import JudgeStage
 from marlhf.judge.sampling import SampleStage
+from marlhf.macro.config import MacroConfig
 from marlhf.pipeline.compare import CompareArgs
+from marlhf.rewards.code import CodeRewardConfig
 from marlhf.stages.ppo.config import GenerationConfig, PPOConfig, PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 # every program built from a config, with the flags it requires
 PROGRAMS = {
@@ -173,6 +176,61 @@ def test_help_shows_the_range(capsys):
         parse_config(PPOStageConfig, ["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "Nucleus sampling. Range (0, 1]." in text
+
+
+# (program, a whole-number flag with a range, a value outside it, the error's condition)
+WHOLE_NUMBER_RANGES = [
+    ("judge", "--concurrency", "0", ">= 1"),
+    ("judge", "--max_retries", "-1", ">= 0"),
+    ("judge", "--limit", "0", ">= 1"),
+    ("judge", "--bootstrap", "0", ">= 1"),
+    ("ppo", "--ngram", "0", ">= 1"),
+    ("ppo", "--repeat_times", "0", ">= 1"),
+    ("ppo", "--parsing_cutoff", "0", ">= 1"),
+    ("ppo", "--parse_workers", "-1", ">= 0"),
+    ("ppo", "--ppl_min_len", "0", ">= 1"),
+    ("ppo", "--ppl_max_len", "-1", ">= 0"),
+    ("ppo", "--code_workers", "0", ">= 1"),
+    ("ppo", "--code_memory_mb", "31", ">= 32"),
+    ("ppo", "--code_max_tests", "0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize(("program", "flag", "bad", "condition"), WHOLE_NUMBER_RANGES)
+def test_whole_numbers_outside_their_range_are_refused(program, flag, bad, condition, capsys):
+    cls, required = PROGRAMS[program]
+    with pytest.raises(SystemExit) as exc:
+        parse_config(cls, [*required, f"{flag}={bad}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()[0]
+    assert err.endswith(f"error: {flag} must be {condition}, got {bad}"), err
+
+
+@pytest.mark.parametrize(
+    ("program", "shown"),
+    [
+        ("judge", "Requests in flight at most. Range [1, inf)."),
+        ("judge", "Relative length difference of a length-matched pair. Range [0, 1)."),
+        ("judge", "Per-request timeout in seconds. Range (0, inf)."),
+        ("ppo", "Tokens per macro action for `fixed` (1 = token-level PPO). Range [1, inf)."),
+        ("ppo", "Address-space limit per test (MiB). Range [32, inf)."),
+    ],
+)
+def test_help_shows_the_range_of_judge_macro_and_code_flags(program, shown, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(PROGRAMS[program][0], ["--help"])
+    assert shown in " ".join(capsys.readouterr().out.split())
+
+
+def test_judge_macro_and_code_configs_built_in_python_check_their_ranges():
+    with pytest.raises(ValueError, match=r"^--concurrency must be >= 1, got 0$"):
+        JudgeConfig(model_name_a="a", model_name_b="b", output="o", concurrency=0)
+    with pytest.raises(ValueError, match=r"^--length_tolerance must be in \[0, 1\), got 1.0$"):
+        JudgeConfig(model_name_a="a", model_name_b="b", output="o", length_tolerance=1.0)
+    with pytest.raises(ValueError, match=r"^--ppl_max_len must be >= 0, got -1$"):
+        MacroConfig(ppl_max_len=-1)
+    with pytest.raises(ValueError, match=r"^--code_memory_mb must be >= 32, got 8$"):
+        CodeRewardConfig(code_memory_mb=8)
 
 
 def test_doctests():

@@ -43,6 +43,8 @@ EXTERNAL_FLAGS = {
     "--no-deps": "pip",
     "--strict": "mkdocs build",
     "--lerning_rate": "troubleshooting: the misspelled flag of the example message",
+    "--port": "scripts/reward_server.py",
+    "--rule": "scripts/reward_server.py",
 }
 
 

@@ -16,7 +16,7 @@ NUM_GPUS = 8  # the scripts' default
 
 def _stage_config(stage: str):
     if stage == "sft":
-        from marlhf.stages.sft import SFTConfig
+        from marlhf.stages.sft.config import SFTConfig
 
         return SFTConfig
     if stage == "reward":
@@ -143,7 +143,8 @@ def test_every_script_preflights_before_launching_and_appends_its_log(path):
     if "exec bash" in text:
         return  # a wrapper: the script it runs is checked
     stage, _ = script_flags(path)
-    pre = text.index(f'python -m marlhf.preflight {stage} "${{ARGS[@]}}"')
+    command = {"reward": "rm"}.get(stage, stage)  # preflight names a stage as `marlhf` does
+    pre = text.index(f'python -m marlhf.preflight {command} "${{ARGS[@]}}"')
     launch = text.index(f'marlhf.stages.{stage} "${{ARGS[@]}}"')
     assert pre < launch
     assert 'tee "' not in text and text.count('tee -a "$LOG"') == 2

@@ -29,6 +29,22 @@ the per-token KL reward `-beta * KL_t`; how the estimators use those rewards:
 - ``macro_mc``: a credit segment's advantage is V̂(end) - V̂(start) plus the KL rewards of its own
   tokens (undiscounted); the Monte-Carlo values V̂ estimate the expected outcome score.
 
+Multi-turn rollouts (``--env``) bring a third part, the environment's per-turn rewards, each on its
+turn's last action token; each estimator says how they enter (``Estimator.turn_rewards``,
+:func:`with_turn_rewards`): with the per-token rewards (``gae``, ``reinforce_pp``: each turn's
+reward reaches the tokens before it through the return), summed into the outcome (``grpo``,
+``dr_grpo``, ``rloo``: the episode's total reward is what the group compares), or apart
+(``mt_grpo``: each turn's reward normalised over the group's same turn,
+:func:`per_turn_advantages`).
+
+The registry (:mod:`marlhf.algo.registry`, no torch, its names exported here too). Each estimator
+is an :class:`Estimator` subclass registered under its CLI name with ``@register_estimator(name)``;
+its class attributes say everything the trainer and the configuration ask of it (its label, what it
+reads, its group size, ...). The built-in ones are declared there, with those attributes, and
+implemented here, each class a subclass of its declaration registered in its place; an estimator of
+a user's is one class in a file named by ``--plugin`` (:mod:`marlhf.plugins`). The Monte-Carlo
+credit of ``macro_mc`` is :mod:`marlhf.algo.macro_mc`.
+
 Batch-level estimators (``batch_level``: groups, whitening) must be called on the global batch, every
 rank holding the gathered experience, so groups stay whole and the statistics do not depend on the
 split over ranks.
@@ -48,7 +64,7 @@ Example: GRPO over two prompts with G = 2 samples each, rows of a group not adja
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 import torch
@@ -56,78 +72,74 @@ import torch
 from marlhf.algo.gae import gae
 from marlhf.algo.losses import masked_whiten
 from marlhf.algo.macro_gae import macro_advantages
-from marlhf.algo.names import ESTIMATOR_ALIASES, ESTIMATOR_TRAITS, resolve_estimator
+from marlhf.algo.macro_mc import (
+    MCBoundaries,
+    MCValues,
+    credit_segment_ids,
+    macro_mc_advantages,
+    select_mc_boundaries,
+    select_spaced_mc_boundaries,
+)
+from marlhf.algo.registry import (
+    ESTIMATOR_ALIASES,
+    ESTIMATORS,
+    GAE,
+    GRPO,
+    MTGRPO,
+    RLOO,
+    TURN_REWARDS,
+    DrGRPO,
+    Estimator,
+    EstimatorOptions,
+    MacroMC,
+    ReinforcePP,
+    build_estimator,
+    check_estimator_flags,
+    check_gamma,
+    estimator_class,
+    estimator_implementation,
+    estimators_help,
+    group_size_help,
+    register_estimator,
+    resolve_estimator,
+)
 from marlhf.macro.segments import MacroSegments
 
 __all__ = [
     "ESTIMATORS",
     "ESTIMATOR_ALIASES",
     "AdvantageEstimator",
+    "Estimator",
     "EstimatorInputs",
     "EstimatorOptions",
     "MCBoundaries",
     "MCValues",
     "add_to_last_token",
     "build_estimator",
+    "check_estimator_flags",
+    "check_gamma",
     "credit_segment_ids",
+    "estimator_class",
+    "estimator_implementation",
+    "estimators_help",
+    "group_size_help",
     "group_normalised_scores",
     "leave_one_out_mean",
     "macro_mc_advantages",
     "outcome_advantages",
+    "per_turn_advantages",
     "register_estimator",
     "reinforce_pp_advantages",
     "resolve_estimator",
     "returns_to_go",
     "select_mc_boundaries",
     "select_spaced_mc_boundaries",
+    "with_turn_rewards",
 ]
 
 
 # --------------------------------------------------------------------------------------------------
 # inputs
-
-
-@dataclass
-class MCBoundaries:
-    """The states at which ``macro_mc`` draws continuations: per row, up to N boundaries between macro
-    actions (`select_mc_boundaries`). Boundary (b, n) is the state s = (prompt_b, response_b[:p]) with
-    p = ``positions[b, n]``: the state before token p, where macro action ``macro_index[b, n]`` begins.
-
-    Fields:
-        positions: (B, N) long — token positions, 1 <= p < the row's length, increasing along a row;
-            -1 where invalid.
-        mask: (B, N) bool — valid boundaries, a prefix of each row.
-        macro_index: (B, N) long — the macro action that begins at each boundary (>= 1); -1 where
-            invalid.
-    """
-
-    positions: torch.Tensor
-    mask: torch.Tensor
-    macro_index: torch.Tensor
-
-
-@dataclass
-class MCValues:
-    """What the trainer supplies to ``macro_mc`` after its rollouts.
-
-    For every valid boundary (b, n) of `boundaries` the trainer draws K continuations from the current
-    policy, starting from (prompt_b, response_b[:positions[b, n]]) and sampled like the responses
-    themselves (same temperature and length limit, the limit counting the prefix), scores each
-    continued response exactly as the responses' `scores` are made (reward model score, clipped, plus
-    the no-EOS penalty; no KL), and passes the mean.
-
-    Fields:
-        boundaries: the `MCBoundaries` the continuations were drawn at.
-        values: (B, N) float — V̂ at each boundary, the mean score of its K continuations; ignored
-            where `boundaries.mask` is false.
-        prompt_values: (B,) float | None — V̂(s_0) at each row's prompt (the mean score of K fresh
-            responses to it). None: the leave-one-out mean of the other scores of the row's group
-            (`EstimatorInputs.group_ids`), which are such responses already.
-    """
-
-    boundaries: MCBoundaries
-    values: torch.Tensor
-    prompt_values: torch.Tensor | None = None
 
 
 @dataclass
@@ -144,6 +156,12 @@ class EstimatorInputs:
         group_ids: (B,) long — which prompt each row answers; rows of a group need not be adjacent
             (``grpo``, ``dr_grpo``, ``rloo``; ``macro_mc`` without prompt values) | None.
         mc: Monte-Carlo values at macro-action boundaries (``macro_mc``) | None.
+        turn_rewards: (B, A) float — a multi-turn rollout's per-turn rewards, each on its turn's
+            last action token, 0 elsewhere, for an estimator that reads them apart
+            (``turn_rewards = "own"``: ``mt_grpo``; :func:`with_turn_rewards`) | None.
+        turn_end: (B, A) bool — each turn's last action token (with `turn_rewards`) | None.
+        turn_index: (B, A) long — each action's turn, 1, 2, ...; 0 on padding (with
+            `turn_rewards`) | None.
     """
 
     kl_rewards: torch.Tensor
@@ -153,6 +171,9 @@ class EstimatorInputs:
     values: torch.Tensor | None = None
     group_ids: torch.Tensor | None = None
     mc: MCValues | None = None
+    turn_rewards: torch.Tensor | None = None
+    turn_end: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.action_mask.dim() != 2:
@@ -168,25 +189,49 @@ class EstimatorInputs:
             raise ValueError(f"values must be (B, A) = {(B, A)}, got {tuple(self.values.shape)}")
         if self.group_ids is not None and self.group_ids.shape != (B,):
             raise ValueError(f"group_ids must be (B,) = ({B},), got {tuple(self.group_ids.shape)}")
+        for name in ("turn_rewards", "turn_end", "turn_index"):
+            x = getattr(self, name)
+            if x is not None and x.shape != (B, A):
+                raise ValueError(f"{name} must be (B, A) = {(B, A)}, got {tuple(x.shape)}")
 
 
-@dataclass(frozen=True)
-class EstimatorOptions:
-    """The estimators' settings (from the trainer's flags).
+def with_turn_rewards(
+    inputs: EstimatorInputs,
+    how: str,
+    turn_rewards: torch.Tensor,
+    turn_end: torch.Tensor | None = None,
+    turn_index: torch.Tensor | None = None,
+) -> EstimatorInputs:
+    """``inputs`` with a multi-turn rollout's per-turn rewards ``turn_rewards`` (B, A) (each on its
+    turn's last action token) where the estimator takes them (``how``, its ``turn_rewards``):
 
-    Fields:
-        gamma: discount (``--gamma``); ``macro_mc`` is undiscounted and requires 1.
-        lam: GAE lambda (``--lam``, ``gae`` only).
-        value_function: macro value weights (``--value_function``, ``gae`` only).
-        reward_agg: macro reward aggregation (``--macro_reward_agg``, ``gae`` only).
-        group_eps: added to the group's std in ``grpo`` (verl's 1e-6).
+    - ``tokens``: added to ``kl_rewards``, a reward on the turn's last token like any per-token
+      reward (``gae``: the critic's returns and the macro actions' rewards hold them;
+      ``reinforce_pp``: in the return-to-go of each earlier token);
+    - ``outcome``: their sum over the row added to ``scores``, the episode's total reward as the
+      sequence-level reward (``grpo``, ``dr_grpo``, ``rloo``: the group compares episodes);
+    - ``own``: set as ``inputs.turn_rewards`` with ``turn_end`` and ``turn_index`` (``mt_grpo``).
+
+    >>> mask = torch.tensor([[True, True, True]])
+    >>> inputs = EstimatorInputs(torch.zeros(1, 3), torch.tensor([1.0]), mask)
+    >>> turns = torch.tensor([[0.0, 0.5, 2.0]])
+    >>> with_turn_rewards(inputs, "outcome", turns).scores.tolist()
+    [3.5]
+    >>> with_turn_rewards(inputs, "tokens", turns).kl_rewards.tolist()
+    [[0.0, 0.5, 2.0]]
     """
-
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_function: str = "equal"
-    reward_agg: str = "sum"
-    group_eps: float = 1e-6
+    if how not in TURN_REWARDS:
+        raise ValueError(f"turn_rewards must be one of {TURN_REWARDS}, got {how!r}")
+    mask = inputs.action_mask.bool()
+    dtype = torch.promote_types(inputs.kl_rewards.dtype, torch.float32)
+    r = torch.where(mask, turn_rewards.to(dtype), torch.zeros((), dtype=dtype))
+    if how == "tokens":
+        return replace(inputs, kl_rewards=inputs.kl_rewards.to(dtype) + r)
+    if how == "outcome":
+        return replace(inputs, scores=inputs.scores.to(dtype) + r.sum(1))
+    if turn_end is None or turn_index is None:
+        raise ValueError("per-turn rewards read apart need turn_end and turn_index")
+    return replace(inputs, turn_rewards=r, turn_end=turn_end.bool(), turn_index=turn_index.long())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,181 +345,68 @@ def reinforce_pp_advantages(
     return masked_whiten(returns, action_mask), returns
 
 
-# --------------------------------------------------------------------------------------------------
-# macro_mc: Monte-Carlo values at macro-action boundaries (SPO-chain / VinePPO over macro actions)
-
-
-def select_mc_boundaries(segments: MacroSegments, max_boundaries: int) -> MCBoundaries:
-    """The boundaries at which ``macro_mc`` draws continuations, at most `max_boundaries` per row.
-
-    Row b's macro actions 0..K-1 begin at the states s_0 (the prompt), s_1, ..., s_{K-1}; s_K is the
-    end of the response. The candidates are the K - 1 interior states s_1..s_{K-1} (s_0's value
-    comes from the group or prompt rollouts, s_K's is the response's own score). If they number at most
-    `max_boundaries`, all are chosen; otherwise C = `max_boundaries` of them, evenly spaced over the
-    macro actions: s_k with k = floor((i + 1) * K / (C + 1)), i = 0..C-1 (distinct, in 1..K-1). The
-    macro actions between two chosen boundaries are merged into one credit segment that shares one
-    advantage (`credit_segment_ids`). `max_boundaries` 0 leaves the whole response one segment.
-
-    Args:
-        segments: the batch's macro layout (`marlhf.macro.segments.build_segments`).
-        max_boundaries: C >= 0 (``--mc_max_boundaries``).
-
-    Returns:
-        `MCBoundaries` with N = the largest number chosen in a row (0 if none).
-
-    >>> import torch
-    >>> from marlhf.macro.segments import build_segments
-    >>> seg = build_segments(torch.tensor([[1, 1, 1, 1, 1, 1]]).bool(), torch.ones(1, 6).bool())
-    >>> select_mc_boundaries(seg, 2).positions.tolist()  # K = 6: s_2 and s_4
-    [[2, 4]]
-    """
-    if max_boundaries < 0:
-        raise ValueError(f"--mc_max_boundaries must be >= 0, got {max_boundaries}")
-    count = segments.count
-    B, M = segments.start.shape
-    interior = (count - 1).clamp(min=0)  # (B,)
-    n_chosen = interior.clamp(max=max_boundaries)
-    N = int(n_chosen.max()) if B > 0 else 0
-    i = torch.arange(N, device=count.device)[None, :]  # (1, N)
-    spread = (i + 1) * count[:, None] // (max_boundaries + 1)
-    k = torch.where(interior[:, None] <= max_boundaries, i + 1, spread)  # (B, N)
-    valid = i < n_chosen[:, None]
-    k = torch.where(valid, k, 0).clamp(max=M - 1)
-    positions = torch.where(valid, segments.start.gather(1, k), -1)
-    return MCBoundaries(positions=positions, mask=valid, macro_index=torch.where(valid, k, -1))
-
-
-def select_spaced_mc_boundaries(
-    segments: MacroSegments, max_boundaries: int, spacing: int
-) -> MCBoundaries:
-    """``macro_mc``'s boundaries at fixed token spacing: for i = 1..C (C = `max_boundaries`), the
-    first interior macro-action start at or after token i * `spacing`; a start chosen twice counts
-    once, so a row has at most C.
-
-    Why not spread C boundaries evenly over the response's own K macro actions
-    (`select_mc_boundaries`): K is decided by the whole response, so where a token's credit
-    segment begins and ends, i.e. the baseline V̂(b_j) it is compared with, would depend on the
-    tokens the policy samples after it, an action-dependent baseline that biases the gradient when
-    the policy decides how many macro actions there are (the per-index bias that verl's RFC 7244
-    finds in per-turn advantage normalisation; benchmarks/credit_bias.py measures it). Here whether the state before token p is a boundary
-    depends only on where macro actions start up to p: with a rule whose starts are known before
-    the token at them is sampled (fixed, randomized, entropy, lowprob cutting after), the chosen
-    states are stopping times and V̂(b_{j+1}) - V̂(b_j) is an unbiased advantage.
-
-    >>> import torch
-    >>> from marlhf.macro.segments import build_segments
-    >>> ends = torch.tensor([[0, 1, 0, 1, 0, 1, 0, 1, 0, 1], [0, 1, 0, 1, 1, 0, 0, 0, 0, 0]])
-    >>> seg = build_segments(ends.bool(), torch.tensor([[1] * 10, [1] * 5 + [0] * 5]).bool())
-    >>> b = select_spaced_mc_boundaries(seg, 3, 3)  # the first starts at or after tokens 3, 6, 9
-    >>> b.positions.tolist(), b.macro_index.tolist()  # no start at or after 9; row 1 ends at 5
-    ([[4, 6], [4, -1]], [[2, 3], [2, -1]])
-    """
-    if max_boundaries < 0:
-        raise ValueError(f"--mc_max_boundaries must be >= 0, got {max_boundaries}")
-    if spacing < 1:
-        raise ValueError(f"--mc_boundary_spacing must be >= 1 token, got {spacing}")
-    count, start = segments.count, segments.start
-    B, M = start.shape
-    C = max_boundaries
-    k = torch.arange(M, device=start.device)[None, :]
-    big = torch.iinfo(torch.long).max
-    # each row's macro starts, increasing: macro 0 (the prompt) below every target, none past count
-    starts = torch.where(k == 0, -1, torch.where(segments.mask, start, big))
-    targets = torch.arange(1, C + 1, device=start.device)[None, :].expand(B, C) * spacing
-    chosen = torch.searchsorted(starts.contiguous(), targets.contiguous())  # (B, C)
-    valid = chosen < count[:, None]
-    if C > 1:
-        valid[:, 1:] &= chosen[:, 1:] != chosen[:, :-1]
-    # valid boundaries first, in order (a stable sort of the invalid flag)
-    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
-    valid, chosen = valid.gather(1, order), chosen.gather(1, order)
-    N = int(valid.sum(1).max()) if B > 0 and C > 0 else 0
-    valid, chosen = valid[:, :N], chosen[:, :N].clamp(max=M - 1)
-    positions = torch.where(valid, start.gather(1, chosen), -1)
-    return MCBoundaries(positions=positions, mask=valid, macro_index=torch.where(valid, chosen, -1))
-
-
-def _check_boundaries(boundaries: MCBoundaries, action_mask: torch.Tensor) -> None:
-    B = action_mask.shape[0]
-    pos, bmask = boundaries.positions, boundaries.mask.bool()
-    if pos.dim() != 2 or pos.shape[0] != B or bmask.shape != pos.shape:
-        raise ValueError(
-            f"MC boundaries: positions {tuple(pos.shape)} and mask {tuple(bmask.shape)} must both be "
-            f"(B, N) with B = {B}"
-        )
-    n_valid = action_mask.bool().sum(1, keepdim=True)
-    bad = bmask & ((pos < 1) | (pos >= n_valid))
-    if pos.shape[1] > 1:
-        bad[:, 1:] |= bmask[:, 1:] & ((pos[:, 1:] <= pos[:, :-1]) | ~bmask[:, :-1])
-    if bool(bad.any()):
-        rows = torch.nonzero(bad.any(1)).flatten().tolist()
-        raise ValueError(
-            "MC boundaries must be a prefix of each row at increasing positions inside the response "
-            f"(1 <= p < length); not so in rows {rows[:10]}"
-        )
-
-
-def credit_segment_ids(boundaries: MCBoundaries, action_mask: torch.Tensor) -> torch.Tensor:
-    """(B, A) long: the credit segment of each token, the number of the row's boundaries at or before
-    it (0..n_b), -1 on padding. Segment j runs from boundary j to boundary j + 1 (boundary 0 is the
-    prompt, boundary n_b + 1 the end of the response)."""
-    mask = action_mask.bool()
-    positions = torch.arange(mask.shape[1], device=mask.device)
-    before = boundaries.mask.bool()[:, None, :] & (
-        boundaries.positions[:, None, :] <= positions[None, :, None]
-    )  # (B, A, N)
-    return torch.where(mask, before.sum(-1), -1)
-
-
-def macro_mc_advantages(
-    kl_rewards: torch.Tensor,
+def per_turn_advantages(
     scores: torch.Tensor,
+    turn_rewards: torch.Tensor,
+    turn_end: torch.Tensor,
+    turn_index: torch.Tensor,
     action_mask: torch.Tensor,
-    boundaries: MCBoundaries,
-    mc_values: torch.Tensor,
-    prompt_values: torch.Tensor,
+    group_ids: torch.Tensor,
+    eps: float = 1e-6,
+    name: str = "mt_grpo",
 ) -> torch.Tensor:
-    """Monte-Carlo credit per credit segment, broadcast to its tokens (SPO-chain, Guo et al. 2025;
-    VinePPO, Kazemnejad et al. 2024; here over macro actions):
+    """(B, A) MT-GRPO's token advantages (Zeng et al. 2025, arXiv 2505.11821, turn-level credit
+    assignment; their two-turn rule `A_1 = Â^T + Â^O`, `A_2 = Â^O` with lambda 1, for any number of
+    turns). Row i of group g has K_i turns with rewards r_{i,1..K_i} (``turn_rewards`` on each
+    turn's last action token) and a sequence-level reward s_i (``scores``):
 
-        A_j = V̂(b_{j+1}) - V̂(b_j) + sum_{t in segment j} kl_rewards_t
+        outcome  O_i = s_i + r_{i,K_i}                       (the last turn's reward is the outcome)
+        Â^O_i = (O_i - mean_g O) / (std_g O + eps)           (GRPO over the G rows of g)
+        Â^T_{i,k} = (r_{i,k} - mean_{g,k} r) / (std_{g,k} r + eps)   for k < K_i
+                    over the rows j of g that have an intermediate turn k (k < K_j); 0 where
+                    fewer than two have one
+        A_{i,t} = Â^O_i + Â^T_{i,k(t)}  for a token t of an intermediate turn k(t) < K_i,
+                  Â^O_i                 for a token of the last turn
 
-    with V̂(b_0) = `prompt_values`, V̂(b_1..b_n) = `mc_values` at the row's boundaries and
-    V̂(b_{n+1}) = `scores`, the response's own final score (terminal). Undiscounted. With no
-    boundary this is `scores - prompt_values` plus the row's KL rewards on every token.
+    (std Bessel-corrected, as in :func:`group_normalised_scores`). The turn term is a baseline per
+    turn *index*: when the policy decides how many turns an episode has, which rows share turn k's
+    statistics depends on the row's own later choices (verl RFC #7244), and the estimator is
+    biased (``benchmarks/credit_bias.py``, the turns toy; with a fixed number of turns it is
+    GRPO's estimate per turn).
 
-    Args:
-        kl_rewards: (B, A) float. scores: (B,) float. action_mask: (B, A) bool.
-        boundaries: `MCBoundaries` (N per row). mc_values: (B, N) float, finite where valid.
-        prompt_values: (B,) float.
-
-    Returns:
-        (B, A) float advantages, 0 on padding.
+    >>> mask = torch.ones(4, 2, dtype=torch.bool)
+    >>> end = torch.tensor([[True, True]] * 4)
+    >>> index = torch.tensor([[1, 2]] * 4)
+    >>> r = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    >>> a = per_turn_advantages(torch.zeros(4), r, end, index, mask, torch.zeros(4))
+    >>> [[round(x, 3) for x in row] for row in a.tolist()]
+    [[1.732, 0.866], [0.0, 0.866], [0.0, -0.866], [-1.732, -0.866]]
     """
     mask = action_mask.bool()
-    B, A = mask.shape
-    _check_boundaries(boundaries, mask)
-    N = boundaries.positions.shape[1]
-    bmask = boundaries.mask.bool()
-    if mc_values.shape != (B, N) or prompt_values.shape != (B,) or scores.shape != (B,):
-        raise ValueError(
-            f"mc_values {tuple(mc_values.shape)}, prompt_values {tuple(prompt_values.shape)} and "
-            f"scores {tuple(scores.shape)} must be (B, N) = {(B, N)}, (B,) and (B,)"
-        )
-    if not bool(torch.isfinite(mc_values[bmask]).all()):
-        rows = torch.nonzero((bmask & ~torch.isfinite(mc_values)).any(1)).flatten().tolist()
-        raise ValueError(f"MC values are not finite at valid boundaries of rows {rows[:10]}")
-    dtype = torch.promote_types(kl_rewards.dtype, torch.float32)
-    # V̂ at the row's credit boundaries: [prompt, b_1..b_n, final score] in columns 0..n + 1
-    ext = torch.zeros(B, N + 2, dtype=dtype, device=mask.device)
-    ext[:, 0] = prompt_values.to(dtype)
-    ext[:, 1 : N + 1] = torch.where(bmask, mc_values.to(dtype), 0.0)
-    ext.scatter_(1, (bmask.sum(1) + 1)[:, None], scores.to(dtype)[:, None])
-    cid = credit_segment_ids(boundaries, mask).clamp(min=0)  # (B, A)
-    kl = torch.where(mask, kl_rewards.to(dtype), 0.0)
-    kl_segment = torch.zeros(B, N + 1, dtype=dtype, device=mask.device).scatter_add_(1, cid, kl)
-    adv = ext.gather(1, cid + 1) - ext.gather(1, cid) + kl_segment.gather(1, cid)
-    return torch.where(mask, adv, 0.0)
+    dtype = torch.promote_types(turn_rewards.dtype, torch.float32)
+    rewards = torch.where(mask, turn_rewards.to(dtype), torch.zeros((), dtype=dtype))
+    ends = turn_end.bool() & mask
+    index = torch.where(mask, turn_index.long(), 0)
+    n_turns = index.amax(1) if index.shape[1] else index.new_zeros(index.shape[0])  # K_i
+    last = ends & (index == n_turns[:, None])
+    outcome = scores.to(dtype) + (rewards * last).sum(1)
+    adv = group_normalised_scores(outcome, group_ids, eps=eps, name=name)  # (B,)
+    inverse, P, _ = _group_index(group_ids, mask.shape[0], name)
+    middle = ends & (index < n_turns[:, None])  # intermediate turns' last tokens
+    K = int(n_turns.max()) + 1 if n_turns.numel() else 1
+    key = inverse[:, None] * K + index  # (B, A) one bucket per (group, turn)
+    k, r = key[middle], rewards[middle]
+    count = torch.zeros(P * K, dtype=dtype).index_add_(0, k, torch.ones_like(r))
+    mean = torch.zeros(P * K, dtype=dtype).index_add_(0, k, r) / count.clamp(min=1)
+    centred = r - mean[k]
+    var = torch.zeros(P * K, dtype=dtype).index_add_(0, k, centred.square())
+    std = (var / (count - 1).clamp(min=1)).sqrt()
+    term = torch.where(count[k] >= 2, centred / (std[k] + eps), torch.zeros((), dtype=dtype))
+    per_turn = torch.zeros(mask.shape[0], K, dtype=dtype)  # (B, K) Â^T of each row's turns
+    rows = torch.nonzero(middle)[:, 0]
+    per_turn[rows, index[middle]] = term
+    tokens = torch.where(mask, per_turn.gather(1, index), torch.zeros((), dtype=dtype))
+    return torch.where(mask, adv[:, None] + tokens, torch.zeros((), dtype=dtype))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -482,17 +414,8 @@ def macro_mc_advantages(
 
 
 class AdvantageEstimator(Protocol):
-    """An estimator: `(inputs) -> (advantages (B, A), returns (B, A) | None)` plus what it needs.
-
-    Attributes:
-        name: its CLI name.
-        needs_critic: reads `values`, returns the critic's targets (else no critic is built).
-        needs_segments: reads `segments`.
-        needs_groups: reads `group_ids` (rows per prompt: ``--n_samples_per_prompt`` >= 2).
-        needs_mc: reads `mc` (continuations at `select_mc_boundaries`).
-        batch_level: reads across rows (groups, whitening): call it on the global batch.
-        loss_agg_mode: the ``--loss_agg_mode`` its algorithm prescribes, or None.
-    """
+    """An estimator as built: `(inputs) -> (advantages (B, A), returns (B, A) | None)` plus what it
+    needs (the class attributes of :class:`Estimator`)."""
 
     name: str
     needs_critic: bool
@@ -506,32 +429,6 @@ class AdvantageEstimator(Protocol):
 
 
 EstimatorFactory = Callable[[EstimatorOptions], AdvantageEstimator]
-ESTIMATORS: dict[str, EstimatorFactory] = {}
-
-
-def register_estimator(name: str) -> Callable[[EstimatorFactory], EstimatorFactory]:
-    """Class decorator: register an estimator under its CLI name. Its aliases and what it needs
-    (``needs_critic``, ...) are declared in :data:`marlhf.algo.names.ESTIMATOR_TRAITS` (the
-    configuration reads them there, without torch) and set on the class here."""
-
-    def decorate(factory: EstimatorFactory) -> EstimatorFactory:
-        if name in ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        if name not in ESTIMATOR_TRAITS:
-            raise ValueError(
-                f"advantage estimator {name!r} has no traits in marlhf.algo.names.ESTIMATOR_TRAITS"
-            )
-        for trait, value in vars(ESTIMATOR_TRAITS[name]).items():
-            setattr(factory, trait, value)
-        ESTIMATORS[name] = factory
-        return factory
-
-    return decorate
-
-
-def build_estimator(name: str, options: EstimatorOptions | None = None) -> AdvantageEstimator:
-    """The estimator registered as `name` (or an alias) with `options` (default `EstimatorOptions()`)."""
-    return ESTIMATORS[resolve_estimator(name)](options or EstimatorOptions())
 
 
 def _require(inputs: EstimatorInputs, name: str, *fields: str) -> None:
@@ -540,25 +437,11 @@ def _require(inputs: EstimatorInputs, name: str, *fields: str) -> None:
         raise ValueError(f"--advantage_estimator {name} needs {', '.join(missing)} in its inputs")
 
 
-@dataclass(frozen=True)
-class _Estimator:
-    options: EstimatorOptions
-    name: ClassVar[str] = ""
-    needs_critic: ClassVar[bool] = False
-    needs_segments: ClassVar[bool] = False
-    needs_groups: ClassVar[bool] = False
-    needs_mc: ClassVar[bool] = False
-    batch_level: ClassVar[bool] = False
-    loss_agg_mode: ClassVar[str | None] = None
-
-
 @register_estimator("gae")
 @dataclass(frozen=True)
-class GAEEstimator(_Estimator):
+class GAEEstimator(GAE):
     """The critic with GAE over macro actions (`marlhf.algo.macro_gae.macro_advantages`); the score
     enters the last macro action whole. Returns (advantages, returns)."""
-
-    name: ClassVar[str] = "gae"
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         _require(inputs, self.name, "segments", "values")
@@ -578,10 +461,9 @@ class GAEEstimator(_Estimator):
 
 @register_estimator("grpo")
 @dataclass(frozen=True)
-class GRPOEstimator(_Estimator):
+class GRPOEstimator(GRPO):
     """GRPO (Shao et al. 2024): the group-normalised outcome `(r - mean_g) / (std_g + eps)`."""
 
-    name: ClassVar[str] = "grpo"
     scale: ClassVar[bool] = True
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -598,20 +480,18 @@ class GRPOEstimator(_Estimator):
 
 @register_estimator("dr_grpo")
 @dataclass(frozen=True)
-class DrGRPOEstimator(GRPOEstimator):
-    """Dr. GRPO (Liu et al. 2025): `r - mean_g`, no std division; its loss has no length
-    normalisation (``seq-mean-token-sum-norm``, a constant normaliser)."""
+class DrGRPOEstimator(DrGRPO, GRPOEstimator):
+    """Dr. GRPO (Liu et al. 2025): `r - mean_g`, GRPO's estimate without the std division; its loss
+    has no length normalisation (``seq-mean-token-sum-norm``, a constant normaliser). Its attributes
+    are its declaration's (:class:`marlhf.algo.registry.DrGRPO`, first in the order of bases)."""
 
-    name: ClassVar[str] = "dr_grpo"
     scale: ClassVar[bool] = False
 
 
 @register_estimator("rloo")
 @dataclass(frozen=True)
-class RLOOEstimator(_Estimator):
+class RLOOEstimator(RLOO):
     """RLOO (Ahmadian et al. 2024): `r_i - mean_{j != i} r_j` over the row's group."""
-
-    name: ClassVar[str] = "rloo"
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         baseline = leave_one_out_mean(inputs.scores, inputs.group_ids, self.name)
@@ -620,12 +500,27 @@ class RLOOEstimator(_Estimator):
         return adv, None
 
 
+@register_estimator("mt_grpo")
+@dataclass(frozen=True)
+class MTGRPOEstimator(MTGRPO):
+    """MT-GRPO (Zeng et al. 2025): each token's advantage is the group-normalised outcome plus its
+    turn's group-normalised reward (:func:`per_turn_advantages`), plus the return-to-go of the KL
+    rewards (as ``grpo``'s). Needs a multi-turn rollout's per-turn rewards."""
+
+    def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _require(inputs, self.name, "turn_rewards", "turn_end", "turn_index", "group_ids")
+        adv = per_turn_advantages(
+            inputs.scores, inputs.turn_rewards, inputs.turn_end, inputs.turn_index,
+            inputs.action_mask, inputs.group_ids, self.options.group_eps, self.name,
+        )  # fmt: skip
+        kl = returns_to_go(inputs.kl_rewards, inputs.action_mask, self.options.gamma)
+        return adv + kl, None
+
+
 @register_estimator("reinforce_pp")
 @dataclass(frozen=True)
-class ReinforcePPEstimator(_Estimator):
+class ReinforcePPEstimator(ReinforcePP):
     """REINFORCE++ (`reinforce_pp_advantages`). Returns (whitened advantages, the returns)."""
-
-    name: ClassVar[str] = "reinforce_pp"
 
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         return reinforce_pp_advantages(
@@ -635,21 +530,14 @@ class ReinforcePPEstimator(_Estimator):
 
 @register_estimator("macro_mc")
 @dataclass(frozen=True)
-class MacroMCEstimator(_Estimator):
+class MacroMCEstimator(MacroMC):
     """Monte-Carlo credit per macro action (`macro_mc_advantages`). The trainer segments, chooses the
     boundaries with `select_mc_boundaries`, draws and scores the continuations and passes
     `EstimatorInputs.mc`; V̂(s_0) is `mc.prompt_values` or, if None, the leave-one-out mean of the
     row's group's scores (then `group_ids` is needed, and the estimator is batch-level)."""
 
-    name: ClassVar[str] = "macro_mc"
-
     def __call__(self, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
         _require(inputs, self.name, "mc")
-        if self.options.gamma != 1.0:
-            raise ValueError(
-                f"--advantage_estimator macro_mc is undiscounted; --gamma must be 1, got "
-                f"{self.options.gamma}"
-            )
         mc = inputs.mc
         prompt_values = mc.prompt_values
         if prompt_values is None and inputs.group_ids is None:

@@ -27,7 +27,12 @@ plain local files             columns ``prompt`` (+ ``chosen``, ``rejected``, ``
                               list of messages (``{"role", "content"}``), the answers text or messages.
 ``messages`` (local files)    a ``messages`` list ending with the assistant's answer (chosen), an
                               optional ``rejected`` answer; the prompt's plain text is HH-style.
+``reasoning-gym:NAME``        a reasoning-gym task, generated (``marlhf.data.gym``, not an adapter).
 ============================  =========================================================================
+
+A local file's other columns (besides those its adapter reads, ``id`` included) are kept in the
+example's ``meta["columns"]``: PPO's reward functions and reward server receive them
+(``marlhf.rewards.functions``).
 
 Local paths (``.json``, ``.jsonl``, ``.csv``, ``.tsv``, ``.parquet`` or a directory of them,
 optionally ``adapter:path``) are matched to an adapter by their columns. A directory's files are assigned to splits by name
@@ -65,7 +70,8 @@ log = logging.getLogger(__name__)
 
 # Bump when a template below or what a row becomes changes (it is part of the tokenised-data cache
 # key). 2: WebGPT answers start with a space; TL;DR "choice" must be an integer; identical pairs dropped.
-TEMPLATES_VERSION = 2
+# 3: a local file's other columns are kept in meta["columns"] (reward functions read them).
+TEMPLATES_VERSION = 3
 _CITATION = re.compile(r"\s*\[\d+(?:\s*,\s*\d+)*\]")
 
 
@@ -111,6 +117,14 @@ def _number(row: dict, key: str, where: str, options: dict | None = None) -> flo
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise DataError(f'{where}: field "{key}" must be a number, got {type(value).__name__}')
     return float(value)
+
+
+def other_columns(row: dict, used: Iterable[str]) -> dict:
+    """A local row's columns besides those its adapter reads (``used``), as JSON values: the
+    ``columns`` a reward function and a reward server receive (`marlhf.rewards.functions`)."""
+    skip = set(used)
+    out = {k: v for k, v in row.items() if k not in skip}
+    return json.loads(json.dumps(out, default=str)) if out else {}
 
 
 def _hash_id(name: str, text: str) -> str:
@@ -329,13 +343,17 @@ def _messages(row: dict, where: str, options: dict) -> Example:
     rejected = _answer(row, "rejected", where) if row.get("rejected") is not None else None
     prompt = as_text(prompt_msgs)
     pid = row.get("id")
+    meta: dict = {"messages": prompt_msgs}
+    columns = other_columns(row, ("messages", "rejected", "margin", "id"))
+    if columns:
+        meta["columns"] = columns
     return Example(
         prompt=prompt,
         chosen=chosen,
         rejected=rejected,
         margin=_number(row, "margin", where, options),
         prompt_id=f"local/{pid}" if pid is not None else _hash_id("local", prompt),
-        meta={"messages": prompt_msgs},
+        meta=meta,
     )
 
 
@@ -352,6 +370,9 @@ def _plain(row: dict, where: str, options: dict) -> Example:
     margin = _number(row, "margin", where, options)
     if margin is not None and not math.isfinite(margin):
         raise DataError(f'{where}: field "margin" must be finite, got {margin}')
+    columns = other_columns(row, ("prompt", "chosen", "rejected", "margin", "id"))
+    if columns:
+        meta["columns"] = columns
     pid = row.get("id")
     return Example(
         prompt=prompt,

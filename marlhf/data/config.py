@@ -2,79 +2,55 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from marlhf.config import flag
 
 
 @dataclass
 class DataConfig:
     """Which datasets, how they are split between the three phases and how they are tokenised."""
 
-    data_path: tuple[str, ...] = field(
-        default=("synthetic-tldr",),
-        metadata={
-            "help": "Datasets to blend: registered names / hub ids (openai/summarize_from_feedback, "
-            "Dahoas/full-hh-rlhf, Dahoas/rm-static, openai/webgpt_comparisons, codeparrot/apps, "
-            "synthetic-tldr) or local json/jsonl/parquet files or directories; 'adapter:path' forces "
-            "the adapter of a local file."
-        },
+    data_path: tuple[str, ...] = flag(
+        ("synthetic-tldr",),
+        "Datasets to blend: registered names / hub ids (openai/summarize_from_feedback, "
+        "Dahoas/full-hh-rlhf, Dahoas/rm-static, openai/webgpt_comparisons, codeparrot/apps, "
+        "synthetic-tldr), reasoning-gym:NAME[:SIZE] (a reasoning-gym task, generated; pip "
+        "install reasoning-gym) or local json/jsonl/parquet files or directories; "
+        "'adapter:path' forces the adapter of a local file.",
     )
-    data_columns: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "Rename the columns of local --data_path files before their schema is "
-            "detected, as ours=theirs: `prompt=query` reads the column `query` as `prompt` "
-            "(several: prompt=instruction,chosen=output). The schemas: marlhf/data/adapters.py."
-        },
+    data_columns: tuple[str, ...] = flag(
+        (),
+        "Rename the columns of local --data_path files before their schema is "
+        "detected, as ours=theirs: `prompt=query` reads the column `query` as `prompt` "
+        "(several: prompt=instruction,chosen=output). The schemas: marlhf/data/adapters.py.",
     )
-    data_split: str = field(
-        default="2,4,4",
-        metadata={"help": "Relative sizes of the SFT, reward-model and PPO parts, e.g. '2,4,4'."},
+    data_split: str = flag(
+        "2,4,4", "Relative sizes of the SFT, reward-model and PPO parts, e.g. '2,4,4'."
     )
-    data_seed: int | None = field(
-        default=None,
-        metadata={
-            "help": "Seed of the phase split (which rows go to SFT, reward model and PPO); "
-            "default: the stage's --seed. Set it to vary --seed while every stage and run keeps "
-            "the same rows."
-        },
+    data_seed: int | None = flag(
+        None,
+        "Seed of the phase split (which rows go to SFT, reward model and PPO); "
+        "default: the stage's --seed. Set it to vary --seed while every stage and run keeps "
+        "the same rows.",
     )
-    data_output_path: str = field(
-        default="./data_cache",
-        metadata={"help": "Directory of the tokenised-data cache."},
+    data_output_path: str = flag("./data_cache", "Directory of the tokenised-data cache.")
+    max_seq_len: int = flag(512, "Maximum tokens of prompt + response (SFT and RM).")
+    end_of_conversation_token: str | None = flag(
+        None, "Appended once after every response; default: the tokenizer's eos token."
     )
-    max_seq_len: int = field(
-        default=512, metadata={"help": "Maximum tokens of prompt + response (SFT and RM)."}
+    skip_bad_rows: bool = flag(False, "Skip (and count) malformed rows instead of raising.")
+    sft_include_prompt_loss: bool = flag(
+        False, "Also train SFT on the prompt tokens (default: response tokens only)."
     )
-    end_of_conversation_token: str | None = field(
-        default=None,
-        metadata={
-            "help": "Appended once after every response; default: the tokenizer's eos token."
-        },
+    max_samples: int = flag(0, "Cap on examples per dataset per split, for quick runs (0 = all).")
+    apply_chat_template: bool = flag(
+        False,
+        "Render prompts with the tokenizer's chat template (conversational data: HH "
+        "turns and messages lists become messages; other prompts one user message).",
     )
-    skip_bad_rows: bool = field(
-        default=False,
-        metadata={"help": "Skip (and count) malformed rows instead of raising."},
-    )
-    sft_include_prompt_loss: bool = field(
-        default=False,
-        metadata={"help": "Also train SFT on the prompt tokens (default: response tokens only)."},
-    )
-    max_samples: int = field(
-        default=0,
-        metadata={"help": "Cap on examples per dataset per split, for quick runs (0 = all)."},
-    )
-    apply_chat_template: bool = field(
-        default=False,
-        metadata={
-            "help": "Render prompts with the tokenizer's chat template (conversational data: HH "
-            "turns and messages lists become messages; other prompts one user message)."
-        },
-    )
-    webgpt_skip_ties: bool = field(
-        default=False,
-        metadata={
-            "help": "WebGPT: skip comparisons with equal scores (default: answer_0 is chosen)."
-        },
+    webgpt_skip_ties: bool = flag(
+        False, "WebGPT: skip comparisons with equal scores (default: answer_0 is chosen)."
     )
 
     def column_mapping(self) -> dict[str, str]:

@@ -112,7 +112,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -137,6 +136,7 @@ from marlhf.data.synthetic import (
     gold_score,
     labelled_comparison,
     prompt_of,
+    sentence_claims,
 )
 from marlhf.runtime.home import home
 
@@ -189,8 +189,6 @@ _OBJECTS = frozenset(
 )
 _MAX_OBJECT = max(map(len, _OBJECTS))
 _HUMANS = sorted(ENTITIES - ANIMALS)
-_WORD = re.compile(r"[a-z0-9]+")
-_SENT = re.compile(r"[.!?;\n]+")
 _OTHER_TEMPLATES = (
     "My {e} {v} {o}.",
     "Then my {e} {v} {o}.",
@@ -213,27 +211,8 @@ def _object_at(words: list[str], j: int) -> str:
 
 def read_claims(text: str) -> tuple[list[str], list[Fact], set[str]]:
     """Words, claimed (subject, event, object) facts in order, and unattributed subject/event words."""
-    words: list[str] = []
-    claims: list[Fact] = []
-    loose: set[str] = set()
-    for sentence in _SENT.split(text.lower()):
-        ws = _WORD.findall(sentence)
-        subject, pending = None, False
-        for j, w in enumerate(ws):
-            words.append(w)
-            if w in SUBJECTS:
-                if subject is not None and pending:
-                    loose.add(subject)
-                subject, pending = w, True
-            elif w in EVENTS:
-                if subject is None:
-                    loose.add(w)
-                else:
-                    claims.append((subject, w, _object_at(ws, j + 1)))
-                    pending = False
-        if subject is not None and pending:
-            loose.add(subject)
-    return words, claims, loose
+    words, found, loose = sentence_claims(text, SUBJECTS, EVENTS)
+    return words, [(s, event, _object_at(ws, j + 1)) for s, event, ws, j in found], loose
 
 
 def post_facts(prompt: str) -> set[Fact]:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from marlhf.cli import Parser
 from marlhf.data.long_tasks import gold_scorer_for
+from marlhf.data.readers import json_lines
 from marlhf.data.schema import DataError
 from marlhf.data.sources import bundled_file, parse_spec
 from marlhf.data.synthetic import labelled_comparison, prompt_of
@@ -58,13 +59,9 @@ def read_samples(path: str | Path) -> dict[str, tuple[int, dict]]:
     of a row that is not JSON, lacks ``prompt_id``/``prompt``/``response`` or repeats a prompt."""
     out: dict[str, tuple[int, dict]] = {}
     with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path} line {line_no}: not JSON ({e.msg})") from None
+        for line_no, row in json_lines(f, path):
+            if not isinstance(row, dict):
+                raise DataError(f"{path} line {line_no}: expected a JSON object")
             for field in ("prompt_id", "prompt", "response"):
                 if not isinstance(row.get(field), str):
                     raise DataError(f'{path} line {line_no}: field "{field}" missing or not text')

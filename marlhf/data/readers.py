@@ -77,6 +77,37 @@ def _check_row(row: Any, may_hold_surrogates: bool = True) -> str | None:
     return None
 
 
+def _bad_row(msg: str, skip_bad_rows: bool, bad: list[str]) -> None:
+    """A bad row, ``msg`` naming its file and line: an error, or with ``--skip_bad_rows`` one more
+    of the ``bad`` rows skipped and counted."""
+    if not skip_bad_rows:
+        raise DataError(msg)
+    bad.append(msg)
+
+
+def json_lines(f: Iterable[str], path: Any, error: type[Exception] = DataError):
+    """``(line number, value)`` of every non-blank line of the open JSON-lines file ``f`` (the
+    file ``path``: for the error): a line that is not JSON raises ``error`` naming the file, line
+    and column. A last line without its newline (one still being written) is read as any other.
+
+    >>> list(json_lines(['{"a": 1}\\n', "\\n", "[2]\\n"], "f.jsonl"))
+    [(1, {'a': 1}), (3, [2])]
+    >>> list(json_lines(['{"a" 1}\\n'], "f.jsonl"))
+    Traceback (most recent call last):
+    ...
+    marlhf.data.schema.DataError: f.jsonl line 1: not valid JSON at column 6 (Expecting ':' delimiter)
+    """
+    for lineno, line in enumerate(f, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            msg = f"{path} line {lineno}: not valid JSON at column {e.colno} ({e.msg})"
+            raise error(msg) from None
+        yield lineno, value
+
+
 def _parse_row(text: str) -> tuple[dict | None, str | None]:
     """One JSON object from ``text`` -> (row, None), or (None, why it is not one)."""
     why = _not_utf8(text)
@@ -105,10 +136,7 @@ def _read_jsonl(path: Path, skip_bad_rows: bool) -> RawRows:
                 continue
             row, why = _parse_row(line)
             if row is None:
-                msg = f"{path} line {lineno}: {why}"
-                if not skip_bad_rows:
-                    raise DataError(msg)
-                bad.append(msg)
+                _bad_row(f"{path} line {lineno}: {why}", skip_bad_rows, bad)
                 continue
             parsed.append(row)
             line_of.append(lineno)
@@ -137,10 +165,7 @@ def _read_json(path: Path, skip_bad_rows: bool) -> RawRows:
     for i, row in enumerate(data):
         why = _check_row(row, check_text)
         if why is not None:
-            msg = f"{path} row {i + 1}: {why}"
-            if not skip_bad_rows:
-                raise DataError(msg)
-            bad.append(msg)
+            _bad_row(f"{path} row {i + 1}: {why}", skip_bad_rows, bad)
             continue
         parsed.append(row)
         row_of.append(i + 1)
@@ -190,14 +215,18 @@ def _read_csv(path: Path, skip_bad_rows: bool) -> RawRows:
             if why is None and len(cells) != len(names):
                 why = f"{len(cells)} cells, the header has {len(names)} ({', '.join(names)})"
             if why is not None:
-                msg = f"{path} line {lineno}: {why}"
-                if not skip_bad_rows:
-                    raise DataError(msg)
-                bad.append(msg)
+                _bad_row(f"{path} line {lineno}: {why}", skip_bad_rows, bad)
                 continue
             parsed.append({n: c for n, c in zip(names, cells, strict=True) if c != ""})
             line_of.append(lineno)
     return RawRows(parsed, lambda i: f"{path} line {line_of[i]}", frozenset(names), bad, True)
+
+
+def read_local(path: Path, skip_bad_rows: bool = False) -> RawRows:
+    """The rows of one local file (the module doc: JSON lines or one JSON document, CSV, TSV or
+    Parquet), each labelled with its file and line; a bad row raises :class:`DataError` naming
+    them (or is skipped and counted in ``bad`` with ``skip_bad_rows``)."""
+    return _read_local(path, skip_bad_rows)
 
 
 def _read_local(path: Path, skip_bad_rows: bool) -> RawRows:

@@ -80,7 +80,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 # Bradley-Terry sharpness of the synthetic labellers (see module docstring).
 BETA = 5.0
@@ -201,29 +201,48 @@ def _post_text(prompt: str) -> str:
     return "\n".join(lines)
 
 
-def _read(text: str) -> tuple[list[str], set[tuple[str, str]], set[str]]:
-    """Words, claimed (entity, event) facts and unattributed entity/event words of ``text``."""
+def sentence_claims(
+    text: str, subjects: Collection[str], events: Collection[str]
+) -> tuple[list[str], list[tuple[str, str, list[str], int]], set[str]]:
+    """The words of ``text`` (lower case), its claims in order and its unattributed words.
+
+    In each sentence an event word (of ``events``) is claimed by the latest subject word (of
+    ``subjects``) before it; a claim is ``(subject, event, the sentence's words, the event's
+    position in them)``. An event before any subject, and a subject that no event follows before
+    the next subject or the sentence's end, are loose.
+
+    >>> text = "Bob fell. Ann Bob ran; ran"
+    >>> words, claims, loose = sentence_claims(text, {"ann", "bob"}, {"fell", "ran"})
+    >>> [(s, e, j) for s, e, _, j in claims], sorted(loose)
+    ([('bob', 'fell', 1), ('bob', 'ran', 2)], ['ann', 'ran'])
+    """
     words: list[str] = []
-    facts: set[tuple[str, str]] = set()
+    claims: list[tuple[str, str, list[str], int]] = []
     loose: set[str] = set()
     for sentence in _SENT.split(text.lower()):
-        entity = None
-        pending_entity = False
-        for w in _WORD.findall(sentence):
+        ws = _WORD.findall(sentence)
+        subject, pending = None, False
+        for j, w in enumerate(ws):
             words.append(w)
-            if w in ENTITIES:
-                if entity is not None and pending_entity:
-                    loose.add(entity)
-                entity, pending_entity = w, True
-            elif w in EVENTS:
-                if entity is None:
+            if w in subjects:
+                if subject is not None and pending:
+                    loose.add(subject)
+                subject, pending = w, True
+            elif w in events:
+                if subject is None:
                     loose.add(w)
                 else:
-                    facts.add((entity, w))
-                    pending_entity = False
-        if entity is not None and pending_entity:
-            loose.add(entity)
-    return words, facts, loose
+                    claims.append((subject, w, ws, j))
+                    pending = False
+        if subject is not None and pending:
+            loose.add(subject)
+    return words, claims, loose
+
+
+def _read(text: str) -> tuple[list[str], set[tuple[str, str]], set[str]]:
+    """Words, claimed (entity, event) facts and unattributed entity/event words of ``text``."""
+    words, claims, loose = sentence_claims(text, ENTITIES, EVENTS)
+    return words, {(entity, event) for entity, event, _, _ in claims}, loose
 
 
 def post_facts(prompt: str) -> set[tuple[str, str]]:

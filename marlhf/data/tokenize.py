@@ -48,6 +48,8 @@ from marlhf.data.adapters import TEMPLATES_VERSION
 from marlhf.data.cache import cached
 from marlhf.data.chat import chat_examples, template_fingerprint
 from marlhf.data.config import DataConfig
+from marlhf.data.gym import fingerprint as gym_fingerprint
+from marlhf.data.gym import is_gym_spec
 from marlhf.data.long_tasks import LONG_TASKS_VERSION
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.reasoning_tasks import ARITH_VERSION
@@ -198,7 +200,10 @@ def _phase_examples(
 
 
 def _source_fingerprint(spec: str) -> dict:
-    """Local files' sizes and mtimes (the hub and the bundled file are identified by name)."""
+    """Local files' sizes and mtimes (the hub and the bundled file are identified by name, a
+    reasoning-gym task by its package's version)."""
+    if is_gym_spec(spec):
+        return gym_fingerprint(spec)
     _, local = parse_spec(spec)
     if local is None:
         adapter, _ = parse_spec(spec)

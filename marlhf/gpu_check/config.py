@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from marlhf.config import flag
+
 PARTS = ("environment", "pipeline", "decode", "ppo_update", "mismatch")
 
 
@@ -11,37 +13,26 @@ PARTS = ("environment", "pipeline", "decode", "ppo_update", "mismatch")
 class CheckConfig:
     """What the acceptance run measures and at which sizes."""
 
-    output_dir: str = field(
-        default="output/gpu_check",
-        metadata={"help": "Where gpu_check.json, gpu_check.md and the runs' directories go."},
+    output_dir: str = flag(
+        "output/gpu_check", "Where gpu_check.json, gpu_check.md and the runs' directories go."
     )
-    size: str = field(
-        default="auto",
-        metadata={
-            "help": "Pipeline model: `1b` (a random-initialised Gemma-architecture model, hidden "
-            "2048 x 16 layers, about 0.9 B parameters with the bundled tokenizer), `cpu` (the "
-            "embedded tiny model, one step each), HIDDENxLAYERS (e.g. 1024x8), or `auto`: 1b on "
-            "CUDA, cpu without a GPU."
-        },
+    size: str = flag(
+        "auto",
+        "Pipeline model: `1b` (a random-initialised Gemma-architecture model, hidden "
+        "2048 x 16 layers, about 0.9 B parameters with the bundled tokenizer), `cpu` (the "
+        "embedded tiny model, one step each), HIDDENxLAYERS (e.g. 1024x8), or `auto`: 1b on "
+        "CUDA, cpu without a GPU.",
     )
-    steps: int = field(
-        default=0,
-        metadata={"help": "Training steps of each pipeline run (0: 2 on CUDA, 1 on CPU)."},
+    steps: int = flag(0, "Training steps of each pipeline run (0: 2 on CUDA, 1 on CPU).")
+    parts: tuple[str, ...] = flag(
+        PARTS, f"Parts to run, in the order given, any of {', '.join(PARTS)}."
     )
-    parts: tuple[str, ...] = field(
-        default=PARTS,
-        metadata={"help": f"Parts to run, in the order given, any of {', '.join(PARTS)}."},
+    bandwidth: float = flag(
+        0.0,
+        "GPU memory bandwidth in bytes/s for the decode bound (0: from the GPU's "
+        "name, e.g. 3.35e12 for an H100 SXM).",
     )
-    bandwidth: float = field(
-        default=0.0,
-        metadata={
-            "help": "GPU memory bandwidth in bytes/s for the decode bound (0: from the GPU's "
-            "name, e.g. 3.35e12 for an H100 SXM)."
-        },
-    )
-    stage_timeout_s: int = field(
-        default=900, metadata={"help": "Wall-clock limit of each pipeline or benchmark process."}
-    )
+    stage_timeout_s: int = flag(900, "Wall-clock limit of each pipeline or benchmark process.")
 
     def __post_init__(self) -> None:
         bad = [p for p in self.parts if p not in PARTS]

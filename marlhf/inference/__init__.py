@@ -76,8 +76,6 @@ program). The names below are the public API.
 
 from __future__ import annotations
 
-import importlib
-
 from marlhf.data.names import DATASETS
 from marlhf.inference.config import DTYPE_CHOICES, GOLD_CHOICES, InferenceArgs, InferenceConfig
 from marlhf.inference.naming import dataset_dir_name, dataset_spec, model_name, output_path, sidecar
@@ -89,6 +87,7 @@ from marlhf.inference.results import (
     run_settings,
     summarize,
 )
+from marlhf.plugins import lazy_attributes
 
 # The names that need torch load their module on first use: the flags (``--help``) and the result
 # files import without it.
@@ -106,13 +105,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 __all__ = [

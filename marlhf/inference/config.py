@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from marlhf.config import flag
 from marlhf.data.config import DataConfig
 from marlhf.data.names import names_help
 from marlhf.macro.config import MacroConfig
@@ -20,35 +21,24 @@ GOLD_CHOICES = ("auto", "on", "off")
 class InferenceConfig:
     """Inference: generate for validation prompts and score them (reward model, gold, tests)."""
 
-    proj_path: str = field(
-        default=".",
-        metadata={
-            "help": "Project directory; results go to <proj_path>/results/...",
-            "aliases": ("--proj-path",),
-        },
+    proj_path: str = flag(
+        ".", "Project directory; results go to <proj_path>/results/...", aliases=("--proj-path",)
     )
-    dataset: str = field(
-        default="synthetic",
-        metadata={
-            "help": f"{names_help()}, or a data spec (registered name or local file/directory)."
-        },
+    dataset: str = flag(
+        "synthetic", f"{names_help()}, or a data spec (registered name or local file/directory)."
     )
-    model: str = field(
-        default="tiny",
-        metadata={
-            "flag": "--model_name_or_path",
-            "help": "Policy: an SFT/PPO checkpoint directory, a hub id, or `tiny`.",
-        },
+    model: str = flag(
+        "tiny",
+        "Policy: an SFT/PPO checkpoint directory, a hub id, or `tiny`.",
+        flag="--model_name_or_path",
     )
-    reward_model: str | None = field(
-        default=None,
-        metadata={
-            "flag": "--reward_model_name_or_path",
-            "help": "Reward-model directory (stage 2) that scores the responses. Without one the "
-            "responses are only sampled (rows without `reward`; APPS answers are scored by their "
-            "tests, the synthetic tasks' by gold).",
-            "aliases": ("--reward-model",),
-        },
+    reward_model: str | None = flag(
+        None,
+        "Reward-model directory (stage 2) that scores the responses. Without one the "
+        "responses are only sampled (rows without `reward`; APPS answers are scored by their "
+        "tests, the synthetic tasks' by gold).",
+        flag="--reward_model_name_or_path",
+        aliases=("--reward-model",),
     )
     # the sampling flags of PPO's generation (one source): --max_prompt_seq_len,
     # --max_answer_seq_len, --temperature, --top_k, --top_p, --generation_backend, ...
@@ -77,103 +67,61 @@ class InferenceConfig:
             },
         },
     )
-    apply_chat_template: bool = field(
-        default=False,
-        metadata={
-            "help": "Render prompts with the policy tokenizer's chat template (HH turns and "
-            "messages lists become messages; other prompts one user message).",
-        },
+    apply_chat_template: bool = flag(
+        False,
+        "Render prompts with the policy tokenizer's chat template (HH turns and "
+        "messages lists become messages; other prompts one user message).",
     )
-    end_of_conversation_token: str | None = field(
-        default=None,
-        metadata={
-            "help": "Extra stop token, also appended to --ref-scores responses "
-            "(default: the tokenizer's eos)."
-        },
+    end_of_conversation_token: str | None = flag(
+        None,
+        "Extra stop token, also appended to --ref-scores responses (default: the tokenizer's eos).",
     )
-    gpu: int = field(
-        default=0, metadata={"help": "CUDA device index (CPU when no GPU is available)."}
+    gpu: int = flag(0, "CUDA device index (CPU when no GPU is available).")
+    dtype: str = flag(
+        "auto",
+        "Weights' precision (auto: bf16 on a GPU that has it, else fp32).",
+        choices=DTYPE_CHOICES,
     )
-    dtype: str = field(
-        default="auto",
-        metadata={
-            "help": "Weights' precision (auto: bf16 on a GPU that has it, else fp32).",
-            "choices": DTYPE_CHOICES,
-        },
+    batch_size: int = flag(16, "Prompts per generation call.", aliases=("--batch-size",))
+    num_samples: int = flag(2000, "Validation prompts to use (0: all).", aliases=("--num-samples",))
+    seed: int = flag(1234, "Sampling seed; also the prompt selection's unless --prompt-seed.")
+    prompt_seed: int | None = flag(
+        None,
+        "Seed of the --num-samples prompt selection (default: --seed). Fix it to "
+        "answer the same prompts with several sampling seeds (e.g. the two answer files of "
+        "marlhf.data.policy_comparisons).",
+        aliases=("--prompt-seed",),
     )
-    batch_size: int = field(
-        default=16, metadata={"help": "Prompts per generation call.", "aliases": ("--batch-size",)}
+    split: str = flag("eval", "Dataset split.", choices=("eval", "train"))
+    skip_bad_rows: bool = flag(False, "Skip malformed dataset rows.")
+    ref_scores: bool = flag(
+        False,
+        "Score the dataset's chosen/rejected responses instead of generating.",
+        aliases=("--ref-scores",),
     )
-    num_samples: int = field(
-        default=2000,
-        metadata={"help": "Validation prompts to use (0: all).", "aliases": ("--num-samples",)},
+    output: str | None = flag(
+        None,
+        "Output .jsonl (default <proj_path>/results/<dataset>/temperature=<T>/<model_name>.jsonl).",
     )
-    seed: int = field(
-        default=1234,
-        metadata={"help": "Sampling seed; also the prompt selection's unless --prompt-seed."},
+    overwrite: bool = flag(False, "Start the output afresh instead of resuming it.")
+    gold_score: str = flag(
+        "auto",
+        "Add the synthetic task's gold score (auto: when the prompts come from synthetic-tldr, synthetic-facts-* or synthetic-verdict-*).",
+        choices=GOLD_CHOICES,
     )
-    prompt_seed: int | None = field(
-        default=None,
-        metadata={
-            "help": "Seed of the --num-samples prompt selection (default: --seed). Fix it to "
-            "answer the same prompts with several sampling seeds (e.g. the two answer files of "
-            "marlhf.data.policy_comparisons).",
-            "aliases": ("--prompt-seed",),
-        },
+    save_token_ids: bool = flag(False, "Also write response_ids (exact token ids) per row.")
+    render_macro: int = flag(
+        0,
+        "Write an HTML view of the macro actions (--termination_condition ...) "
+        "of the first N responses of this run.",
+        aliases=("--render-macro",),
     )
-    split: str = field(
-        default="eval", metadata={"help": "Dataset split.", "choices": ("eval", "train")}
+    n_samples_per_prompt: int = flag(
+        1, "APPS: programs sampled per problem.", aliases=("--n-samples-per-prompt",)
     )
-    skip_bad_rows: bool = field(default=False, metadata={"help": "Skip malformed dataset rows."})
-    ref_scores: bool = field(
-        default=False,
-        metadata={
-            "help": "Score the dataset's chosen/rejected responses instead of generating.",
-            "aliases": ("--ref-scores",),
-        },
-    )
-    output: str | None = field(
-        default=None,
-        metadata={
-            "help": "Output .jsonl (default <proj_path>/results/<dataset>/"
-            "temperature=<T>/<model_name>.jsonl)."
-        },
-    )
-    overwrite: bool = field(
-        default=False, metadata={"help": "Start the output afresh instead of resuming it."}
-    )
-    gold_score: str = field(
-        default="auto",
-        metadata={
-            "help": "Add the synthetic task's gold score (auto: when the prompts come from synthetic-tldr, synthetic-facts-* or synthetic-verdict-*).",
-            "choices": GOLD_CHOICES,
-        },
-    )
-    save_token_ids: bool = field(
-        default=False, metadata={"help": "Also write response_ids (exact token ids) per row."}
-    )
-    render_macro: int = field(
-        default=0,
-        metadata={
-            "help": "Write an HTML view of the macro actions (--termination_condition ...) "
-            "of the first N responses of this run.",
-            "aliases": ("--render-macro",),
-        },
-    )
-    n_samples_per_prompt: int = field(
-        default=1,
-        metadata={
-            "help": "APPS: programs sampled per problem.",
-            "aliases": ("--n-samples-per-prompt",),
-        },
-    )
-    pass_k: tuple[int, ...] = field(
-        default=(1, 5), metadata={"help": "APPS: k values of pass@k.", "aliases": ("--pass-k",)}
-    )
-    max_batches: int = field(
-        default=0, metadata={"help": "Stop after N batches (0: all); re-run to continue."}
-    )
-    disable_progress_bar: bool = field(default=False, metadata={"help": "No tqdm bar."})
+    pass_k: tuple[int, ...] = flag((1, 5), "APPS: k values of pass@k.", aliases=("--pass-k",))
+    max_batches: int = flag(0, "Stop after N batches (0: all); re-run to continue.")
+    disable_progress_bar: bool = flag(False, "No tqdm bar.")
 
     # --help groups (marlhf.cli.GROUP_ORDER); the fields not named here are "inference"
     HELP_GROUPS: ClassVar[dict[str, str]] = {

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from marlhf.inference.config import InferenceConfig
-from marlhf.models.generation import GenerationBackend, sample_responses
+from marlhf.models.generation import GenerationBackend
+from marlhf.models.generation.sampling import sample_responses
 from marlhf.models.load import resolve_model_path
 
 

@@ -3,23 +3,25 @@ first N responses, and a histogram of their lengths."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 import torch
 
 from marlhf.inference.models import Models
-from marlhf.macro import TerminationInputs
+from marlhf.macro import termination_inputs
 from marlhf.macro.config import MacroConfig
 from marlhf.macro.naming import describe
 from marlhf.macro.render import macro_groups, plot_length_histogram, render_html, token_pieces
+from marlhf.macro.rules import INPUT_SOURCES
 from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entropy
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
-# the rule inputs the view computes with the policy: the reference model's (``ppl``, ``entropy``)
-# and the rollout's own log-probs of its sampled tokens (``lowprob``)
-POLICY_INPUTS = frozenset({"ref_logprobs", "ref_entropy", "old_logprobs"})
+# the per-token rule inputs (marlhf.macro.rules.INPUT_SOURCES) the view computes with the policy:
+# the reference model's (``ppl``, ``entropy``) and the rollout's own log-probs (``lowprob``)
+POLICY_INPUTS = frozenset(INPUT_SOURCES)
 
 
 @torch.no_grad()
@@ -38,14 +40,11 @@ def macro_items(
 ) -> list[dict]:
     """Macro actions of one batch for the HTML view. Rules that need reference-model quantities
     (``ppl``, ``entropy``) get them from the policy itself, as ``lowprob`` gets the log-probs of the
-    sampled tokens (at ``temperature``, as the rollout records them)."""
-    inputs = TerminationInputs(
-        response_ids=response,
-        action_mask=action_mask,
-        ends_with_eos=ends_with_eos,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    if rule.needs & POLICY_INPUTS:
+    sampled tokens (at ``temperature``, as the rollout records them); the policy runs only for a
+    rule that reads them."""
+
+    @functools.cache
+    def policy() -> tuple[torch.Tensor, torch.Tensor]:
         seq, mask, start = pack_flush_left(
             prompt_ids, prompt_mask, response, action_mask, models.tokenizer.pad_token_id
         )
@@ -62,8 +61,18 @@ def macro_items(
             response.shape[1],
             with_entropy=True,
         )
-        inputs.ref_logprobs, inputs.ref_entropy = logp.cpu(), ent.cpu()
-        inputs.old_logprobs = inputs.ref_logprobs
+        return logp.cpu(), ent.cpu()
+
+    inputs = termination_inputs(
+        rule,
+        response,
+        action_mask,
+        ends_with_eos,
+        ref_logprobs=lambda: policy()[0],
+        ref_entropy=lambda: policy()[1],
+        old_logprobs=lambda: policy()[0],
+        generator=torch.Generator().manual_seed(seed),
+    )
     macro_end = rule(inputs).macro_end
     items = []
     for b in range(response.shape[0]):

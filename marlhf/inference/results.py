@@ -4,6 +4,7 @@ back (a half-written last line is cut off), and the summary of a finished file."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -11,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from marlhf.data.readers import json_lines
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.naming import dataset_spec, sidecar
 from marlhf.macro.config import MacroConfig
@@ -62,17 +64,10 @@ def read_rows(path: str) -> list[dict]:
     if not os.path.exists(path):
         return rows
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if not line.endswith("\n"):
-                break  # half-written last line: not a result
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{path} line {lineno}: not valid JSON at column {e.colno} ({e.msg})"
-                ) from None
+        complete = itertools.takewhile(
+            lambda line: line.endswith("\n"), f
+        )  # not a half-written last
+        for lineno, row in json_lines(complete, path, ValueError):
             if not isinstance(row, dict) or "prompt_id" not in row:
                 raise ValueError(f'{path} line {lineno}: field "prompt_id" missing')
             rows.append(row)

@@ -42,7 +42,7 @@ from marlhf.inference.rows import generate_rows, ref_rows
 from marlhf.inference.scoring import TextScorer
 from marlhf.macro import build_termination
 from marlhf.models.checks import settings_mismatches
-from marlhf.models.generation import get_backend
+from marlhf.models.generation import backend_info
 from marlhf.rewards.code import CodeRewarder
 from marlhf.stages.exits import raised_on_purpose, report_and_exit
 
@@ -198,7 +198,7 @@ def run_inference(args: InferenceArgs, macro_given: frozenset[str] | None = None
     for problem in settings_mismatches(trained, vars(cfg)):  # what the models were trained on
         log.warning("%s: the model sees other texts than it learned on", problem)
     # the policy module: for a backend that samples with it, or for the macro-action view
-    module = get_backend(backend).uses_model or cfg.render_macro > 0
+    module = backend_info(backend).uses_model or cfg.render_macro > 0
     models = load_models(cfg, device_for(cfg.gpu), not cfg.ref_scores, policy_module=module)
     try:
         if not cfg.ref_scores:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from marlhf.cli import build_parser, config_from_namespace, given_dests
-from marlhf.config import ModelConfig
+from marlhf.config import ModelConfig, flag
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.macro_rule import describe, resolve_macro
 from marlhf.inference.macro_view import (
@@ -60,27 +60,20 @@ log = logging.getLogger("marlhf.inference")
 class ViewConfig:
     """What to show and where."""
 
-    model: str | None = field(
-        default=None,
-        metadata={
-            "help": "Policy whose tokenizer and trained rule to use (default: the one "
-            "that wrote the file, from its .meta.json)."
-        },
+    model: str | None = flag(
+        None,
+        "Policy whose tokenizer and trained rule to use (default: the one "
+        "that wrote the file, from its .meta.json).",
     )
-    num: int = field(
-        default=5, metadata={"help": "Responses shown per file (0: all).", "aliases": ("-n",)}
+    num: int = flag(5, "Responses shown per file (0: all).", aliases=("-n",))
+    html: str | None = flag(
+        None, "HTML page to write (default <results>.macro.html; `none`: no page)."
     )
-    html: str | None = field(
-        default=None,
-        metadata={"help": "HTML page to write (default <results>.macro.html; `none`: no page)."},
-    )
-    terminal: bool = field(default=True, metadata={"help": "Print the responses in the terminal."})
-    color: str = field(
-        default="auto",
-        metadata={
-            "help": "Terminal colours (auto: when stdout is a terminal and NO_COLOR is unset).",
-            "choices": ("auto", "always", "never"),
-        },
+    terminal: bool = flag(True, "Print the responses in the terminal.")
+    color: str = flag(
+        "auto",
+        "Terminal colours (auto: when stdout is a terminal and NO_COLOR is unset).",
+        choices=("auto", "always", "never"),
     )
 
     def __post_init__(self) -> None:

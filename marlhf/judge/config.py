@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from marlhf.config import check_own_numbers, flag
 from marlhf.data.names import canonical, names_help
-from marlhf.judge.pairing import output_overwrites
+from marlhf.judge.pairing import output_overwrites, result_file_field
 
 # Dataset name (marlhf.data.names, the names every tool shares) -> judge template.
 JUDGE_TEMPLATES = {
@@ -43,22 +44,14 @@ PRICES_PER_1M: dict[str, tuple[float, float]] = {
 class JudgeConfig:
     """Pairwise LLM-judge evaluation of two result files."""
 
-    model_name_a: str = field(
-        metadata={"help": "Result JSONL of model a.", "aliases": ("--model_a", "--model-name-a")}
-    )
-    model_name_b: str = field(
-        metadata={"help": "Result JSONL of model b.", "aliases": ("--model_b", "--model-name-b")}
-    )
-    output: str = field(
-        metadata={"help": "Per-pair results JSONL (summary: <output>.summary.json)."}
-    )
-    dataset: str | None = field(
-        default=None,
-        metadata={
-            "help": f"Dataset, which picks the judge template: {names_help(DATASETS)} "
-            "(synthetic: the summarize template; apps has none, programs are scored by tests). "
-            "Default summarize; gpt4-webgpt-eval.py always uses webgpt."
-        },
+    model_name_a: str = result_file_field("a")
+    model_name_b: str = result_file_field("b")
+    output: str = flag(help="Per-pair results JSONL (summary: <output>.summary.json).")
+    dataset: str | None = flag(
+        None,
+        f"Dataset, which picks the judge template: {names_help(DATASETS)} "
+        "(synthetic: the summarize template; apps has none, programs are scored by tests). "
+        "Default summarize; gpt4-webgpt-eval.py always uses webgpt.",
     )
     sk: str | None = field(
         default=None,
@@ -68,97 +61,63 @@ class JudgeConfig:
             "OPENAI_API_KEY instead, a warning says so). Never logged."
         },
     )
-    base_url: str | None = field(
-        default=None,
-        metadata={
-            "help": "OpenAI-compatible endpoint (default: OPENAI_BASE_URL, else api.openai.com).",
-            "aliases": ("--base-url",),
-        },
+    base_url: str | None = flag(
+        None,
+        "OpenAI-compatible endpoint (default: OPENAI_BASE_URL, else api.openai.com).",
+        aliases=("--base-url",),
     )
-    judge_model: str = field(
-        default="gpt-4o-2024-05-13",
-        metadata={"help": "Judge model (a fixed snapshot).", "aliases": ("--judge-model",)},
+    judge_model: str = flag(
+        "gpt-4o-2024-05-13", "Judge model (a fixed snapshot).", aliases=("--judge-model",)
     )
-    concurrency: int = field(default=8, metadata={"help": "Requests in flight at most."})
-    max_retries: int = field(
-        default=5,
-        metadata={
-            "help": "Retries on 429/5xx/timeouts before an item is invalid.",
-            "aliases": ("--max-retries",),
-        },
+    concurrency: int = flag(8, "Requests in flight at most.", range="[1, inf)")
+    max_retries: int = flag(
+        5,
+        "Retries on 429/5xx/timeouts before an item is invalid.",
+        aliases=("--max-retries",),
+        range="[0, inf)",
     )
-    retry_base_delay: float = field(
-        default=1.0,
-        metadata={
-            "help": "First backoff in seconds (doubles each retry, with jitter).",
-            "aliases": ("--retry-base-delay",),
-        },
+    retry_base_delay: float = flag(
+        1.0,
+        "First backoff in seconds (doubles each retry, with jitter).",
+        aliases=("--retry-base-delay",),
+        range="[0, inf)",
     )
-    timeout: float = field(default=60.0, metadata={"help": "Per-request timeout in seconds."})
-    cache_dir: str | None = field(
-        default=None,
-        metadata={
-            "help": "Reply cache directory (default: .judge_cache next to --output).",
-            "aliases": ("--cache-dir",),
-        },
+    timeout: float = flag(60.0, "Per-request timeout in seconds.", range="(0, inf)")
+    cache_dir: str | None = flag(
+        None,
+        "Reply cache directory (default: .judge_cache next to --output).",
+        aliases=("--cache-dir",),
     )
-    seed: int = field(default=42, metadata={"help": "Seed of the bootstrap, jitter and API seed."})
-    limit: int | None = field(default=None, metadata={"help": "Judge only the first N pairs."})
-    dry_run: bool = field(
-        default=False,
-        metadata={"help": "Print the cost estimate and exit.", "aliases": ("--dry-run",)},
+    seed: int = flag(42, "Seed of the bootstrap, jitter and API seed.")
+    limit: int | None = flag(None, "Judge only the first N pairs.", range="[1, inf)")
+    dry_run: bool = flag(False, "Print the cost estimate and exit.", aliases=("--dry-run",))
+    price_input: float | None = flag(
+        None,
+        "USD per 1M input tokens (overrides the table).",
+        aliases=("--price-input",),
+        range="[0, inf)",
     )
-    price_input: float | None = field(
-        default=None,
-        metadata={
-            "help": "USD per 1M input tokens (overrides the table).",
-            "aliases": ("--price-input",),
-        },
+    price_output: float | None = flag(
+        None,
+        "USD per 1M output tokens (overrides the table).",
+        aliases=("--price-output",),
+        range="[0, inf)",
     )
-    price_output: float | None = field(
-        default=None,
-        metadata={
-            "help": "USD per 1M output tokens (overrides the table).",
-            "aliases": ("--price-output",),
-        },
+    bootstrap: int = flag(2000, "Bootstrap resamples for the 95 percent CI.", range="[1, inf)")
+    length_tolerance: float = flag(
+        0.10, "Relative length difference of a length-matched pair.", range="[0, 1)"
     )
-    bootstrap: int = field(
-        default=2000, metadata={"help": "Bootstrap resamples for the 95 percent CI."}
-    )
-    length_tolerance: float = field(
-        default=0.10,
-        metadata={"help": "Relative length difference of a length-matched pair."},
-    )
-    retry_unparseable: bool = field(
-        default=False,
-        metadata={
-            "help": "Ask the judge again for cached replies without a valid verdict (they are "
-            "replaced in the cache); otherwise those pairs stay invalid on a re-run.",
-            "aliases": ("--retry-unparseable",),
-        },
+    retry_unparseable: bool = flag(
+        False,
+        "Ask the judge again for cached replies without a valid verdict (they are "
+        "replaced in the cache); otherwise those pairs stay invalid on a re-run.",
+        aliases=("--retry-unparseable",),
     )
 
     def __post_init__(self) -> None:
+        check_own_numbers(self)
         if self.dataset is not None:
             template_for(self.dataset)  # raises for a name without a judge template
-        if self.concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.max_retries < 0:
-            raise ValueError(f"--max_retries must be >= 0, got {self.max_retries}")
-        if self.retry_base_delay < 0:
-            raise ValueError(f"--retry_base_delay must be >= 0, got {self.retry_base_delay}")
-        if self.timeout <= 0:
-            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {self.limit}")
-        for name in ("price_input", "price_output"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ValueError(f"--{name} must be >= 0, got {v}")
-        if self.bootstrap < 1:
-            raise ValueError(f"--bootstrap must be >= 1, got {self.bootstrap}")
-        if not 0 <= self.length_tolerance < 1:
-            raise ValueError(f"--length_tolerance must be in [0, 1), got {self.length_tolerance}")
 
 
 # what `marlhf judge --help` opens with

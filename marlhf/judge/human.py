@@ -19,13 +19,20 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from marlhf.cli import parse_config
+from marlhf.config import flag
 from marlhf.judge.outcomes import format_summary, n_words, summarize
-from marlhf.judge.pairing import Pair, PairingError, align_results, output_overwrites
+from marlhf.judge.pairing import (
+    Pair,
+    PairingError,
+    align_results,
+    output_overwrites,
+    result_file_field,
+)
 
 KEYS = {"1": "A", "2": "B", "3": "tie", "4": "skip"}
 
@@ -34,15 +41,11 @@ KEYS = {"1": "A", "2": "B", "3": "tie", "4": "skip"}
 class HumanEvalConfig:
     """Blind pairwise human evaluation of two result files."""
 
-    model_name_a: str = field(
-        metadata={"help": "Result JSONL of model a.", "aliases": ("--model_a", "--model-name-a")}
-    )
-    model_name_b: str = field(
-        metadata={"help": "Result JSONL of model b.", "aliases": ("--model_b", "--model-name-b")}
-    )
-    output: str = field(metadata={"help": "Answers JSONL (appended; re-running resumes)."})
-    seed: int = field(default=42, metadata={"help": "Seed of item choice and A/B order."})
-    num: int = field(default=50, metadata={"help": "Number of items to judge."})
+    model_name_a: str = result_file_field("a")
+    model_name_b: str = result_file_field("b")
+    output: str = flag(help="Answers JSONL (appended; re-running resumes).")
+    seed: int = flag(42, "Seed of item choice and A/B order.")
+    num: int = flag(50, "Number of items to judge.")
 
     def __post_init__(self) -> None:
         if self.num < 1:

@@ -20,16 +20,28 @@ partial overlap would silently compare different prompt sets.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from marlhf.data.readers import json_lines
+
 
 class PairingError(ValueError):
     """The two result files cannot be aligned."""
+
+
+def result_file_field(side: str) -> Any:
+    """The config field of model ``side``'s result file (``side`` ``a``: ``--model_name_a``, also
+    spelled ``--model_a`` and ``--model-name-a``), which the judge and the human evaluation share."""
+    return field(
+        metadata={
+            "help": f"Result JSONL of model {side}.",
+            "aliases": (f"--model_{side}", f"--model-name-{side}"),
+        }
+    )
 
 
 @dataclass
@@ -55,15 +67,7 @@ def load_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     except OSError as err:
         raise PairingError(f"{path}: cannot read result file ({err.strerror})") from None
     with fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise PairingError(
-                    f"{path} line {lineno}: invalid JSON at column {err.colno} ({err.msg})"
-                ) from None
+        for lineno, row in json_lines(fh, path, PairingError):
             if not isinstance(row, dict):
                 raise PairingError(f"{path} line {lineno}: expected a JSON object")
             for key in ("prompt", "response"):

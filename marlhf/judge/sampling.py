@@ -26,11 +26,12 @@ import random
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from marlhf.cli import parse_config
+from marlhf.config import flag
 from marlhf.data.names import DATASETS, canonical, names_help
 from marlhf.judge.pairing import PairingError, load_results
 
@@ -41,27 +42,16 @@ _SUBREDDIT = re.compile(r"subreddit:\s*r/([A-Za-z0-9_]+)", re.I)
 class SampleConfig:
     """Sample the evaluation subset of an inference result file."""
 
-    data_path: str = field(
-        metadata={"help": "Result JSONL to sample from.", "aliases": ("--data-path",)}
+    data_path: str = flag(help="Result JSONL to sample from.", aliases=("--data-path",))
+    save_path: str = flag(help="Where to write the sample.", aliases=("--save-path",))
+    dataset: str = flag(
+        "summarize",
+        f"One of {names_help()}: summarize is stratified by subreddit, the others drawn uniformly.",
     )
-    save_path: str = field(
-        metadata={"help": "Where to write the sample.", "aliases": ("--save-path",)}
-    )
-    dataset: str = field(
-        default="summarize",
-        metadata={
-            "help": f"One of {names_help()}: summarize is stratified by subreddit, the others "
-            "drawn uniformly."
-        },
-    )
-    num: int = field(default=50, metadata={"help": "Number of prompts to keep."})
-    seed: int = field(default=42, metadata={"help": "Seed of the draw."})
-    per_group: int = field(
-        default=5,
-        metadata={
-            "help": "summarize: at most this many per subreddit before topping up.",
-            "aliases": ("--per-group",),
-        },
+    num: int = flag(50, "Number of prompts to keep.")
+    seed: int = flag(42, "Seed of the draw.")
+    per_group: int = flag(
+        5, "summarize: at most this many per subreddit before topping up.", aliases=("--per-group",)
     )
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@
 ``boundary`` (SPO's probability mask, arXiv 2505.23564 §3.3): only the macro action's boundary token
 does; the other tokens are left out of the policy loss (not given a zero advantage: they do not count
 in its means either, as SPO normalises by the number of masked-in tokens). The boundary token is the
-token the rule cut at:
+token the rule cut at, as the rule says (:meth:`marlhf.macro.rules.Rule.boundary`):
 
 - ``lowprob`` with ``--lowprob_cut after``: the low-probability token that ends the macro action (its
   last token; for the response's last macro action, the last token);
@@ -21,7 +21,8 @@ segment's advantage to every cut point inside it. The estimators that give one a
 >>> import torch
 >>> from marlhf.macro.segments import build_segments
 >>> seg = build_segments(torch.tensor([[0, 1, 0, 0, 1]]).bool(), torch.ones(1, 5).bool())
->>> boundary_tokens(seg, "fixed").int().tolist(), boundary_tokens(seg, "lowprob").int().tolist()
+>>> fixed, lowprob = MacroConfig(), MacroConfig(termination_condition="lowprob")
+>>> boundary_tokens(seg, fixed).int().tolist(), boundary_tokens(seg, lowprob).int().tolist()
 ([[1, 0, 1, 0, 0]], [[0, 1, 0, 0, 1]])
 """
 
@@ -29,33 +30,36 @@ from __future__ import annotations
 
 import torch
 
+from marlhf.macro.config import MacroConfig
+from marlhf.macro.rules import rule_class
 from marlhf.macro.segments import MacroSegments
 
 __all__ = ["boundary_position", "boundary_tokens", "credit_mask"]
 
 
-def boundary_position(rule: str, lowprob_cut: str = "after") -> str:
-    """``"first"`` or ``"last"``: where the boundary token of ``rule``'s macro actions sits."""
-    return "last" if rule == "lowprob" and lowprob_cut == "after" else "first"
+def boundary_position(macro: MacroConfig) -> str:
+    """``"first"`` or ``"last"``: where the boundary token of the macro actions of ``macro``'s
+    rule sits, with its flags."""
+    return rule_class(macro.termination_condition).boundary(macro)
 
 
-def boundary_tokens(segments: MacroSegments, rule: str, lowprob_cut: str = "after") -> torch.Tensor:
+def boundary_tokens(segments: MacroSegments, macro: MacroConfig) -> torch.Tensor:
     """(B, A) bool: the boundary token of every macro action of ``segments`` (one per macro action;
-    false on padding) for termination rule ``rule``."""
+    false on padding), cut by the rule of ``macro``."""
     ids = segments.ids
     valid = ids >= 0
     positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
-    at = segments.end if boundary_position(rule, lowprob_cut) == "last" else segments.start
+    at = segments.end if boundary_position(macro) == "last" else segments.start
     return valid & (positions == at.gather(1, ids.clamp(min=0)))
 
 
-def credit_mask(
-    segments: MacroSegments, mode: str, rule: str, lowprob_cut: str = "after"
-) -> torch.Tensor:
-    """(B, A) bool: the tokens whose advantage enters the policy loss under ``--macro_credit
-    mode``: every response token (``all``) or the boundary tokens (``boundary``)."""
-    if mode == "all":
+def credit_mask(segments: MacroSegments, macro: MacroConfig) -> torch.Tensor:
+    """(B, A) bool: the tokens whose advantage enters the policy loss under ``--macro_credit``:
+    every response token (``all``) or the boundary tokens (``boundary``)."""
+    if macro.macro_credit == "all":
         return segments.ids >= 0
-    if mode != "boundary":
-        raise ValueError(f"--macro_credit must be one of ('all', 'boundary'), got {mode!r}")
-    return boundary_tokens(segments, rule, lowprob_cut)
+    if macro.macro_credit != "boundary":
+        raise ValueError(
+            f"--macro_credit must be one of ('all', 'boundary'), got {macro.macro_credit!r}"
+        )
+    return boundary_tokens(segments, macro)

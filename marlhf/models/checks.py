@@ -26,6 +26,7 @@ from marlhf.config import ModelConfig
 from marlhf.data.tokenize import bos_prefix
 from marlhf.models.load import load_tokenizer, resolve_model_path
 from marlhf.models.sources import REWARD_CONFIG_FILE, looks_local
+from marlhf.rewards.registry import reads_reward_model
 
 
 # --- tokenizers -----------------------------------------------------------------------------------
@@ -229,7 +230,7 @@ def ppo_model_roles(models_cfg: Any, reward_source: str) -> dict[str, str]:
         "--reference_model_name_or_path": models_cfg.reference_model_name_or_path or actor,
         "--critic_model_name_or_path": models_cfg.critic.model.model_name_or_path or actor,
     }
-    if reward_source in ("rm", "rm+code"):
+    if reads_reward_model(reward_source):
         roles["--reward_model_name_or_path"] = (
             models_cfg.reward_model_name_or_path or roles["--critic_model_name_or_path"]
         )
@@ -268,12 +269,12 @@ def critic_head(models_cfg: Any, reward_source: str) -> str:
     """Whether the critic loads its reward model's value head (``trained``) or gets a new one on
     the backbone of its model (``fresh``): ``--critic_value_head``, where ``auto`` keeps the head
     of a reward-model directory and gives any other model a fresh one when the run has no reward
-    model (``--reward_source gold`` or ``code``)."""
+    model (a ``--reward_source`` without ``rm``: ``gold``, ``code``, ``none``, ...)."""
     name = models_cfg.critic.model.model_name_or_path or models_cfg.actor.model.model_name_or_path
     mode = models_cfg.critic_value_head
     if mode != "auto":
         return mode
-    if is_reward_dir(name) or reward_source not in ("gold", "code"):
+    if is_reward_dir(name) or reads_reward_model(reward_source):
         return "trained"
     return "fresh"
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from marlhf.models.packing import pack_rows, packed_inputs, packing_mode, packs
+
+IGNORE_INDEX = -100
+
 
 def lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token NLL and the number of supervised tokens.
@@ -29,3 +33,27 @@ def lm_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
         reduction="sum",
     )
     return nll, (shift_labels != -100).sum()
+
+
+def causal_lm_loss_sum(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    packing: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lm_loss_sum` of ``model`` (a causal LM or its DeepSpeed engine) on a padded batch.
+
+    input_ids, attention_mask, labels: (B, T). With ``packing``, where the model runs packed rows
+    exactly (:func:`marlhf.models.packing.packing_mode`), the rows go through it packed: their
+    labels are packed alike, each row's first label is dropped (in the padded layout nothing
+    predicts it) and the sum and count are the padded computation's up to float rounding.
+    """
+    mode = packing_mode(model) if packing else None
+    if not packs(attention_mask, mode):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return lm_loss_sum(logits, labels)
+    p = pack_rows(input_ids, attention_mask, layout=mode)
+    packed_labels = p.pack(labels, IGNORE_INDEX).masked_fill(p.first_tokens(), IGNORE_INDEX)
+    return lm_loss_sum(model(**packed_inputs(p)).logits, packed_labels)

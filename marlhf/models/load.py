@@ -14,11 +14,13 @@ from marlhf.models.sources import model_source_problem, reward_dir_problem
 from marlhf.models.zoo import (
     ARITH_BASE,
     HORIZON_BASES,
+    TRAIL_BASE_NAME,
     ensure_arith_base,
     ensure_horizon_base,
     ensure_tiny,
     ensure_tiny_base,
     ensure_tiny_rm_base,
+    ensure_trail_base,
 )
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,8 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
     shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
     tasks (``marlhf.data.long_tasks``); ``tiny-base-arith`` -> the shipped base of the arithmetic
-    tasks (``marlhf.data.reasoning_tasks``); ``tiny-rm-base`` -> the shipped reward-model base
+    tasks (``marlhf.data.reasoning_tasks``); ``tiny-rm-base`` -> the shipped reward-model base;
+    ``tiny-base-trail`` -> the shipped base of the multi-turn trail task (``marlhf.data.trail``)
     (:mod:`marlhf.models.zoo`); anything else unchanged, once it is known to be loadable.
 
     Raises:
@@ -49,6 +52,8 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         return ensure_tiny()
     if name_or_path == "tiny-rm-base":
         return ensure_tiny_rm_base()
+    if name_or_path == TRAIL_BASE_NAME:
+        return ensure_trail_base()
     problem = model_source_problem(name_or_path, probe_network=False, tokenizer_only=tokenizer_only)
     if problem:
         raise FileNotFoundError(problem)

@@ -42,14 +42,16 @@ def output_embedding(model) -> torch.nn.Module | None:
 
 
 @contextmanager
-def logits_at(model, positions: torch.Tensor):
+def logits_at(model, positions: torch.Tensor, *, flat: bool = False):
     """Inside the block, ``model``'s LM head sees only the hidden states at ``positions``.
 
     positions: (B, A) long, each in [0, T) for the sequences of the next forward call; that call
     then returns logits (B, A, V) whose ``[b, j]`` is the full logit at ``positions[b, j]``. Yields
     whether the hook is in place (False for a model without a findable head: its forward returns
     the full (B, T, V) logits as usual). Hidden states whose shape does not fit ``positions`` (a
-    different batch) pass through untouched."""
+    different batch) pass through untouched. ``flat``: ``positions`` index the forward call's
+    positions flattened, ``K × T`` for a (K, T) batch (packed rows,
+    :meth:`marlhf.models.packing.PackedRows.take`), whatever K is."""
     head = output_embedding(model)
     if head is None:
         yield False
@@ -57,6 +59,8 @@ def logits_at(model, positions: torch.Tensor):
 
     def gather(_module, args):
         hidden = args[0]
+        if flat and hidden.dim() == 3:
+            return (hidden.flatten(0, 1)[positions.to(hidden.device)], *args[1:])
         if hidden.dim() != 3 or hidden.shape[0] != positions.shape[0]:
             return None
         idx = positions.to(hidden.device).unsqueeze(-1).expand(-1, -1, hidden.shape[-1])

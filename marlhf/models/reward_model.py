@@ -11,9 +11,10 @@ A saved reward model is ONE directory that later stages load directly with :func
   ``transformers.AutoModel.from_pretrained``);
 - tokenizer files;
 - ``value_head.safetensors``: ``{"weight": (1, hidden)}``;
-- ``reward_config.json``: ``rm_type`` ("end" | "segment"), eval ``score_stats`` (mean/std),
-  the fitted location ``normalizer`` (segment RMs), the ``termination`` settings used to cut
-  segments (segment RMs), and the caller's ``extra`` keys.
+- ``reward_config.json``: what a :class:`RewardModelInfo` holds, ``rm_type`` ("end" | "segment"),
+  eval ``score_stats`` (mean/std), the fitted location ``normalizer`` (segment RMs), the
+  ``termination`` settings used to cut segments (segment RMs) and the caller's ``extra`` keys (at
+  the top level), with the ``format_version``, ``backbone_class`` and ``hidden_size`` of the save.
 
 Shapes: ``B`` batch, ``T`` full sequence.
 
@@ -43,6 +44,7 @@ import torch
 from torch import nn
 
 from marlhf.models.config import RM_TYPES
+from marlhf.models.packing import pack_rows, packed_inputs, packing_mode, packs
 from marlhf.rewards.segment import (
     LocationNormalizer,
     ScoreStats,
@@ -53,15 +55,79 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 REWARD_CONFIG_FILE = "reward_config.json"
 BACKBONE_WEIGHTS_FILE = "model.safetensors"
 REWARD_CONFIG_VERSION = 1
-_RESERVED_KEYS = (
-    "format_version",
-    "rm_type",
-    "backbone_class",
-    "hidden_size",
-    "score_stats",
-    "normalizer",
-    "termination",
-)
+# the keys of reward_config.json the save writes itself, beside RewardModelInfo's own
+_SAVE_KEYS = ("format_version", "backbone_class", "hidden_size")
+_INFO_KEYS = ("rm_type", "score_stats", "normalizer", "termination")
+_RESERVED_KEYS = _SAVE_KEYS + _INFO_KEYS
+
+
+@dataclasses.dataclass
+class RewardModelInfo:
+    """What a reward-model directory's ``reward_config.json`` says of the model besides its weights.
+
+    Fields:
+        rm_type: ``"end"`` or ``"segment"``.
+        score_stats: mean/std of end scores over the eval split (a :class:`ScoreStats` or its dict).
+        normalizer: the fitted location-aware normaliser (segment RMs; a
+            :class:`LocationNormalizer` or its dict).
+        termination: the termination settings that cut segments (a dict or a dataclass such as
+            ``MacroConfig``); required for a segment RM.
+        extra: further JSON-serialisable keys, written at the top level of the file (the training
+            step, the eval accuracy, a critic's role, ...); none may be a reserved key.
+
+    >>> info = RewardModelInfo(score_stats={"mean": 0.5, "std": 2.0}, extra={"global_step": 3})
+    >>> saved = info.to_json()
+    >>> saved["rm_type"], saved["score_stats"], saved["global_step"]
+    ('end', {'mean': 0.5, 'std': 2.0}, 3)
+    >>> RewardModelInfo.from_json(saved).score_stats
+    ScoreStats(mean=0.5, std=2.0)
+    """
+
+    rm_type: str = "end"
+    score_stats: ScoreStats | dict | None = None
+    normalizer: LocationNormalizer | dict | None = None
+    termination: Any = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.rm_type not in RM_TYPES:
+            raise ValueError(f"rm_type must be one of {RM_TYPES}, got {self.rm_type!r}")
+        if self.rm_type == "segment" and self.termination is None:
+            raise ValueError("a segment reward model needs its termination settings")
+        clash = sorted(set(self.extra) & set(_RESERVED_KEYS))
+        if clash:
+            raise ValueError(f"extra reuses reserved {REWARD_CONFIG_FILE} keys {clash}")
+
+    def to_json(self) -> dict:
+        """The file's keys this info gives, as plain JSON data (the save adds ``format_version``,
+        ``backbone_class`` and ``hidden_size``)."""
+        return {
+            "rm_type": self.rm_type,
+            "score_stats": _as_dict(self.score_stats, "score_stats"),
+            "normalizer": _as_dict(self.normalizer, "normalizer"),
+            "termination": _as_dict(self.termination, "termination"),
+            **self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, saved: dict, where: str = REWARD_CONFIG_FILE) -> RewardModelInfo:
+        """The info of a ``reward_config.json``'s keys ``saved`` (any version of the file):
+        ``score_stats`` as a :class:`ScoreStats`, ``normalizer`` as a :class:`LocationNormalizer`,
+        the keys of neither the info nor the save in ``extra``. A bad key raises ``ValueError``
+        naming ``where``."""
+        try:
+            stats, norm = saved.get("score_stats"), saved.get("normalizer")
+            return cls(
+                rm_type=saved.get("rm_type"),
+                score_stats=ScoreStats.from_dict(stats) if isinstance(stats, dict) else stats,
+                normalizer=LocationNormalizer.from_dict(norm) if isinstance(norm, dict) else norm,
+                termination=saved.get("termination"),
+                extra={k: v for k, v in saved.items() if k not in _RESERVED_KEYS},
+            )
+        except KeyError as e:  # a score_stats or normalizer without one of its numbers
+            raise ValueError(f"{where}: {e.args[0]!r} missing") from None
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{where}: {e}") from None
 
 
 def end_score_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -89,6 +155,20 @@ def end_scores(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
             f"{tuple(attention_mask.shape)} must have the same (B, T) shape"
         )
     return values.gather(1, end_score_index(attention_mask).unsqueeze(1)).squeeze(1)
+
+
+def padded_values(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, packing: bool = False
+) -> torch.Tensor:
+    """A value model's (or its engine's) ``values: (B, T)`` over a padded batch (``input_ids``,
+    ``attention_mask``: (B, T)). With ``packing``, where the model runs packed rows exactly
+    (:func:`marlhf.models.packing.packing_mode`), the rows go through it packed and come back in
+    the batch's layout, 0 on padding: the padded values up to float rounding."""
+    mode = packing_mode(model) if packing else None
+    if not packs(attention_mask, mode):
+        return model(input_ids=input_ids, attention_mask=attention_mask)
+    p = pack_rows(input_ids, attention_mask, layout=mode)
+    return p.unpack(model(**packed_inputs(p)))
 
 
 def _hidden_size(config: Any) -> int:
@@ -169,6 +249,8 @@ class RewardModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         position_ids: torch.Tensor | None = None,
+        use_cache: bool = False,
+        **attention_kwargs: Any,
     ) -> torch.Tensor:
         """``input_ids: (B, T)``, ``attention_mask: (B, T)`` -> ``values: (B, T) float32``.
 
@@ -176,7 +258,10 @@ class RewardModel(nn.Module):
         when it generates after a left-padded prompt; on right-padded rows this equals ``0..T-1`` on
         every real token. ``attention_mask=None``: rows are right-padded (or not padded), attention
         is plain causal and positions are ``0..T-1``; real tokens get the values they get with the
-        mask (padding only follows them), at a lower cost.
+        mask (padding only follows them), at a lower cost. Packed rows
+        (:mod:`marlhf.models.packing`): no mask, their ``position_ids``, and ``attention_kwargs``
+        (flash-attention varlen arguments) passed to the backbone. ``use_cache``: taken for the
+        causal LMs' call signature; a value model keeps no cache.
         """
         if position_ids is None and attention_mask is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
@@ -187,6 +272,7 @@ class RewardModel(nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **attention_kwargs,
         )
         hidden = out.last_hidden_state  # (B, T, hidden)
         return self.v_head(hidden).squeeze(-1).float()  # (B, T)
@@ -280,32 +366,30 @@ def _as_dict(obj: Any, what: str) -> dict | None:
     )
 
 
+def reward_info(info: RewardModelInfo | None = None, **fields: Any) -> RewardModelInfo:
+    """``info``, or the :class:`RewardModelInfo` of ``fields`` (its fields as keywords:
+    ``rm_type=``, ``score_stats=``, ..., as every saver takes them too); not both. Neither: an end
+    reward model with nothing more to say."""
+    if info is not None and fields:
+        raise TypeError(f"reward model: give the info or its fields {sorted(fields)}, not both")
+    return info if info is not None else RewardModelInfo(**fields)
+
+
 def save_reward_model(
     model: RewardModel,
     tokenizer: Any,
     path: str | os.PathLike,
     *,
-    rm_type: str = "end",
-    score_stats: ScoreStats | dict | None = None,
-    normalizer: LocationNormalizer | dict | None = None,
-    termination: Any = None,
-    extra: dict | None = None,
+    info: RewardModelInfo | None = None,
+    **fields: Any,
 ) -> None:
     """Write ``model`` (and ``tokenizer``) as one reward-model directory; see the module docstring.
 
-    Same as :func:`save_reward_model_state` with ``model.state_dict()`` and ``model.config``.
+    Same as :func:`save_reward_model_state` with ``model.state_dict()`` and ``model.config``;
+    ``info`` may also come as its fields (:func:`reward_info`).
     """
-    save_reward_model_state(
-        model.state_dict(),
-        model.config,
-        tokenizer,
-        path,
-        rm_type=rm_type,
-        score_stats=score_stats,
-        normalizer=normalizer,
-        termination=termination,
-        extra=extra,
-    )
+    info = reward_info(info, **fields)
+    save_reward_model_state(model.state_dict(), model.config, tokenizer, path, info=info)
 
 
 def save_reward_model_state(
@@ -314,11 +398,8 @@ def save_reward_model_state(
     tokenizer: Any,
     path: str | os.PathLike,
     *,
-    rm_type: str = "end",
-    score_stats: ScoreStats | dict | None = None,
-    normalizer: LocationNormalizer | dict | None = None,
-    termination: Any = None,
-    extra: dict | None = None,
+    info: RewardModelInfo | None = None,
+    **fields: Any,
 ) -> None:
     """Write a reward-model directory from a plain state dict (e.g. ZeRO-3 weights gathered on rank 0).
 
@@ -329,27 +410,12 @@ def save_reward_model_state(
             ``architectures`` set to the base-model class and ``dtype`` to the weights' dtype).
         tokenizer: saved with ``save_pretrained``; ``None`` to skip.
         path: output directory (created).
-        rm_type: ``"end"`` or ``"segment"``.
-        score_stats: mean/std of end scores over the eval split.
-        normalizer: fitted location-aware normaliser (segment RMs).
-        termination: termination settings used to cut segments (a dict or a dataclass such as
-            ``MacroConfig``); required for a segment RM.
-        extra: further JSON-serialisable keys for ``reward_config.json`` (must not reuse a reserved
-            key).
+        info: what ``reward_config.json`` says of the model, or its fields as keywords
+            (:func:`reward_info`; neither: an end RM, nothing more).
     """
     from transformers import MODEL_MAPPING
 
-    if rm_type not in RM_TYPES:
-        raise ValueError(f"--rm_type must be one of {RM_TYPES}, got {rm_type!r}")
-    if rm_type == "segment" and termination is None:
-        raise ValueError("save_reward_model: a segment reward model needs its termination settings")
-    extra = dict(extra or {})
-    clash = sorted(set(extra) & set(_RESERVED_KEYS))
-    if clash:
-        raise ValueError(
-            f"save_reward_model: extra reuses reserved reward_config.json keys {clash}"
-        )
-
+    info = reward_info(info, **fields)
     backbone_sd: dict[str, torch.Tensor] = {}
     head_sd: dict[str, torch.Tensor] = {}
     unexpected = []
@@ -381,21 +447,17 @@ def save_reward_model_state(
     float_dtypes = [t.dtype for t in backbone_sd.values() if t.is_floating_point()]
     if float_dtypes:
         config.dtype = float_dtypes[0]
-    info = {
+    saved = {
         "format_version": REWARD_CONFIG_VERSION,
-        "rm_type": rm_type,
         "backbone_class": base_cls.__name__ if base_cls is not None else None,
         "hidden_size": int(head_sd["weight"].shape[1]),
-        "score_stats": _as_dict(score_stats, "score_stats"),
-        "normalizer": _as_dict(normalizer, "normalizer"),
-        "termination": _as_dict(termination, "termination"),
-        **extra,
+        **info.to_json(),
     }
-    _write_reward_dir(path, config, backbone_sd, head_sd, tokenizer, info)
+    _write_reward_dir(path, config, backbone_sd, head_sd, tokenizer, saved)
 
 
 def _write_reward_dir(
-    path, config, backbone_sd: dict, head_sd: dict, tokenizer, info: dict
+    path, config, backbone_sd: dict, head_sd: dict, tokenizer, saved: dict
 ) -> None:
     """Write the files of a reward-model directory; ``reward_config.json`` last and atomically (a
     temporary renamed over it). A full disk raises ``OSError(ENOSPC)`` naming the directory."""
@@ -412,7 +474,7 @@ def _write_reward_dir(
             tokenizer.save_pretrained(str(path))
         target = os.path.join(path, REWARD_CONFIG_FILE)
         with open(target + ".tmp", "w") as f:
-            json.dump(info, f, indent=2, sort_keys=True)
+            json.dump(saved, f, indent=2, sort_keys=True)
             f.write("\n")
         os.replace(target + ".tmp", target)
 
@@ -432,8 +494,9 @@ def load_reward_model(
         backbone_kwargs: passed to ``AutoModel.from_pretrained`` (e.g. ``attn_implementation``).
 
     Returns:
-        ``(model, info)``: ``info`` is ``reward_config.json`` with ``score_stats`` as a
-        :class:`ScoreStats` and ``normalizer`` as a :class:`LocationNormalizer` (or ``None``).
+        ``(model, info)``: ``info`` is ``reward_config.json``'s dict with ``score_stats`` as a
+        :class:`ScoreStats` and ``normalizer`` as a :class:`LocationNormalizer` (or ``None``);
+        ``RewardModelInfo.from_json(info)`` gives it as a :class:`RewardModelInfo`.
     """
     from safetensors.torch import load_file
 
@@ -443,11 +506,8 @@ def load_reward_model(
         if not os.path.isfile(p):
             raise FileNotFoundError(f"{p} missing: {path} is not a reward-model directory")
     with open(cfg_path) as f:
-        info = json.load(f)
-    if info.get("rm_type") not in RM_TYPES:
-        raise ValueError(
-            f"{cfg_path}: rm_type must be one of {RM_TYPES}, got {info.get('rm_type')!r}"
-        )
+        saved = json.load(f)
+    info = RewardModelInfo.from_json(saved, cfg_path)
 
     backbone = _load_backbone(path, dtype=dtype, **backbone_kwargs)
     model = RewardModel(backbone, init_std=0.0)
@@ -460,12 +520,7 @@ def load_reward_model(
     with torch.no_grad(), _gathered(model.v_head.weight):
         model.v_head.weight.copy_(head["weight"])
     model.to(device)
-
-    if info.get("score_stats") is not None:
-        info["score_stats"] = ScoreStats.from_dict(info["score_stats"])
-    if info.get("normalizer") is not None:
-        info["normalizer"] = LocationNormalizer.from_dict(info["normalizer"])
-    return model, info
+    return model, {**saved, "score_stats": info.score_stats, "normalizer": info.normalizer}
 
 
 def load_value_head(model, path: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from marlhf.models.lora import base_trained, merge_lora_state_dict, unwrap_peft
-from marlhf.models.reward_model import save_reward_model_state
+from marlhf.models.reward_model import RewardModelInfo, reward_info, save_reward_model_state
 from marlhf.runtime.checkpoint import gather_state_dict, write_json
 from marlhf.runtime.checkpoint_files import naming_write_errors
 from marlhf.runtime.distributed import barrier, is_main
@@ -84,19 +84,18 @@ def save_reward_checkpoint(
     path: str | Path,
     *,
     zero_stage: int,
-    rm_type: str,
     run_config: dict,
     ds_config: dict,
-    score_stats=None,
-    normalizer=None,
-    termination=None,
-    extra: dict | None = None,
+    info: RewardModelInfo | None = None,
+    **fields,
 ) -> None:
     """Save a (possibly LoRA-wrapped, possibly ZeRO-3-partitioned) :class:`RewardModel` (a reward
     model or PPO's critic) as one reward-model directory that
-    :func:`marlhf.models.reward_model.load_reward_model` reads; LoRA weights are merged into the
-    backbone, and the backbone's adapter is saved beside them (:func:`save_adapter`). Collective
-    under ZeRO-3 (every rank calls it); rank 0 writes."""
+    :func:`marlhf.models.reward_model.load_reward_model` reads, ``info`` (or its fields:
+    :func:`marlhf.models.reward_model.reward_info`) in its ``reward_config.json``; LoRA weights are
+    merged into the backbone, and the backbone's adapter is saved beside them
+    (:func:`save_adapter`). Collective under ZeRO-3 (every rank calls it); rank 0 writes."""
+    info = reward_info(info, **fields)
     _, scaling = unwrap_peft(module.backbone)
     state = gather_state_dict(module, zero_stage)
     if is_main():
@@ -104,17 +103,7 @@ def save_reward_checkpoint(
         peft_state = state
         if scaling is not None:
             state = merge_lora_state_dict(state, scaling)
-        save_reward_model_state(
-            state,
-            module.config,
-            tokenizer,
-            path,
-            rm_type=rm_type,
-            score_stats=score_stats,
-            normalizer=normalizer,
-            termination=termination,
-            extra=extra,
-        )
+        save_reward_model_state(state, module.config, tokenizer, path, info=info)
         if scaling is not None:
             backbone = {
                 k.removeprefix("backbone."): v

@@ -66,18 +66,47 @@ def pack_flush_left(
     return packed, mask, prompt_mask.bool().sum(dim=1)
 
 
-def gather_response(
-    x: torch.Tensor, response_start: torch.Tensor, num_actions: int
+def action_offsets(
+    response_start: torch.Tensor, num_actions: int, offsets: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Read per-position quantities at the positions that predict/precede each response token.
+    """(B, A) long: where each action sits in its row's response. ``offsets`` (B, A) long, when
+    the actions do not fill the response (a multi-turn conversation: its observations lie between
+    the actions, and action ``j`` of row ``b`` is response token ``offsets[b, j]``); None: action
+    ``j`` is response token ``j``."""
+    if offsets is not None:
+        return offsets[:, :num_actions].to(response_start.device)
+    j = torch.arange(num_actions, device=response_start.device)
+    return j.expand(response_start.shape[0], num_actions)
+
+
+def state_positions(
+    response_start: torch.Tensor,
+    num_actions: int,
+    width: int,
+    offsets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(B, A) long: the position of the state before each action, ``response_start[b] − 1 +
+    j`` (``+ offsets[b, j]`` with ``offsets``, :func:`action_offsets`), clamped into ``[0,
+    width)`` (where :func:`gather_response` reads)."""
+    j = action_offsets(response_start, num_actions, offsets)
+    return (response_start.unsqueeze(1) - 1 + j).clamp(0, width - 1)
+
+
+def gather_response(
+    x: torch.Tensor,
+    response_start: torch.Tensor,
+    num_actions: int,
+    offsets: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Read per-position quantities at the positions that predict/precede each action.
 
     x: (B, T) or (B, T, ...) indexed by position t, where position t looks at tokens ≤ t.
-    Returns (B, A, ...) with element j = x[b, response_start[b] − 1 + j] (clamped inside the row;
-    entries past a row's response are meaningless and masked by the caller).
+    Returns (B, A, ...) with element j = x[b, response_start[b] − 1 + j] (``+ offsets[b, j]``
+    with ``offsets``: the actions of a conversation, :func:`action_offsets`; clamped inside the
+    row; entries past a row's actions are meaningless and masked by the caller).
     """
     B, T = x.shape[:2]
-    j = torch.arange(num_actions, device=x.device)
-    idx = (response_start.to(x.device).unsqueeze(1) - 1 + j).clamp(0, T - 1)  # (B, A)
+    idx = state_positions(response_start.to(x.device), num_actions, T, offsets)  # (B, A)
     if x.dim() == 2:
         return torch.gather(x, 1, idx)
     extra = x.shape[2:]
@@ -99,14 +128,16 @@ def response_logprobs_and_entropy(
     num_actions: int,
     *,
     with_entropy: bool = False,
+    offsets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(a_j | s_j) (and the entropy of π(· | s_j)) for every response token.
+    """log π(a_j | s_j) (and the entropy of π(· | s_j)) for every action (``offsets``: where the
+    actions of a conversation sit in its response, :func:`action_offsets`).
 
     logits: (B, T, V) already divided by the sampling temperature; sequences: (B, T).
     Returns (logprobs (B, A), entropy (B, A) or None).
     """
     B, T, V = logits.shape
-    j = torch.arange(num_actions, device=logits.device)
+    j = action_offsets(response_start.to(logits.device), num_actions, offsets)
     pos = (response_start.to(logits.device).unsqueeze(1) - 1 + j).clamp(0, T - 2)  # (B, A)
     sel = torch.gather(logits, 1, pos.unsqueeze(-1).expand(B, num_actions, V))  # (B, A, V)
     labels = torch.gather(sequences, 1, pos + 1)  # (B, A)

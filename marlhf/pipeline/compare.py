@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marlhf.cli import build_parser, config_from_namespace
+from marlhf.config import flag
 from marlhf.inference.results import read_rows
 from marlhf.judge.outcomes import bootstrap_ci, win_rate
 from marlhf.pipeline.report import paired_gain, rm_judged
@@ -255,31 +256,23 @@ def paired_section(a_path: str, b_path: str, seed: int = 0) -> list[str]:
 class CompareConfig:
     """Runs to compare and what to report."""
 
-    label: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "An arm's name, one per RUN argument (a glob's runs share it) or one per arm "
-            "the runs make without labels; repeat the flag.",
-            "repeat": True,
-        },
+    label: tuple[str, ...] = flag(
+        (),
+        "An arm's name, one per RUN argument (a glob's runs share it) or one per arm "
+        "the runs make without labels; repeat the flag.",
+        repeat=True,
     )
-    output: str = field(default="compare", metadata={"help": "Directory of report.md and figures."})
-    results: tuple[str, ...] = field(
-        default=(),
-        metadata={
-            "help": "Two inference result files (A B): paired RM-score and gold differences "
-            "and win rates of B over A."
-        },  # fmt: skip
+    output: str = flag("compare", "Directory of report.md and figures.")
+    results: tuple[str, ...] = flag(
+        (),
+        "Two inference result files (A B): paired RM-score and gold differences "
+        "and win rates of B over A.",
     )
-    final_window: int = field(default=5, metadata={"help": "Steps averaged for a final value."})
-    smooth_window: int = field(default=5, metadata={"help": "Smoothing of the curves for reach."})
-    target_metric: str = field(
-        default="auto", metadata={"help": "Metric of the reach table (auto: gold, else the score)."}
-    )
-    target: float | None = field(
-        default=None, metadata={"help": "Target of the reach table (default: baseline's final)."}
-    )
-    seed: int = field(default=0, metadata={"help": "Seed of the bootstrap resamples."})
+    final_window: int = flag(5, "Steps averaged for a final value.")
+    smooth_window: int = flag(5, "Smoothing of the curves for reach.")
+    target_metric: str = flag("auto", "Metric of the reach table (auto: gold, else the score).")
+    target: float | None = flag(None, "Target of the reach table (default: baseline's final).")
+    seed: int = flag(0, "Seed of the bootstrap resamples.")
 
     def __post_init__(self) -> None:
         if self.results and len(self.results) != 2:

@@ -1,12 +1,20 @@
-"""The embedded pipeline in one command: tiny model + bundled synthetic TL;DR data, on CPU.
+"""The embedded pipeline in one command: a tiny model and a bundled synthetic task, on CPU.
 
-    SFT → two answers of the SFT model to every train prompt, compared by the simulated labeller →
-    reward model (bundled comparisons + those) → vanilla PPO (fixed n=1) and MA-PPO (fixed n=5) →
+    SFT → two answers of the SFT model to train prompts, compared by the simulated labeller →
+    reward model (the task's comparisons + those) → vanilla PPO (fixed n=1) and MA-PPO (fixed n) →
     inference with rewards for SFT, PPO and MA-PPO on held-out prompts → a comparison report (RM
-    score, gold score, RM-judged win rate, macro-action statistics, training curves as PNG).
+    score, gold score, gold gains over SFT and of MA-PPO over PPO, win rates, right verdicts,
+    macro-action statistics, training curves as PNG).
+
+The task (``--task``, :mod:`marlhf.pipeline.demo_settings`) is ``synthetic-verdict-64`` by
+default: 64-token answers whose first fact decides a verdict paid only at the end of the answer,
+where credit assignment over the answer matters; ``synthetic-tldr`` runs the short TL;DR-like task.
 
 Every stage runs as its own process, exactly as a user would run it (``python -m marlhf.stages.*``), and
 is skipped when its output already exists (the pipeline resumes); ``--fresh`` redoes everything.
+Given 2 threads or more (``OMP_NUM_THREADS``, 2 when unset), stages that need nothing from each
+other (the two labelling runs, PPO and MA-PPO, the inference runs) run two at a time with half
+the threads each.
 
     python -m marlhf.demo --output_dir output/demo
 """
@@ -15,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,70 +35,11 @@ from pathlib import Path
 
 from marlhf.cli import Parser
 from marlhf.data.policy_comparisons import SAMPLE_SEEDS, SAMPLE_TEMPERATURE
+from marlhf.pipeline.demo_settings import DEFAULT_TASK, TASKS, DemoTask
 from marlhf.pipeline.report import write_report
 from marlhf.runtime.run_lock import LOCK_FILE, OutputDirInUse, acquire, unusable_problem
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# Settings sized for 2 CPU cores and a few minutes in all; the real recipes are in training/*/run_gemma.sh.
-SFT_FLAGS = [
-    "--model_name_or_path",
-    "tiny-base",
-    "--data_path",
-    "synthetic-tldr",
-    "--max_seq_len",
-    "192",
-    "--per_device_train_batch_size",
-    "16",
-    "--per_device_eval_batch_size",
-    "32",
-    "--learning_rate",
-    "5e-4",
-    "--num_train_epochs",
-    "2",
-    "--warmup_ratio",
-    "0.05",
-    "--lr_scheduler_type",
-    "cosine",
-    "--zero_stage",
-    "0",
-    "--eval_iters",
-    "4",
-]
-RM_FLAGS = [
-    "--data_path",
-    "synthetic-tldr",
-    "--max_seq_len",
-    "192",
-    "--per_device_train_batch_size",
-    "16",
-    "--per_device_eval_batch_size",
-    "32",
-    "--learning_rate",
-    "3e-4",
-    "--num_train_epochs",
-    "4",
-    "--warmup_ratio",
-    "0.05",
-    "--zero_stage",
-    "0",
-    "--eval_iters",
-    "8",
-]
-# One pass over the 760 PPO prompts in rollouts of 16 (30 steps were too few for a gain above
-# seed noise; docs/research/reward-model.md, "A reward model that learns").
-PPO_STEPS = 47
-
-
-# The demo's reward model starts from tiny-rm-base (larger than the policy and preference-pretrained
-# on generated comparisons, see marlhf.tiny) with its value head, and trains gently on the bundled
-# comparisons plus comparisons of the SFT model's own answers (later flags win over RM_FLAGS).
-RM_BASE_FLAGS = ["--model_name_or_path", "tiny-rm-base", "--init_value_head"]
-RM_BASE_FLAGS += ["--learning_rate", "1e-4", "--num_train_epochs", "2"]
-# Two answers of the SFT model to each train prompt, sampled as PPO samples (temperature 1), are
-# compared by the simulated labeller (marlhf.data.policy_comparisons), as real RLHF labels the
-# policy's own answers: an RM that saw only the generated kinds of summary over-scored errors the
-# policy makes (repeated facts, a stray first word), and PPO found them (docs/results.md).
 
 
 def policy_pairs_file(out: Path) -> Path:
@@ -96,47 +47,15 @@ def policy_pairs_file(out: Path) -> Path:
     return out / "labels" / "sft_pairs.jsonl"
 
 
-def rm_flags(pairs: Path | None = None) -> list[str]:
-    """The reward-model stage's flags: ``RM_FLAGS`` then ``RM_BASE_FLAGS`` (and the labelled pairs
-    of the SFT model's answers next to the bundled data)."""
-    extra = [] if pairs is None else ["--data_path", "synthetic-tldr", str(pairs)]
-    return [*RM_FLAGS, *RM_BASE_FLAGS, *extra]
-
-
-PPO_FLAGS = [
-    "--data_path",
-    "synthetic-tldr",
-    "--max_prompt_seq_len",
-    "160",
-    "--max_answer_seq_len",
-    "40",
-    "--per_device_generation_batch_size",
-    "16",
-    "--per_device_training_batch_size",
-    "8",
-    "--actor_learning_rate",
-    "2e-4",
-    "--critic_learning_rate",
-    "5e-4",
-    "--kl_ctl",
-    "0.05",
-    "--temperature",
-    "1.0",
-    "--top_k",
-    "0",
-    "--ppo_epochs",
-    "1",
-    "--lr_scheduler_type",
-    "constant",
-    "--value_function",
-    "equal",
-]
-# With the learned RM (the default): tiny-rm-base's scores spread over several units, so PPO
-# standardises them with the RM's saved eval mean/std before its ±2.5 clip, scores a response cut
-# at the length limit 1 lower (an RM trained on finished summaries misjudges cut ones) and keeps
-# closer to the SFT model (KL coefficient 0.2: at 0.05 both arms drifted to openers the RM
-# over-scores; docs/research/reward-model.md, "A reward model that learns").
-LEARNED_RM_PPO_FLAGS = ["--normalize_reward", "--no_eos_penalty", "-1", "--kl_ctl", "0.2"]
+def rm_flags(task: DemoTask, pairs: Path | None = None) -> list[str]:
+    """The reward-model stage's flags of ``task``, with the labelled pairs of the SFT model's
+    answers next to the task's own comparisons. Two answers of the SFT model to each train prompt,
+    sampled as PPO samples (temperature 1), are compared by the simulated labeller
+    (marlhf.data.policy_comparisons), as real RLHF labels the policy's own answers: an RM that saw
+    only the generated kinds of summary over-scored errors the policy makes (repeated facts, a
+    stray first word), and PPO found them (docs/results.md)."""
+    extra = [] if pairs is None else ["--data_path", task.name, str(pairs)]
+    return [*task.rm, *extra]
 
 
 def ppo_epochs(steps: int, prompts: int = 760, rollouts: int = 16) -> int:
@@ -148,9 +67,17 @@ def ppo_epochs(steps: int, prompts: int = 760, rollouts: int = 16) -> int:
     return max(1, -(-steps // (prompts // rollouts)))
 
 
-def _env() -> dict[str, str]:
+def threads() -> int:
+    """The demo's CPU threads: ``OMP_NUM_THREADS`` (2 when unset, the Makefile's)."""
+    value = os.environ.get("OMP_NUM_THREADS", "2")
+    if not value.strip().isdigit() or int(value) < 1:
+        raise SystemExit(f"error: OMP_NUM_THREADS={value!r}: the demo needs a whole number >= 1")
+    return int(value)
+
+
+def _env(n_threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "2")
+    env["OMP_NUM_THREADS"] = str(n_threads)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -169,39 +96,117 @@ class Stage:
     done: Path
 
 
-def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
-    """Run one stage as its own process (log in ``logs/<key>.log``); its wall time, None if skipped."""
-    if stage.done.exists() and not fresh:
-        print(f"[demo] {stage.title}: already done ({stage.done}), skipped", flush=True)
-        return None
-    print(f"[demo] {stage.title} ...", flush=True)
-    t0 = time.time()
-    log_file = logs / f"{stage.key}.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, *stage.args],
-            env=_env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        try:
-            proc.wait()
-        except KeyboardInterrupt:  # the stage got the Ctrl-C too: it saves a checkpoint, stops
-            proc.wait()
-            raise SystemExit(
-                f"[demo] {stage.title}: interrupted (exit {proc.returncode}); the same command "
-                "resumes the demo"
-            ) from None
-    if proc.returncode != 0:
-        tail = "".join(open(log_file).readlines()[-30:])
+@dataclass
+class Timing:
+    """Wall seconds of each stage a step ran (None: skipped) and the CPU seconds of the step."""
+
+    wall: dict[str, float | None]
+    cpu: float
+
+
+def _cpu_of_children() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _titles(stages: list[tuple[Stage, int]]) -> str:
+    return ", ".join(stage.title for stage, _ in stages) or "between stages"
+
+
+def run_step(stages: list[Stage], logs: Path, fresh: bool, lanes: int = 1) -> Timing:
+    """Run the stages of one pipeline step, which need nothing from each other: each as its own
+    process (log in ``logs/<key>.log``), ``lanes`` at a time, each with ``threads() // lanes``
+    threads while more than one runs (two stages share 2 cores instead of oversubscribing them).
+
+    A stage whose output exists is skipped (unless ``fresh``). Ctrl-C reaches every stage too
+    (the terminal signals the process group): the demo waits for them to save and stop. SIGTERM
+    reaches the demo alone (a scheduler, ``kill``): it is passed on to every running stage, which
+    saves and stops (marlhf.runtime.preemption), and the demo waits for them, so no stage is left
+    training with its output directory locked; repeats are passed on as well. Either way the demo
+    then exits with a line saying that the same command resumes it (status 143 after SIGTERM).
+    A failed stage stops the others the same way before the demo exits with the tail of its log."""
+    wall: dict[str, float | None] = {}
+    todo = []
+    for stage in stages:
+        if stage.done.exists() and not fresh:
+            print(f"[demo] {stage.title}: already done ({stage.done}), skipped", flush=True)
+            wall[stage.key] = None
+        else:
+            todo.append(stage)
+    lanes = max(1, min(lanes, len(todo)))
+    n_threads = threads() if lanes == 1 else max(1, threads() // lanes)
+    logs.mkdir(parents=True, exist_ok=True)
+    running: dict[str, tuple[Stage, subprocess.Popen, float]] = {}
+    ended: list[tuple[Stage, int]] = []  # stages that ended after a stop was asked for
+    terms: list[int] = []
+    failed: list[tuple[Stage, int]] = []
+
+    def pass_on(signum: int, frame) -> None:
+        terms.append(signum)
+        for _, proc, _ in running.values():
+            proc.send_signal(signum)
+
+    cpu0 = _cpu_of_children()
+    previous = signal.signal(signal.SIGTERM, pass_on)
+    try:
+        while todo or running:
+            while todo and len(running) < lanes and not (terms or failed):
+                stage = todo.pop(0)
+                print(f"[demo] {stage.title} ...", flush=True)
+                with open(logs / f"{stage.key}.log", "w") as log:
+                    proc = subprocess.Popen(
+                        [sys.executable, *stage.args],
+                        env=_env(n_threads),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                    )
+                running[stage.key] = (stage, proc, time.time())
+                if terms:  # it came while the stage was starting
+                    proc.send_signal(signal.SIGTERM)
+            if (terms or failed) and not running:
+                break
+            done = [k for k, (_, proc, _) in running.items() if proc.poll() is not None]
+            if not done:
+                time.sleep(0.1)
+            for key in done:
+                stage, proc, t0 = running.pop(key)
+                if terms or failed:
+                    ended.append((stage, proc.returncode))
+                elif proc.returncode != 0:
+                    failed.append((stage, proc.returncode))
+                    for _, other, _ in running.values():  # they save and stop
+                        other.send_signal(signal.SIGTERM)
+                else:
+                    wall[key] = time.time() - t0
+                    print(f"[demo] {stage.title}: done in {wall[key]:.0f}s", flush=True)
+    except KeyboardInterrupt:  # the stages got the Ctrl-C too: they save and stop
+        codes = [(stage, proc.wait()) for stage, proc, _ in running.values()]
         raise SystemExit(
-            f"[demo] {stage.title} failed (exit {proc.returncode}); log {log_file}:\n{tail}"
+            f"[demo] {_titles(codes)}: interrupted (exit "
+            f"{', '.join(str(c) for _, c in codes)}); the same command resumes the demo"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if failed:
+        stage, code = failed[0]
+        log_file = logs / f"{stage.key}.log"
+        tail = "".join(open(log_file).readlines()[-30:])
+        raise SystemExit(f"[demo] {stage.title} failed (exit {code}); log {log_file}:\n{tail}")
+    if terms:
+        print(
+            f"[demo] {_titles(ended)}: stopped by SIGTERM (stage exit "
+            f"{', '.join(str(c) for _, c in ended)}); the same command resumes the demo",
+            file=sys.stderr,
+            flush=True,
         )
-    seconds = time.time() - t0
-    print(f"[demo] {stage.title}: done in {seconds:.0f}s", flush=True)
-    return seconds
+        raise SystemExit(128 + signal.SIGTERM)
+    return Timing(wall, _cpu_of_children() - cpu0)
+
+
+def _run(stage: Stage, logs: Path, fresh: bool) -> float | None:
+    """Run one stage alone (:func:`run_step`); its wall time, None if skipped."""
+    return run_step([stage], logs, fresh).wall[stage.key]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -211,16 +216,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--output_dir", default="output/demo")
     ap.add_argument("--fresh", action="store_true", help="redo every stage")
     ap.add_argument(
-        "--ppo_steps", type=int, default=PPO_STEPS, help="PPO steps for each of PPO and MA-PPO"
+        "--task",
+        choices=tuple(TASKS),
+        default=DEFAULT_TASK,
+        help="the synthetic task (marlhf.pipeline.demo_settings): 64-token answers whose opening "
+        "verdict is paid at their end (default), or 15-20-token TL;DR-like summaries",
     )
     ap.add_argument(
-        "--ngram", type=int, default=5, help="MA-PPO macro-action length (fixed n-gram)"
+        "--ppo_steps",
+        type=int,
+        default=None,
+        help="PPO steps for each of PPO and MA-PPO (default: the task's, 30 or 47)",
+    )
+    ap.add_argument(
+        "--ngram",
+        type=int,
+        default=None,
+        help="MA-PPO macro-action length (fixed n-gram; default: the task's, 10 or 5)",
     )
     ap.add_argument(
         "--eval_prompts",
         type=int,
-        default=300,
-        help="held-out prompts for the comparison (all 300 of the bundled task by default)",
+        default=None,
+        help="held-out prompts for the comparison (default: the task's, 200 or 300)",
     )
     ap.add_argument("--seed", type=int, default=1234, help="seed of every stage (and the data)")
     ap.add_argument(
@@ -242,7 +260,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="precision of every training stage and of inference (default: each program's own)",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    task = TASKS[args.task]
+    for name in ("ppo_steps", "ngram", "eval_prompts"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(task, name))
+        elif getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
 
 
 def with_dtype(stages: list[Stage], dtype: str | None) -> list[Stage]:
@@ -255,19 +280,34 @@ def with_dtype(stages: list[Stage], dtype: str | None) -> list[Stage]:
     return stages
 
 
-def labelling_stages(out: Path) -> list[Stage]:
-    """The SFT model's answers to every train prompt, twice, and the labeller's comparisons of them."""
+def _inference_args(task: DemoTask, out: Path, model: Path, seed: int) -> list[str]:
+    return [
+        str(ROOT / "inference" / "inference_with_rewards.py"),
+        "--proj-path", str(out),
+        "--dataset", task.inference_dataset,
+        "--model", str(model),
+        "--max-new-tokens", str(task.answer_len),
+        "--max-prompt-len", str(task.prompt_len),
+        "--seed", str(seed),
+    ]  # fmt: skip
+
+
+def labelling_stages(task: DemoTask, out: Path) -> list[Stage]:
+    """The SFT model's answers to the train prompts (all, or ``task.label_prompts`` of them), twice,
+    and the labeller's comparisons of them."""
     pairs = policy_pairs_file(out)
     samples = [pairs.with_name(f"sft_seed{s}.jsonl") for s in SAMPLE_SEEDS]
+    # the same prompts in both runs (by default the sampling seed also draws them)
+    which = ["--num-samples", str(task.label_prompts)]
+    if task.label_prompts:
+        which += ["--prompt-seed", "0"]
     stages = [
         Stage(
             f"2/6 SFT answers to the train prompts for labelling (seed {s})",
             f"label_samples{s}",
-            [str(ROOT / "inference" / "inference_with_rewards.py"), "--proj-path", str(out)]
-            + ["--dataset", "synthetic", "--model", str(out / "sft"), "--split", "train"]
-            + ["--num-samples", "0", "--batch-size", "64", "--max-new-tokens", "40"]
-            + ["--max-prompt-len", "160", "--temperature", str(SAMPLE_TEMPERATURE)]
-            + ["--seed", str(s), "--disable_progress_bar", "--output", str(path)],
+            [*_inference_args(task, out, out / "sft", s), "--split", "train", *which]
+            + ["--batch-size", "64", "--temperature", str(SAMPLE_TEMPERATURE)]
+            + ["--disable_progress_bar", "--output", str(path)],
             path.with_suffix(".jsonl.summary.json"),
         )
         for s, path in zip(SAMPLE_SEEDS, samples, strict=True)
@@ -276,7 +316,7 @@ def labelling_stages(out: Path) -> list[Stage]:
         Stage(
             "2/6 labelled comparisons of the SFT answers",
             "label_pairs",
-            ["-m", "marlhf.data.policy_comparisons", "--task", "synthetic-tldr", "--samples"]
+            ["-m", "marlhf.data.policy_comparisons", "--task", task.name, "--samples"]
             + [*map(str, samples), "--output", str(pairs)],
             pairs,
         )
@@ -284,49 +324,47 @@ def labelling_stages(out: Path) -> list[Stage]:
     return stages
 
 
-def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
-    """SFT, the reward model (and its held-out check), PPO (n=1) and MA-PPO (fixed n)."""
+def _scored_args(task: DemoTask, out: Path, model: Path, seed: int) -> list[str]:
+    """Held-out answers (or comparisons) scored by the demo's reward model (and gold)."""
+    return [*_inference_args(task, out, model, seed), "--reward-model", str(out / "rm")] + [
+        "--batch-size", "32", "--temperature", str(task.eval_temperature),
+    ]  # fmt: skip
+
+
+def sft_stage(task: DemoTask, args: argparse.Namespace, out: Path) -> Stage:
     common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
-    seed = ["--seed", str(args.seed)]
-    ppo_seed = ["--seed", str(args.seed if args.ppo_seed is None else args.ppo_seed)]
-    ppo_seed += ["--data_seed", str(args.seed)]
-    stages = [
-        Stage(
-            "1/6 SFT",
-            "sft",
-            [
-                "-m",
-                "marlhf.stages.sft",
-                *SFT_FLAGS,
-                *common,
-                *seed,
-                "--output_dir",
-                str(out / "sft"),
-            ],
-            out / "sft" / "model.safetensors",
-        ),
-        *labelling_stages(out),
-        Stage(
-            "2/6 reward model",
-            "rm",
-            ["-m", "marlhf.stages.reward", *rm_flags(policy_pairs_file(out))]
-            + [*common, *seed, "--output_dir", str(out / "rm")],
-            out / "rm" / "reward_config.json",
-        ),
-        Stage(
-            "2/6 reward model on all held-out comparisons",
-            "rm_heldout",
-            [*_inference_args(out, out / "sft", args.seed), "--ref-scores", "--num-samples", "0"]
-            + ["--output", str(out / "results" / "rm_heldout.jsonl")],
-            out / "results" / "rm_heldout.jsonl.summary.json",
-        ),
-    ]
+    return Stage(
+        "1/6 SFT",
+        "sft",
+        ["-m", "marlhf.stages.sft", *task.sft, *common, "--seed", str(args.seed)]
+        + ["--output_dir", str(out / "sft")],
+        out / "sft" / "model.safetensors",
+    )
+
+
+def rm_stage(task: DemoTask, args: argparse.Namespace, out: Path) -> Stage:
+    common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
+    return Stage(
+        "2/6 reward model",
+        "rm",
+        ["-m", "marlhf.stages.reward", *rm_flags(task, policy_pairs_file(out))]
+        + [*common, "--seed", str(args.seed), "--output_dir", str(out / "rm")],
+        out / "rm" / "reward_config.json",
+    )
+
+
+def ppo_stages(task: DemoTask, args: argparse.Namespace, out: Path) -> list[Stage]:
+    """PPO (fixed n=1) and MA-PPO (fixed n = ``--ngram``) from the SFT model, critic from the RM."""
+    common = ["--data_output_path", str(out / "data_cache"), "--disable_progress_bar"]
+    seed = ["--seed", str(args.seed if args.ppo_seed is None else args.ppo_seed)]
+    seed += ["--data_seed", str(args.seed)]
+    stages = []
     for i, (name, n) in enumerate({"ppo": 1, "mappo": args.ngram}.items()):
         stages.append(
             Stage(
                 f"{3 + i}/6 {'PPO (n=1)' if n == 1 else f'MA-PPO (n={n})'}",
                 name,
-                ["-m", "marlhf.stages.ppo", *PPO_FLAGS, *common, *ppo_seed]
+                ["-m", "marlhf.stages.ppo", *task.ppo, *common, *seed]
                 + ["--actor_model_name_or_path", str(out / "sft")]
                 + ["--critic_model_name_or_path", str(out / "rm")]
                 + ["--termination_condition", "fixed", "--ngram", str(n)]
@@ -334,7 +372,7 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
                 # enough passes over the 760 prompts for any --ppo_steps (one pass is 47 steps of
                 # 16; the constant learning rate makes the first 47 steps the same either way)
                 + ["--num_train_epochs", str(ppo_epochs(args.ppo_steps))]
-                + (LEARNED_RM_PPO_FLAGS if args.reward_source == "rm" else [])
+                + (task.learned_rm_ppo if args.reward_source == "rm" else [])
                 + ["--output_dir", str(out / name)],
                 out / name / "actor" / "model.safetensors",
             )
@@ -342,25 +380,22 @@ def training_stages(args: argparse.Namespace, out: Path) -> list[Stage]:
     return stages
 
 
-def _inference_args(out: Path, model: Path, seed: int) -> list[str]:
-    return [
-        str(ROOT / "inference" / "inference_with_rewards.py"),
-        "--proj-path", str(out),
-        "--dataset", "synthetic",
-        "--model", str(model),
-        "--reward-model", str(out / "rm"),
-        "--batch-size", "32",
-        "--max-new-tokens", "40",
-        "--max-prompt-len", "160",
-        "--temperature", "0.8",
-        "--seed", str(seed),
-    ]  # fmt: skip
-
-
-def inference_stages(args: argparse.Namespace, out: Path) -> tuple[list[Stage], dict[str, Path]]:
-    """Answers of SFT, PPO and MA-PPO to the held-out prompts, scored by the RM and gold."""
+def inference_stages(
+    task: DemoTask, args: argparse.Namespace, out: Path
+) -> tuple[list[Stage], dict[str, Path]]:
+    """The RM on all held-out comparisons, and the answers of SFT, PPO and MA-PPO to the held-out
+    prompts, scored by the RM and gold."""
+    stages = [
+        Stage(
+            "2/6 reward model on all held-out comparisons",
+            "rm_heldout",
+            [*_scored_args(task, out, out / "sft", args.seed), "--ref-scores"]
+            + ["--num-samples", "0", "--output", str(out / "results" / "rm_heldout.jsonl")],
+            out / "results" / "rm_heldout.jsonl.summary.json",
+        )
+    ]
     models = {"sft": out / "sft", "ppo": out / "ppo" / "actor", "mappo": out / "mappo" / "actor"}
-    stages, results = [], {}
+    results = {}
     for name, path in models.items():
         target = out / "results" / f"{name}.jsonl"
         results[name] = target
@@ -368,12 +403,25 @@ def inference_stages(args: argparse.Namespace, out: Path) -> tuple[list[Stage], 
             Stage(
                 f"5/6 inference ({name})",
                 f"inference_{name}",
-                [*_inference_args(out, path, args.seed), "--num-samples", str(args.eval_prompts)]
-                + ["--output", str(target)],
+                [*_scored_args(task, out, path, args.seed)]
+                + ["--num-samples", str(args.eval_prompts), "--output", str(target)],
                 target.with_suffix(".jsonl.summary.json"),
             )
         )
     return stages, results
+
+
+def pipeline(task: DemoTask, args: argparse.Namespace, out: Path) -> list[list[Stage]]:
+    """The demo's steps in order; the stages of a step need nothing from each other."""
+    labels = labelling_stages(task, out)
+    return [
+        [sft_stage(task, args, out)],
+        labels[:-1],
+        labels[-1:],
+        [rm_stage(task, args, out)],
+        ppo_stages(task, args, out),
+        inference_stages(task, args, out)[0],
+    ]
 
 
 def lock_and_clear(out: Path, fresh: bool) -> None:
@@ -400,24 +448,31 @@ def lock_and_clear(out: Path, fresh: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    task = TASKS[args.task]
     out = Path(args.output_dir).resolve()
+    # two stages at a time where they are independent, given 2 threads or more (half each)
+    lanes = 2 if threads() >= 2 else 1
     lock_and_clear(out, args.fresh)
     t_start = time.time()
-    infer, results = inference_stages(args, out)
-    timings = {
-        s.key: _run(s, out / "logs", args.fresh)
-        for s in with_dtype([*training_stages(args, out), *infer], args.dtype)
-    }
-
+    timings: dict[str, float | None] = {}
+    cpu = 0.0
+    for step in pipeline(task, args, out):
+        timing = run_step(with_dtype(step, args.dtype), out / "logs", args.fresh, lanes)
+        timings.update(timing.wall)
+        cpu += timing.cpu
+    results = inference_stages(task, args, out)[1]
     report = write_report(
         out,
         results,
         {k: out / k for k in ("ppo", "mappo")},
         ngram=args.ngram,
+        task=task.name,
         reward_source=args.reward_source,
         ref_scores=out / "results" / "rm_heldout.jsonl",
         policy_pairs=policy_pairs_file(out),
         timings=timings,
+        cpu_s=cpu,
+        threads=threads(),
     )
     print(f"[demo] 6/6 report: {report}  (total {time.time() - t_start:.0f}s)", flush=True)
     print(report.read_text())

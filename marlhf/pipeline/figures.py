@@ -1,6 +1,7 @@
 """The figures recorded with a shipped long-horizon or arithmetic base (``pretraining.json``): answers
 of the model to held-out prompts of its tasks, and their gold score, length and verdict accuracy (or
-answer accuracy and step lines right), greedy and sampled.
+answer accuracy and step lines right), greedy and sampled; and those of the multi-turn trail task's
+base (games played on its environments).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from marlhf.data import trail
 from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
 from marlhf.data.long_tasks import gold as gold_of
 from marlhf.data.reasoning_tasks import N_TRAIN as ARITH_N_TRAIN
@@ -16,7 +18,10 @@ from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
 from marlhf.data.reasoning_tasks import arith_gold, final_answer, line_accuracy
 from marlhf.data.reasoning_tasks import generate as arith_generate
 from marlhf.data.synthetic import prompt_of
-from marlhf.models.zoo import ARITH_NEW_TOKENS, HORIZON_NEW_TOKENS
+from marlhf.envs.config import EnvConfig
+from marlhf.envs.loading import load_env
+from marlhf.envs.runner import run_episodes
+from marlhf.models.zoo import ARITH_NEW_TOKENS, HORIZON_NEW_TOKENS, TRAIL_NEW_TOKENS
 
 
 def generate_answers(
@@ -108,4 +113,74 @@ def arith_figures(model_dir: str | Path, prompts: int = 64) -> dict:
                 "tokens_min": min(lengths),
                 "tokens_max": max(lengths),
             }
+    return figures
+
+
+def chat_act(model, tok, temperature: float, max_new_tokens: int, end_of_turn: int | None = None):
+    """A policy for :func:`marlhf.envs.runner.run_episodes` from a causal LM with a chat template:
+    each turn re-renders the conversations with the generation prompt (left-padded batch) and
+    samples (temperature 0: greedy) up to ``max_new_tokens`` or the end-of-turn token (default
+    eos); the action is the text before it."""
+    eot = tok.eos_token_id if end_of_turn is None else end_of_turn
+    kwargs = {"do_sample": False}
+    if temperature > 0:
+        kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0}
+
+    def act(rows: list[int], conversations: list[list[dict]]) -> list[str]:
+        texts = [
+            tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+            for c in conversations
+        ]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=eot,
+                **kwargs,
+            )
+        actions = []
+        for row in out[:, enc["input_ids"].shape[1] :].tolist():
+            n = row.index(eot) if eot in row else len(row)
+            actions.append(tok.decode(row[:n], skip_special_tokens=True))
+        return actions
+
+    return act
+
+
+def trail_scores(model, tok, turns: int, prompts: int, temperature: float, seed: int = 0) -> dict:
+    """Gold (the share of games won), the share of first calls to the key person and the mean turns
+    of a model on the first ``prompts`` held-out (``valid``) games of the trail task at ``turns``
+    turns (temperature 0: greedy; torch seed ``seed``; environments in this process)."""
+    rows = trail.rows(turns, prompts, seed=0, split="valid")
+    worlds = [trail.World.from_info(r["extra_info"]) for r in rows]
+    factory = load_env(f"marlhf-trail-{turns}")
+    cfg = EnvConfig(env=factory.spec, max_turns=turns, env_timeout_s=0)
+    torch.manual_seed(seed)
+    episodes = run_episodes(factory, rows, chat_act(model, tok, temperature, TRAIL_NEW_TOKENS), cfg)
+    pairs = list(zip(worlds, episodes, strict=True))
+    return {
+        "gold": round(sum(trail.gold(w, e.messages) for w, e in pairs) / len(pairs), 3),
+        "first_call_key": round(
+            sum(trail.first_call(e.messages) == w.key for w, e in pairs) / len(pairs), 3
+        ),
+        "turns_mean": round(sum(len(e.turns) for _, e in pairs) / len(pairs), 2),
+    }
+
+
+def trail_figures(model_dir: str | Path, prompts: int = 32) -> dict:
+    """:func:`trail_scores` of a model on the first ``prompts`` held-out games at 2, 4 and 8 turns,
+    greedy and sampled at temperature 1 (seed 0)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    figures: dict = {"prompts_per_task": prompts}
+    for turns in trail.TURNS:
+        for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
+            figures[f"marlhf-trail-{turns}/{mode}"] = trail_scores(
+                model, tok, turns, prompts, temperature
+            )
     return figures

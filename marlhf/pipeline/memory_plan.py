@@ -32,7 +32,10 @@ heads × head dim × the dtype's bytes (what the static decoder allocates); a Ze
 full 16-bit weights for generation (``--enable_zero3_generation_gather``). Training activations are
 a rough figure (Korthikanti et al. 2022, 34 bytes × hidden per token and layer in 16-bit, attention
 scores not stored by SDPA kernels; with activation checkpointing one layer's plus each layer's
-input), plus the response positions' logits: the real peak depends on kernels and fragmentation.
+input), plus the response positions' logits, for the largest training micro-batch
+(:func:`train_micro_batch`: ``--per_device_training_batch_size`` rows of prompt + answer positions,
+or at most ``--max_tokens_per_micro_batch`` positions, packed or padded): the real peak depends on
+kernels and fragmentation.
 
 Shapes: ``P`` from the config on PyTorch's meta device (no memory), so any architecture transformers
 builds is counted exactly, tied embeddings once.
@@ -207,6 +210,8 @@ class Plan:
     extras: dict[str, float] = field(
         default_factory=dict
     )  # kv cache, gathered weights, activations
+    train_tokens: int = 0  # positions of the largest training micro-batch
+    packed: bool = False  # its rows packed (--packing)
 
     @property
     def model_states(self) -> float:
@@ -283,14 +288,38 @@ def ppo_plan(
         )
     if actor_z == 3 and g.enable_zero3_generation_gather:
         plan.extras["zero3_gather"] = _BYTES[dtype] * actor.params * (1 - 1 / num_gpus)
-    micro = ppo.per_device_training_batch_size
-    act = activation_bytes(actor, micro, positions, g.max_answer_seq_len, dtype,
+    tokens, answers = train_micro_batch(
+        ppo.per_device_training_batch_size, positions, g.max_answer_seq_len,
+        cfg.perf.batching.max_tokens_per_micro_batch,
+    )  # fmt: skip
+    plan.train_tokens, plan.packed = tokens, cfg.perf.batching.packing
+    act = activation_bytes(actor, 1, tokens, answers, dtype,
                            actor_m.gradient_checkpointing, lm_head=True)  # fmt: skip
     if "critic" in shapes:  # the critic's graph is held with the actor's (first minibatch reuse)
-        act += activation_bytes(shapes["critic"], micro, positions, 0, dtype,
+        act += activation_bytes(shapes["critic"], 1, tokens, 0, dtype,
                                 critic_m.gradient_checkpointing, lm_head=False)  # fmt: skip
     plan.extras["activations"] = act
     return plan
+
+
+def train_micro_batch(rows: int, positions: int, answer: int, max_tokens: int) -> tuple[int, int]:
+    """The positions and the response positions (LM-head logits) of the largest training
+    micro-batch: ``rows`` rows of at most ``positions`` tokens (``answer`` of them response
+    tokens), or with a token budget ``max_tokens`` (``--max_tokens_per_micro_batch``) at most
+    the budget, or one row where a row is longer. Packed or padded, the bound is the same (rows
+    of the longest length fill either alike); packing lowers what typical rows take.
+
+    >>> train_micro_batch(8, 1024, 512, 0), train_micro_batch(8, 1024, 512, 4096)
+    ((8192, 4096), (4096, 4096))
+    >>> train_micro_batch(8, 1024, 512, 100)  # one row: longer than the budget
+    (1024, 512)
+    """
+    if not max_tokens:
+        return rows * positions, rows * answer
+    # a micro-batch is rows within the budget, or one row longer than it
+    return min(rows * positions, max(max_tokens, positions)), min(
+        rows * answer, max(max_tokens, answer)
+    )
 
 
 def _vllm_share(plan: Plan, vcfg, actor: ModelShape, tokens: int, dtype: str) -> None:
@@ -310,7 +339,7 @@ def _vllm_share(plan: Plan, vcfg, actor: ModelShape, tokens: int, dtype: str) ->
 def _model_paths(cfg) -> dict[str, str]:
     """role -> model of a PPO stage config, with the stage's defaults (:func:`ppo_model_roles`);
     the critic only when the estimator builds one."""
-    roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+    roles = ppo_model_roles(cfg.models, cfg.reward_source)
     paths = {
         "actor": roles["--actor_model_name_or_path"],
         "reference": roles["--reference_model_name_or_path"],
@@ -359,6 +388,11 @@ def format_plan(plan: Plan) -> str:
                      ("activations", "training activations (rough)")):  # fmt: skip
         if k in plan.extras:
             lines.append(f"{label:<46}{_gb(plan.extras[k])}")
+    if plan.train_tokens:
+        layout = "packed rows" if plan.packed else "padded rows"
+        lines.append(
+            f"{'training micro-batch, positions (' + layout + ')':<46}{plan.train_tokens:8d}"
+        )
     lines.append(f"{'peak while generating':<46}{_gb(plan.generation_peak)}")
     lines.append(f"{'peak while training':<46}{_gb(plan.train_peak)}")
     if plan.gpu_memory_gb is not None:

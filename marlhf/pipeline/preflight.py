@@ -49,6 +49,7 @@ from typing import Any
 import marlhf.cli
 from marlhf.cli import parse_config
 from marlhf.data.adapters import ADAPTERS, ALIASES, get_adapter
+from marlhf.data.gym import gym_problem, is_gym_spec
 from marlhf.data.sources import columns_problem
 from marlhf.inference.config import InferenceArgs
 from marlhf.inference.models import model_problems
@@ -63,9 +64,10 @@ from marlhf.models.checks import (
 from marlhf.models.context import context_problem
 from marlhf.models.sources import looks_local, model_source_problem, reward_dir_problem
 from marlhf.pipeline.memory_plan import GiB, format_plan, ppo_plan, split_plan_flags
+from marlhf.rewards.registry import reads_reward_model
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 # --- data -----------------------------------------------------------------------------------------
 _DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".txt", ".arrow", ".gz")
@@ -85,6 +87,8 @@ def data_problem(
 
 def _data_problem(spec: str, data_columns: Sequence[str]) -> str | None:
     mapping = {theirs: ours for ours, theirs in (m.split("=", 1) for m in data_columns)}
+    if is_gym_spec(spec) and not os.path.exists(spec):
+        return gym_problem(spec)
     if os.path.exists(spec):
         return columns_problem(spec, mapping)
     if ":" in spec:
@@ -135,7 +139,7 @@ def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], lis
         if ref:
             out.append(("--reference_model_name_or_path", ref, "causal"))
         return out, problems
-    mc, source = cfg.models, cfg.ppo.reward_source
+    mc, source = cfg.models, cfg.reward_source
     critic = mc.critic.model.model_name_or_path
     out.append(("--actor_model_name_or_path", mc.actor.model.model_name_or_path, "causal"))
     if mc.reference_model_name_or_path:
@@ -150,7 +154,7 @@ def _model_checks(stage: str, cfg: Any) -> tuple[list[tuple[str, str, str]], lis
         problem = critic_problem(mc, source)
         if problem:
             problems.append(problem)
-    if source in ("rm", "rm+code"):
+    if reads_reward_model(source):
         if mc.reward_model_name_or_path:
             out.append(("--reward_model_name_or_path", mc.reward_model_name_or_path, "reward"))
         elif not critic:
@@ -208,7 +212,7 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         if p:
             problems.append(p)
     if stage == "ppo" and not problems and not cfg.models.allow_settings_mismatch:
-        roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+        roles = ppo_model_roles(cfg.models, cfg.reward_source)
         problems += [
             f"{p}: pass the same setting, or --allow_settings_mismatch"
             for p in settings_mismatches(roles, vars(cfg.data))
@@ -217,7 +221,7 @@ def preflight(stage: str, cfg: Any, *, probe_network: bool = True) -> list[str]:
         trust = cfg.models.shared.trust_remote_code
         try:
             check_same_tokenizer(
-                ppo_model_roles(cfg.models, cfg.ppo.reward_source), trust_remote_code=trust
+                ppo_model_roles(cfg.models, cfg.reward_source), trust_remote_code=trust
             )
         except (ValueError, OSError) as e:
             problems.append(str(e))
@@ -237,7 +241,7 @@ def _context_problem(stage: str, cfg: Any) -> str | None:
         "--max_prompt_seq_len": g.max_prompt_seq_len,
         "--max_answer_seq_len": g.max_answer_seq_len,
     }
-    return context_problem(ppo_model_roles(cfg.models, cfg.ppo.reward_source), lengths)
+    return context_problem(ppo_model_roles(cfg.models, cfg.reward_source), lengths)
 
 
 def print_plan(cfg: Any, opts: dict) -> list[str]:

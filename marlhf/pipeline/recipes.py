@@ -7,6 +7,7 @@ stages as a user would::
     python -m marlhf.tiny --pretrain OUT_DIR --horizon 64     # tiny-base-64
     python -m marlhf.tiny --pretrain OUT_DIR --arith          # tiny-base-arith
     python -m marlhf.tiny --rm_base OUT_DIR                   # ~47 min on 1 thread of 2 loaded cores
+    python -m marlhf.tiny --pretrain OUT_DIR --trail          # tiny-base-trail (multi-turn task)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from marlhf.cli import Parser
+from marlhf.data import trail
 from marlhf.data.long_tasks import pretraining_rows as long_rows
 from marlhf.data.reasoning_tasks import PRETRAIN_SLIP
 from marlhf.data.reasoning_tasks import pretraining_rows as arith_rows
@@ -35,12 +37,14 @@ from marlhf.models.zoo import (
     HORIZON_BASE_DIRS,
     HORIZON_NEW_TOKENS,
     TINY_VERSION,
+    TRAIL_BASE_FILES,
+    TRAIL_NEW_TOKENS,
     build_tiny,
     bundled_corpus_path,
     ensure_horizon_base,
     ensure_tiny_base,
 )
-from marlhf.pipeline.figures import arith_figures, horizon_figures
+from marlhf.pipeline.figures import arith_figures, horizon_figures, trail_figures
 from marlhf.pipeline.preference_pretraining import PMPPhase, pretrain
 from marlhf.runtime.tracking import read_metrics
 
@@ -455,6 +459,120 @@ def pretrain_rm_base(
     return out
 
 
+# --- tiny-base-trail: the base of the multi-turn trail task ---------------------------------------
+# tiny-base pretrained further on played games of the trail task (marlhf.data.trail), 2, 4 and 8
+# turns in turn, rendered with the task's chat template (which the base's tokenizer carries); the
+# SFT stage's loss covers every token after the first prompt, the environment's lines too (an LM
+# base; RL trains only the actions).
+TRAIL_ROWS = 18000
+TRAIL_FLAGS = lm_flags(160, 32, "2e-3", 1)
+
+
+def _trail_start(work: Path) -> Path:
+    """A copy of tiny-base whose tokenizer carries the trail task's chat template and whose
+    generation config stops a turn after ``TRAIL_NEW_TOKENS``."""
+    from transformers import AutoTokenizer
+
+    start = work / "start"
+    start.mkdir(parents=True, exist_ok=True)
+    for name in (*BASE_FILES, "tokenizer_config.json"):
+        shutil.copy2(Path(ensure_tiny_base()) / name, start / name)
+    tok = AutoTokenizer.from_pretrained(start)
+    tok.chat_template = trail.CHAT_TEMPLATE
+    tok.save_pretrained(start)
+    cfg = json.loads((start / "generation_config.json").read_text())
+    cfg["max_new_tokens"] = TRAIL_NEW_TOKENS
+    (start / "generation_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return start
+
+
+def trail_corpus(tokenizer, n: int, seed: int = 0) -> list[dict]:
+    """``n`` games of ``trail.pretraining_conversations`` as SFT rows ``{"id", "prompt",
+    "chosen"}``: the prompt is the first message rendered with the generation prompt (without the
+    BOS, which the stage adds), ``chosen`` the rest of the conversation up to its last action (the
+    stage appends the end-of-turn token)."""
+    bos, eos = tokenizer.bos_token, tokenizer.eos_token
+    out = []
+    for i, messages in enumerate(trail.pretraining_conversations(n, seed)):
+        prompt = tokenizer.apply_chat_template(
+            messages[:1], tokenize=False, add_generation_prompt=True
+        )
+        whole = tokenizer.apply_chat_template(messages, tokenize=False)
+        end = eos + "\n"
+        if not (prompt.startswith(bos) and whole.startswith(prompt) and whole.endswith(end)):
+            raise ValueError(f"the trail template renders game {i} unexpectedly: {whole!r}")
+        out.append(
+            {"id": i, "prompt": prompt[len(bos) :], "chosen": whole[len(prompt) : -len(end)]}
+        )
+    return out
+
+
+def pretrain_trail_base(
+    out_dir: str | Path,
+    rows: int | None = None,
+    extra_flags: Iterable[str] = (),
+    workdir: str | Path | None = None,
+) -> Path:
+    """Make ``tiny-base-trail`` in ``out_dir``: the SFT stage with ``TRAIL_FLAGS`` (and
+    ``extra_flags``, later flags win) from :func:`_trail_start` on ``rows`` (default
+    ``TRAIL_ROWS``) games of :func:`trail_corpus`; weights stored in bf16, with
+    ``pretraining.json`` (recipe, wall time, :func:`trail_figures`)."""
+    from transformers import AutoTokenizer
+
+    rows = TRAIL_ROWS if rows is None else rows
+    tmp = tempfile.mkdtemp(prefix="tiny-base-trail-") if workdir is None else None
+    work = Path(workdir if workdir is not None else tmp)
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        start = _trail_start(work)
+        corpus = f"marlhf.data.trail.pretraining_conversations({rows}, seed=0)"
+        data = _write_jsonl(
+            work / "trail.jsonl", trail_corpus(AutoTokenizer.from_pretrained(start), rows)
+        )
+        flags = [*TRAIL_FLAGS, *extra_flags]
+        wall = _run_stage(
+            "marlhf.stages.sft",
+            ["--model_name_or_path", str(start), "--data_path", str(data)]
+            + ["--data_output_path", str(work / "cache"), "--output_dir", str(work / "run")]
+            + flags,
+            work / "run",
+            f"{corpus} v{trail.TRAIL_VERSION}",
+        )
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in TRAIL_BASE_FILES:
+            shutil.copy2(work / "run" / name, out / name)
+        evals = [r for r in read_metrics(work / "run" / "metrics.jsonl") if "eval/ppl" in r]
+        record = {
+            "recipe": "python -m marlhf.tiny --pretrain OUT_DIR --trail",
+            "corpus": corpus,
+            "task_version": trail.TRAIL_VERSION,
+            "base": f"tiny-base with the trail task's chat template, max_new_tokens {TRAIL_NEW_TOKENS}",
+            "sft_flags": flags,
+            "final_eval_ppl": evals[-1]["eval/ppl"] if evals else None,
+            "steps": evals[-1]["step"] if evals else None,
+            **_store_bf16(out),
+            "sft_wall_s": round(wall, 1),
+            "figures": trail_figures(out),
+        }
+        (out / "pretraining.json").write_text(json.dumps(record, indent=2) + "\n")
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _store_bf16(out: Path) -> dict:
+    """The weights of the model in ``out`` stored in bf16 (they load as fp32: the config says so)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = out / "model.safetensors"
+    state = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(weights).items()}
+    save_file(state, weights, metadata={"format": "pt"})
+    weights.chmod(0o644)
+    return {"stored": "bf16 weights, loaded as fp32"}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = Parser(
         prog="python -m marlhf.tiny",
@@ -482,6 +600,11 @@ def main(argv: list[str] | None = None) -> None:
         help="pretrain tiny-base-arith (multi-step arithmetic tasks) from tiny-base instead",
     )
     ap.add_argument(
+        "--trail",
+        action="store_true",
+        help="pretrain tiny-base-trail (the multi-turn trail task) from tiny-base instead",
+    )
+    ap.add_argument(
         "--figures",
         action="store_true",
         help="re-measure the figures of the tiny-base-HORIZON (or tiny-base-arith with --arith) "
@@ -495,9 +618,28 @@ def main(argv: list[str] | None = None) -> None:
     args, extra = ap.parse_known_args(argv)
     if args.horizon is not None and args.arith:
         ap.error("--horizon and --arith make different bases: pass one")
+    if args.trail:
+        if (
+            args.horizon is not None
+            or args.arith
+            or args.rm_base
+            or not (args.pretrain or args.figures)
+        ):
+            ap.error(
+                "--trail takes --pretrain or --figures, OUT_DIR (and --rows, --workdir, stage flags)"
+            )
+        if args.figures:
+            record_path = Path(args.out_dir) / "pretraining.json"
+            record = json.loads(record_path.read_text())
+            record["figures"] = trail_figures(args.out_dir)
+            record_path.write_text(json.dumps(record, indent=2) + "\n")
+            print(json.dumps(record["figures"], indent=2))
+            return
+        print(pretrain_trail_base(args.out_dir, args.rows, extra, args.workdir))
+        return
     if args.figures:
         if (args.horizon is None and not args.arith) or args.pretrain or args.rm_base or extra:
-            ap.error("--figures takes OUT_DIR and --horizon or --arith only")
+            ap.error("--figures takes OUT_DIR and --horizon, --arith or --trail only")
         record_path = Path(args.out_dir) / "pretraining.json"
         record = json.loads(record_path.read_text())
         if args.arith:

@@ -37,6 +37,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from marlhf.data.long_tasks import TASKS as LONG_TASKS
+from marlhf.data.long_tasks import answer_verdict, correct_verdict
 from marlhf.data.synthetic import gold_score, prompt_of
 from marlhf.judge.outcomes import bootstrap_ci, win_rate
 from marlhf.models.zoo import bundled_corpus_path
@@ -184,9 +186,28 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def policy_stats(rows: dict[str, list[dict]], base: str = "sft") -> dict[str, dict]:
+def is_verdict_task(task: str) -> bool:
+    """Whether ``task`` is one of the ``synthetic-verdict-*`` tasks (an answer opens with a verdict)."""
+    return task in LONG_TASKS and LONG_TASKS[task].family == "verdict"
+
+
+def right_verdict_share(rows: Sequence[dict]) -> float:
+    """Share of answers whose first fact blames the side of the post with more facts (the
+    verdict task's opening decision, :func:`marlhf.data.long_tasks.correct_verdict`)."""
+    if not rows:
+        return float("nan")
+    return statistics.fmean(
+        float(answer_verdict(str(r.get("response", ""))) == correct_verdict(r["prompt"]))
+        for r in rows
+    )
+
+
+def policy_stats(
+    rows: dict[str, list[dict]], base: str = "sft", task: str = "synthetic-tldr"
+) -> dict[str, dict]:
     """Per policy: n, RM score and gold (mean, sd), gold 95 % CI, paired gold gain over ``base``
-    with its 95 % CI, off-format opener share, response tokens and EOS rate (module docstring)."""
+    with its 95 % CI, off-format opener share (TL;DR) or right-verdict share (verdict tasks),
+    response tokens and EOS rate (module docstring)."""
     out: dict[str, dict] = {}
     for name, rs in rows.items():
         golds = [float(r["gold"]) for r in rs if r.get("gold") is not None]
@@ -201,16 +222,20 @@ def policy_stats(rows: dict[str, list[dict]], base: str = "sft") -> dict[str, di
             if rs
             else float("nan"),
         }
+        if is_verdict_task(task):
+            st["right_verdict"] = right_verdict_share(rs)
         if name != base and base in rows:
             st["gain"] = paired_gain(rs, rows[base], "gold")
         out[name] = st
     return out
 
 
-def _policy_table(stats: dict[str, dict]) -> list[str]:
+def _policy_table(stats: dict[str, dict], task: str = "synthetic-tldr") -> list[str]:
+    verdict = is_verdict_task(task)
+    share = "right verdicts" if verdict else f"openers ≠ “{TASK_OPENER}”"
     lines = [
         "| policy | n | RM score (mean ± sd) | gold (mean ± sd) | gold 95 % CI | Δ gold vs SFT "
-        f"[95 % CI] | openers ≠ “{TASK_OPENER}” | response tokens | EOS rate |",
+        f"[95 % CI] | {share} | response tokens | EOS rate |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, st in stats.items():
@@ -220,13 +245,18 @@ def _policy_table(stats: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {name} | {st['n']} | {_fmt(rm[0])} ± {_fmt(rm[1])} | {_fmt(gold[0])} ± "
             f"{_fmt(gold[1])} | [{_fmt(ci[0])}, {_fmt(ci[1])}] | {gain_text} | "
-            f"{st['off_opener']:.0%} | {st['tokens']:.1f} | {st['eos']:.2f} |"
+            f"{st['right_verdict' if verdict else 'off_opener']:.0%} | {st['tokens']:.1f} | "
+            f"{st['eos']:.2f} |"
         )
     return lines
 
 
 def _rm_section(
-    out: Path, rows: dict[str, list[dict]], ref_scores: Path | None, policy_pairs: Path | None
+    out: Path,
+    rows: dict[str, list[dict]],
+    ref_scores: Path | None,
+    policy_pairs: Path | None,
+    task: str = "synthetic-tldr",
 ) -> tuple[list, dict]:
     """Lines on the reward model's quality and the figures behind them."""
     quality: dict = {}
@@ -248,7 +278,7 @@ def _rm_section(
         )
     else:
         acc = _rm_accuracy(out / "rm" / "reward_config.json")
-        if acc is not None:
+        if acc is not None and task == "synthetic-tldr":
             lines.append(
                 f"- held-out pairwise accuracy (the RM stage's eval split): {acc:.3f} (the noisy "
                 f"labels agree with the gold order on {_label_ceiling():.3f} of the held-out pairs);"
@@ -262,7 +292,8 @@ def _rm_section(
         with open(policy_pairs, encoding="utf-8") as f:
             quality["policy_pairs"] = sum(1 for line in f if line.strip())
         lines.append(
-            f"- trained on the bundled comparisons and {quality['policy_pairs']} labelled "
+            f"- trained on the {'bundled' if task == 'synthetic-tldr' else 'task' + chr(39) + 's'} "
+            f"comparisons and {quality['policy_pairs']} labelled "
             "comparisons of the SFT model's own answers to train prompts "
             f"(`{os.path.relpath(policy_pairs, out)}`; the RM stage's data split takes its share "
             "of them)."
@@ -270,20 +301,45 @@ def _rm_section(
     return (lines if len(lines) > 3 else []), quality
 
 
-def _pairwise_section(rows: dict[str, list[dict]], ngram: int) -> list[str]:
+def mappo_vs_ppo(rows: dict[str, list[dict]]) -> dict:
+    """MA-PPO against PPO on the same prompts: the paired gold difference ``(mean, low, high, n)``
+    and, judged by the RM and by gold, the win rate of MA-PPO with its 95 % bootstrap interval and
+    its wins / ties / losses (empty when either is missing)."""
     if "mappo" not in rows or "ppo" not in rows:
+        return {}
+    out: dict = {"gold_gain": paired_gain(rows["mappo"], rows["ppo"], "gold")}
+    for key in ("reward", "gold"):
+        outcomes = rm_judged(rows["mappo"], rows["ppo"], key)
+        if outcomes:
+            ci = bootstrap_ci(outcomes, seed=0)
+            out[f"{key}_win_rate"] = {
+                "rate": win_rate(outcomes),
+                "ci": list(ci) if ci else None,
+                "wins_ties_losses": [outcomes.count(x) for x in ("a", "tie", "b")],
+            }
+    return out
+
+
+def _pairwise_section(pairwise: dict, ngram: int) -> list[str]:
+    if not pairwise:
         return []
     lines = ["", f"## MA-PPO (n={ngram}) vs PPO, pairwise on the same prompts", ""]
+    gain = pairwise["gold_gain"]
+    if gain[3]:
+        lines.append(
+            f"- Δ gold, MA-PPO − PPO (paired by prompt, 95 % bootstrap CI): {gain[0]:+.3f} "
+            f"[{gain[1]:+.3f}, {gain[2]:+.3f}] over {gain[3]} prompts"
+        )
     for key, label in (("reward", "RM-judged"), ("gold", "gold-judged")):
-        outcomes = rm_judged(rows["mappo"], rows["ppo"], key)
-        if not outcomes:
+        if f"{key}_win_rate" not in pairwise:
             continue
-        wr = win_rate(outcomes)
-        ci = bootstrap_ci(outcomes, seed=0)
-        w, t, l_ = (outcomes.count(x) for x in ("a", "tie", "b"))
+        wr = pairwise[f"{key}_win_rate"]
+        ci = wr["ci"]
+        w, t, l_ = wr["wins_ties_losses"]
         ci_text = f" (95% bootstrap CI {ci[0]:.2f}–{ci[1]:.2f})" if ci else ""
         lines.append(
-            f"- {label} win rate of MA-PPO: {wr:.2f}{ci_text}; wins {w} / ties {t} / losses {l_}"
+            f"- {label} win rate of MA-PPO: {wr['rate']:.2f}{ci_text}; wins {w} / ties {t} / "
+            f"losses {l_}"
         )
     return lines
 
@@ -316,7 +372,9 @@ def _training_table(run_dirs: dict[str, Path]) -> list[str]:
     return [*lines, "", "(final = mean of the last 5 logged steps.)"]
 
 
-def _timings_section(timings: dict[str, float | None] | None) -> list[str]:
+def _timings_section(
+    timings: dict[str, float | None] | None, cpu_s: float | None = None, threads: int | None = None
+) -> list[str]:
     if not timings:
         return []
     done = {k: v for k, v in timings.items() if v is not None}
@@ -325,7 +383,11 @@ def _timings_section(timings: dict[str, float | None] | None) -> list[str]:
     text = "; ".join(parts) if parts else "none"
     if skipped:
         text += f" (skipped, already done: {', '.join(skipped)})"
-    return ["", f"Stage wall times of this invocation: {text}."]
+    extra = ""
+    if cpu_s is not None:
+        extra += f" CPU time of these stages: {cpu_s:.0f} s"
+        extra += f" ({threads} thread{'s' if threads > 1 else ''})." if threads else "."
+    return ["", f"Stage wall times of this invocation: {text}.{extra}"]
 
 
 def write_report(
@@ -337,17 +399,34 @@ def write_report(
     ref_scores: Path | None = None,
     timings: dict[str, float | None] | None = None,
     policy_pairs: Path | None = None,
+    task: str = "synthetic-tldr",
+    cpu_s: float | None = None,
+    threads: int | None = None,
 ) -> Path:
     """Write ``out/report.md`` (and the figures as ``out/report.json``); returns the report's path."""
     rows = {name: _rows(p) for name, p in results.items() if p.exists()}
-    stats = policy_stats(rows)
-    rm_lines, quality = _rm_section(out, rows, ref_scores, policy_pairs)
+    stats = policy_stats(rows, task=task)
+    pairwise = mappo_vs_ppo(rows)
+    rm_lines, quality = _rm_section(out, rows, ref_scores, policy_pairs, task)
+    if is_verdict_task(task):
+        about = [
+            f"Tiny Gemma-architecture models on the synthetic task `{task}` (CPU): the answer's",
+            "first fact gives a verdict (it must blame the side of the post with more facts), then",
+            "lists that side's facts; the score is paid at the end of the answer. *RM score*: the",
+            "trained reward model's end score; *gold*: the task's true quality of the answer",
+            "(`marlhf.data.long_tasks.verdict_gold`, which the policies never see); *right",
+            "verdicts*: answers whose opening blames the right side. Intervals: percentile",
+        ]
+    else:
+        about = [
+            "Tiny Gemma-architecture models on the bundled synthetic TL;DR task (CPU). *RM score*: the",
+            "trained reward model's end score; *gold*: the synthetic task's true quality of the summary",
+            "(`marlhf.data.synthetic.gold_score`, which the policies never see). Intervals: percentile",
+        ]
     lines = [
         "# ma-rlhf embedded pipeline: comparison report",
         "",
-        "Tiny Gemma-architecture models on the bundled synthetic TL;DR task (CPU). *RM score*: the",
-        "trained reward model's end score; *gold*: the synthetic task's true quality of the summary",
-        "(`marlhf.data.synthetic.gold_score`, which the policies never see). Intervals: percentile",
+        *about,
         "bootstrap over the held-out prompts; Δ gold is paired by prompt (`marlhf.pipeline.report`).",
         "PPO's reward: "
         + (
@@ -357,17 +436,25 @@ def write_report(
             "diagnostics."
         ),
         "",
-        *_policy_table(stats),
+        *_policy_table(stats, task),
         *rm_lines,
-        *_pairwise_section(rows, ngram),
+        *_pairwise_section(pairwise, ngram),
         *_training_table(run_dirs),
-        *_timings_section(timings),
+        *_timings_section(timings, cpu_s, threads),
     ]
     png = plot_curves(run_dirs, out / "training_curves.png")
     if png is not None:
         lines += ["", f"![training curves]({png.name})", ""]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
-    figures = {"policies": stats, "reward_model": quality, "timings": timings or {}}
+    figures = {
+        "task": task,
+        "policies": stats,
+        "mappo_vs_ppo": pairwise,
+        "reward_model": quality,
+        "timings": timings or {},
+        "cpu_s": cpu_s,
+        "threads": threads,
+    }
     (out / "report.json").write_text(json.dumps(figures, indent=1) + "\n")
     return report

@@ -29,7 +29,7 @@ from marlhf.runtime.run_settings import HARMLESS
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.ppo.naming import run_label
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 Warn = Callable[[str], None]
 

@@ -42,11 +42,11 @@ import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from marlhf.config import check_own_numbers
+from marlhf.config import check_own_numbers, flag
 from marlhf.rewards.sandbox.run import clean_stale_workdirs, run_python, sandbox_layers
 
 log = logging.getLogger(__name__)
@@ -336,25 +336,17 @@ def code_stats(results: Sequence[CodeResult], rewards: Sequence[float]) -> dict[
 class CodeRewardConfig:
     """Execution-based reward for code generation (APPS)."""
 
-    code_reward_scheme: str = field(
-        default="pass_fraction",
-        metadata={"help": "Reward from test results.", "choices": SCHEMES},
+    code_reward_scheme: str = flag("pass_fraction", "Reward from test results.", choices=SCHEMES)
+    code_workers: int = flag(
+        2, "Programs executed concurrently (one process each).", range="[1, inf)"
     )
-    code_workers: int = field(
-        default=2, metadata={"help": "Programs executed concurrently (one process each)."}
+    code_timeout_s: float = flag(4.0, "Wall-clock limit per test (s).", range="(0, inf)")
+    code_memory_mb: int = flag(512, "Address-space limit per test (MiB).", range="[32, inf)")
+    code_budget_s: float = flag(
+        30.0, "Overall wall-clock budget per program (s).", range="(0, inf)"
     )
-    code_timeout_s: float = field(
-        default=4.0, metadata={"help": "Wall-clock limit per test (s).", "range": "(0, inf)"}
-    )
-    code_memory_mb: int = field(
-        default=512, metadata={"help": "Address-space limit per test (MiB)."}
-    )
-    code_budget_s: float = field(
-        default=30.0,
-        metadata={"help": "Overall wall-clock budget per program (s).", "range": "(0, inf)"},
-    )
-    code_max_tests: int | None = field(
-        default=None, metadata={"help": "Use at most this many tests per problem (default: all)."}
+    code_max_tests: int | None = flag(
+        None, "Use at most this many tests per problem (default: all).", range="[1, inf)"
     )
 
     def __post_init__(self) -> None:
@@ -363,12 +355,6 @@ class CodeRewardConfig:
             raise ValueError(
                 f"--code_reward_scheme must be one of {SCHEMES}, got {self.code_reward_scheme!r}"
             )
-        if self.code_workers < 1:
-            raise ValueError(f"--code_workers must be >= 1, got {self.code_workers}")
-        if self.code_memory_mb < 32:
-            raise ValueError(f"--code_memory_mb must be >= 32, got {self.code_memory_mb}")
-        if self.code_max_tests is not None and self.code_max_tests < 1:
-            raise ValueError(f"--code_max_tests must be >= 1, got {self.code_max_tests}")
 
 
 class CodeRewarder:

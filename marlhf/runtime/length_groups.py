@@ -38,7 +38,10 @@ from marlhf.runtime.grouping import Grouping
 
 
 def length_groups(
-    lengths: torch.Tensor, max_groups: int, call_tokens: float = 0.0
+    lengths: torch.Tensor,
+    max_groups: int,
+    call_tokens: float = 0.0,
+    packed_attention: float | None = None,
 ) -> list[torch.Tensor]:
     """The rows, shortest first, cut into at most ``max_groups`` groups at the least cost.
 
@@ -46,7 +49,12 @@ def length_groups(
     increasing length, their union ``0 … B−1``, whose cost ``Σ_g n_g · max_{b∈g} lengths[b] +
     call_tokens · (number of groups)`` (the padded area, plus each pass's fixed overhead counted in
     positions) is the least over all partitions into at most ``max_groups`` groups; among equal
-    costs the fewest groups are taken (equal lengths stay in one group)."""
+    costs the fewest groups are taken (equal lengths stay in one group).
+
+    ``packed_attention``: the groups are packed (:mod:`marlhf.models.packing`) and a group costs
+    :func:`packed_cost` with that attention weight instead of its padded area; the least cost is
+    then taken over the partitions contiguous in length order. Where none of those groups would
+    put two rows in one bin, packing changes nothing and the padded groups are taken."""
     if max_groups < 1:
         raise ValueError(f"max_groups must be >= 1, got {max_groups}")
     if call_tokens < 0:
@@ -57,9 +65,12 @@ def length_groups(
         return [order.to(lengths.device)]
     s = lengths.cpu()[order].to(torch.float64)  # (B,) sorted
     i = torch.arange(B + 1, dtype=torch.float64)
-    # cost[i, j]: rows i..j-1 (sorted, 0-based) as one group = (j − i) · s[j−1]; inf unless i < j
-    cost = (i[None, :] - i[:, None]) * torch.cat([s.new_zeros(1), s])[None, :]
-    cost = cost.masked_fill(i[:, None] >= i[None, :], float("inf"))
+    if packed_attention is None:
+        # cost[i, j]: rows i..j-1 (sorted, 0-based) as one group = (j − i) · s[j−1]
+        cost = (i[None, :] - i[:, None]) * torch.cat([s.new_zeros(1), s])[None, :]
+    else:
+        cost, shared = packed_cost(s, packed_attention, with_shared=True)
+    cost = cost.masked_fill(i[:, None] >= i[None, :], float("inf"))  # inf unless i < j
     best = cost[0].clone()  # best[j]: the j shortest rows in one group
     best[0] = 0.0
     cuts = []  # cuts[k][j]: where the last group of the best ≤(k+2)-group split of j rows starts
@@ -69,14 +80,45 @@ def length_groups(
         better = split < best  # strictly: among equal areas keep fewer groups
         cuts.append(torch.where(better, start, -1))
         best = torch.where(better, split, best)
-    groups, j = [], B
+    bounds, j = [], B
     for k in range(len(cuts) - 1, -1, -1):
         i0 = int(cuts[k][j])
         if i0 >= 0:
-            groups.append(order[i0:j])
+            bounds.append((i0, j))
             j = i0
-    groups.append(order[:j])
-    return [g.to(lengths.device) for g in reversed(groups)]
+    bounds.append((0, j))
+    if packed_attention is not None and not any(shared[a, b] for a, b in bounds):
+        return length_groups(lengths, max_groups, call_tokens)
+    return [order[a:b].to(lengths.device) for a, b in reversed(bounds)]
+
+
+def packed_cost(s: torch.Tensor, attention: float, with_shared: bool = False):
+    """The cost of each contiguous run of rows packed into bins of its longest row's width:
+    ``cost[i, j]`` for sorted rows ``i … j−1`` ((B+1, B+1) float64; meaningful where i < j).
+
+    s: (B,) float64 lengths in increasing order. A run of n rows, S tokens, longest C fills
+    ``K = max(⌈S / C⌉, rows longer than C/2)`` bins (a bound first-fit meets closely). Each bin
+    costs its C positions, and its attention ``attention × C`` more per position: a bin of several
+    rows attends under a block mask (every pair of its positions computed), while bins of one row
+    each are the padded rows themselves, attended causally (half the pairs):
+    ``K·C·(1 + attention·C)`` if K < n, else ``n·C·(1 + attention·C/2)``.
+    ``attention``: a model's attention cost per position of context over its other cost per
+    token (:func:`marlhf.models.packing.attention_weight`). ``with_shared``: also whether each run
+    puts two rows in one bin (K < n), (B+1, B+1) bool."""
+    B = s.shape[0]
+    zero = s.new_zeros(1)
+    prefix = torch.cat([zero, s.cumsum(0)])  # (B+1,)
+    C = torch.cat([s[:1], s])[None, :]  # (1, B+1) the longest of rows ..j-1
+    i = torch.arange(B + 1, dtype=torch.float64)[:, None]
+    j = torch.arange(B + 1, dtype=torch.float64)[None, :]
+    n = j - i
+    S = prefix[None, :] - prefix[:, None]
+    # rows longer than C/2 are a suffix of i..j-1: from the first sorted row above C/2
+    first_big = torch.searchsorted(s, C[0] / 2, right=True).to(torch.float64)[None, :]
+    big = (j - torch.maximum(i, first_big)).clamp(min=0)
+    K = torch.maximum(torch.ceil(S / C.clamp(min=1)), big)
+    cost = torch.where(K < n, K * C * (1 + attention * C), n * C * (1 + attention * C / 2))
+    return (cost, K < n) if with_shared else cost
 
 
 def grouped(
@@ -84,6 +126,7 @@ def grouped(
     lengths: torch.Tensor,
     widths: tuple[int, ...] | int,
     grouping: Grouping,
+    packed_attention: float | None = None,
 ):
     """Run ``forward(rows)`` once per :func:`length_groups` group (``grouping``) and reassemble
     its outputs.
@@ -93,10 +136,21 @@ def grouped(
     that output, e.g. A for per-action outputs, T for per-position ones). Returns the same structure
     with (B, W, ...) tensors in the batch's row order, right-padded with 0 beyond each group's width
     (positions past a row's own tokens, which callers mask). With one group it is
-    ``forward(all rows)`` itself."""
-    groups = length_groups(lengths, grouping.max_groups, grouping.call_tokens)
+    ``forward(all rows)`` itself. ``packed_attention``: ``forward`` packs each group's rows
+    (:func:`length_groups`)."""
+    groups = length_groups(lengths, grouping.max_groups, grouping.call_tokens, packed_attention)
     if len(groups) == 1:
         return forward(torch.arange(lengths.shape[0], device=lengths.device))
+    return run_groups(forward, groups, widths)
+
+
+def run_groups(
+    forward: Callable[[torch.Tensor], torch.Tensor | tuple],
+    groups: list[torch.Tensor],
+    widths: tuple[int, ...] | int,
+):
+    """``forward(rows)`` once per group of ``groups`` (their union ``0 … B−1``), its outputs
+    reassembled in the batch's row order as :func:`grouped` describes."""
     outs = [forward(g) for g in groups]
     single = not isinstance(outs[0], tuple)
     parts = [(o,) if single else o for o in outs]

@@ -86,3 +86,20 @@ def derive_row_seeds(seed: int, step: int, rows: torch.Tensor, stream: int = 0) 
     return torch.tensor(
         [_splitmix64(base ^ (r & _MASK64)) >> 32 for r in rows.tolist()], dtype=torch.long
     )
+
+
+def turn_seeds(row_seeds: torch.Tensor, turn: int) -> torch.Tensor:
+    """(B,) long seeds in [0, 2^32) of turn ``turn`` (1, 2, ...) of multi-turn episodes whose rows
+    have the seeds ``row_seeds`` (B,) long (:func:`derive_row_seeds`): a hash of each row's seed
+    and the turn, so a row's episode is the same whatever batch it plays in, and a resumed run
+    replays it.
+
+    >>> s = derive_row_seeds(1234, 0, torch.tensor([0, 5]), stream=2)
+    >>> int(turn_seeds(s, 2)[1]) == int(turn_seeds(s[1:], 2)[0]) != int(turn_seeds(s, 3)[1])
+    True
+    """
+    base = _splitmix64(turn & _MASK64)
+    return torch.tensor(
+        [_splitmix64(_splitmix64(s & _MASK64) ^ base) >> 32 for s in row_seeds.tolist()],
+        dtype=torch.long,
+    )

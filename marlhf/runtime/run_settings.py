@@ -57,6 +57,7 @@ HARMLESS = frozenset(
         "generation_backend", "compile_generation", "enable_zero3_generation_gather",
         "recompute_old_logprobs", "score_all_positions", "length_groups",
         "length_group_call_tokens", "reuse_critic_forward", "per_device_eval_batch_size",
+        "packing", "max_tokens_per_micro_batch",
         # compared through the global sizes they make (DERIVED)
         "per_device_train_batch_size", "per_device_generation_batch_size", "generation_batches",
         "per_device_training_batch_size",

@@ -1,7 +1,8 @@
 """What every stage does around its own loop: process group, seeding, logging, progress, resume.
 
-The supervised stages (SFT, reward model) share their whole loop, :func:`supervised_loop`: they
-differ only in what one optimizer step, an evaluation and a saved model are.
+The supervised stages (SFT, reward model) share their set-up, :func:`setup_supervised`, and their
+whole loop, :func:`supervised_loop`: they differ only in their data, their model, and what one
+optimizer step, an evaluation and a saved model are.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +25,8 @@ from tqdm.auto import tqdm
 from marlhf.cli import config_to_dict, flag_values
 from marlhf.config import LoggingConfig, OptimConfig
 from marlhf.data.cache import BuilderFailed
+from marlhf.models.context import check_context
+from marlhf.models.load import load_tokenizer
 from marlhf.runtime import preemption, startup
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.checkpoint import (
@@ -41,10 +45,12 @@ from marlhf.runtime.distributed import (
     shutdown_distributed,
     world_size,
 )
+from marlhf.runtime.engine import build_train_engine
 from marlhf.runtime.run_lock import lock_output_dir
 from marlhf.runtime.run_settings import SETTINGS_FILE, check_resume_settings, settings_writer
 from marlhf.runtime.run_settings import settings as settings_record
 from marlhf.runtime.tracking import Tracker
+from marlhf.stages.config import SupervisedConfig
 from marlhf.stages.exits import raised_on_purpose, report_and_exit, tear_down_process_group
 
 
@@ -427,3 +433,101 @@ def supervised_loop(
     checkpoint(global_step, out, final=True)  # the final model is the run directory itself
     tracker.close()
     return global_step
+
+
+# --------------------------------------------------------------------------------------------------
+# the supervised stages' set-up (SFT, reward model)
+
+
+@dataclass
+class SupervisedSetup:
+    """A supervised stage's run once set up (:func:`setup_supervised`): what its steps,
+    evaluations and saves share, and :meth:`loop` to train it."""
+
+    cfg: SupervisedConfig  # the stage's config
+    name: str  # the run's name in the log and the trackers ("SFT", "RM (end)")
+    logger: logging.Logger
+    out: Path  # the output directory, locked for this run
+    tokenizer: Any  # pads on the right
+    train_ds: Any
+    eval_ds: Any
+    plan: StepPlan
+    settings: dict  # this run's settings (check_resume), saved with every training state
+    engine: Any  # the trained model's DeepSpeed engine
+    ds_json: dict  # its DeepSpeed config, saved next to every model
+    run_config: dict  # the resolved flags, saved next to every model
+
+    def loop(self, desc: str, **stage: Callable) -> int:
+        """:func:`supervised_loop` over this run (``desc``: the progress bar's label) with the
+        stage's ``train_step``, ``evaluate`` and ``save_model`` (and, if it has state of its own,
+        ``stage_state`` and ``load_stage_state``)."""
+        return supervised_loop(
+            self.engine, self.plan, self.cfg.log, n_train=len(self.train_ds),
+            seed=self.cfg.optim.seed, desc=desc, logger=self.logger, settings=self.settings,
+            run_name=self.name, run_config=self.run_config, **stage,
+        )  # fmt: skip
+
+
+def setup_supervised(
+    cfg: SupervisedConfig,
+    *,
+    name: str,
+    logger: logging.Logger,
+    models: dict[str, str],
+    build_dataset: Callable[[Any, Any, str, int], Any],
+    check_data: Callable[[Any, Any], None] | None = None,
+    split: str,
+    unit: str,
+    build_model: Callable[[], torch.nn.Module],
+) -> SupervisedSetup:
+    """Set up the run of a supervised stage (its config ``cfg``), in the order each such stage
+    takes:
+
+    1. the process group and seeds (:func:`start`), the output directory locked for this run
+       (:func:`ensure_output_dir`);
+    2. the tokenizer (right padding); the ``models`` (flag -> model name, an empty name skipped)
+       checked against ``--max_seq_len`` (:func:`marlhf.models.context.check_context`);
+    3. the train and eval splits, ``build_dataset(cfg.data, tokenizer, split, seed)``, checked by
+       ``check_data(train, eval)`` when given;
+    4. the step plan (:func:`plan_steps`: ``split`` and ``unit`` name the rows in its error) and
+       this run's settings, checked against those of the checkpoint it resumes from before any
+       model loads (:func:`check_resume`);
+    5. the model, ``build_model()``, and its DeepSpeed engine;
+    6. ``run_config.json`` and ``ds_config.json`` in the output directory (:func:`write_run_config`)
+       and, on rank 0, one line: ``name``, the splits' sizes in ``unit``, the steps.
+
+    The start-up phases (:mod:`marlhf.runtime.startup`) ``data``, ``model`` and ``engine`` end
+    after the splits, the model and the engine.
+    """
+    start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
+    out = ensure_output_dir(cfg.log.output_dir)
+    tokenizer = load_tokenizer(cfg.model, padding_side="right")
+    check_context(models, {"--max_seq_len": cfg.data.max_seq_len})
+    train_ds = build_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
+    eval_ds = build_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
+    if check_data is not None:
+        check_data(train_ds, eval_ds)
+    startup.mark("data")
+    plan = plan_steps(len(train_ds), cfg.optim, split, unit)
+    settings = check_resume(cfg, cfg.log, {"global_batch": plan.global_batch})
+    model = build_model()
+    startup.mark("model")
+    engine, ds_json = build_train_engine(
+        model,
+        model_cfg=cfg.model,
+        ds=cfg.ds,
+        optim=cfg.optim,
+        total_steps=plan.total,
+        micro_batch_size=plan.micro,
+    )
+    startup.mark("engine")
+    run_config = write_run_config(out, cfg, ds_json)
+    if is_main():
+        logger.info(
+            "%s: %d train / %d eval %s, %d steps/epoch, %d steps",
+            name, len(train_ds), len(eval_ds), unit, plan.steps_per_epoch, plan.total,
+        )  # fmt: skip
+    return SupervisedSetup(
+        cfg, name, logger, out, tokenizer, train_ds, eval_ds, plan, settings, engine, ds_json,
+        run_config,
+    )  # fmt: skip

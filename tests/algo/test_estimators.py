@@ -152,6 +152,7 @@ def test_registry_names_aliases_and_needs():
         "grpo": (False, True, False, True, False),
         "dr_grpo": (False, True, False, True, False),
         "rloo": (False, True, False, True, False),
+        "mt_grpo": (False, True, False, True, False),
         "reinforce_pp": (False, False, False, True, False),
         "macro_mc": (False, True, True, True, True),
     }
@@ -449,3 +450,103 @@ def test_macro_mc_converges_to_the_true_advantages():
 
 def test_docstring_examples():
     assert doctest.testmod(est).failed == 0
+
+
+# ---------------------------------------------------------------- multi-turn: per-turn rewards
+
+
+def _turn_batch(seed: int = 0, B: int = 8, G: int = 4):
+    """Rows of 1 to 4 turns of 1 to 3 tokens each (compacted actions), per-turn rewards on each
+    turn's last token, groups of G rows not adjacent."""
+    g = torch.Generator().manual_seed(seed)
+    turns = [[int(n) for n in torch.randint(1, 4, (int(k),), generator=g)]
+             for k in torch.randint(1, 5, (B,), generator=g)]  # fmt: skip
+    A = max(sum(t) for t in turns)
+    mask = torch.zeros(B, A, dtype=torch.bool)
+    end = torch.zeros(B, A, dtype=torch.bool)
+    index = torch.zeros(B, A, dtype=torch.long)
+    rewards = torch.zeros(B, A, dtype=torch.float64)
+    for b, lengths in enumerate(turns):
+        t = 0
+        for k, n in enumerate(lengths, start=1):
+            mask[b, t : t + n] = True
+            index[b, t : t + n] = k
+            t += n
+            end[b, t - 1] = True
+            rewards[b, t - 1] = float(torch.randint(0, 3, (), generator=g)) / 2
+    kl = torch.randn(B, A, generator=g, dtype=torch.float64) * 0.1 * mask
+    scores = torch.randn(B, generator=g, dtype=torch.float64)
+    groups = torch.arange(B) % (B // G)
+    return turns, mask, end, index, rewards, kl, scores, groups
+
+
+def _mt_grpo_loop(turns, rewards, end, scores, groups, eps=1e-6):
+    """MT-GRPO by a plain loop: (B, A) advantages without the KL part."""
+    B = len(turns)
+    per_row = []  # each row's rewards per turn, in order
+    for b in range(B):
+        per_row.append([float(rewards[b, t]) for t in range(end.shape[1]) if end[b, t]])
+    outcome = [float(scores[b]) + per_row[b][-1] for b in range(B)]
+
+    def norm(x, pool):
+        m = sum(pool) / len(pool)
+        sd = math.sqrt(sum((p - m) ** 2 for p in pool) / (len(pool) - 1))
+        return (x - m) / (sd + eps)
+
+    out = torch.zeros(end.shape, dtype=torch.float64)
+    for b in range(B):
+        mates = [j for j in range(B) if groups[j] == groups[b]]
+        a_o = norm(outcome[b], [outcome[j] for j in mates])
+        t = 0
+        for k, n in enumerate(turns[b]):
+            a = a_o
+            if k < len(turns[b]) - 1:  # an intermediate turn: its reward against the group's
+                pool = [per_row[j][k] for j in mates if k < len(turns[j]) - 1]
+                a += norm(per_row[b][k], pool) if len(pool) >= 2 else 0.0
+            out[b, t : t + n] = a
+            t += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_mt_grpo_matches_a_loop_over_groups_and_turns(seed, gamma):
+    turns, mask, end, index, rewards, kl, scores, groups = _turn_batch(seed)
+    inputs = EstimatorInputs(kl_rewards=kl, scores=scores, action_mask=mask, group_ids=groups)
+    inputs = est.with_turn_rewards(inputs, "own", rewards, end, index)
+    adv, ret = build_estimator("mt_grpo", EstimatorOptions(gamma=gamma))(inputs)
+    want = _mt_grpo_loop(turns, rewards, end, scores, groups)
+    for b in range(len(turns)):  # plus the discounted return-to-go of the KL rewards
+        n, future = int(mask[b].sum()), 0.0
+        for t in reversed(range(n)):
+            future = float(kl[b, t]) + gamma * future
+            want[b, t] += future
+    assert ret is None
+    assert torch.allclose(adv, want, atol=1e-9)
+    assert (adv[~mask] == 0).all()
+
+
+def test_turn_rewards_join_the_tokens_or_the_outcome_as_each_estimator_says():
+    turns, mask, end, index, rewards, kl, scores, groups = _turn_batch(1)
+    base = EstimatorInputs(
+        kl_rewards=kl, scores=scores, action_mask=mask, group_ids=groups,
+        segments=build_segments(end, mask), values=torch.zeros_like(kl),
+    )  # fmt: skip
+    # gae and reinforce_pp: on each turn's last token, as if the KL rewards had them
+    as_tokens = EstimatorInputs(
+        kl_rewards=kl + rewards, scores=scores, action_mask=mask, group_ids=groups,
+        segments=base.segments, values=base.values,
+    )  # fmt: skip
+    # grpo, dr_grpo, rloo: the episode's total reward
+    as_outcome = EstimatorInputs(
+        kl_rewards=kl, scores=scores + rewards.sum(1), action_mask=mask, group_ids=groups
+    )
+    for name, want in [
+        ("gae", as_tokens), ("reinforce_pp", as_tokens), ("grpo", as_outcome),
+        ("dr_grpo", as_outcome), ("rloo", as_outcome),
+    ]:  # fmt: skip
+        how = est.estimator_class(name).turn_rewards
+        got = build_estimator(name)(est.with_turn_rewards(base, how, rewards, end, index))[0]
+        assert torch.equal(got, build_estimator(name)(want)[0]), name
+    with pytest.raises(ValueError, match="mt_grpo needs turn_rewards"):
+        build_estimator("mt_grpo")(base)

@@ -81,6 +81,39 @@ def test_importing_the_package_does_not_import_deepspeed():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
+# what the parsing rule's backends bring: its modules, the parsers, the process pool of
+# --parse_workers (torch itself imports multiprocessing, so only what it does not import counts)
+PARSING = (
+    "marlhf.macro.parsing",
+    "spacy",
+    "benepar",
+    "multiprocessing",
+    "concurrent.futures.process",
+)
+
+
+def test_importing_the_estimators_loads_no_parser_and_no_process_pool():
+    """``marlhf.algo`` imports nothing heavy; ``marlhf.algo.estimators`` imports the rules'
+    registry but not the parsing rule's modules, a parser or a process pool, beyond what torch
+    imports itself (the parsing rule loads them when it is built)."""
+    code = (
+        "import sys\n"
+        "def heavy(names):\n"
+        f"    return sorted(n for n in names if n.startswith({PARSING!r}))\n"
+        "import marlhf.algo\n"
+        "print(heavy(sys.modules), 'torch' in sys.modules)\n"
+        "import torch\n"
+        "base = set(sys.modules)\n"
+        "import marlhf.algo.estimators\n"
+        "print(heavy(set(sys.modules) - base), 'marlhf.macro.rules' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["[] False", "[] True"]
+
+
 def _functions(path: Path) -> dict[str, int]:
     tree = ast.parse(path.read_text())
     return {

@@ -156,7 +156,7 @@ def test_command_lines_parse_into_valid_configs(size, tmp_path):
     from marlhf.cli import parse_config
     from marlhf.stages.ppo.config import PPOStageConfig
     from marlhf.stages.reward.config import RewardStageConfig
-    from marlhf.stages.sft import SFTConfig
+    from marlhf.stages.sft.config import SFTConfig
 
     sz = exp.SIZES[size]
     common = ["--data_output_path", str(tmp_path / "cache"), "--disable_progress_bar"]

@@ -35,8 +35,8 @@ def test_data_seed_defaults_to_the_stage_seed():
 @pytest.mark.parametrize(
     ("module", "stage", "seed_of"),
     [
-        ("marlhf.stages.sft", "SFTConfig", lambda c: c.optim.seed),
-        ("marlhf.stages.reward.train", "RewardStageConfig", lambda c: c.optim.seed),
+        ("marlhf.stages.sft.config", "SFTConfig", lambda c: c.optim.seed),
+        ("marlhf.stages.reward.config", "RewardStageConfig", lambda c: c.optim.seed),
         ("marlhf.stages.ppo.config", "PPOStageConfig", lambda c: c.ppo.optim.seed),
     ],
 )

@@ -115,7 +115,8 @@ def _broken(tmp_path, edit) -> str:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s[:-3], "bad.jsonl line 2: not JSON"),
+        (lambda s: s[:-3], "bad.jsonl line 2: not valid JSON"),
+        (lambda s: "[1]", "bad.jsonl line 2: expected a JSON object"),
         (lambda s: json.dumps({**json.loads(s), "response": None}), 'line 2: field "response"'),
         (
             lambda s: json.dumps({**json.loads(s), "prompt": "POST\nother\nTL;DR: "}),

@@ -74,7 +74,7 @@ def test_duplicate_and_bad_lines(tmp_path):
         align_results(a, b)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "p", "response": "r"}\n{oops\n')
-    with pytest.raises(PairingError, match=r"bad\.jsonl line 2: invalid JSON"):
+    with pytest.raises(PairingError, match=r"bad\.jsonl line 2: not valid JSON"):
         load_results(bad)
     nores = write(tmp_path / "nores.jsonl", [{"prompt": "p"}])
     with pytest.raises(PairingError, match=r'nores\.jsonl line 1: field "response"'):
@@ -118,6 +118,6 @@ def test_invalid_json_names_the_column(tmp_path):
     with pytest.raises(PairingError) as err:
         load_results(bad)
     col = '{"prompt": "p", "response": "tab'.__len__() + 1  # 1-based column of the tab
-    assert f"bad.jsonl line 2: invalid JSON at column {col} (Invalid control character" in str(
+    assert f"bad.jsonl line 2: not valid JSON at column {col} (Invalid control character" in str(
         err.value
     )

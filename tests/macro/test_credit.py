@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import marlhf.macro.credit as credit_module
+from marlhf.macro.config import MacroConfig
 from marlhf.macro.credit import boundary_position, boundary_tokens, credit_mask
 from marlhf.macro.segments import build_segments
 
@@ -35,8 +36,9 @@ def random_segments(seed: int, B: int = 8, A: int = 25):
 )
 def test_boundary_token_per_rule_matches_loop(seed, rule, cut, where):
     seg, ends, mask = random_segments(seed)
-    assert boundary_position(rule, cut) == where
-    got = boundary_tokens(seg, rule, cut)
+    macro = MacroConfig(termination_condition=rule, lowprob_cut=cut)
+    assert boundary_position(macro) == where
+    got = boundary_tokens(seg, macro)
     B, A = mask.shape
     for b in range(B):
         L = int(mask[b].sum())
@@ -52,10 +54,11 @@ def test_boundary_token_per_rule_matches_loop(seed, rule, cut, where):
 
 def test_credit_mask_all_is_every_token_and_unknown_mode_is_an_error():
     seg, _, mask = random_segments(0)
-    assert torch.equal(credit_mask(seg, "all", "fixed"), mask)
-    assert torch.equal(credit_mask(seg, "boundary", "fixed"), boundary_tokens(seg, "fixed"))
+    assert torch.equal(credit_mask(seg, MacroConfig()), mask)
+    boundary = MacroConfig(macro_credit="boundary")
+    assert torch.equal(credit_mask(seg, boundary), boundary_tokens(seg, MacroConfig()))
     with pytest.raises(ValueError, match="--macro_credit"):
-        credit_mask(seg, "first", "fixed")
+        credit_mask(seg, MacroConfig(macro_credit="first"))
 
 
 def test_doctests():

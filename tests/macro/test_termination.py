@@ -399,7 +399,7 @@ def test_entropy_target_tau_is_global_over_ranks(target, eos_own_macro):
 # ------------------------------------------------------------------ registry and config
 
 
-def test_registry(monkeypatch):
+def test_registry():
     assert {"fixed", "randomized", "ppl", "entropy"} <= set(RULES)
 
     class Everything:
@@ -411,14 +411,18 @@ def test_registry(monkeypatch):
         def __call__(self, inputs):
             return TerminationOutput(macro_end=inputs.action_mask.clone())
 
-    monkeypatch.setitem(RULES, "fixed", RULES["fixed"])  # restore the real rule afterwards
-    assert register_rule("fixed")(Everything) is Everything
-    inputs = random_inputs(0)
-    out = build_termination(MacroConfig(ngram=7))(inputs)
-    assert torch.equal(out.macro_end, inputs.action_mask)
-    monkeypatch.delitem(RULES, "fixed")
-    with pytest.raises(ValueError, match="known: .*entropy"):
-        build_termination(MacroConfig())
+    saved = dict(RULES)  # restored whole afterwards: its order is the order --help lists them in
+    try:
+        assert register_rule("fixed")(Everything) is Everything
+        inputs = random_inputs(0)
+        out = build_termination(MacroConfig(ngram=7))(inputs)
+        assert torch.equal(out.macro_end, inputs.action_mask)
+        del RULES["fixed"]
+        with pytest.raises(ValueError, match="known: .*entropy"):
+            build_termination(MacroConfig())
+    finally:
+        RULES.clear()
+        RULES.update(saved)
 
 
 def test_wrapper_validates_inputs():
@@ -479,3 +483,62 @@ def test_config_defaults_and_metadata():
 
 def test_doctests():
     assert doctest.testmod(termination_module).failed == 0
+
+
+# ------------------------------------------------------------------ turn ends (multi-turn rollouts)
+
+
+def with_turns(inputs: TerminationInputs, seed: int) -> TerminationInputs:
+    """``inputs`` with random turn ends inside each row (a multi-turn rollout's compacted actions),
+    always on its last valid token."""
+    g = torch.Generator().manual_seed(seed + 77)
+    mask = inputs.action_mask
+    ends = (torch.rand(mask.shape, generator=g) < 0.15) & mask
+    last = mask & ~torch.nn.functional.pad(mask[:, 1:], (0, 1), value=False)
+    return dataclasses.replace(inputs, turn_end=ends | last)
+
+
+def turns_of(inputs, b) -> set[int]:
+    return {t for t in range(row_len(inputs, b)) if bool(inputs.turn_end[b, t])}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("eos_own_macro", [True, False])
+def test_turn_rule_ends_macro_actions_at_the_turn_ends_only(seed, eos_own_macro):
+    inputs = with_turns(random_inputs(seed), seed)
+    cfg = MacroConfig(termination_condition="turn", eos_own_macro=eos_own_macro)
+    out = build_termination(cfg)(inputs)
+    A = inputs.action_mask.shape[1]
+    check(
+        out, inputs,
+        lambda b: finish(
+            turns_of(inputs, b), row_len(inputs, b), bool(inputs.ends_with_eos[b]),
+            eos_own_macro, A,
+        ),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_every_rule_also_ends_a_macro_action_at_each_turn_end(seed, n):
+    """A macro action never spans an observation: fixed n-grams (and any other rule) end at each
+    turn's last action token too."""
+    inputs = with_turns(random_inputs(seed), seed)
+    out = build_termination(MacroConfig(ngram=n, eos_own_macro=False))(inputs)
+    A = inputs.action_mask.shape[1]
+    check(
+        out, inputs,
+        lambda b: finish(
+            turns_of(inputs, b) | {t for t in range(row_len(inputs, b)) if (t + 1) % n == 0},
+            row_len(inputs, b), False, False, A,
+        ),
+    )  # fmt: skip
+
+
+def test_the_turn_rule_needs_the_turn_ends():
+    inputs = random_inputs(0)
+    rule = build_termination(MacroConfig(termination_condition="turn"))
+    with pytest.raises(ValueError, match="turn.*turn_end.*--env"):
+        rule(inputs)
+    with pytest.raises(ValueError, match="turn_end must be a"):
+        rule(dataclasses.replace(inputs, turn_end=inputs.action_mask[:, :-1]))

@@ -11,7 +11,7 @@ import marlhf.models.checks as checks
 from marlhf.cli import config_to_dict, parse_config
 from marlhf.models.checks import settings_mismatches
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 
 def trained_dir(root: Path, cls: type, *flags: str, eos: str = "</s>") -> str:

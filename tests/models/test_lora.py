@@ -209,7 +209,7 @@ def test_lora_flags_that_need_lora_or_contradict_each_other(capsys):
 
     from marlhf.cli import parse_config
     from marlhf.stages.ppo.config import PPOStageConfig
-    from marlhf.stages.sft import SFTConfig
+    from marlhf.stages.sft.config import SFTConfig
 
     for cls, argv, message in (
         (SFTConfig, ["--lora_train_base"], "--lora_train_base needs --lora_dim > 0"),

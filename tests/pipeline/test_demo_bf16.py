@@ -1,6 +1,7 @@
 """The demo pipeline with every stage in bf16 (``python -m marlhf.demo --dtype bf16``; ZeRO-0, the
-demo's stage), shortened to 10 PPO steps per arm and 100 held-out prompts: it trains without NaN and
-lands near the fp32 run of the same command.
+demo's stage) on its TL;DR-like task (``--task synthetic-tldr``: the short task, the cheaper check of
+the same stages), shortened to 10 PPO steps per arm and 100 held-out prompts: it trains without NaN
+and lands near the fp32 run of the same command.
 
 Measured on CPU (2026-11-26, this command with ``--dtype fp32`` and ``--dtype bf16``):
 
@@ -42,7 +43,7 @@ FP32 = {
 def test_demo_in_bf16_lands_near_fp32(tmp_path):
     out = tmp_path / "demo"
     cmd = [sys.executable, "-m", "marlhf.demo", "--output_dir", str(out), "--dtype", "bf16",
-           "--ppo_steps", "10", "--eval_prompts", "100"]  # fmt: skip
+           "--task", "synthetic-tldr", "--ppo_steps", "10", "--eval_prompts", "100"]  # fmt: skip
     proc = subprocess.run(
         cmd, env=stage_env(tmp_path / "home"), cwd=ROOT, capture_output=True, text=True,
         timeout=2400,

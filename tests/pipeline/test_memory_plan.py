@@ -189,3 +189,27 @@ def test_plan_matches_what_an_engine_adds_on_cpu(dtype, stage):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["measured_mb"] == pytest.approx(out["planned_mb"], rel=0.15), out
+
+
+def test_a_token_budget_bounds_the_training_micro_batch():
+    """--max_tokens_per_micro_batch: the activations of at most that many positions (and as many
+    response logits), by the docstring's formula worked by hand; the plan prints the micro-batch."""
+    from marlhf.pipeline import memory_plan
+
+    assert memory_plan.train_micro_batch(8, 1024, 512, 0) == (8192, 4096)
+    assert memory_plan.train_micro_batch(8, 1024, 512, 4096) == (4096, 4096)
+    assert memory_plan.train_micro_batch(8, 1024, 512, 100) == (1024, 512)  # one row: longer
+    configs = dict.fromkeys(("actor", "reference", "critic", "reward"), GEMMA_2B)
+    whole = ppo_plan(_recipe(), 8, 80, configs)
+    budget = ppo_plan(_recipe("--max_tokens_per_micro_batch", "2048"), 8, 80, configs)
+    assert (whole.train_tokens, budget.train_tokens) == (8 * 1024, 2048)
+    h, L, V = GEMMA_2B["hidden_size"], GEMMA_2B["num_hidden_layers"], GEMMA_2B["vocab_size"]
+
+    def by_hand(tokens, answers):  # bf16, checkpointing: one layer's 34·h bytes + 2·h per layer
+        layers = 34 * h * tokens + 2 * h * tokens * L
+        return 2 * layers + answers * V * (2 + 4)  # actor (with its logits) and critic
+
+    assert whole.extras["activations"] == pytest.approx(by_hand(8 * 1024, 8 * 512))
+    assert budget.extras["activations"] == pytest.approx(by_hand(2048, 2048))
+    assert budget.train_peak < whole.train_peak
+    assert "training micro-batch, positions (packed rows)" in memory_plan.format_plan(budget)

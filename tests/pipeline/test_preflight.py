@@ -132,10 +132,10 @@ def test_stages_are_named_as_the_marlhf_commands_name_them(capsys):
         assert "preflight: stage rm: models and data in place" in _err(capsys)
     prog = marlhf.cli.PROG or "python -m marlhf.preflight"
     for argv, problem in (
-        (["rmm"], "unknown stage rmm (did you mean rm?); the stages: sft, rm, ppo"),
-        (["rewards"], "unknown stage rewards (did you mean rm?); the stages: sft, rm, ppo"),
-        ([], "name the stage to check first: sft, rm, ppo"),
-        (["--model_name_or_path", "tiny"], "name the stage to check first: sft, rm, ppo"),
+        (["rmm"], "unknown stage rmm (did you mean rm?); the stages: sft, rm, ppo, infer"),
+        (["rewards"], "unknown stage rewards (did you mean rm?); the stages: sft, rm, ppo, infer"),
+        ([], "name the stage to check first: sft, rm, ppo, infer"),
+        (["--model_name_or_path", "tiny"], "name the stage to check first: sft, rm, ppo, infer"),
     ):
         assert main(argv) == 2
         assert _err(capsys).splitlines() == [
@@ -257,3 +257,16 @@ def test_command_line_is_fast_and_quiet(tmp_path):
     assert time.monotonic() - t0 < 60
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 2 and "google/gemma-2b" in lines[0] and "Traceback" not in r.stderr
+
+
+# --- rewards without a reward model ---------------------------------------------------------------
+def test_a_run_on_its_own_reward_needs_no_reward_model_and_names_a_bad_task(capsys):
+    argv = ["ppo", "--actor_model_name_or_path", "tiny-base", "--advantage_estimator", "grpo"]
+    argv += ["--n_samples_per_prompt", "2"]
+    assert main([*argv, "--data_path", "reasoning-gym:leg_counting"]) == 0  # auto: its scorer
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # auto is rm, and no reward model is given
+        main([*argv, "--data_path", "synthetic-tldr"])
+    assert e.value.code == 2 and "needs the reward model" in _err(capsys)
+    assert main([*argv, "--data_path", "reasoning-gym:leg_countin"]) == 2
+    assert "reasoning-gym has no task 'leg_countin'; did you mean leg_counting" in _err(capsys)

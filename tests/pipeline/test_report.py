@@ -125,3 +125,61 @@ def test_doctests():
     import doctest
 
     assert doctest.testmod(report).failed == 0
+
+
+VERDICT_POST = (
+    "POST\nSubreddit: r/AmItheAsshole\nI lost the tickets. My sister borrowed my car. "
+    "Then I broke the lamp.\nTL;DR: "
+)  # two of the poster's misdeeds against one of the sister's: the right verdict blames the poster
+
+
+def test_right_verdict_share_reads_the_opening_fact():
+    rows = [
+        {"prompt": VERDICT_POST, "response": "i lost the tickets and i broke the lamp"},
+        {"prompt": VERDICT_POST, "response": "i broke the lamp and my sister borrowed my car"},
+        {"prompt": VERDICT_POST, "response": "my sister borrowed my car and i lost the tickets"},
+        {"prompt": VERDICT_POST, "response": ""},
+    ]
+    assert report.right_verdict_share(rows) == pytest.approx(2 / 4)
+    assert math.isnan(report.right_verdict_share([]))
+
+
+def test_mappo_vs_ppo_pairs_gold_and_counts_wins(tmp_path):
+    ppo = [{"prompt_id": i, "gold": float(i), "reward": 0.0} for i in range(4)]
+    mappo = [{"prompt_id": i, "gold": i + d, "reward": d} for i, d in enumerate([1, 1, 0, -1])]
+    pairwise = report.mappo_vs_ppo({"ppo": ppo, "mappo": mappo})
+    assert pairwise["gold_gain"][0] == pytest.approx(0.25) and pairwise["gold_gain"][3] == 4
+    assert pairwise["gold_win_rate"]["wins_ties_losses"] == [2, 1, 1]
+    assert pairwise["gold_win_rate"]["rate"] == pytest.approx((2 + 0.5) / 4)
+    assert report.mappo_vs_ppo({"ppo": ppo}) == {}
+
+
+def test_write_report_on_the_verdict_task_shows_right_verdicts(tmp_path):
+    answers = {
+        "sft": ["i lost the tickets and i broke the lamp", "my sister borrowed my car"],
+        "ppo": ["my sister borrowed my car", "my sister borrowed my car"],
+        "mappo": ["i lost the tickets", "i broke the lamp"],
+    }
+    golds = {"sft": [1.5, 0.0], "ppo": [0.0, 0.0], "mappo": [1.0, 1.0]}
+    results = {}
+    for name, texts in answers.items():
+        rows = [
+            {"prompt_id": i, "prompt": VERDICT_POST, "response": t, "gold": g, "reward": g,
+             "response_tokens": 8, "ends_with_eos": True}
+            for i, (t, g) in enumerate(zip(texts, golds[name], strict=True))
+        ]  # fmt: skip
+        results[name] = tmp_path / f"{name}.jsonl"
+        results[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = report.write_report(
+        tmp_path, results, {}, ngram=10, task="synthetic-verdict-64", cpu_s=95.4, threads=2,
+        timings={"sft": 12.0},
+    )  # fmt: skip
+    text = path.read_text()
+    assert "| right verdicts |" in text and "openers" not in text
+    assert "| 50% |" in text and "| 0% |" in text and "| 100% |" in text
+    assert "Δ gold, MA-PPO − PPO (paired by prompt, 95 % bootstrap CI): +1.000" in text
+    assert "CPU time of these stages: 95 s (2 threads)" in text
+    figures = json.loads((tmp_path / "report.json").read_text())
+    assert figures["task"] == "synthetic-verdict-64"
+    assert figures["policies"]["mappo"]["right_verdict"] == 1.0
+    assert figures["mappo_vs_ppo"]["gold_gain"][0] == pytest.approx(1.0)

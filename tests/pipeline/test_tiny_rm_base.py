@@ -1,7 +1,7 @@
 """The shipped reward-model base (`tiny-rm-base`) and its recipe (`python -m marlhf.tiny --rm_base`).
 
 Its quality as a reward model (held-out accuracy, correlation with gold) is asserted where it is used:
-tests/pipeline/test_demo.py runs the demo's RM stage on it."""
+tests/pipeline/test_demo_bf16.py runs the RM stage of the demo's TL;DR task on it."""
 
 import json
 from pathlib import Path

@@ -182,3 +182,67 @@ def test_grouped_critic_and_reward_forward_equal_one_pass(models):
         reward_forward(critic, ro, all_positions=True, groups=lg.Grouping(4)),
         reward_forward(critic, ro, all_positions=True),
     )
+
+
+def _packed_run_cost(run: list[int], w: float) -> float:
+    """One packed group's cost, by hand (``packed_cost``'s docstring)."""
+    C, n, S = max(run), len(run), sum(run)
+    K = max(-(-S // C), sum(1 for x in run if x > C / 2))
+    return K * C * (1 + w * C) if K < n else n * C * (1 + w * C / 2)
+
+
+def test_packed_cost_by_hand():
+    s = torch.tensor([2.0, 3.0, 4.0, 10.0])
+    cost = lg.packed_cost(s, 0.1)
+    # rows 2, 3, 4: 9 tokens need 3 bins of 4, one row each: the padded rows, attended causally
+    assert cost[0, 3] == pytest.approx(3 * 4 * (1 + 0.2))
+    assert cost[3, 4] == pytest.approx(1 * 10 * (1 + 0.5))
+    assert cost[0, 4] == pytest.approx(2 * 10 * (1 + 1.0))  # 19 tokens in 2 bins of 10, shared
+    assert lg.packed_cost(torch.tensor([2.0, 2.0, 4.0]), 0.1)[0, 3] == pytest.approx(2 * 4 * 1.4)
+    for i in range(4):
+        for j in range(i + 1, 5):
+            run = s[i:j].long().tolist()
+            assert float(cost[i, j]) == pytest.approx(_packed_run_cost(run, 0.1)), (i, j)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_groups_are_the_cheapest_contiguous_split(seed):
+    g = torch.Generator().manual_seed(seed)
+    B = 2 + seed
+    lengths = torch.randint(1, 300, (B,), generator=g)
+    L = sorted(lengths.tolist())
+    w, call = 0.002, 50.0
+    groups = lg.length_groups(lengths, 3, call_tokens=call, packed_attention=w)
+    assert sorted(int(i) for gr in groups for i in gr) == list(range(B))
+
+    def cost(runs):
+        return sum(_packed_run_cost(r, w) for r in runs) + call * len(runs)
+
+    best = min(
+        cost([L[a:b] for a, b in zip((0, *cuts), (*cuts, B), strict=True)])
+        for k in range(3)
+        for cuts in itertools.combinations(range(1, B), k)
+    )
+    got = [sorted(int(lengths[i]) for i in gr) for gr in groups]
+
+    def shares(run):
+        C = max(run)
+        return max(-(-sum(run) // C), sum(1 for x in run if x > C / 2)) < len(run)
+
+    if any(shares(r) for r in got):
+        assert cost(got) == pytest.approx(best), (L, got)
+    else:  # packing would put each row alone: the padded groups
+        padded = lg.length_groups(lengths, 3, call_tokens=call)
+        assert [g.tolist() for g in groups] == [g.tolist() for g in padded]
+
+
+def test_packed_groups_fall_back_to_the_padded_ones_where_no_bin_is_shared():
+    lengths = torch.tensor([89, 100, 101, 112, 116, 120, 121, 123, 128, 133, 140, 147, 148])
+    packed = lg.length_groups(lengths, 4, call_tokens=64, packed_attention=0.0014)
+    assert [g.tolist() for g in packed] == [g.tolist() for g in lg.length_groups(lengths, 4, 64)]
+    # where a pass costs 400 positions, the short rows share the long rows' bins in one packed pass (the
+    # padded groups would be two: 3 x 12 and 3 x 200 positions against 6 x 200)
+    lengths = torch.tensor([10, 12, 9, 200, 190, 180])
+    packed = lg.length_groups(lengths, 4, call_tokens=400, packed_attention=0.0014)
+    assert [sorted(lengths[g].tolist()) for g in packed] == [[9, 10, 12, 180, 190, 200]]
+    assert len(lg.length_groups(lengths, 4, call_tokens=400)) == 2

@@ -23,7 +23,7 @@ from marlhf.runtime.run_settings import (
     settings,
 )
 from marlhf.stages.ppo.config import PPOStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]

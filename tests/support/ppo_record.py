@@ -19,7 +19,7 @@ import marlhf.stages.ppo.update as update
 from marlhf.runtime.distributed import rank
 from marlhf.stages.exits import run_program
 
-_generate, _ppo_update, _slice_rollout = loop.generate, loop.ppo_update, update.slice_rollout
+_generate, _ppo_update, _minibatches = loop.generate, loop.ppo_update, update.minibatches
 _setup = loop.setup
 _generated: list[dict] = []
 _parts: list[list[int]] = []
@@ -35,7 +35,10 @@ def setup(cfg):
 
         def counted(*args, **kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
-            _critic_rows[0] += int(ids.shape[0])
+            positions = kwargs.get("position_ids")
+            # packed rows (marlhf.models.packing): one row per position 0
+            rows = ids.shape[0] if positions is None else (positions == 0).sum()
+            _critic_rows[0] += int(rows)
             return forward(*args, **kwargs)
 
         critic.forward = counted
@@ -54,9 +57,10 @@ def generate(*args, **kwargs):
     return ro
 
 
-def slice_rollout(ro, idx):
-    _parts.append(idx.tolist())
-    return _slice_rollout(ro, idx)
+def minibatches(*args, **kwargs):
+    for m in _minibatches(*args, **kwargs):
+        _parts.append(m.idx.tolist())
+        yield m
 
 
 def ppo_update(models, exp, cfg, *args, **kwargs):
@@ -89,7 +93,7 @@ def ppo_update(models, exp, cfg, *args, **kwargs):
     return out
 
 
-loop.generate, loop.ppo_update, update.slice_rollout = generate, ppo_update, slice_rollout
+loop.generate, loop.ppo_update, update.minibatches = generate, ppo_update, minibatches
 loop.setup = setup
 
 if __name__ == "__main__":

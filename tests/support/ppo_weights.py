@@ -41,3 +41,14 @@ def assert_same_update(inits, want, got, rel: float) -> None:
         diff = max(float((b[k] - a[k]).abs().max()) for k in a)
         assert step > 1e-4  # the PPO steps moved the weights
         assert diff < rel * step, (diff, step)
+
+
+def update_gap(init: dict, want: dict, got: dict) -> float:
+    """``‖got − want‖ / ‖want − init‖`` over all weights of one model (norms): how far apart two
+    runs' updates are for the size of the update. Adam divides each weight's step by its gradient's
+    size, so weights whose gradient is near 0 amplify rounding in the largest difference
+    (:func:`assert_same_update`); the norm weighs each weight by how far it moved."""
+    step = sum(float((want[k].float() - init[k].float()).square().sum()) for k in want)
+    gap = sum(float((got[k].float() - want[k].float()).square().sum()) for k in want)
+    assert step > 0
+    return (gap / step) ** 0.5

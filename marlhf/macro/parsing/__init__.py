@@ -1,5 +1,7 @@
 """Parsing-based termination (MA-RLHF Sec. 3.1): constituency spans of the response become macro
-actions. Importing the package registers the rule (:mod:`~marlhf.macro.parsing.rule`).
+actions. The rule's name, description, flags and label are declared with the other rules
+(:class:`marlhf.macro.rules.Parsing`); this package, with its parser backends, is imported when the
+rule is first built, and registers its implementation (:mod:`~marlhf.macro.parsing.rule`).
 
 Pipeline for one response (one row of the batch):
 

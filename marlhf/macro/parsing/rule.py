@@ -35,12 +35,8 @@ from marlhf.macro.parsing.dependency import SpacyBackend
 from marlhf.macro.parsing.python_code import PythonBackend
 from marlhf.macro.parsing.spans import _TokenCounter, token_char_spans
 from marlhf.macro.parsing.trees import ConstituencyBackend, Node
-from marlhf.macro.termination import (
-    FixedRule,
-    TerminationInputs,
-    TerminationOutput,
-    register_rule,
-)
+from marlhf.macro.rules import Parsing, register_rule
+from marlhf.macro.termination import FixedRule, TerminationInputs, TerminationOutput
 
 logger = logging.getLogger(__name__)
 
@@ -147,8 +143,9 @@ def _segment_in_worker(ids: list[int]) -> tuple[list[int] | None, str | None]:
 
 
 @register_rule("parsing")
-class ParsingRule:
-    """``--termination_condition parsing``: constituency-parse macro actions, per-row fallback to fixed.
+class ParsingRule(Parsing):
+    """``--termination_condition parsing``: constituency-parse macro actions, per-row fallback to fixed
+    (its description, flags and label: :class:`marlhf.macro.rules.Parsing`).
 
     Each row's valid response ids, without a final EOS, are decoded, parsed and cut by `segment_row`.
     A final EOS joins the last macro action here (``--eos_own_macro`` then splits it off). Rows are

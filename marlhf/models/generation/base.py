@@ -2,8 +2,9 @@
 (PPO's rollouts, its held-out evaluation and its Monte-Carlo continuations, ``marlhf infer``),
 what it is opened on (:class:`SamplerSetup`) and what one call returns (:class:`Sampled`).
 
-A backend is one module of :mod:`marlhf.models.generation.backends` (the registry finds it there,
-:mod:`marlhf.models.generation.registry`). Its class states what the callers must know about it:
+A backend is a registered subclass (:mod:`marlhf.models.generation.registry`: a built-in one is
+declared there and implemented in :mod:`marlhf.models.generation.backends`, one of one's own is a
+``--plugin`` file). Its class states what the callers must know about it:
 
 - ``records_logprobs`` / ``records_entropy``: whether a call returns log π(a_t | s_t) of each
   sampled token (and the entropy of π(· | s_t)) at the sampling temperature, before top-k/top-p,
@@ -18,8 +19,16 @@ A backend is one module of :mod:`marlhf.models.generation.backends` (the registr
   :meth:`GenerationBackend.load_weights` (a no-op elsewhere);
 - ``samples_partitioned``: whether it can sample from a ZeRO-3 partitioned model without the
   whole weights being gathered first;
+- ``continues_conversations``: whether it continues multi-turn conversations from a state of its
+  own (:meth:`GenerationBackend.sample_turn`, reading only each conversation's new tokens);
+  otherwise :func:`marlhf.models.generation.sampling.sample_turns` gives it each whole
+  conversation as a prompt (:meth:`GenerationBackend.sample`), which re-reads it every turn;
 - ``auto_rank`` and :meth:`GenerationBackend.supports`: where ``--generation_backend auto`` looks
-  (the supporting backend of lowest rank; None: never chosen by ``auto``).
+  (the supporting backend of lowest rank; None: never chosen by ``auto``);
+- ``implementation``: ``"package.module:Class"`` of the subclass that samples, imported when the
+  backend is first opened (a built-in backend's declaration); None: this class samples.
+
+This module imports no torch when it runs (the configuration and ``--help`` read the classes).
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class SamplingConfig(Protocol):
@@ -67,6 +77,41 @@ class SamplerSetup:
     gathered: bool = True
 
 
+@dataclass(frozen=True)
+class Conversations:
+    """The conversations of one turn of a batch of multi-turn episodes, B of them (the rows still
+    playing), as :meth:`GenerationBackend.sample_turn` receives them.
+
+    ``token_ids[b]``: row ``rows[b]``'s whole conversation so far as token ids, ending with the
+    generation prompt of its next turn (the first prompt, at its first turn). ``rows[b]``: the
+    row's key, stable over the turns of one batch of episodes (until
+    :meth:`GenerationBackend.end_conversations`); a row that has ended is not called again.
+    ``seen[b]``: how many of ``token_ids[b]``'s first tokens the backend has read or sampled for
+    that row in its earlier calls (0 at the row's first turn: a new conversation): the previous
+    call's conversation and the tokens sampled then. The tokens after them are new: the
+    end-of-turn token when the previous action was cut at the length limit, what the chat template
+    puts after an action, the environment's observations and the next generation prompt
+    (:class:`marlhf.models.conversation.ChatLayout`). The sampled tokens are never re-tokenised:
+    ``token_ids[b][seen[b] - k : seen[b]]`` are the ``k`` tokens the backend sampled last time."""
+
+    token_ids: list[list[int]]
+    rows: list[int]
+    seen: list[int]
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.rows) != n or len(self.seen) != n:
+            raise ValueError(
+                f"Conversations: {n} token lists, {len(self.rows)} rows, {len(self.seen)} seen"
+            )
+        for ids, seen in zip(self.token_ids, self.seen, strict=True):
+            if not ids or not 0 <= seen < len(ids):
+                raise ValueError(
+                    f"Conversations: {seen} tokens seen of a conversation of {len(ids)}: "
+                    "every turn brings new tokens"
+                )
+
+
 @dataclass
 class Sampled:
     """One call's responses to B left-padded prompts.
@@ -98,11 +143,14 @@ class GenerationBackend(ABC):
     needs_weight_sync: ClassVar[bool] = False
     can_sleep: ClassVar[bool] = False
     samples_partitioned: ClassVar[bool] = False
+    continues_conversations: ClassVar[bool] = False
     auto_rank: ClassVar[int | None] = None
+    implementation: ClassVar[str | None] = None
 
     @classmethod
     def supports(cls, model_config: Any) -> bool:
-        """Whether ``auto`` may pick this backend for a model of ``model_config`` (its HF config)."""
+        """Whether ``auto`` may pick this backend for a model of ``model_config`` (its HF config);
+        read from the declaration, so no torch."""
         return True
 
     @classmethod  # noqa: B027 - a hook: nothing to refuse unless a backend says so
@@ -131,6 +179,31 @@ class GenerationBackend(ABC):
         ``seeds_rows`` (None: the global RNG). Returns (response_ids (B, A') long, A' <=
         ``cfg.max_answer_seq_len``; logprobs and entropy (B, A') float32 or None), on the
         prompts' device."""
+
+    def sample_turn(
+        self,
+        conversations: Conversations,
+        cfg: SamplingConfig,
+        eos_ids: list[int],
+        pad_id: int,
+        row_seeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``continues_conversations`` backends: the next action of each of B conversations
+        (:class:`Conversations`), continued from the backend's state of each row, which has read
+        ``conversations.seen[b]`` tokens: only ``token_ids[b][seen[b]:]`` are read here (a
+        backend that holds no state for a row, or one that does not match, reads the whole
+        conversation). Up to ``cfg.max_answer_seq_len`` new tokens per row at ``cfg``'s
+        temperature, top-k and top-p, each row stopping after its first token of ``eos_ids``;
+        ``row_seeds`` (B,) long as for :meth:`sample`. Returns what :meth:`sample` returns
+        (response_ids (B, A') long, right-padded with ``pad_id`` after each row's first EOS;
+        logprobs and entropy (B, A') float32 or None), on the CPU or any device, and the same
+        tokens and log-probs (up to float rounding) as :meth:`sample` with the whole
+        conversations as left-padded prompts and the same ``row_seeds``: what
+        ``tests/models/test_continuation.py`` checks of the static decoder."""
+        raise NotImplementedError(f"generation backend {self.name!r} continues no conversation")
+
+    def end_conversations(self) -> None:  # noqa: B027 - no state unless continues_conversations
+        """The batch of episodes is over: forget every row's state (:meth:`sample_turn`)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:  # noqa: B027
         """Load (checkpoint name, tensor) pairs into the backend's own copy of the weights

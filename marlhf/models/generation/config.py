@@ -5,40 +5,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import check_own_numbers
+from marlhf.config import check_own_numbers, flag
 from marlhf.models.config import VLLMConfig
-from marlhf.models.generation.registry import AUTO, backend_names, backends_help, get_backend
+from marlhf.models.generation.registry import AUTO, BACKEND_CHOICES, backend_info, backends_help
 
 
 @dataclass
 class SamplingConfig:
     """How responses are sampled: their lengths, temperature, top-k and top-p, and the backend."""
 
-    max_prompt_seq_len: int = field(
-        default=256,
-        metadata={"help": "Prompt tokens (left-padded).", "aliases": ("--max_prompt_len",)},
+    max_prompt_seq_len: int = flag(
+        256, "Prompt tokens (left-padded).", aliases=("--max_prompt_len",)
     )
-    max_answer_seq_len: int = field(
-        default=256,
-        metadata={"help": "Maximum new tokens per response.", "aliases": ("--max_new_tokens",)},
+    max_answer_seq_len: int = flag(
+        256, "Maximum new tokens per response.", aliases=("--max_new_tokens",)
     )
-    temperature: float = field(
-        default=0.8, metadata={"help": "Sampling temperature.", "range": "(0, inf)"}
+    temperature: float = flag(0.8, "Sampling temperature.", range="(0, inf)")
+    top_k: int = flag(50, "Top-k sampling (0: off).")
+    top_p: float = flag(1.0, "Nucleus sampling.", range="(0, 1]")
+    generation_backend: str = flag(
+        AUTO,
+        f"The decoder (marlhf.models.generation). {backends_help()}",
+        choices=BACKEND_CHOICES,  # auto and the registry: --plugin files' backends count
     )
-    top_k: int = field(default=50, metadata={"help": "Top-k sampling (0: off)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling.", "range": "(0, 1]"})
-    generation_backend: str = field(
-        default=AUTO,
-        metadata={
-            "help": f"The decoder (marlhf.models.generation). {backends_help()}",
-            "choices": (AUTO, *backend_names()),
-        },
-    )
-    compile_generation: bool = field(
-        default=False,
-        metadata={
-            "help": "With --generation_backend static on CUDA: CUDA-graph the decode step (torch.compile)."
-        },
+    compile_generation: bool = flag(
+        False,
+        "With --generation_backend static on CUDA: CUDA-graph the decode step (torch.compile).",
     )
     # the engine of --generation_backend vllm (flags --vllm_*; ignored by the other backends)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -48,7 +40,7 @@ class SamplingConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.generation_backend != AUTO:
-            get_backend(self.generation_backend)  # ValueError listing the names
+            backend_info(self.generation_backend)  # ValueError listing the names; imports nothing
         check_own_numbers(self)
         if self.top_k < 0:
             raise ValueError(f"--top_k must be >= 0, got {self.top_k}")

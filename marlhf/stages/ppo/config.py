@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.algo.names import (
-    CORRECTIONS,
-    ESTIMATOR_ALIASES,
-    ESTIMATOR_TRAITS,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    RATIO_LEVELS,
+from marlhf.algo.names import CORRECTIONS, KL_ESTIMATORS, LOSS_AGG_MODES, RATIO_LEVELS
+from marlhf.algo.registry import (
+    ESTIMATORS,
+    check_estimator_flags,
+    estimator_class,
+    estimators_help,
+    group_size_help,
     resolve_estimator,
 )
 from marlhf.config import (
+    BatchingConfig,
     DeepSpeedConfig,
     LoggingConfig,
     ModelConfig,
@@ -21,10 +22,14 @@ from marlhf.config import (
     check_own_numbers,
 )
 from marlhf.data.config import DataConfig
+from marlhf.envs.config import EnvConfig
 from marlhf.macro.config import MacroConfig
-from marlhf.models.generation import SamplingConfig, get_backend
+from marlhf.models.generation import SamplingConfig, backend_info
+from marlhf.rewards import registry as reward_sources
 from marlhf.rewards.code import CodeRewardConfig
+from marlhf.rewards.config import RewardConfig
 from marlhf.runtime.grouping import Grouping
+from marlhf.stages.ppo.env_checks import check_env_flags
 
 # the flags of the shared parts that differ between the actor and the critic (prefixed actor_ and
 # critic_), and those the models share (one flag each, as in SFT and RM)
@@ -98,7 +103,7 @@ class ActorCriticConfig:
             "model --critic_model_name_or_path names), `fresh` (a new head on the backbone of "
             "that model, a reward model or any causal LM such as the actor's base), or `auto`: "
             "`trained` for a reward-model directory, `fresh` for a causal LM when the run has no "
-            "reward model (--reward_source gold or code). The critic defaults to the actor's model.",
+            "reward model (a --reward_source without rm). The critic defaults to the actor's model.",
             "choices": ("auto", "trained", "fresh"),
         },
     )
@@ -278,13 +283,7 @@ class PPOConfig:
         metadata={"help": "How segment rewards reach tokens.", "choices": ("interpolate", "last")},
     )
     reward_source: str = field(
-        default="rm",
-        metadata={
-            "help": "`rm`, `code` (execute against test cases, APPS), `rm+code`, or `gold`: the "
-            "synthetic task's gold score (an oracle reward for experiments: synthetic-tldr and the "
-            "long-horizon synthetic-facts-*/synthetic-verdict-* prompts only).",
-            "choices": ("rm", "code", "rm+code", "gold"),
-        },
+        default="auto", metadata={"help": reward_sources.reward_source_help()}
     )
     ratio_level: str = field(
         default="token",
@@ -297,22 +296,14 @@ class PPOConfig:
     )
     advantage_estimator: str = field(
         default="gae",
-        metadata={
-            "help": "How advantages are made (marlhf.algo.estimators): `gae` (the critic, GAE over "
-            "macro actions), `grpo` (group-normalised outcome over --n_samples_per_prompt "
-            "samples), `dr_grpo` (no std division, constant loss normaliser), `rloo` "
-            "(leave-one-out baseline), `reinforce_pp` (REINFORCE++: KL in the reward, returns "
-            "whitened over the batch) or `macro_mc` (Monte-Carlo values at macro-action "
-            "boundaries: --mc_rollouts continuations of the current policy). Only `gae` builds a "
-            f"critic. Aliases: {', '.join(f'{a}={c}' for a, c in sorted(ESTIMATOR_ALIASES.items()))}."
-        },
+        metadata={"help": estimators_help()},  # the registered estimators
     )
     n_samples_per_prompt: int = field(
         default=1,
         metadata={
             "help": "G: responses sampled per prompt. A step's rollout holds (rollout size x "
             "ranks) / G distinct prompts, each sampled G times; a group is never split by the "
-            "estimate (it runs on the gathered batch). grpo, dr_grpo and rloo need G >= 2.",
+            "estimate (it runs on the gathered batch). " + group_size_help(),
             "range": "[1, inf)",
         },
     )
@@ -365,8 +356,9 @@ class PPOConfig:
             "help": "How the policy loss reduces its terms (verl's names): token-mean (every "
             "token or macro action weighs the same), seq-mean-token-sum, seq-mean-token-mean "
             "(every response weighs the same) or seq-mean-token-sum-norm (Dr. GRPO: token sums "
-            "divided by --max_answer_seq_len). Default: the estimator's own (dr_grpo: "
-            "seq-mean-token-sum-norm), else token-mean. The value loss stays token-mean.",
+            "divided by --max_answer_seq_len). Default: the estimator's own ("
+            + ", ".join(f"{n}: {c.loss_agg_mode}" for n, c in ESTIMATORS.items() if c.loss_agg_mode)
+            + "), else token-mean. The value loss stays token-mean.",
             "choices": LOSS_AGG_MODES,
         },
     )
@@ -441,48 +433,28 @@ class PPOConfig:
                 f"--rollout_correction must be auto or one of {CORRECTIONS}, "
                 f"got {self.rollout_correction!r}"
             )
+        reward_sources.check_reward_source(self.reward_source)
         self._check_estimator()
 
     def _check_estimator(self) -> None:
-        """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation."""
-        name = resolve_estimator(self.advantage_estimator)  # ValueError listing the names
-        est = ESTIMATOR_TRAITS[name]
+        """The estimator's flags: its name, G, the Monte-Carlo settings, the loss aggregation
+        (what the estimator itself asks: :func:`marlhf.algo.registry.check_estimator_flags`)."""
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(
                 f"--ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}"
-            )
-        if name in ("grpo", "dr_grpo", "rloo") and self.n_samples_per_prompt < 2:
-            raise ValueError(
-                f"--advantage_estimator {self.advantage_estimator} compares the samples of one "
-                "prompt: set --n_samples_per_prompt to 2 or more (got "
-                f"{self.n_samples_per_prompt})"
             )
         if self.mc_boundary_selection not in ("spaced", "spread"):
             raise ValueError(
                 "--mc_boundary_selection must be one of ('spaced', 'spread'), got "
                 f"{self.mc_boundary_selection!r}"
             )
-        if name == "macro_mc" and self.gamma != 1.0:
-            raise ValueError(
-                f"--advantage_estimator macro_mc is undiscounted: --gamma must be 1, got {self.gamma}"
-            )
-        own = est.loss_agg_mode
         if self.loss_agg_mode is not None and self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(
                 f"--loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}"
             )
-        if own is not None and self.loss_agg_mode not in (None, own):
-            raise ValueError(
-                f"--advantage_estimator {name} is defined with --loss_agg_mode {own}; "
-                f"--loss_agg_mode {self.loss_agg_mode} contradicts it (leave it out)"
-            )
         if self.kl_loss_type not in KL_ESTIMATORS:
             raise ValueError(f"--kl_loss_type must be one of {KL_ESTIMATORS}")
-        if not est.needs_critic and self.critic_warmup_steps > 0:
-            raise ValueError(
-                f"--critic_warmup_steps {self.critic_warmup_steps}: --advantage_estimator {name} "
-                "trains no critic"
-            )
+        check_estimator_flags(self.advantage_estimator, self)  # ValueError listing the names
 
     @property
     def estimator(self) -> str:
@@ -492,17 +464,18 @@ class PPOConfig:
     @property
     def needs_critic(self) -> bool:
         """Whether the estimator reads a critic (else none is built, loaded or saved)."""
-        return ESTIMATOR_TRAITS[self.estimator].needs_critic
+        return estimator_class(self.advantage_estimator).needs_critic
 
     @property
     def needs_mc(self) -> bool:
         """Whether the estimator reads Monte-Carlo values (``macro_mc``)."""
-        return ESTIMATOR_TRAITS[self.estimator].needs_mc
+        return estimator_class(self.advantage_estimator).needs_mc
 
     @property
     def policy_loss_agg_mode(self) -> str:
         """``--loss_agg_mode``, else the estimator's own, else token-mean."""
-        return self.loss_agg_mode or ESTIMATOR_TRAITS[self.estimator].loss_agg_mode or "token-mean"
+        own = estimator_class(self.advantage_estimator).loss_agg_mode
+        return self.loss_agg_mode or own or "token-mean"
 
 
 # the trainer-side mismatch check costs one actor forward over the rollout (docs/gpu.md: measured);
@@ -538,7 +511,8 @@ class PerfConfig:
             "help": "Score and train in up to this many forward passes per batch, the rows sorted "
             "by length and cut where padding costs most (marlhf.runtime.length_groups): each row's "
             "outputs are the one-pass ones up to float rounding, the padding is skipped. "
-            "1: one pass over the batch. Ignored with --score_all_positions."
+            "1: one pass over the batch. With --packing each pass is packed. Ignored with "
+            "--score_all_positions."
         },
     )
     length_group_call_tokens: float = field(
@@ -571,6 +545,7 @@ class PerfConfig:
             "every step). One actor forward pass per check (docs/gpu.md)."
         },
     )
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
     log_phase_resources: bool = field(
         default=False,
         metadata={
@@ -592,7 +567,8 @@ class PerfConfig:
     @property
     def grouping(self):
         """The score and update passes' :class:`marlhf.runtime.length_groups.Grouping`."""
-        return Grouping(self.length_groups, self.length_group_call_tokens)
+        args = (self.length_groups, self.length_group_call_tokens)
+        return Grouping(*args, self.batching.packing, self.batching.max_tokens_per_micro_batch)
 
 
 @dataclass
@@ -605,8 +581,10 @@ class PPOStageConfig:
     macro: MacroConfig = field(default_factory=MacroConfig)
     data: DataConfig = field(default_factory=DataConfig)
     code: CodeRewardConfig = field(default_factory=CodeRewardConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     log: LoggingConfig = field(default_factory=LoggingConfig)
     perf: PerfConfig = field(default_factory=PerfConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
 
     @property
     def correction(self) -> str:
@@ -617,12 +595,22 @@ class PPOStageConfig:
             return mode
         return "none" if self.models.effective_dtype == "fp32" else "tis"
 
+    @property
+    def reward_source(self) -> str:
+        """``--reward_source`` with ``auto`` resolved (:func:`marlhf.rewards.registry.resolve_reward_source`;
+        with ``--env``: ``none``, the environment's rewards alone)."""
+        if self.env.env is not None and self.ppo.reward_source == "auto":
+            return "none"
+        return reward_sources.resolve_reward_source(
+            self.ppo.reward_source, self.reward.custom, self.data.data_path
+        )
+
     def __post_init__(self) -> None:
         ppo, mc = self.ppo, self.models
         name = self.generation.generation_backend
         if (
             name != "auto"
-            and not get_backend(name).records_logprobs
+            and not backend_info(name).records_logprobs
             and ppo.rollout_correction not in ("auto", "none")
         ):
             raise ValueError(
@@ -631,28 +619,40 @@ class PPOStageConfig:
                 "(use static or auto, or leave --rollout_correction out)"
             )
         check_macro_credit(self.macro, ppo)
-        if (
-            not ppo.needs_critic
-            and ppo.reward_source in ("rm", "rm+code")
-            and not (mc.reward_model_name_or_path or mc.critic.model.model_name_or_path)
-        ):
-            raise ValueError(
-                f"--advantage_estimator {ppo.advantage_estimator} trains no critic, but "
-                f"--reward_source {ppo.reward_source} needs the reward model: pass "
-                "--reward_model_name_or_path (or --critic_model_name_or_path, its default)"
-            )
+        check_env_flags(
+            self.env,
+            termination_condition=self.macro.termination_condition,
+            advantage_estimator=ppo.advantage_estimator,
+            data_path=self.data.data_path,
+            dense_reward=ppo.dense_reward,
+            custom_reward=self.reward.custom,
+            reward_source=self.reward_source,
+            reward_source_flag=ppo.reward_source,
+            eval_interval=self.log.eval_interval,
+            unsup_coef=ppo.unsup_coef,
+            unsup_data_path=ppo.unsup_data_path,
+            generation_backend=self.generation.generation_backend,
+            max_prompt_seq_len=self.generation.max_prompt_seq_len,
+        )
+        if self.env.env is None or reward_sources.source_names(self.reward_source):
+            reward_sources.check_reward_flags(
+                self.reward_source, self.reward,
+                None if ppo.needs_critic else ppo.advantage_estimator,
+                bool(mc.reward_model_name_or_path or mc.critic.model.model_name_or_path),
+            )  # fmt: skip
 
 
 def check_macro_credit(macro: MacroConfig, ppo: PPOConfig) -> None:
     """``--macro_credit boundary`` places per-macro advantages on boundary tokens: only the
-    estimators that make one advantage per macro action (``gae``, ``macro_mc``) have them, and the
-    mask selects tokens, so the ratio must be per token."""
+    estimators that make one advantage per macro action (``per_macro``: ``gae``, ``macro_mc``) have
+    them, and the mask selects tokens, so the ratio must be per token."""
     if macro.macro_credit == "all":
         return
-    if ppo.estimator not in ("gae", "macro_mc"):
+    if not estimator_class(ppo.advantage_estimator).per_macro:
+        per_macro = " or ".join(n for n, c in ESTIMATORS.items() if c.per_macro)
         raise ValueError(
             f"--macro_credit {macro.macro_credit} needs per-macro-action advantages: "
-            f"--advantage_estimator gae or macro_mc (got {ppo.advantage_estimator}, which gives "
+            f"--advantage_estimator {per_macro} (got {ppo.advantage_estimator}, which gives "
             "one advantage per response)"
         )
     if ppo.ratio_level != "token":

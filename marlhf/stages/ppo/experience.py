@@ -15,23 +15,25 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.estimators import (
-    ESTIMATORS,
     EstimatorInputs,
     EstimatorOptions,
     MCBoundaries,
     MCValues,
     build_estimator,
+    estimator_class,
+    with_turn_rewards,
 )
 from marlhf.algo.groups import group_ids, group_stats
 from marlhf.algo.kl_rewards import compose_rewards, kl_penalty, sequence_rewards
 from marlhf.algo.kl_rewards import token_rewards as kl_token_rewards
 from marlhf.algo.losses import masked_mean, masked_whiten
 from marlhf.algo.macro_gae import macro_stats
-from marlhf.macro import MacroSegments, TerminationInputs, build_segments
+from marlhf.macro import MacroSegments, build_segments
 from marlhf.macro.credit import credit_mask
 from marlhf.runtime.distributed import all_gather_object, all_gather_padded, world_size
 from marlhf.runtime.finite import check_finite
-from marlhf.stages.ppo.rollout import Rollout
+from marlhf.stages.ppo.rollout import TURN_FIELDS, Rollout
+from marlhf.stages.ppo.scoring import rollout_termination_inputs
 
 if TYPE_CHECKING:
     from marlhf.macro.termination import TerminationOutput, TerminationRule
@@ -91,18 +93,7 @@ def segment(
     ``row_seeds`` ((B,) long, `marlhf.runtime.rows.derive_row_seeds`) and ``all_gather``
     (`marlhf.runtime.distributed.all_gather_padded`) make the segments independent of the split over ranks
     (``randomized``: per-row draws; ``entropy``: tau over all ranks' rows)."""
-    return rule(
-        TerminationInputs(
-            response_ids=ro.response_ids,
-            action_mask=ro.action_mask,
-            ends_with_eos=ro.ends_with_eos,
-            ref_logprobs=scored.ref_logprobs,
-            ref_entropy=scored.ref_entropy,
-            row_seeds=row_seeds,
-            all_gather=all_gather,
-            old_logprobs=scored.old_logprobs,
-        )
-    )
+    return rule(rollout_termination_inputs(rule, ro, scored, row_seeds, all_gather))
 
 
 def token_rewards(
@@ -115,14 +106,20 @@ def token_rewards(
     dense: torch.Tensor | None = None,
 ) -> Experience:
     """The per-token rewards: r_t = −β·KL_t, + the (clipped) sequence score on the last response
-    token (+ ``--no_eos_penalty`` if cut, + ``dense`` segment rewards); an Experience without
-    advantages. ``scores``: (B,) sequence rewards (:func:`marlhf.stages.ppo.scoring.sequence_scores`).
-    The two parts of the rewards are kept apart too (``kl_rewards``, ``outcome``): ``rewards`` is
-    ``kl_rewards`` with ``outcome`` added on the last valid token."""
+    token (+ ``--no_eos_penalty`` if cut, + ``dense`` segment rewards, + a multi-turn rollout's
+    per-turn rewards on each turn's last action token); an Experience without advantages.
+    ``scores``: (B,) sequence rewards (:func:`marlhf.stages.ppo.scoring.sequence_scores`). The parts
+    of the rewards are kept apart too (``kl_rewards``, ``outcome``, and the per-turn rewards in
+    ``rollout.turn_rewards``, which each estimator takes as it says:
+    :func:`marlhf.algo.estimators.with_turn_rewards`): ``rewards`` is ``kl_rewards`` plus the
+    per-turn rewards, with ``outcome`` added on the last valid token."""
     mask = ro.action_mask
     segments = build_segments(term.macro_end, mask)
     kl = kl_penalty(scored.old_logprobs, scored.ref_logprobs, ppo.kl_estimator) * mask
     clip = ppo.reward_clip if ppo.reward_clip > 0 else None
+    every = dense
+    if ro.turn_rewards is not None:
+        every = ro.turn_rewards if dense is None else dense + ro.turn_rewards
     rewards = compose_rewards(
         kl,
         scores,
@@ -131,7 +128,7 @@ def token_rewards(
         reward_clip=clip,
         ends_with_eos=ro.ends_with_eos,
         no_eos_penalty=ppo.no_eos_penalty,
-        dense=dense,
+        dense=every,
     )
     kl_rewards = kl_token_rewards(kl, mask, kl_coef=kl_coef, dense=dense)
     outcome = sequence_rewards(
@@ -213,7 +210,8 @@ def estimate_advantages(
 
 def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -> EstimatorInputs:
     """What the estimator of ``--advantage_estimator`` reads from the global batch ``exp``: the
-    critic's values only for one that reads a critic."""
+    critic's values only for one that reads a critic; a multi-turn rollout's per-turn rewards
+    where the estimator takes them (:func:`marlhf.algo.estimators.with_turn_rewards`)."""
     mask = exp.rollout.action_mask
     G = ppo.n_samples_per_prompt
     mc = None
@@ -226,15 +224,20 @@ def estimator_inputs(exp: Experience, segments: MacroSegments, ppo: PPOConfig) -
             values=exp.mc_values,
             prompt_values=exp.mc_prompt_values,
         )
-    return EstimatorInputs(
+    inputs = EstimatorInputs(
         kl_rewards=exp.kl_rewards,
         scores=exp.outcome,
         action_mask=mask,
         segments=segments,
-        values=exp.values if ESTIMATORS[ppo.estimator].needs_critic else None,
+        values=exp.values if ppo.needs_critic else None,
         group_ids=group_ids(mask.shape[0], G, mask.device) if G > 1 else None,
         mc=mc,
     )
+    ro = exp.rollout
+    if ro.turn_rewards is None:
+        return inputs
+    how = estimator_class(ppo.advantage_estimator).turn_rewards
+    return with_turn_rewards(inputs, how, ro.turn_rewards, ro.turn_end, ro.turn_index)
 
 
 def experience_stats(
@@ -263,10 +266,7 @@ def estimate(exp: Experience, term: TerminationOutput, cfg: PPOStageConfig) -> E
     segments = segments_of(exp)
     mcfg = cfg.macro
     if mcfg.macro_credit != "all":  # the tokens the policy loss trains (marlhf.macro.credit)
-        credit = credit_mask(
-            segments, mcfg.macro_credit, mcfg.termination_condition, mcfg.lowprob_cut
-        )
-        exp = replace(exp, credit=credit)
+        exp = replace(exp, credit=credit_mask(segments, mcfg))
     advantages, returns = estimate_advantages(exp, segments, cfg)
     stats = experience_stats(exp, segments, term)
     if exp.credit is not None:
@@ -332,6 +332,11 @@ def gather_experience(exp: Experience, pad_id: int, block: int) -> Experience:
             action_mask=rows(ro.action_mask, False),
             ends_with_eos=rows(ro.ends_with_eos, False),
             prompt_ids=[prompt_ids[i] for i in order.tolist()],
+            **{
+                k: rows(getattr(ro, k), pad)
+                for k, pad in TURN_FIELDS.items()
+                if getattr(ro, k) is not None
+            },
         ),
         old_logprobs=rows(exp.old_logprobs, 0.0),
         ref_logprobs=rows(exp.ref_logprobs, 0.0),

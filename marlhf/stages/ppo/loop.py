@@ -1,6 +1,7 @@
 """The training loop of stage 3 (MA-RLHF, Alg. 1). Each PPO step:
 
-1. generate  — sample this step's prompts, generate responses with the actor    (rollout.py)
+1. generate  — sample this step's prompts, generate responses with the actor    (rollout.py;
+               with --env, play multi-turn episodes on the environment          multiturn.py)
 2. score     — log π_old, log π_ref (+ entropy), critic values, reward-model score, and the
                sequence-level reward of each response                            (scoring.py)
 3. segment   — termination rule → macro actions (``--termination_condition``); per-token rewards
@@ -31,12 +32,16 @@ from marlhf.algo.losses import explained_variance, masked_mean
 from marlhf.algo.mismatch import mismatch_metrics
 from marlhf.cli import config_to_dict
 from marlhf.data.collate import PromptCollator
+from marlhf.data.env_rows import load_env_rows
 from marlhf.macro import TerminationRule, build_termination
 from marlhf.macro.render import render_terminal, token_pieces
 from marlhf.models.checks import ppo_model_roles
 from marlhf.models.context import check_context
 from marlhf.models.load import load_tokenizer
 from marlhf.rewards.code import CodeRewarder
+from marlhf.rewards.registry import RewardContext, build_sources, check_sources, source_names
+from marlhf.rewards.sources import check_columns, custom_rewards
+from marlhf.rewards.sources import describe as describe_reward
 from marlhf.runtime import preemption, startup
 from marlhf.runtime.checkpoint import write_json
 from marlhf.runtime.distributed import all_gather_padded, all_reduce_mean, is_main, rank
@@ -56,6 +61,14 @@ from marlhf.stages.ppo.experience import (
 )
 from marlhf.stages.ppo.mc import monte_carlo
 from marlhf.stages.ppo.models import Models, build_models, check_seen_settings, model_config
+from marlhf.stages.ppo.multiturn import (
+    EnvRollouts,
+    check_first_prompt,
+    collect_episodes,
+    env_scores,
+    env_setup,
+    turn_mismatch_metrics,
+)
 from marlhf.stages.ppo.naming import run_label
 from marlhf.stages.ppo.prompts import (
     RolloutPlan,
@@ -172,14 +185,23 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
         first = first_minibatch_rows(plan.rollout_size * plan.world, ppo, state.shuffle)
     # 1. generate, 2. score (the forward passes), one generation batch at a time
     check = mismatch_check_step(cfg, state.step)
-    ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
+    env_metrics: dict[str, float] = {}
+    if run.env is None:
+        ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
+    else:  # --env: multi-turn episodes, laid out as a rollout of their actions
+        ro, scored, metas, prompt_texts, env_metrics = collect_episodes(
+            run, state.step, clock, first, check
+        )
     kept = None
     if first is not None:
         with clock("time/score"):
             scored, kept = kept_critic_values(run.models, ro, scored, first, cfg.perf)
     # 2. the sequence-level reward: RM score (normalised if asked), execution reward, gold oracle
     with clock("time/code_reward" if run.rewarder is not None else None):
-        scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
+        if run.env is None:
+            scores, code_metrics = run.reward(ro, scored.rm_scores, metas, prompt_texts)
+        else:  # the environment's rewards come per turn (ro.turn_rewards)
+            scores, code_metrics = env_scores(run, ro, scored, metas, prompt_texts)
     # per-row randomness is drawn from (seed, step, the row's global index): split-independent, and
     # a resumed run redraws it without a saved generator state (streams 0 segments, 1 dense rewards)
     rows = global_rows(len(ro.prompt_ids), plan.generation_batch, rank(), plan.world)
@@ -235,9 +257,14 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     # 6. metrics (the loop logs them)
     metrics = {**exp.stats, **upd, **clock.times, **clock.resources_metrics(), **code_metrics}
     metrics.update(mc_stats)
+    metrics.update(env_metrics)
     if exp.trainer_logprobs is not None:  # the trainer scored the rollout's record
         mask, seg = exp.rollout.action_mask, exp.segment_ids
         metrics.update(mismatch_metrics(exp.trainer_logprobs, exp.rollout_logprobs, mask, seg))
+        if exp.rollout.turn_index is not None:  # and per turn
+            turns = exp.rollout.turn_index
+            trainer, record = exp.trainer_logprobs, exp.rollout_logprobs
+            metrics.update(turn_mismatch_metrics(trainer, record, mask, turns))
     metrics = step_metrics(run, state, metrics, ro, scored, scores, exp, prompt_texts)
     return {**metrics, **lrs}, ro, exp, prompt_texts
 
@@ -252,13 +279,16 @@ def step_metrics(
     exp: Experience,
     prompt_texts: list[str],
 ) -> dict[str, float]:
-    """``metrics`` with the step's score, KL coefficient, critic and gold metrics, averaged over
+    """``metrics`` with the step's score (with ``--env``, the episodes' total reward), KL
+    coefficient, critic and gold metrics, averaged over
     ranks. ``metrics`` (experience and update stats) are over the global batch already (the same on
     every rank); the row means of this rank's rows (score, gold) average over ranks (equal counts)."""
     raw_rm = scored.rm_scores
     metrics["objective/score"] = (
         float(raw_rm.mean()) if raw_rm is not None else float(scores.mean())
     )
+    if ro.turn_rewards is not None:  # --env: the episodes' total reward
+        metrics["objective/score"] = float((scores + ro.turn_rewards.sum(1)).mean())
     metrics["objective/kl_coef"] = state.kl_ctl.value
     if run.models.critic is not None:
         metrics.update(critic_metrics(exp))
@@ -359,10 +389,11 @@ class Run:
     eos_ids: list[int]
     gold: Callable[[str, str], float] | None  # the synthetic task's gold scorer (logged)
     rewarder: CodeRewarder | None  # the execution reward (--reward_source code / rm+code)
-    reward: SequenceReward  # the step's sequence-level reward (--reward_source)
+    reward: SequenceReward  # the sequence-level reward (--reward_source, --reward_fn, --reward_url)
     run_config: dict  # run_config.json: the config as it ran (the backend resolved)
     settings: dict | None = None  # the run's settings, saved with each training state
     eval_prompts: Dataset | None = None  # the held-out prompts (with --eval_interval)
+    env: EnvRollouts | None = None  # --env: the environment the episodes are played on
 
 
 def setup(cfg: PPOStageConfig) -> Run:
@@ -374,11 +405,24 @@ def setup(cfg: PPOStageConfig) -> Run:
     out = ensure_output_dir(cfg.log.output_dir)
     check_seen_settings(cfg)  # the models see the texts they were trained on
     tokenizer = load_tokenizer(model_config(mc, mc.actor), padding_side="left")
-    check_context(ppo_model_roles(mc, ppo.reward_source), sequence_lengths(cfg))
-    prompts, dropped = load_prompts(cfg, tokenizer)
+    source = cfg.reward_source  # --reward_source, auto resolved
+    check_sources(source)
+    check_context(ppo_model_roles(mc, source), sequence_lengths(cfg))
+    env = None
+    if cfg.env.env is not None:  # multi-turn: the environment and the prompt rows it plays
+        env = env_setup(cfg.env, tokenizer)
+        prompts, dropped = load_env_rows(cfg.data.data_path, cfg.data.max_samples), 0
+        check_first_prompt(env.layout, prompts, cfg.env.max_total_seq_len)
+    else:
+        prompts, dropped = load_prompts(cfg, tokenizer)
+    custom = custom_rewards(cfg.reward)  # the user's functions load here: their errors come first
+    if env is None:
+        check_columns(custom, prompts["meta"])
     startup.mark("data")
     plan = plan_rollouts(len(prompts), cfg)
-    settings = check_resume(cfg, cfg.log, global_sizes(plan, cfg))
+    # what ran (and what a resume compares): the config with --reward_source resolved
+    ran = replace(cfg, ppo=replace(ppo, reward_source=source))
+    settings = check_resume(ran, cfg.log, global_sizes(plan, cfg))
     models = build_models(cfg, plan.total_updates, tokenizer)
     startup.mark("models + engines")
     backend = rollout_sampler.run_backend(cfg, models.actor)
@@ -389,8 +433,11 @@ def setup(cfg: PPOStageConfig) -> Run:
         seg_rule is not None and "ref_entropy" in seg_rule.needs
     )
     gold, rewarder = _reward_sources(cfg)
+    score_stats = models.reward_info.get("score_stats") if models.reward_info else None
+    ctx = RewardContext(gold, rewarder, ppo.normalize_reward, score_stats, cfg.reward.reward_errors)
+    sources = build_sources(source_names(source), ctx) + custom
     # what ran: the config with the resolved backend (a copy; the config itself keeps `auto`)
-    run_config = config_to_dict(replace(cfg, generation=replace(g, generation_backend=backend)))
+    run_config = config_to_dict(replace(ran, generation=replace(g, generation_backend=backend)))
     if is_main():
         write_json(out / "run_config.json", run_config)
         ds = {"actor": models.actor_ds, "critic": models.critic_ds}
@@ -408,8 +455,13 @@ def setup(cfg: PPOStageConfig) -> Run:
             cfg.macro.termination_condition,
             ppo.estimator,
         )
-    score_stats = models.reward_info.get("score_stats") if models.reward_info else None
-    oracle = gold if ppo.reward_source == "gold" else None
+        if cfg.env.env is not None:
+            extra = " and " + describe_reward(source, cfg.reward) if source != "none" else ""
+            log.info("reward: the environment's, per turn (--env %s)%s", cfg.env.env, extra)
+        else:
+            log.info("reward: %s", describe_reward(source, cfg.reward))
+    oracle = gold if "gold" in source_names(source) else None
+    errors = cfg.reward.reward_errors
     run = Run(
         cfg=cfg,
         out=out,
@@ -426,10 +478,11 @@ def setup(cfg: PPOStageConfig) -> Run:
         eos_ids=eos_token_ids(tokenizer, cfg.data),
         gold=gold,
         rewarder=rewarder,
-        reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle),
+        reward=SequenceReward(tokenizer, ppo, rewarder, score_stats, oracle, sources, errors),
         run_config=run_config,
         settings=settings,
         eval_prompts=load_eval_prompts(cfg, tokenizer) if cfg.log.eval_interval > 0 else None,
+        env=env,
     )
     # last: the sampler, once per run (an engine of its own gets the weights from `train`)
     models.sampler = rollout_sampler.open_run_sampler(cfg, plan, models.actor, backend)
@@ -437,8 +490,11 @@ def setup(cfg: PPOStageConfig) -> Run:
 
 
 def sequence_lengths(cfg: PPOStageConfig) -> dict[str, int]:
-    """The flags whose sum is the longest sequence a PPO model reads (prompt + response)."""
+    """The flags whose sum is the longest sequence a PPO model reads (prompt + response; with
+    ``--env``, the whole conversation)."""
     g = cfg.generation
+    if cfg.env.env is not None:
+        return {"--max_total_seq_len": cfg.env.max_total_seq_len}
     return {
         "--max_prompt_seq_len": g.max_prompt_seq_len,
         "--max_answer_seq_len": g.max_answer_seq_len,
@@ -455,19 +511,12 @@ def global_sizes(plan: RolloutPlan, cfg: PPOStageConfig) -> dict[str, int]:
 
 
 def _reward_sources(cfg: PPOStageConfig):
-    """The gold scorer (or None) and the code rewarder (or None) of ``--reward_source``."""
-    ppo = cfg.ppo
-    gold = gold_scorer(cfg.data)
-    if ppo.reward_source == "gold" and gold is None:
-        raise ValueError(
-            "--reward_source gold needs a synthetic task's prompts (--data_path synthetic-tldr, "
-            "synthetic-facts-16|64|256 or synthetic-verdict-16|64|256): the gold score is only "
-            "defined there"
-        )
+    """The gold scorer (or None: the data are no synthetic task) and the code rewarder (or None)
+    of ``--reward_source``."""
     rewarder = None
-    if ppo.reward_source in ("code", "rm+code"):
+    if "code" in source_names(cfg.reward_source):
         rewarder = CodeRewarder.from_config(cfg.code)
-    return gold, rewarder
+    return gold_scorer(cfg.data), rewarder
 
 
 def pretraining_mix(run: Run, state: TrainState):

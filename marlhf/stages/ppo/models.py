@@ -35,6 +35,7 @@ from marlhf.models.generation import GenerationBackend
 from marlhf.models.load import load_causal_lm, resolve_model_path, set_model_dropout
 from marlhf.models.lora import apply_lora, log_parameter_counts, wrap_lora
 from marlhf.models.reward_model import RewardModel, load_reward_model
+from marlhf.rewards.registry import reads_reward_model
 from marlhf.runtime.distributed import is_main
 from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
 from marlhf.stages.ppo.config import (
@@ -53,7 +54,7 @@ class Models:
     actor: object  # DeepSpeed engine (causal LM, possibly peft)
     critic: object | None  # DeepSpeed engine (RewardModel); None for a critic-free estimator
     ref: object  # DeepSpeed engine, frozen
-    reward: object | None  # DeepSpeed engine, frozen RewardModel (None with --reward_source code)
+    reward: object | None  # DeepSpeed engine, frozen RewardModel (None unless --reward_source rm)
     reward_info: dict  # the reward model's reward_config.json ({} when there is none)
     actor_ds: dict  # the actor's DeepSpeed config (saved as ds_config.json)
     critic_ds: dict | None  # the critic's DeepSpeed config (None without a critic)
@@ -157,10 +158,10 @@ def _load_critic(cfg: PPOStageConfig):
     mc = cfg.models
     dtype = _DTYPES[mc.effective_dtype]
     critic_path = mc.critic.model.model_name_or_path or mc.actor.model.model_name_or_path
-    problem = critic_problem(mc, cfg.ppo.reward_source)
+    problem = critic_problem(mc, cfg.reward_source)
     if problem:
         raise ValueError(problem)
-    head = critic_head(mc, cfg.ppo.reward_source)
+    head = critic_head(mc, cfg.reward_source)
     if is_reward_dir(critic_path):
         critic, info = load_reward_model(critic_path, dtype=dtype)
         if head == "fresh":
@@ -202,19 +203,19 @@ def build_critic(cfg: PPOStageConfig, total_updates: int) -> tuple[object, dict,
 def build_reward(cfg: PPOStageConfig, critic_info: dict) -> tuple[object | None, dict]:
     """The frozen reward model's engine (None unless --reward_source uses it) and its
     reward_config.json (``critic_info`` when there is no reward model)."""
-    mc = cfg.models
-    if cfg.ppo.reward_source not in ("rm", "rm+code"):
+    mc, source = cfg.models, cfg.reward_source
+    if not reads_reward_model(source):
         return None, critic_info
     name = mc.reward_model_name_or_path or mc.critic.model.model_name_or_path
     if not name:
         raise ValueError(
-            f"--reward_source {cfg.ppo.reward_source} needs a reward model: pass the output of "
+            f"--reward_source {source} needs a reward model: pass the output of "
             "stage 2 as --reward_model_name_or_path"
         )
     if not is_reward_dir(name):
         raise ValueError(
             f"{model_flag(mc, 'reward')}: not a reward-model directory (no reward_config.json); "
-            f"--reward_source {cfg.ppo.reward_source} needs one: pass the output of stage 2 as "
+            f"--reward_source {source} needs one: pass the output of stage 2 as "
             "--reward_model_name_or_path"
         )
     reward, info = load_reward_model(name, dtype=_DTYPES[mc.effective_dtype])
@@ -230,7 +231,7 @@ def check_seen_settings(cfg: PPOStageConfig) -> None:
     (:func:`marlhf.models.checks.settings_mismatches`: ``--apply_chat_template``,
     ``--end_of_conversation_token``); a mismatch is refused, or with ``--allow_settings_mismatch``
     logged as a warning."""
-    roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+    roles = ppo_model_roles(cfg.models, cfg.reward_source)
     problems = settings_mismatches(roles, vars(cfg.data))
     if not problems:
         return
@@ -250,7 +251,7 @@ def build_models(cfg: PPOStageConfig, total_updates: int, tokenizer: Any = None)
     before any weights are loaded (`marlhf.models.checks.check_same_tokenizer`; ``tokenizer``, the
     actor's as the stage loaded it, is not loaded again). The critic only when the estimator reads
     one (``--advantage_estimator gae``)."""
-    roles = ppo_model_roles(cfg.models, cfg.ppo.reward_source)
+    roles = ppo_model_roles(cfg.models, cfg.reward_source)
     # the stage's tokenizer is the one the check loads for the actor's directory (unless a
     # tokenizer is named apart from the model)
     own = cfg.models.actor.model

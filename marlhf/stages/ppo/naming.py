@@ -13,44 +13,31 @@
 
 from __future__ import annotations
 
+from marlhf.algo.registry import estimator_class
 from marlhf.macro.config import MacroConfig
-from marlhf.macro.naming import describe
+from marlhf.macro.rules import rule_class
 from marlhf.stages.ppo.config import ActorCriticConfig
-
-_ESTIMATOR_NAMES = {
-    "grpo": "GRPO",
-    "dr_grpo": "Dr. GRPO",
-    "rloo": "RLOO",
-    "reinforce_pp": "REINFORCE++",
-    "macro_mc": "MA-MC",
-}
 
 
 def token_level(macro: MacroConfig) -> bool:
     """Whether the rule makes every token its own macro action (``fixed`` with n = 1)."""
-    return macro.termination_condition == "fixed" and macro.ngram == 1
+    return rule_class(macro.termination_condition).token_level(macro)
 
 
 def macro_label(macro: MacroConfig) -> str:
-    """``n=5`` for fixed n-grams, else the rule's description (``entropy (tau=2)``...)."""
-    if macro.termination_condition == "fixed":
-        return f"n={macro.ngram}"
-    return describe(macro)
+    """The rule's short label: ``n=5`` for fixed n-grams, else its label (``entropy (tau=2)``...)."""
+    return rule_class(macro.termination_condition).short_label(macro)
 
 
 def run_label(cfg) -> str:
     """``PPO`` (GAE over tokens), ``MA-PPO n=5`` (GAE over macro actions), ``GRPO``, ``RLOO``,
-    ``Dr. GRPO``, ``REINFORCE++``, ``MA-MC`` (``macro_mc``); a critic-free estimator over macro
+    ``Dr. GRPO``, ``REINFORCE++``, ``MA-MC`` (``macro_mc``): the estimator's run label
+    (:meth:`marlhf.algo.registry.Estimator.run_label`); a critic-free estimator over macro
     actions carries the rule too (``GRPO, macro n=5``); ``--macro_credit boundary`` adds
     ``, boundary credit``."""
     credit = ", boundary credit" if cfg.macro.macro_credit == "boundary" else ""
-    name = cfg.ppo.estimator
-    if name == "gae":
-        return ("PPO" if token_level(cfg.macro) else f"MA-PPO {macro_label(cfg.macro)}") + credit
-    label = _ESTIMATOR_NAMES.get(name, name)
-    if name == "macro_mc" or token_level(cfg.macro):
-        return f"{label} {macro_label(cfg.macro)}{credit}" if name == "macro_mc" else label
-    return f"{label}, macro {macro_label(cfg.macro)}"
+    est = estimator_class(cfg.ppo.advantage_estimator)
+    return est.run_label(macro_label(cfg.macro), token_level(cfg.macro)) + credit
 
 
 def _critic_free():

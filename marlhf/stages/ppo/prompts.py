@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from marlhf.data.collate import SFTCollator
 from marlhf.data.tokenize import build_prompt_dataset, build_sft_dataset
+from marlhf.rewards.registry import unusable_prompts
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.distributed import rank, world_size
 from marlhf.runtime.rows import step_prompt_indices
-from marlhf.stages.ppo.scoring import has_tests
 
 if TYPE_CHECKING:
     from marlhf.stages.ppo.config import PPOStageConfig
@@ -94,7 +94,8 @@ def plan_rollouts(n_prompts: int, cfg: PPOStageConfig) -> RolloutPlan:
 def load_prompts(cfg: PPOStageConfig, tokenizer):
     """The PPO split's tokenised prompts (left-padded by the collator later), and the number of
     over-long prompts dropped or truncated. With a code reward, problems without usable test cases
-    are left out (APPS has a few)."""
+    are left out (APPS has a few); a source that cannot score some prompts otherwise (``math``
+    without an answer column, ``reasoning-gym`` on other data) refuses the data."""
     g, ppo = cfg.generation, cfg.ppo
     prompts, dropped = build_prompt_dataset(
         cfg.data,
@@ -105,15 +106,17 @@ def load_prompts(cfg: PPOStageConfig, tokenizer):
         phase=3,
         overlong="drop" if g.overlong_prompts == "drop" else "truncate_left",
     )
-    if ppo.reward_source in ("code", "rm+code"):
-        keep = [i for i, m in enumerate(prompts["meta"]) if has_tests(m)]
-        if len(keep) < len(prompts):
-            log.warning(
-                "%d of %d PPO prompts have no usable test cases for the code reward; left out",
-                len(prompts) - len(keep),
-                len(prompts),
-            )
-            prompts = prompts.select(keep)
+    drop, refusals = unusable_prompts(cfg.reward_source, prompts["meta"], prompts["prompt_id"])
+    if refusals:
+        raise ValueError("; ".join(refusals))
+    if drop:  # the code reward's problems without tests
+        log.warning(
+            "%d of %d PPO prompts have no usable test cases for the code reward; left out",
+            len(drop),
+            len(prompts),
+        )
+        gone = set(drop)
+        prompts = prompts.select([i for i in range(len(prompts)) if i not in gone])
     return prompts, dropped
 
 

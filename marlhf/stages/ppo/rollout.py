@@ -1,5 +1,15 @@
 """1. Rollout: generate responses with the actor and pack them for scoring (the layout of a packed
-batch: :mod:`marlhf.models.sequences`)."""
+batch: :mod:`marlhf.models.sequences`).
+
+A multi-turn rollout (``--env``, :mod:`marlhf.stages.ppo.multiturn`) keeps this layout for the
+actions: ``sequences`` hold each whole conversation (the first prompt, then actions and
+observations interleaved), and ``response_ids`` only the policy's tokens, *compacted*: row ``b``'s
+actions left-aligned in order, ``action_positions[b, j]`` the place of action ``j`` in the
+conversation after its first prompt. Everything that reads ``(B, A)`` tensors (the termination
+rules, rewards, estimators, losses, metrics) then sees the actions alone, as in a single-turn
+rollout, and the forward passes read each action's log-prob and value where it sits in the
+conversation: observations get no advantage, no KL and no entropy by construction.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from marlhf.models.generation import GenerationBackend, sample_responses
+from marlhf.models.generation import GenerationBackend
+from marlhf.models.generation.sampling import sample_responses
 from marlhf.models.sequences import pack_flush_left
 
 if TYPE_CHECKING:
@@ -33,6 +44,14 @@ class Rollout:
     # top-k/top-p; 0 on padding
     logprobs: torch.Tensor | None = None  # (B, A) float32
     entropy: torch.Tensor | None = None  # (B, A) float32
+    # a multi-turn rollout (module doc; None otherwise): where each action sits in the response
+    # (the conversation after the first prompt), 0 on padding; each turn's last action token
+    # (where its reward goes); the turn of each action (1, 2, ...; 0 on padding); the rewards the
+    # environment gave, each on its turn's last action token (0 elsewhere)
+    action_positions: torch.Tensor | None = None  # (B, A) long
+    turn_end: torch.Tensor | None = None  # (B, A) bool
+    turn_index: torch.Tensor | None = None  # (B, A) long
+    turn_rewards: torch.Tensor | None = None  # (B, A) float32
 
 
 # --------------------------------------------------------------------------------------------------
@@ -49,7 +68,9 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
     return ids
 
 
-def _zero3_gather(engine, enabled: bool):
+def zero3_gather(engine, enabled: bool):
+    """The context in which a backend samples with ``engine``'s module: its ZeRO-3 weights gathered
+    when ``enabled`` (``--enable_zero3_generation_gather``), else nothing."""
     if not enabled or engine.zero_optimization_stage() != 3:
         return nullcontext()
     import deepspeed
@@ -85,7 +106,7 @@ def generate(
     pad = tokenizer.pad_token_id
     if sampler.uses_model:
         actor.eval()
-        with _zero3_gather(actor, g.enable_zero3_generation_gather):
+        with zero3_gather(actor, g.enable_zero3_generation_gather):
             out = sample_responses(sampler, prompt_ids, prompt_mask, g, eos_ids, pad, row_seeds)
         actor.train()
     else:
@@ -127,7 +148,16 @@ def concat_rollouts(rollouts: list[Rollout], pad_id: int) -> Rollout:
         prompt_ids=sum((r.prompt_ids for r in rollouts), []),
         logprobs=_cat_recorded([r.logprobs for r in rollouts], A),
         entropy=_cat_recorded([r.entropy for r in rollouts], A),
+        **{
+            k: torch.cat([pad_right(getattr(r, k), A, pad) for r in rollouts])
+            for k, pad in TURN_FIELDS.items()
+            if getattr(rollouts[0], k) is not None
+        },
     )
+
+
+# the per-action fields of a multi-turn rollout and their padding
+TURN_FIELDS = {"action_positions": 0, "turn_end": False, "turn_index": 0, "turn_rewards": 0.0}
 
 
 def _cat_recorded(xs: list[torch.Tensor | None], width: int) -> torch.Tensor | None:
@@ -156,4 +186,5 @@ def slice_rollout(ro: Rollout, idx: torch.Tensor) -> Rollout:
         prompt_ids=[ro.prompt_ids[i] for i in idx.tolist()],
         logprobs=None if ro.logprobs is None else ro.logprobs[idx, :a],
         entropy=None if ro.entropy is None else ro.entropy[idx, :a],
+        **{k: getattr(ro, k)[idx, :a] for k in TURN_FIELDS if getattr(ro, k) is not None},
     )

@@ -40,6 +40,7 @@ from marlhf.models.generation import (
     AUTO,
     GenerationBackend,
     SamplerSetup,
+    backend_info,
     backend_names,
     get_backend,
     open_sampler,
@@ -72,7 +73,7 @@ def check_flags(cfg: PPOStageConfig) -> None:
         and not g.enable_zero3_generation_gather
         and not backend.samples_partitioned
     ):
-        partitioned = [n for n in backend_names() if get_backend(n).samples_partitioned]
+        partitioned = [n for n in backend_names() if backend_info(n).samples_partitioned]
         raise ValueError(
             f"--enable_zero3_generation_gather false: --generation_backend {backend.name} "
             "samples with the whole weights, never with the ZeRO-3 partitioned actor (those "

@@ -1,25 +1,34 @@
 """2. Score a rollout: the forward passes (log π_old, log π_ref, entropies, critic values, the reward
-model) and the sequence-level reward of each response (reward model, code execution or the gold
-oracle, and Segment-PPO's dense segment rewards).
+model) and the sequence-level reward of each response (the sources of ``--reward_source``, the
+``--reward_fn`` functions and the ``--reward_url`` server, added up by :mod:`marlhf.rewards`; and
+Segment-PPO's dense segment rewards).
 
 What the forward passes give is a :class:`Scored`; the sequence-level reward a (B,) tensor.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from marlhf.algo.kl_rewards import normalize_scores, spread_segment_rewards
+from marlhf.algo.kl_rewards import spread_segment_rewards
 from marlhf.data.long_tasks import gold_scorer_for
-from marlhf.macro import MacroConfig, TerminationInputs, build_segments, build_termination
+from marlhf.macro import (
+    MacroConfig,
+    TerminationInputs,
+    TerminationRule,
+    build_segments,
+    build_termination,
+    termination_inputs,
+)
 from marlhf.models.sequences import end_index
-from marlhf.rewards.code import TestSuite, code_stats, parse_tests
+from marlhf.rewards.execution import has_prompt_tests
+from marlhf.rewards.registry import RewardContext, build_sources
 from marlhf.rewards.segment import segment_positions, segment_readout
+from marlhf.rewards.terms import RewardBatch, RewardFn, combine
 from marlhf.runtime.distributed import all_gather_padded, world_size
 from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward, reward_forward
 from marlhf.stages.ppo.models import eval_mode
@@ -181,9 +190,12 @@ def _other_rows(B: int, rows: torch.Tensor) -> torch.Tensor:
 def reuses_critic_forward(models: Models, perf: PerfConfig) -> bool:
     """Whether the update's first minibatch takes its critic pass from scoring
     (``--reuse_critic_forward``): on one rank (elsewhere the first minibatch holds other ranks'
-    rows), on the default path, with no dropout in the critic (scoring runs it without dropout,
-    the update with it)."""
+    rows), on the default path, without a token budget (the update's critic passes are then its
+    micro-batches), with no dropout in the critic (scoring runs it without dropout, the update
+    with it)."""
     if not perf.reuse_critic_forward or models.critic is None or world_size() != 1:
+        return False
+    if perf.batching.max_tokens_per_micro_batch:  # the update cuts the minibatch by tokens
         return False
     if perf.score_all_positions:
         return False
@@ -237,31 +249,47 @@ def gold_scorer(data: DataConfig):
     return gold_scorer_for(data.data_path)
 
 
-def _test_suite(meta: dict):
-    """The test cases of a prompt's problem (APPS ``input_output``); an empty suite if none."""
-    raw = meta.get("tests") or meta.get("input_output")
-    return parse_tests(raw) if raw else TestSuite((), ())
-
-
 def has_tests(meta_json: str) -> bool:
     """Whether a prompt's ``meta`` (JSON) holds usable test cases for the code reward."""
-    try:
-        return len(_test_suite(json.loads(meta_json or "{}"))) > 0
-    except ValueError:  # malformed tests: the problem cannot be scored
-        return False
+    return has_prompt_tests(meta_json)
 
 
-def _code_rewards(
-    ro: Rollout, metas: list[dict], tokenizer, rewarder
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Execution reward (B,) of each response against its task's test cases (sandboxed), and the
-    batch's ``code/*`` metrics (:func:`marlhf.rewards.code.code_stats`)."""
-    texts = tokenizer.batch_decode(
+def response_texts(ro: Rollout, tokenizer) -> list[str]:
+    """The rollout's B responses as text (padding masked, special tokens dropped): what the
+    rewards read."""
+    return tokenizer.batch_decode(
         ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
         skip_special_tokens=True,
     )
-    rewards, results = rewarder.evaluate(texts, [_test_suite(m) for m in metas])
-    return torch.tensor(rewards, dtype=torch.float32), code_stats(results, rewards)
+
+
+def reward_scores(
+    ro: Rollout,
+    rm_scores: torch.Tensor | None,
+    metas: list[dict],
+    prompt_texts: list[str],
+    tokenizer,
+    sources: tuple[RewardFn, ...],
+    errors: str = "raise",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The sequence-level reward of each response, (B,) on the rollout's device: the sum of what
+    ``sources`` (:func:`marlhf.rewards.registry.build_sources`,
+    :func:`marlhf.rewards.sources.custom_rewards`) give, in their order
+    (:func:`marlhf.rewards.terms.combine`), and their metrics (``code/*``, ``reward/*``).
+    ``rm_scores``: (B,) the reward model's end scores (:attr:`Scored.rm_scores`), or None."""
+    batch = RewardBatch(list(prompt_texts), response_texts(ro, tokenizer), metas, rm_scores)
+    terms = [t for source in sources for t in source(batch)]
+    return combine(terms, batch, ro.sequences.device, errors)
+
+
+def builtin_sources(
+    rm: bool, ppo: PPOConfig, rewarder=None, score_stats=None, oracle=None
+) -> tuple[RewardFn, ...]:
+    """The registered sources of the arguments of :func:`sequence_scores`, in the order they add
+    up: the ``oracle`` (gold), the reward model's scores when ``rm`` (normalised with
+    ``--normalize_reward``), the code ``rewarder``."""
+    names = [n for n, on in (("gold", oracle), ("rm", rm), ("code", rewarder)) if on]
+    return build_sources(names, RewardContext(oracle, rewarder, ppo.normalize_reward, score_stats))
 
 
 def sequence_scores(
@@ -283,42 +311,32 @@ def sequence_scores(
     score of each response to ``prompt_texts[b]``. Returns the scores and the ``code/*`` metrics
     ({} without a rewarder). The (clipped) score goes on each row's last valid token
     (:func:`marlhf.stages.ppo.experience.token_rewards`)."""
-    scores = torch.zeros(ro.sequences.shape[0], device=ro.sequences.device)
-    if oracle is not None:
-        if prompt_texts is None or len(prompt_texts) != len(scores):
-            raise ValueError("an oracle reward needs one prompt text per response")
-        texts = tokenizer.batch_decode(
-            ro.response_ids.masked_fill(~ro.action_mask, tokenizer.pad_token_id),
-            skip_special_tokens=True,
-        )
-        scores = scores + torch.tensor(
-            [float(oracle(p, r)) for p, r in zip(prompt_texts, texts, strict=True)],
-            device=scores.device,
-        )
-    stats: dict[str, float] = {}
-    if rm_scores is not None:
-        rm = rm_scores
-        if ppo.normalize_reward and score_stats is not None:
-            rm = normalize_scores(rm, score_stats.mean, score_stats.std)
-        scores = scores + rm
-    if rewarder is not None:
-        code, stats = _code_rewards(ro, metas, tokenizer, rewarder)
-        scores = scores + code.to(scores.device)
-    return scores, stats
+    B = ro.sequences.shape[0]
+    if oracle is not None and (prompt_texts is None or len(prompt_texts) != B):
+        raise ValueError("an oracle reward needs one prompt text per response")
+    sources = builtin_sources(rm_scores is not None, ppo, rewarder, score_stats, oracle)
+    texts = prompt_texts if prompt_texts is not None else [""] * B
+    return reward_scores(ro, rm_scores, metas, texts, tokenizer, sources)
 
 
 @dataclass(frozen=True)
 class SequenceReward:
-    """The step's sequence-level reward (``--reward_source``), built once by the loop and read by the
-    step and by ``macro_mc``'s continuations alike: ``reward(ro, rm_scores, metas, prompt_texts)`` is
+    """The step's sequence-level reward, built once by the loop and read by the step, by
+    ``macro_mc``'s continuations and by the held-out evaluation alike:
+    ``reward(ro, rm_scores, metas, prompt_texts)`` is :func:`reward_scores` over ``sources`` (the
+    run's ``--reward_source``, ``--reward_fn`` and ``--reward_url``:
+    :func:`marlhf.rewards.registry.build_sources`, :func:`marlhf.rewards.sources.custom_rewards`),
+    or, without ``sources``,
     :func:`sequence_scores` with the run's tokenizer, reward settings, code rewarder, the reward
-    model's score statistics and (``--reward_source gold``) the oracle."""
+    model's score statistics and the oracle."""
 
     tokenizer: Any
     ppo: PPOConfig
     rewarder: CodeRewarder | None = None
     score_stats: ScoreStats | None = None
     oracle: Callable[[str, str], float] | None = None
+    sources: tuple[RewardFn, ...] = ()
+    errors: str = "raise"  # --reward_errors
 
     def __call__(
         self,
@@ -327,6 +345,10 @@ class SequenceReward:
         metas: list[dict],
         prompt_texts: list[str],
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.sources:
+            return reward_scores(
+                ro, rm_scores, metas, prompt_texts, self.tokenizer, self.sources, self.errors
+            )
         return sequence_scores(
             ro,
             rm_scores,
@@ -371,19 +393,33 @@ def dense_rewards(
     ``normalizer``: from :func:`segment_rule`."""
     if scored.rm_values is None:
         raise ValueError("--dense_reward needs the segment reward model's per-token values")
-    term = seg_rule(
-        TerminationInputs(
-            ro.response_ids,
-            ro.action_mask,
-            ro.ends_with_eos,
-            scored.ref_logprobs,
-            scored.ref_entropy,
-            row_seeds=seeds,
-            all_gather=all_gather_padded,
-        )
-    )
+    term = seg_rule(rollout_termination_inputs(seg_rule, ro, scored, seeds, all_gather_padded))
     seg_rewards, seg_mask = segment_readout(scored.rm_values, ro.response_start, term.macro_end)
     if normalizer is not None:
         seg_rewards = normalizer.apply(seg_rewards, segment_positions(seg_mask)) * seg_mask
     seg_ids = build_segments(term.macro_end, ro.action_mask).ids
     return spread_segment_rewards(seg_rewards, seg_ids, ppo.dense_reward_mode)
+
+
+def rollout_termination_inputs(
+    rule: TerminationRule,
+    ro: Rollout,
+    scored: Scored,
+    row_seeds: torch.Tensor | None = None,
+    all_gather: Callable | None = None,
+) -> TerminationInputs:
+    """What ``rule`` reads of a scored rollout (`marlhf.macro.rules.termination_inputs`): the
+    reference model's log-probs and entropies, the rollout's log π_old of the sampled tokens and
+    a multi-turn rollout's turn ends."""
+    return termination_inputs(
+        rule,
+        ro.response_ids,
+        ro.action_mask,
+        ro.ends_with_eos,
+        ref_logprobs=scored.ref_logprobs,
+        ref_entropy=scored.ref_entropy,
+        old_logprobs=scored.old_logprobs,
+        row_seeds=row_seeds,
+        all_gather=all_gather,
+        turn_end=ro.turn_end,
+    )

@@ -17,7 +17,7 @@ loop runs it once, with grad, while scoring (:func:`first_minibatch_rows` reads 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,12 +25,14 @@ import torch
 from marlhf.algo.kl_rewards import kl_penalty
 from marlhf.algo.losses import agg_loss, entropy_bonus, policy_loss, policy_terms, value_loss
 from marlhf.algo.mismatch import importance_weights
-from marlhf.models.lm_loss import lm_loss_sum
+from marlhf.models.lm_loss import causal_lm_loss_sum
+from marlhf.models.packing import packing_mode
 from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.runtime.finite import guarded_step
+from marlhf.runtime.micro_batches import accumulation_boundary, split_rows
 from marlhf.stages.ppo.experience import Experience
 from marlhf.stages.ppo.forward import KeptValues, critic_forward, policy_forward
-from marlhf.stages.ppo.rollout import Rollout, slice_rollout
+from marlhf.stages.ppo.rollout import Rollout, sequence_lengths, slice_rollout
 
 if TYPE_CHECKING:
     from marlhf.stages.ppo.config import PPOConfig, PPOStageConfig
@@ -98,12 +100,13 @@ def minibatches(exp: Experience, ppo: PPOConfig, generator: torch.Generator):
             )
 
 
-def unsup_loss(actor, batches: Iterator[dict]) -> torch.Tensor:
+def unsup_loss(actor, batches: Iterator[dict], packing: bool = False) -> torch.Tensor:
     """The SFT LM loss of this rank's next pretraining-mix batch, divided by the SFT tokens of all
-    ranks' batches (like the PPO terms)."""
+    ranks' batches (like the PPO terms); packed with ``packing`` where the actor packs exactly."""
     sft = {k: v.to(actor.device) for k, v in next(batches).items()}
-    logits = actor(input_ids=sft["input_ids"], attention_mask=sft["attention_mask"]).logits
-    nll, count = lm_loss_sum(logits, sft["labels"])
+    nll, count = causal_lm_loss_sum(
+        actor, sft["input_ids"], sft["attention_mask"], sft["labels"], packing=packing
+    )
     return nll / all_reduce_sum(count).clamp(min=1)
 
 
@@ -118,7 +121,25 @@ def actor_step(
     """One actor step on minibatch ``m``: the clipped policy loss (token, macro or sequence ratio,
     reduced by ``--loss_agg_mode`` with the whole minibatch's counts), minus ``--entropy_coef`` ×
     entropy, plus ``--kl_loss_coef`` × the KL to the reference, plus ``--unsup_coef`` × the SFT
-    loss. Returns its stats."""
+    loss; with a token budget over the minibatch's :func:`micro_batches`, their gradients
+    accumulated into the one step. Returns its stats."""
+    parts = micro_batches(models.actor, exp, m, cfg)
+    stats: dict = {}
+    for i, part in enumerate(parts):
+        loss, part_stats = actor_loss(models, exp, part, cfg, unsup_batches if i == 0 else None)
+        _backward(models.actor, loss * m.world, i, len(parts))
+        guarded_step(models.actor, step, "actor", loss)
+        _add(stats, part_stats)
+    if len(parts) > 1:
+        accumulation_boundary(models.actor, None)
+    return stats
+
+
+def actor_loss(
+    models: Models, exp: Experience, m: Minibatch, cfg: PPOStageConfig, unsup_batches=None
+) -> tuple[torch.Tensor, dict]:
+    """The actor's loss on (a micro-batch of) minibatch ``m`` and its stats (shares of the
+    minibatch's: every mean is divided by ``m``'s whole-minibatch counts)."""
     ppo = cfg.ppo
     agg = {
         "loss_agg_mode": ppo.policy_loss_agg_mode,
@@ -170,14 +191,42 @@ def actor_step(
         loss = loss - ppo.entropy_coef * ent_mean
         stats["policy/entropy_train"] = ent_mean.detach()
     if unsup_batches is not None:
-        unsup = unsup_loss(models.actor, unsup_batches)
+        unsup = unsup_loss(models.actor, unsup_batches, cfg.perf.grouping.packing)
         loss = loss + ppo.unsup_coef * unsup
         stats["loss/unsup"] = unsup.detach()
-    models.actor.backward(loss * m.world)
-    guarded_step(models.actor, step, "actor", loss)
     stats.update(pstats)
     stats["loss/policy"] = pg.detach()
-    return stats
+    return loss, stats
+
+
+def micro_batches(engine, exp: Experience, m: Minibatch, cfg: PPOStageConfig) -> list[Minibatch]:
+    """``m`` as ``engine`` trains on it: itself, or with ``--max_tokens_per_micro_batch`` its rows
+    cut by that budget (:mod:`marlhf.runtime.micro_batches`; as many micro-batches on every
+    rank), each with ``m``'s whole-minibatch counts, so their losses add up to ``m``'s."""
+    grouping = cfg.perf.grouping
+    if not grouping.max_tokens:
+        return [m]
+    packed = grouping.packing and packing_mode(engine.module) is not None
+    parts = split_rows(
+        sequence_lengths(m.rollout), grouping.max_tokens, packed=packed, agree=world_size() > 1
+    )
+    if len(parts) == 1:
+        return [m]
+    rows = [m.idx[p.to(m.idx.device)] for p in parts]
+    return [replace(m, idx=r, rollout=slice_rollout(exp.rollout, r)) for r in rows]
+
+
+def _backward(engine, loss: torch.Tensor, i: int, n: int) -> None:
+    """The backward pass of micro-batch ``i`` of ``n`` of one optimizer step (the last one ends
+    the step: :func:`marlhf.runtime.micro_batches.accumulation_boundary`)."""
+    if n > 1:
+        accumulation_boundary(engine, i == n - 1)
+    engine.backward(loss)
+
+
+def _add(total: dict, part: dict) -> None:
+    for k, v in part.items():
+        total[k] = total.get(k, 0.0) + v
 
 
 def correction_weights(exp: Experience, m: Minibatch, cfg: PPOStageConfig):
@@ -204,32 +253,41 @@ def critic_step(
     values: torch.Tensor | None = None,
     step: int = 0,
 ) -> dict:
-    """One critic step on minibatch ``m``: the value loss clipped around the old values.
-    ``values``: (mb, A') the critic's forward over ``m.rollout`` with its graph, if it was run
-    already (:class:`KeptValues`); else it is run here."""
-    if values is None:
-        values = critic_forward(
-            models.critic,
-            m.rollout,
-            all_positions=cfg.perf.score_all_positions,
-            groups=cfg.perf.grouping,
-        )
-    elif values.shape != m.rollout.action_mask.shape:
+    """One critic step on minibatch ``m``: the value loss clipped around the old values (over the
+    minibatch's :func:`micro_batches` with a token budget). ``values``: (mb, A') the critic's
+    forward over ``m.rollout`` with its graph, if it was run already (:class:`KeptValues`); else
+    it is run here."""
+    if values is not None and values.shape != m.rollout.action_mask.shape:
         raise ValueError(
             f"kept critic values {tuple(values.shape)} do not fit the first minibatch "
             f"{tuple(m.rollout.action_mask.shape)}"
         )
-    vl, vstats = value_loss(
-        values,
-        m.cut(exp.values),
-        m.cut(exp.returns),
-        m.rollout.action_mask,
-        cliprange_value=cfg.ppo.cliprange_value,
-        num_tokens=m.num_tokens,
-    )
-    models.critic.backward(vl * m.world)
-    guarded_step(models.critic, step, "critic", vl)
-    return {**vstats, "loss/value": vl.detach()}
+    parts = [m] if values is not None else micro_batches(models.critic, exp, m, cfg)
+    stats: dict = {}
+    for i, part in enumerate(parts):
+        if values is None:
+            part_values = critic_forward(
+                models.critic,
+                part.rollout,
+                all_positions=cfg.perf.score_all_positions,
+                groups=cfg.perf.grouping,
+            )
+        else:
+            part_values = values
+        vl, vstats = value_loss(
+            part_values,
+            part.cut(exp.values),
+            part.cut(exp.returns),
+            part.rollout.action_mask,
+            cliprange_value=cfg.ppo.cliprange_value,
+            num_tokens=m.num_tokens,
+        )
+        _backward(models.critic, vl * m.world, i, len(parts))
+        guarded_step(models.critic, step, "critic", vl)
+        _add(stats, {**vstats, "loss/value": vl.detach()})
+    if len(parts) > 1:
+        accumulation_boundary(models.critic, None)
+    return stats
 
 
 def ppo_update(

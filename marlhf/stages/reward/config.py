@@ -1,22 +1,16 @@
-"""The reward-model stage's configuration: the shared model, data, optimisation, DeepSpeed and logging
-parts, the objective (end or segment score, Bradley–Terry options, the normaliser fit) and, for a
-segment RM, the macro-action rule that cuts responses into segments.
+"""The reward-model stage's configuration: the supervised stages' parts (model, data, optimisation,
+DeepSpeed, logging, batching), the objective (end or segment score, Bradley–Terry options, the
+normaliser fit) and, for a segment RM, the macro-action rule that cuts responses into segments.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from marlhf.config import (
-    DeepSpeedConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-    check_own_numbers,
-)
-from marlhf.data.config import DataConfig
+from marlhf.config import check_own_numbers, flag
 from marlhf.macro.config import MacroConfig
 from marlhf.models.config import RM_TYPES
+from marlhf.stages.config import SupervisedConfig
 
 NORMALIZER_SPLITS = ("train", "eval")
 
@@ -25,62 +19,44 @@ NORMALIZER_SPLITS = ("train", "eval")
 class RewardConfig:
     """Reward-model objective: end or segment score, Bradley–Terry options, normaliser fit."""
 
-    rm_type: str = field(
-        default="end",
-        metadata={
-            "help": "`end`: score = value at the last token; `segment` (Segment-PPO): score = mean "
-            "of the values at the last token of each segment cut by --termination_condition.",
-            "choices": RM_TYPES,
-        },
+    rm_type: str = flag(
+        "end",
+        "`end`: score = value at the last token; `segment` (Segment-PPO): score = mean "
+        "of the values at the last token of each segment cut by --termination_condition.",
+        choices=RM_TYPES,
     )
-    use_margin: bool = field(
-        default=False,
-        metadata={
-            "help": "Subtract the data's `margin` column from the score gap (rows without one: 0)."
-        },
+    use_margin: bool = flag(
+        False, "Subtract the data's `margin` column from the score gap (rows without one: 0)."
     )
-    center_rewards_coef: float = field(
-        default=0.0,
-        metadata={
-            "help": "Weight of the reward-centering penalty mean((r_c + r_r)^2) (0: off).",
-            "range": "[0, inf)",
-        },
+    center_rewards_coef: float = flag(
+        0.0,
+        "Weight of the reward-centering penalty mean((r_c + r_r)^2) (0: off).",
+        range="[0, inf)",
     )
-    reference_model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Frozen SFT model whose entropies / log-probs the `entropy` / `ppl` rules read "
-            "(segment RM only); default: --model_name_or_path."
-        },
+    reference_model_name_or_path: str | None = flag(
+        None,
+        "Frozen SFT model whose entropies / log-probs the `entropy` / `ppl` rules read "
+        "(segment RM only); default: --model_name_or_path.",
     )
-    normalizer_split: str = field(
-        default="train",
-        metadata={
-            "help": "Segment RM: split whose chosen responses fit the location-aware normaliser.",
-            "choices": NORMALIZER_SPLITS,
-        },
+    normalizer_split: str = flag(
+        "train",
+        "Segment RM: split whose chosen responses fit the location-aware normaliser.",
+        choices=NORMALIZER_SPLITS,
     )
-    normalizer_max_samples: int = field(
-        default=4096,
-        metadata={
-            "help": "Segment RM: at most this many chosen responses for the normaliser fit (0: all)."
-        },
+    normalizer_max_samples: int = flag(
+        4096, "Segment RM: at most this many chosen responses for the normaliser fit (0: all)."
     )
-    init_value_head: bool = field(
-        default=False,
-        metadata={
-            "help": "Start from the value head saved with --model_name_or_path "
-            "(value_head.safetensors, e.g. tiny-rm-base's, preference-pretrained) instead of a "
-            "fresh one."
-        },
+    init_value_head: bool = flag(
+        False,
+        "Start from the value head saved with --model_name_or_path "
+        "(value_head.safetensors, e.g. tiny-rm-base's, preference-pretrained) instead of a "
+        "fresh one.",
     )
-    num_padding_at_beginning: int = field(
-        default=0,
-        metadata={
-            "help": "Accepted for compatibility with the original scripts and ignored: it skipped "
-            "OPT's leading padding token; the end score here is read from the attention mask, "
-            "which needs no such offset for any model."
-        },
+    num_padding_at_beginning: int = flag(
+        0,
+        "Accepted for compatibility with the original scripts and ignored: it skipped "
+        "OPT's leading padding token; the end score here is read from the attention mask, "
+        "which needs no such offset for any model.",
     )
 
     def __post_init__(self) -> None:
@@ -100,16 +76,8 @@ class RewardConfig:
 
 
 @dataclass
-class RewardStageConfig:
+class RewardStageConfig(SupervisedConfig):
     """Stage 2: reward-model training (Bradley–Terry on end or segment scores)."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    ds: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    log: LoggingConfig = field(default_factory=LoggingConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     macro: MacroConfig = field(default_factory=MacroConfig)
-
-    def __post_init__(self) -> None:
-        self.model.check_lora()

@@ -7,13 +7,14 @@ Shapes: ``B`` pairs, ``T`` full sequence, ``A`` response tokens, ``M`` segments.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from marlhf.macro import TerminationInputs
-from marlhf.models.reward_model import end_scores
+from marlhf.macro import termination_inputs
+from marlhf.models.reward_model import end_scores, padded_values
 from marlhf.models.sequences import response_logprobs_and_entropy
 from marlhf.rewards.segment import (
     segment_readout,
@@ -129,36 +130,41 @@ class Scorer:
 
     @torch.no_grad()
     def macro_end(self, batch: dict, responses: PairResponses, generator: torch.Generator | None):
-        """(2B, A) bool ends of the segments of every row."""
-        ref_logprobs = ref_entropy = None
-        if self.rule.needs & {"ref_logprobs", "ref_entropy"}:
+        """(2B, A) bool ends of the segments of every row; the reference model runs only for a rule
+        that reads its log-probs or entropies."""
+
+        @functools.cache
+        def reference() -> tuple[torch.Tensor, torch.Tensor | None]:
             logits = self.ref(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 use_cache=False,
             ).logits
-            ref_logprobs, ref_entropy = response_logprobs_and_entropy(
+            return response_logprobs_and_entropy(
                 logits,
                 batch["input_ids"],
                 responses.response_start,
                 responses.response_ids.shape[1],
                 with_entropy="ref_entropy" in self.rule.needs,
             )
-        out = self.rule(
-            TerminationInputs(
-                response_ids=responses.response_ids,
-                action_mask=responses.action_mask,
-                ends_with_eos=responses.ends_with_eos,
-                ref_logprobs=ref_logprobs,
-                ref_entropy=ref_entropy,
-                generator=generator,
-            )
+
+        inputs = termination_inputs(
+            self.rule,
+            responses.response_ids,
+            responses.action_mask,
+            responses.ends_with_eos,
+            ref_logprobs=lambda: reference()[0],
+            ref_entropy=lambda: reference()[1],
+            generator=generator,
         )
-        return out.macro_end
+        return self.rule(inputs).macro_end
 
     def scores(self, engine, batch: dict, generator: torch.Generator | None = None):
-        """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch."""
-        values = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        """``(scores (2B,), end scores (2B,), segment mask (2B, M) | None)`` of a device batch
+        (its rows packed with ``--packing``, where the model packs exactly)."""
+        values = padded_values(
+            engine, batch["input_ids"], batch["attention_mask"], packing=self.cfg.batching.packing
+        )
         if not self.segment:
             s = end_scores(values, batch["attention_mask"])
             return s, s, None

@@ -44,46 +44,28 @@ from marlhf.config import ModelConfig
 from marlhf.data.collate import PairCollator
 from marlhf.data.tokenize import build_pair_dataset, eot_ids
 from marlhf.macro import build_termination
-from marlhf.models.context import check_context
 from marlhf.models.load import (
     TORCH_DTYPES,
     load_causal_lm,
-    load_tokenizer,
     resolve_model_path,
     set_dropout_config,
 )
 from marlhf.models.lora import log_parameter_counts, wrap_lora
-from marlhf.models.reward_model import (
-    RewardModel,
-    load_value_head,
-)
+from marlhf.models.packing import packing_mode
+from marlhf.models.reward_model import RewardModel, RewardModelInfo, load_value_head
 from marlhf.models.save import save_reward_checkpoint
 from marlhf.rewards.segment import ScoreStats
-from marlhf.runtime import startup
 from marlhf.runtime.distributed import all_reduce_sum, is_main
-from marlhf.runtime.engine import build_eval_engine, build_train_engine, ds_config
+from marlhf.runtime.engine import build_eval_engine, ds_config
 from marlhf.runtime.finite import guarded_step
-from marlhf.stages.common import (
-    StepPlan,
-    check_resume,
-    ensure_output_dir,
-    plan_steps,
-    run_stage,
-    start,
-    supervised_loop,
-    to_device,
-    write_run_config,
-)
+from marlhf.runtime.micro_batches import accumulate, regroup
+from marlhf.stages.common import SupervisedSetup, run_stage, setup_supervised, to_device
 from marlhf.stages.exits import run_program
 from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.reward.evaluate import evaluate, fit_normalizer
 from marlhf.stages.reward.scorer import Scorer
 
 log = logging.getLogger("marlhf.reward")
-
-# --------------------------------------------------------------------------------------------------
-# pair batches -> responses -> scores
-
 
 # --------------------------------------------------------------------------------------------------
 # the stage's moving parts
@@ -172,84 +154,65 @@ def _build_scorer(cfg: RewardStageConfig, tokenizer) -> Scorer:
 
 @dataclass
 class _RMRun:
-    """What one reward-model run's steps, evaluations and saves share (built by :func:`_setup`).
-    ``last_eval`` is ``(metrics, end-score statistics)`` of the latest evaluation; it travels with
-    the training state, so a resumed run saves the statistics the uninterrupted one would."""
+    """What one reward-model run's steps, evaluations and saves share (built by :func:`_setup`):
+    the shared set-up and the scorer. ``last_eval`` is ``(metrics, end-score statistics)`` of the
+    latest evaluation; it travels with the training state, so a resumed run saves the statistics
+    the uninterrupted one would."""
 
-    cfg: RewardStageConfig
-    tokenizer: Any
-    train_ds: Any
-    eval_ds: Any
-    collate: Any
-    plan: StepPlan
+    setup: SupervisedSetup
     scorer: Scorer
-    engine: Any
-    ds_json: dict
-    run_config: dict
+    collate: PairCollator
     last_eval: tuple[dict, Any] | None = None
-    settings: dict | None = None  # the run's settings, saved with each training state
+
+    @property
+    def cfg(self) -> RewardStageConfig:
+        return self.setup.cfg
 
 
-def _setup(cfg: RewardStageConfig) -> _RMRun:
-    """Process group, data, step plan, scorer, engine and run config of a reward-model run."""
-    start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
-    out = ensure_output_dir(cfg.log.output_dir)
-    tokenizer = load_tokenizer(cfg.model, padding_side="right")
-    check_context(
-        {
-            "--model_name_or_path": cfg.model.model_name_or_path,
-            "--reference_model_name_or_path": cfg.reward.reference_model_name_or_path or "",
-        },
-        {"--max_seq_len": cfg.data.max_seq_len},
-    )
-    train_ds = build_pair_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
-    eval_ds = build_pair_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
+def _check_data(cfg: RewardStageConfig, train_ds, eval_ds) -> None:
     if len(eval_ds) == 0:
         raise ValueError(
             f"--data_path {list(cfg.data.data_path)}: the reward-model eval split is empty"
         )
     _check_margins(train_ds, cfg)
-    startup.mark("data")
-    plan = plan_steps(len(train_ds), cfg.optim, "reward-model split", "pairs")
-    settings = check_resume(cfg, cfg.log, {"global_batch": plan.global_batch})
-    scorer = _build_scorer(cfg, tokenizer)
-    model = build_reward_model(cfg)
-    startup.mark("model")
-    engine, ds_json = build_train_engine(
-        model,
-        model_cfg=cfg.model,
-        ds=cfg.ds,
-        optim=cfg.optim,
-        total_steps=plan.total,
-        micro_batch_size=plan.micro,
+
+
+def _setup(cfg: RewardStageConfig) -> _RMRun:
+    """The shared set-up (:func:`marlhf.stages.common.setup_supervised`) with the pair data and
+    the value-head model, then the scorer (for a segment RM, its rule and reference model)."""
+    setup = setup_supervised(
+        cfg,
+        name=f"RM ({cfg.reward.rm_type})",
+        logger=log,
+        models={
+            "--model_name_or_path": cfg.model.model_name_or_path,
+            "--reference_model_name_or_path": cfg.reward.reference_model_name_or_path or "",
+        },
+        build_dataset=build_pair_dataset,
+        check_data=functools.partial(_check_data, cfg),
+        split="reward-model split",
+        unit="pairs",
+        build_model=functools.partial(build_reward_model, cfg),
     )
-    startup.mark("engine")
-    run_config = write_run_config(out, cfg, ds_json)
-    if is_main():
-        log.info(
-            "RM (%s): %d train / %d eval pairs, %d steps/epoch, %d steps",
-            cfg.reward.rm_type,
-            len(train_ds),
-            len(eval_ds),
-            plan.steps_per_epoch,
-            plan.total,
-        )
-    collate = PairCollator(tokenizer.pad_token_id)
-    return _RMRun(
-        cfg, tokenizer, train_ds, eval_ds, collate, plan, scorer, engine, ds_json, run_config,
-        settings=settings,
-    )  # fmt: skip
+    scorer = _build_scorer(cfg, setup.tokenizer)
+    return _RMRun(setup, scorer, PairCollator(setup.tokenizer.pad_token_id))
 
 
 def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
     """One optimizer step: the Bradley–Terry loss, mean over the global batch's pairs."""
-    cfg, engine, scorer, plan = run.cfg, run.engine, run.scorer, run.plan
+    cfg, engine, scorer, plan = run.cfg, run.setup.engine, run.scorer, run.setup.plan
     pairs_per_step = plan.global_batch
     # the `randomized` rule cuts by step, so a resumed run cuts exactly as the uninterrupted one
     gen = torch.Generator().manual_seed(cfg.optim.seed * 1_000_003 + step)
     sums = torch.zeros(5, dtype=torch.float64)  # loss, wins, margin, segments, segment tokens
-    for idx in micro_batch_indices:
-        batch = to_device(run.collate([run.train_ds[i] for i in idx]), engine.device)
+    rows = {i: run.setup.train_ds[i] for idx in micro_batch_indices for i in idx}
+    budget = cfg.batching.max_tokens_per_micro_batch
+    packed = cfg.batching.packing and packing_mode(engine) is not None
+    micro_batch_indices = regroup(  # --max_tokens_per_micro_batch: pairs by their tokens
+        micro_batch_indices, lambda i: _pair_length(rows[i], packed), budget, packed=packed
+    )
+    for idx in accumulate(engine, micro_batch_indices, explicit=budget > 0):
+        batch = to_device(run.collate([rows[i] for i in idx]), engine.device)
         scores, _, seg_mask = scorer.scores(engine, batch, gen)
         chosen, rejected = split_pair(scores)
         n = chosen.shape[0]
@@ -286,9 +249,8 @@ def _train_step(run: _RMRun, micro_batch_indices: list[list[int]], step: int) ->
 
 def _run_eval(run: _RMRun) -> dict[str, float]:
     """An evaluation (``--eval_iters`` batches); remembered as ``run.last_eval``."""
-    run.last_eval = evaluate(
-        run.engine, run.eval_ds, run.collate, run.scorer, run.cfg.log.eval_iters
-    )
+    s = run.setup
+    run.last_eval = evaluate(s.engine, s.eval_ds, run.collate, run.scorer, run.cfg.log.eval_iters)
     return run.last_eval[0]
 
 
@@ -296,30 +258,28 @@ def _save_model(run: _RMRun, step: int, path: Path, final: bool) -> None:
     """One reward-model directory. An intermediate one holds the end-score statistics of the latest
     evaluation; the final one those over the WHOLE eval split (for PPO's reward normalisation) and,
     for a segment RM, the location-aware normaliser."""
-    cfg, scorer = run.cfg, run.scorer
+    cfg, scorer, s = run.cfg, run.scorer, run.setup
     normalizer, extra = None, {"global_step": step}
     if final:
         if run.last_eval is None or cfg.log.eval_iters:
-            run.last_eval = evaluate(run.engine, run.eval_ds, run.collate, scorer, 0)
+            run.last_eval = evaluate(s.engine, s.eval_ds, run.collate, scorer, 0)
         extra["eval_accuracy"] = run.last_eval[0]["eval/accuracy"]
         if scorer.segment:
-            norm_ds = run.train_ds if cfg.reward.normalizer_split == "train" else run.eval_ds
-            normalizer = fit_normalizer(run.engine, norm_ds, run.collate, scorer)
+            norm_ds = s.train_ds if cfg.reward.normalizer_split == "train" else s.eval_ds
+            normalizer = fit_normalizer(s.engine, norm_ds, run.collate, scorer)
             if is_main():
                 log.info("location normaliser: %s", normalizer)
-    save_reward_checkpoint(
-        run.engine.module,
-        run.tokenizer,
-        path,
-        zero_stage=cfg.ds.zero_stage,
+    info = RewardModelInfo(
         rm_type=cfg.reward.rm_type,
-        run_config=run.run_config,
-        ds_config=run.ds_json,
         score_stats=run.last_eval[1] if run.last_eval else None,
         normalizer=normalizer,
         termination=cfg.macro if scorer.segment else None,
         extra=extra,
     )
+    save_reward_checkpoint(
+        s.engine.module, s.tokenizer, path, zero_stage=cfg.ds.zero_stage, info=info,
+        run_config=s.run_config, ds_config=s.ds_json,
+    )  # fmt: skip
 
 
 def _stage_state(run: _RMRun) -> dict:
@@ -339,33 +299,30 @@ def _load_stage_state(run: _RMRun, state: dict) -> None:
 
 def train(cfg: RewardStageConfig) -> Path:
     run = _setup(cfg)
-    supervised_loop(
-        run.engine,
-        run.plan,
-        cfg.log,
-        n_train=len(run.train_ds),
-        seed=cfg.optim.seed,
+    run.setup.loop(
         desc="rm",
-        run_name=f"RM ({cfg.reward.rm_type})",
-        run_config=run.run_config,
-        logger=log,
         train_step=functools.partial(_train_step, run),
         evaluate=functools.partial(_run_eval, run),
         save_model=functools.partial(_save_model, run),
         stage_state=functools.partial(_stage_state, run),
         load_stage_state=functools.partial(_load_stage_state, run),
-        settings=run.settings,
     )
-    out = Path(cfg.log.output_dir)
     if is_main():
         assert run.last_eval is not None  # the final save evaluated
         log.info(
             "reward model saved to %s (score mean %.4f, std %.4f)",
-            out,
+            run.setup.out,
             run.last_eval[1].mean,
             run.last_eval[1].std,
         )
-    return out
+    return run.setup.out
+
+
+def _pair_length(row: dict, packed: bool) -> int:
+    """The positions a pair takes in a micro-batch: its two rows' tokens when packed, else twice
+    the longer (the collator pads both to the batch's longest row)."""
+    chosen, rejected = len(row["chosen_input_ids"]), len(row["rejected_input_ids"])
+    return chosen + rejected if packed else 2 * max(chosen, rejected)
 
 
 def pair_tokens(batch: dict) -> torch.Tensor:

@@ -14,7 +14,8 @@ rollouts do not depend on the split either (the test checks that they are not th
 These cases score π_old with a forward pass (``--recompute_old_logprobs``); ``reused`` repeats
 ``sampled`` with the default, π_old recorded by the decoder while sampling (and checked against the
 trainer's score at the first step, ``rollout/*``); ``tis`` adds the rollout correction (π_old scored
-by the trainer, macro ratios weighted by truncated importance weights against the record).
+by the trainer, macro ratios weighted by truncated importance weights against the record);
+``budget`` repeats ``fixed`` under ZeRO-3 with micro-batches by a token budget.
 The one-process run is the reference: the same prompts, responses, segments and experience, the
 same rows in every minibatch, actor and critic weights that agree far below the update's size, and
 the same logged metrics (the mean KL, a mean of log-prob differences, within 2e-5 absolute).
@@ -53,7 +54,13 @@ import torch
 
 from marlhf.runtime.distributed import free_port
 from marlhf.runtime.tracking import read_metrics
-from tests.support.ppo_weights import assert_same_update, initial_weights, saved_weights
+from tests.support.ppo_weights import (
+    assert_same_update,
+    initial_weights,
+    saved_weights,
+    update_gap,
+)
+from tests.support.short_prompts import write_short_tldr
 from tests.support.stage_env import run_stage
 
 RECORD = Path(__file__).resolve().parents[2] / "support" / "ppo_record.py"
@@ -101,6 +108,13 @@ CASES["reused"] = CASES["sampled"][:-1]
 # the rollout correction: π_old scored by the trainer, each macro action's loss weighted by its
 # truncated importance weight against the decoder's record (marlhf.algo.mismatch)
 CASES["tis"] = (*CASES["reused"], "--rollout_correction", "tis", "--ratio_level", "macro")
+# token-budget micro-batches under ZeRO-3: the ranks' halves cut into as many micro-batches on each
+# rank (their lengths differ), scoring and update alike (marlhf.runtime.micro_batches), on short
+# posts whose rows share packed bins (tests/support/short_prompts.py)
+CASES["budget"] = (
+    *CASES["fixed"], "--max_tokens_per_micro_batch", "120", "--actor_zero_stage", "3",
+    "--critic_zero_stage", "3",
+)  # fmt: skip
 CRITIC_FREE = ("grpo", "macro_mc")
 FLAGS = (
     "--generation_backend", "static",
@@ -171,6 +185,8 @@ def runs(models, request):
     base, case = models, request.param
     # the critic-free cases need no model besides the actor (gold reward)
     model = () if case in CRITIC_FREE else ("--critic_model_name_or_path", str(base / "rm"))
+    if case == "budget":
+        model += ("--data_path", f"synthetic-tldr:{write_short_tldr(base / 'short_tldr.jsonl')}")
     common = (
         "--actor_model_name_or_path", str(base / "actor"), *model,
         "--data_output_path", str(base / "cache"), *CASES[case], *FLAGS,
@@ -310,7 +326,21 @@ def test_actor_and_critic_weights_agree(runs):
     if case in CRITIC_FREE:  # no critic was trained or saved
         assert not (one / "critic").exists() and not (two / "critic").exists()
         inits = inits[:1]
-    assert_same_update(inits, saved_weights(one), saved_weights(two), rel=2e-2)
+    if case != "budget":
+        # the largest single difference measured up to 2.04 % of the largest step (``tis``: the
+        # rollout correction's ratios round differently in one process and two), the updates as a
+        # whole within 6e-5 (norms)
+        want, got = saved_weights(one), saved_weights(two)
+        assert_same_update(inits, want, got, rel=3e-2)
+        for init, a, b in zip(inits, want, got, strict=True):
+            assert update_gap(init, a, b) < 1e-3
+        return
+    # one process and two ranks pack and cut different micro-batches: the largest single
+    # difference measured 3 % of the largest step (Adam amplifies the rounding of weights whose
+    # gradient is near 0), the updates as a whole agree within 1e-3
+    assert_same_update(inits, saved_weights(one), saved_weights(two), rel=6e-2)
+    for init, a, b in zip(inits, saved_weights(one), saved_weights(two), strict=True):
+        assert update_gap(init, a, b) < 1e-2
 
 
 def test_logged_metrics_agree(runs):

@@ -40,6 +40,8 @@ RULES = {
         "--termination_condition", "parsing", "--parser_backend", "python", "--parsing_cutoff", "4",
     ),
     "lowprob": ("--termination_condition", "lowprob", "--target_macro_len", "3"),
+    # words as steps: the tiny task's answers have no newlines
+    "step": ("--termination_condition", "step", "--step_delimiter", " "),
 }  # fmt: skip
 AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CRITIC_FREE = {"grpo", "dr_grpo", "rloo", "reinforce_pp", "macro_mc"}

@@ -16,7 +16,7 @@ import pytest
 from marlhf.cli import config_to_dict, parse_config
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
-from marlhf.stages.sft import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]

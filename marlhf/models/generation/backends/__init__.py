@@ -1,3 +1,3 @@
-"""The generation backends, one module each, found by :mod:`marlhf.models.generation.registry`:
-a module here defines ``BACKEND``, a :class:`~marlhf.models.generation.base.GenerationBackend`
-subclass whose ``name`` is a value of ``--generation_backend``."""
+"""The built-in generation backends' implementations, one module each: a subclass of the backend's
+declaration in :mod:`marlhf.models.generation.registry` that registers itself under the same name,
+imported by the registry when the backend is first opened."""

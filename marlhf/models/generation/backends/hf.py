@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
+from marlhf.models.generation.base import SamplerSetup, SamplingConfig
+from marlhf.models.generation.registry import HF, register_backend
 from marlhf.runtime.distributed import world_size
 
 
-class HFBackend(GenerationBackend):
-    name = "hf"
-    summary = (
-        "model.generate (each process samples from its own RNG stream, so samples depend on how "
-        "the prompts are batched and split over ranks; records nothing)."
-    )
-    samples_partitioned = True
-    auto_rank = 1
+@register_backend
+class HFBackend(HF):
+    """``hf`` (declared in :mod:`marlhf.models.generation.registry`): ``model.generate``."""
 
     def __init__(self, model: torch.nn.Module, synced_gpus: bool) -> None:
         self.model, self.synced_gpus = model, synced_gpus
@@ -50,6 +46,3 @@ class HFBackend(GenerationBackend):
             use_cache=True,
         )
         return out[:, prompt_ids.shape[1] :].to(prompt_ids.device), None, None
-
-
-BACKEND = HFBackend

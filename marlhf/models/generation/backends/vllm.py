@@ -6,26 +6,22 @@ up to the float rounding of the engine's batched kernels); the engine records ea
 log-prob at the sampling temperature, before top-k/top-p, but no entropy. A trainer loads its
 updated weights into the engine after every update (:meth:`VLLMBackend.load_weights`); on a GPU
 the engine sleeps while the trainer updates. vLLM is optional and imported when the engine is
-built; ``auto`` never picks this backend."""
+built; ``auto`` never picks this backend.
+
+A multi-turn conversation is sent whole at every turn
+(:func:`~marlhf.models.generation.sampling.sample_turns`); the engine's prefix cache holds what it
+has read of it, so a turn computes about its new tokens only (:mod:`marlhf.models.vllm_engine`)."""
 
 from __future__ import annotations
 
-from marlhf.models.generation.base import GenerationBackend, SamplerSetup, SamplingConfig
+from marlhf.models.generation.base import SamplerSetup, SamplingConfig
+from marlhf.models.generation.registry import VLLM, register_backend
 from marlhf.models.vllm_engine import VLLMEngine, VLLMError, require_vllm
 
 
-class VLLMBackend(GenerationBackend):
-    name = "vllm"
-    summary = (
-        "a vLLM engine in each process, seeded per row like `static`, recording the sampled "
-        "tokens' log-probs (no entropies); a trainer loads its weights into it after every update "
-        "(needs vLLM installed: docs/vllm.md)."
-    )
-    records_logprobs = True
-    seeds_rows = True
-    uses_model = False
-    needs_weight_sync = True
-    can_sleep = True
+@register_backend
+class VLLMBackend(VLLM):
+    """``vllm`` (declared in :mod:`marlhf.models.generation.registry`): a vLLM engine."""
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
@@ -72,6 +68,3 @@ class VLLMBackend(GenerationBackend):
 
     def close(self) -> None:
         self.engine.close()
-
-
-BACKEND = VLLMBackend

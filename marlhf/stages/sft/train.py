@@ -10,6 +10,7 @@ launcher, ``torchrun`` or plain ``python``::
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -19,28 +20,19 @@ import torch
 from marlhf.cli import parse_config
 from marlhf.data.collate import SFTCollator
 from marlhf.data.tokenize import build_sft_dataset
-from marlhf.models.context import check_context
-from marlhf.models.lm_loss import lm_loss_sum
-from marlhf.models.load import load_causal_lm, load_tokenizer
+from marlhf.models.lm_loss import causal_lm_loss_sum
+from marlhf.models.load import load_causal_lm
 from marlhf.models.lora import apply_lora
+from marlhf.models.packing import packing_mode
 from marlhf.models.save import save_hf_causal_lm
-from marlhf.runtime import startup
 from marlhf.runtime.batching import padded_eval_shard
 from marlhf.runtime.distributed import all_reduce_sum, is_main, rank, world_size
-from marlhf.runtime.engine import build_train_engine, ds_config
+from marlhf.runtime.engine import ds_config
 from marlhf.runtime.finite import guarded_step
-from marlhf.stages.common import (
-    check_resume,
-    ensure_output_dir,
-    plan_steps,
-    run_stage,
-    start,
-    supervised_loop,
-    to_device,
-    write_run_config,
-)
+from marlhf.runtime.micro_batches import accumulate, regroup
+from marlhf.stages.common import run_stage, setup_supervised, to_device
 from marlhf.stages.exits import run_program
-from marlhf.stages.sft_config import SFTConfig
+from marlhf.stages.sft.config import SFTConfig
 
 log = logging.getLogger("marlhf.sft")
 
@@ -59,10 +51,12 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
         len(dataset), cfg.optim.per_device_eval_batch_size, world_size(), rank(), cfg.log.eval_iters
     ):
         batch = to_device(collate([dataset[i] for i in idx]), engine.device)
-        out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        s, c = causal_lm_loss_sum(
+            engine, batch["input_ids"], batch["attention_mask"], batch["labels"],
+            packing=cfg.batching.packing,
+        )  # fmt: skip
         if not real:
             continue
-        s, c = lm_loss_sum(out.logits, batch["labels"])
         nll += s.double().cpu()
         count += c.double().cpu()
     engine.train()
@@ -71,62 +65,54 @@ def evaluate(engine, dataset, collate, cfg: SFTConfig) -> dict[str, float]:
     return {"eval/loss": loss, "eval/ppl": math.exp(min(loss, 50.0))}
 
 
-def train(cfg: SFTConfig) -> Path:
-    start(cfg.ds, cfg.optim.seed, progress_bars=not cfg.log.disable_progress_bar)
-    out = ensure_output_dir(cfg.log.output_dir)
-    tokenizer = load_tokenizer(cfg.model, padding_side="right")
-    check_context(
-        {"--model_name_or_path": cfg.model.model_name_or_path},
-        {"--max_seq_len": cfg.data.max_seq_len},
-    )
-    train_ds = build_sft_dataset(cfg.data, tokenizer, "train", cfg.optim.seed)
-    eval_ds = build_sft_dataset(cfg.data, tokenizer, "eval", cfg.optim.seed)
-    collate = SFTCollator(tokenizer.pad_token_id)
-    startup.mark("data")
-
-    plan = plan_steps(len(train_ds), cfg.optim, "SFT split", "examples")
-    settings = check_resume(cfg, cfg.log, {"global_batch": plan.global_batch})
-
+def build_model(cfg: SFTConfig):
+    """The causal LM of ``--model_name_or_path`` (dropout, LoRA); under ZeRO-3 loaded partitioned
+    across ranks (big models never fit whole)."""
     zero3 = None
-    if (
-        cfg.ds.zero_stage == 3
-    ):  # load the weights partitioned across ranks (big models never fit whole)
+    if cfg.ds.zero_stage == 3:
         zero3 = ds_config(
-            zero_stage=3, dtype=cfg.model.dtype, micro_batch_size=plan.micro, inference=True
+            zero_stage=3,
+            dtype=cfg.model.dtype,
+            micro_batch_size=cfg.optim.per_device_train_batch_size,
+            inference=True,
         )
-    model = apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
-    startup.mark("model")
-    engine, ds_json = build_train_engine(
-        model,
-        model_cfg=cfg.model,
-        ds=cfg.ds,
-        optim=cfg.optim,
-        total_steps=plan.total,
-        micro_batch_size=plan.micro,
+    return apply_lora(load_causal_lm(cfg.model, ds_zero3_config=zero3), cfg.model)
+
+
+def train(cfg: SFTConfig) -> Path:
+    run = setup_supervised(
+        cfg,
+        name="SFT",
+        logger=log,
+        models={"--model_name_or_path": cfg.model.model_name_or_path},
+        build_dataset=build_sft_dataset,
+        split="SFT split",
+        unit="examples",
+        build_model=functools.partial(build_model, cfg),
     )
-    startup.mark("engine")
-    run_config = write_run_config(out, cfg, ds_json)
-    if is_main():
-        log.info(
-            "SFT: %d train / %d eval examples, %d steps/epoch, %d steps",
-            len(train_ds),
-            len(eval_ds),
-            plan.steps_per_epoch,
-            plan.total,
-        )
+    engine, plan, train_ds = run.engine, run.plan, run.train_ds
+    collate = SFTCollator(run.tokenizer.pad_token_id)
 
     def train_step(micro_batch_indices: list[list[int]], step: int) -> dict[str, float]:
         """One optimizer step: the mean loss per supervised token of the global batch."""
-        micro_batches = [collate([train_ds[i] for i in idx]) for idx in micro_batch_indices]
+        rows = {i: train_ds[i] for idx in micro_batch_indices for i in idx}
+        budget = cfg.batching.max_tokens_per_micro_batch
+        packed = cfg.batching.packing and packing_mode(engine) is not None
+        micro_batch_indices = regroup(  # --max_tokens_per_micro_batch: by tokens
+            micro_batch_indices, lambda i: len(rows[i]["input_ids"]), budget, packed=packed
+        )
+        micro_batches = [collate([rows[i] for i in idx]) for idx in micro_batch_indices]
         # 1. the number of supervised tokens in the whole optimizer step, over all ranks
         local = sum(int((b["labels"][:, 1:] != -100).sum()) for b in micro_batches)
         n_tokens = all_reduce_sum(torch.tensor(float(local))).clamp(min=1.0)
         # 2. forward/backward each micro-batch; DeepSpeed averages gradients over ranks, hence × world
         loss_sum = torch.zeros(())
-        for batch in micro_batches:
+        for batch in accumulate(engine, micro_batches, explicit=budget > 0):
             batch = to_device(batch, engine.device)
-            outputs = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-            nll, _ = lm_loss_sum(outputs.logits, batch["labels"])
+            nll, _ = causal_lm_loss_sum(
+                engine, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                packing=cfg.batching.packing,
+            )  # fmt: skip
             engine.backward(nll * plan.world / n_tokens.to(nll.device), scale_wrt_gas=False)
             guarded_step(engine, step + 1, "model", nll)
             loss_sum += nll.detach().float().cpu()
@@ -137,31 +123,22 @@ def train(cfg: SFTConfig) -> Path:
         """A plain HF causal-LM directory (LoRA merged), intermediate and final alike."""
         save_hf_causal_lm(
             engine.module,
-            tokenizer,
+            run.tokenizer,
             path,
             zero_stage=cfg.ds.zero_stage,
-            run_config=run_config,
-            ds_config=ds_json,
+            run_config=run.run_config,
+            ds_config=run.ds_json,
         )
 
-    supervised_loop(
-        engine,
-        plan,
-        cfg.log,
-        n_train=len(train_ds),
-        seed=cfg.optim.seed,
+    run.loop(
         desc="sft",
-        run_name="SFT",
-        run_config=run_config,
-        logger=log,
         train_step=train_step,
-        evaluate=lambda: evaluate(engine, eval_ds, collate, cfg),
+        evaluate=lambda: evaluate(engine, run.eval_ds, collate, cfg),
         save_model=save_model,
-        settings=settings,
     )
     if is_main():
-        log.info("SFT model saved to %s", out)
-    return out
+        log.info("SFT model saved to %s", run.out)
+    return run.out
 
 
 def main(argv: list[str] | None = None) -> None:

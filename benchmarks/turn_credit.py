@@ -1,0 +1,313 @@
+"""Turn-level credit on the trail task (``marlhf-trail-N``): does a turn as one macro action reach
+token-level PPO's gold sooner, and end higher, when each arm runs at its own best setting?
+
+The task (``marlhf/data/trail.py``, docs/guide/agents.md): the first call of an N-turn game decides
+whether the last turn can name the right holder, and the reward (1 or 0) comes at the end, so credit
+for the decision has N turns (and ~5 N tokens) to travel. The shipped base ``tiny-base-trail``
+follows the format and is unsure of its first call.
+
+Pre-registered (docs/research/agents.md, written before any run of this script):
+
+- Arms (one flag set each, :data:`ARMS`): ``ppo`` (token-level GAE, ``--ngram 1``), ``turn``
+  (``--termination_condition turn``: GAE over turns), ``grpo`` (whole episodes compared in groups
+  of 4) and ``mt_grpo`` (MT-GRPO's per-turn group-relative advantages, groups of 4). With
+  ``--max_answer_seq_len 8`` no action is longer than 8 tokens, so fixed 10-token macro actions
+  inside turns are the ``turn`` arm and are not run apart; ``macro_mc`` is refused with ``--env``
+  (its continuations would replay an environment from the middle of an episode).
+- Tuning (``--tune``): every arm on the same grid, GAE's λ ∈ {0.95, 1} (the critic arms; the
+  critic-free ones have no λ) × actor learning rate ∈ {1e-4, 2e-4}, on tuning seeds 1-3; each arm
+  keeps its best setting by :func:`benchmarks.tuning.choose` on the selection score of
+  :mod:`benchmarks.tuning` (the mean over seeds of (final training gold + held-out gold) / 2).
+- Report: the chosen settings on seeds 11-20 (:data:`REPORT_SEEDS`). Per arm: final training gold
+  (the mean of the last 5 steps' ``env/return``, which is the gold with no per-turn reward), held-out
+  gold on 200 ``valid`` games at T = 1 and greedy, the share of right first calls; differences to
+  ``ppo`` with Welch's 95 % interval over seeds; MA-RLHF's speed-up (the first step at which an
+  arm's smoothed mean curve reaches ``ppo``'s final training gold, ``ppo``'s steps over it) with a
+  seed bootstrap; the λ = 1 control is the tuning table itself (every critic arm at both λ).
+- Settings: ``marlhf-trail-4``, 60 steps of 16 games, critic lr 5e-4, ``--kl_ctl 0.01``, T = 1,
+  one PPO epoch in minibatches of 8, constant learning rates.
+
+Each run is a ``python -m marlhf.stages.ppo`` process (its directory under ``--output_dir`` holds
+``metrics.jsonl``, the actor, and ``eval.json`` with the held-out figures); a finished run (with its
+``eval.json``) is skipped, so the same command resumes. ``--analyze_only`` prints the tables from what
+is there.
+
+    python benchmarks/turn_credit.py --tune --output_dir output/turn_credit   # tuning, then report
+    python benchmarks/turn_credit.py --tune --tune_only ...                   # the tuning phase only
+
+Cost on one CPU thread: ~2 s a step of 16 four-turn games, 13 s start-up and ~20 s of held-out
+games: about 2.5 min a run, 36 tuning runs and 40 reported ones. ``--size gpu`` runs 64 games a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.analysis import bootstrap_speedup, final_value, first_reach, mean_curve, pm, smooth  # noqa: E402
+from benchmarks.analysis import speedup as speedup_of  # noqa: E402
+from benchmarks.tuning import TUNE_LRS, TUNE_SEEDS, Setting, choose, selection_score  # noqa: E402
+from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
+
+CRITIC_ARMS = ("ppo", "turn")
+ARMS: dict[str, list[str]] = {
+    "ppo": ["--termination_condition", "fixed", "--ngram", "1"],
+    "turn": ["--termination_condition", "turn"],
+    "grpo": ["--advantage_estimator", "grpo", "--n_samples_per_prompt", "4"],
+    "mt_grpo": ["--advantage_estimator", "mt_grpo", "--n_samples_per_prompt", "4"],
+}
+TUNE_LAMS = (0.95, 1.0)
+REPORT_SEEDS = tuple(range(11, 21))
+FINAL_WINDOW = 5
+SMOOTH_WINDOW = 5
+HELD_OUT = 200
+
+
+@dataclass(frozen=True)
+class Size:
+    """How large a run is: steps, games a step, held-out games."""
+
+    steps: int
+    rollouts: int
+    held_out: int
+
+
+SIZES = {"cpu": Size(60, 16, HELD_OUT), "gpu": Size(200, 64, 1000), "smoke": Size(2, 8, 8)}
+
+
+def settings_of(arm: str, lams=TUNE_LAMS, lrs=TUNE_LRS) -> list[Setting]:
+    """The grid of ``arm`` in its order (λ, then learning rate); one λ for a critic-free arm.
+
+    >>> [s.label for s in settings_of("grpo", (0.95, 1.0), (1e-4,))]
+    ['λ=1, lr=1e-04']
+    """
+    lam_grid = lams if arm in CRITIC_ARMS else (1.0,)
+    return [Setting(lam, lr) for lam in lam_grid for lr in lrs]
+
+
+def run_dir(out: Path, turns: int, arm: str, s: Setting, seed: int) -> Path:
+    """``out/trail4/turn/lam0.95_lr1e-04/seed11``"""
+    return out / f"trail{turns}" / arm / f"lam{s.lam:g}_lr{s.lr:.0e}" / f"seed{seed}"
+
+
+def stage_command(
+    run: Path, turns: int, arm: str, s: Setting, seed: int, size: Size, env_config: str | None
+) -> list[str]:
+    """The stage-3 command of one run."""
+    task = f"marlhf-trail-{turns}"
+    cmd = [
+        sys.executable, "-m", "marlhf.stages.ppo",
+        "--actor_model_name_or_path", "tiny-base-trail",
+        "--critic_model_name_or_path", "tiny-base-trail",
+        "--env", task, "--data_path", task,
+        "--max_answer_seq_len", "8", "--max_total_seq_len", str(32 + 20 * turns),
+        "--temperature", "1.0", "--top_k", "0",
+        "--max_steps", str(size.steps), "--per_device_generation_batch_size", str(size.rollouts),
+        "--per_device_training_batch_size", "8", "--ppo_epochs", "1",
+        "--actor_learning_rate", f"{s.lr:g}", "--critic_learning_rate", "5e-4",
+        "--lr_scheduler_type", "constant", "--kl_ctl", "0.01", "--lam", f"{s.lam:g}",
+        "--seed", str(seed), "--disable_progress_bar", "--output_dir", str(run),
+        *ARMS[arm],
+    ]  # fmt: skip
+    if env_config:
+        cmd += ["--env_config", env_config]
+    return cmd
+
+
+def held_out(run: Path, turns: int, games: int) -> dict:
+    """The trained actor's figures on ``games`` held-out games, sampled (T = 1) and greedy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from marlhf.pipeline.figures import trail_scores
+
+    tok = AutoTokenizer.from_pretrained(run / "actor")
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(run / "actor", dtype=torch.float32).eval()
+    return {
+        "T1": trail_scores(model, tok, turns, games, 1.0),
+        "greedy": trail_scores(model, tok, turns, games, 0.0),
+    }
+
+
+def train_and_eval(job: tuple, turns: int, size: Size, env_config: str | None) -> str:
+    """One run (skipped when its ``eval.json`` exists); returns a progress line."""
+    out, arm, s, seed = job
+    run = run_dir(out, turns, arm, s, seed)
+    if (run / "eval.json").exists():
+        return f"{run}: done already"
+    run.mkdir(parents=True, exist_ok=True)
+    t0, c0 = time.time(), os.times()
+    cmd = stage_command(run, turns, arm, s, seed, size, env_config)
+    with open(run / "stage.log", "a") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    if proc.returncode != 0:
+        return f"{run}: FAILED (exit {proc.returncode}, see stage.log)"
+    figures = held_out(run, turns, size.held_out)
+    c1 = os.times()
+    figures["wall_s"] = round(time.time() - t0, 1)
+    figures["cpu_s_children"] = round(
+        c1.children_user + c1.children_system - c0.children_user - c0.children_system, 1
+    )
+    figures["command"] = " ".join(cmd[1:])
+    (run / "eval.json").write_text(json.dumps(figures, indent=1))
+    return f"{run}: {figures['wall_s']:.0f} s, held-out gold {figures['T1']['gold']:.3f}"
+
+
+def read_run(run: Path) -> dict | None:
+    """A finished run's training curves and held-out figures, or None."""
+    from marlhf.runtime.tracking import read_metrics
+
+    if not (run / "eval.json").exists():
+        return None
+    last: dict[int, dict] = {}
+    for row in read_metrics(run / "metrics.jsonl"):
+        last[int(row["step"])] = row
+    rows = [last[k] for k in sorted(last)]
+    return {
+        "gold": [r["env/return"] for r in rows],
+        "first_call": [r.get("env/first_call_key", float("nan")) for r in rows],
+        "eval": json.loads((run / "eval.json").read_text()),
+    }
+
+
+def run_all(
+    jobs: list[tuple], workers: int, turns: int, size: Size, env_config: str | None
+) -> None:
+    """Every job, ``workers`` at a time, a line each as it ends."""
+    print(f"[turn_credit] {len(jobs)} runs", flush=True)
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(train_and_eval, j, turns, size, env_config) for j in jobs]
+        for f in futures:
+            print(f"[turn_credit] {f.result()}", flush=True)
+
+
+def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting], list[str]]:
+    """Each arm's chosen setting and the table of every setting's selection score."""
+    lines = [
+        "| arm | setting | seeds | final training gold | held-out gold | score |",
+        "|---|---|---|---|---|---|",
+    ]
+    chosen = {}
+    for arm in arms:
+        scores = {}
+        for s in settings_of(arm):
+            got = [read_run(run_dir(out, turns, arm, s, seed)) for seed in seeds]
+            got = [g for g in got if g]
+            if len(got) < len(seeds):
+                continue
+            finals = [final_value(g["gold"], FINAL_WINDOW) for g in got]
+            held = [g["eval"]["T1"]["gold"] for g in got]
+            scores[s] = selection_score(finals, held)
+            lines.append(
+                f"| {arm} | {s.label} | {len(got)} | {statistics.fmean(finals):.3f} | "
+                f"{statistics.fmean(held):.3f} | {scores[s]:.3f} |"
+            )
+        best = choose(scores, settings_of(arm))
+        if best is not None:
+            chosen[arm] = best
+    return chosen, lines
+
+
+def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str]:
+    """The reported table: every arm at its chosen setting on ``seeds``."""
+    runs = {}
+    for arm, s in chosen.items():
+        got = [read_run(run_dir(out, turns, arm, s, seed)) for seed in seeds]
+        runs[arm] = [g for g in got if g]
+    if not runs.get("ppo"):
+        return ["(no finished ppo runs on the report seeds)"]
+    base_final = [final_value(g["gold"], FINAL_WINDOW) for g in runs["ppo"]]
+    base_held = [g["eval"]["T1"]["gold"] for g in runs["ppo"]]
+    target = statistics.fmean(base_final)
+    base_steps = min(len(g["gold"]) for g in runs["ppo"])
+    lines = [
+        "| arm | setting | seeds | final training gold | − ppo | held-out gold (T=1) | − ppo | "
+        "held-out greedy | right first calls (T=1) | reaches ppo's final at | speed-up [95 % seed bootstrap] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, got in runs.items():
+        if not got:
+            continue
+        finals = [final_value(g["gold"], FINAL_WINDOW) for g in got]
+        held = [g["eval"]["T1"]["gold"] for g in got]
+        greedy = [g["eval"]["greedy"]["gold"] for g in got]
+        first = [g["eval"]["T1"]["first_call_key"] for g in got]
+        curve = smooth(mean_curve([g["gold"] for g in got]), SMOOTH_WINDOW)
+        reach = first_reach(list(range(1, len(curve) + 1)), curve, target)
+        sp = speedup_of(base_steps, reach)
+        boot = bootstrap_speedup(
+            [g["gold"] for g in runs["ppo"]], [g["gold"] for g in got],
+            final_window=FINAL_WINDOW, smooth_window=SMOOTH_WINDOW,
+        )  # fmt: skip
+        lines.append(
+            f"| {arm} | {chosen[arm].label} | {len(got)} | {pm(mean_ci(finals))} | "
+            f"{pm(welch_diff_ci(finals, base_final))} | {pm(mean_ci(held))} | "
+            f"{pm(welch_diff_ci(held, base_held))} | {pm(mean_ci(greedy))} | {pm(mean_ci(first))} | "
+            f"{reach if reach is not None else 'never'} | "
+            f"{'—' if sp is None else f'{sp:.2f}'} [{boot.low:.2f}, {boot.high:.2f}] |"
+        )
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output_dir", type=Path, default=ROOT / "output" / "turn_credit")
+    p.add_argument("--turns", type=int, default=4, choices=(2, 4, 8))
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--seeds", default=",".join(map(str, REPORT_SEEDS)))
+    p.add_argument("--tune", action="store_true", help="tune every arm on the grid first")
+    p.add_argument("--tune_seeds", default=",".join(map(str, TUNE_SEEDS)))
+    p.add_argument("--tune_only", action="store_true")
+    p.add_argument("--analyze_only", action="store_true")
+    p.add_argument("--env_config", default=None, help="e.g. '{\"step_reward\": 0.1}'")
+    p.add_argument("--size", default="cpu", choices=tuple(SIZES))
+    p.add_argument("--workers", type=int, default=1)
+    args = p.parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(ARMS)}")
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
+    size, out = SIZES[args.size], args.output_dir
+    t0 = time.time()
+    if args.tune and not args.analyze_only:
+        jobs = [(out, a, s, seed) for seed in tune_seeds for a in arms for s in settings_of(a)]
+        run_all(jobs, args.workers, args.turns, size, args.env_config)
+    chosen, tune_lines = (
+        tuning_table(out, args.turns, arms, tune_seeds)
+        if args.tune
+        else ({a: Setting(0.95 if a in CRITIC_ARMS else 1.0, TUNE_LRS[0]) for a in arms}, [])
+    )
+    if args.tune:
+        print("\nTuning (seeds " + ",".join(map(str, tune_seeds)) + "):\n" + "\n".join(tune_lines))
+        print("chosen: " + ", ".join(f"{a} {s.label}" for a, s in chosen.items()))
+    lines = []
+    if not args.tune_only:
+        if not args.analyze_only:
+            jobs = [(out, a, chosen[a], seed) for seed in seeds for a in arms if a in chosen]
+            run_all(jobs, args.workers, args.turns, size, args.env_config)
+        lines = report(out, args.turns, chosen, seeds)
+        print("\nReported (seeds " + ",".join(map(str, seeds)) + "):\n" + "\n".join(lines))
+    summary = out / f"summary_trail{args.turns}.md"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text("\n".join(["## Tuning", *tune_lines, "", "## Reported", *lines, ""]))
+    print(f"\n[turn_credit] {time.time() - t0:.0f} s; tables in {summary}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

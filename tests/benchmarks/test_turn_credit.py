@@ -1,0 +1,104 @@
+"""benchmarks/turn_credit.py: the plan (every arm's grid, its commands accepted by stage 3 with the
+flags that make the arm), the selection on hand-made runs, and a resumable run at smoke size."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import turn_credit
+from benchmarks.tuning import Setting
+
+
+def test_grids_critic_arms_get_both_lams_critic_free_one():
+    assert [s.label for s in turn_credit.settings_of("turn")] == [
+        "λ=0.95, lr=1e-04", "λ=0.95, lr=2e-04", "λ=1, lr=1e-04", "λ=1, lr=2e-04",
+    ]  # fmt: skip
+    assert [s.label for s in turn_credit.settings_of("mt_grpo")] == [
+        "λ=1, lr=1e-04", "λ=1, lr=2e-04",
+    ]  # fmt: skip
+
+
+def test_every_arms_command_parses_to_its_arm(tmp_path):
+    from marlhf.cli import parse_config
+    from marlhf.stages.ppo.config import PPOStageConfig
+
+    size = turn_credit.SIZES["cpu"]
+    want = {
+        "ppo": ("gae", "fixed", 1), "turn": ("gae", "turn", None),
+        "grpo": ("grpo", None, None), "mt_grpo": ("mt_grpo", None, None),
+    }  # fmt: skip
+    for arm, (estimator, rule, ngram) in want.items():
+        s = Setting(0.95, 2e-4)
+        cmd = turn_credit.stage_command(tmp_path / arm, 4, arm, s, 12, size, '{"step_reward": 0.1}')
+        assert cmd[1:3] == ["-m", "marlhf.stages.ppo"]
+        cfg = parse_config(PPOStageConfig, cmd[3:])
+        assert cfg.ppo.advantage_estimator == estimator
+        assert cfg.env.env == "marlhf-trail-4" and cfg.env.env_config == '{"step_reward": 0.1}'
+        assert cfg.ppo.lam == 0.95 and cfg.ppo.optim.seed == 12
+        assert cfg.models.actor.optim.learning_rate == 2e-4
+        if rule:
+            assert cfg.macro.termination_condition == rule
+        if ngram:
+            assert cfg.macro.ngram == ngram
+        if estimator != "gae":
+            assert cfg.ppo.n_samples_per_prompt == 4
+
+
+def _fake_run(out: Path, arm: str, s: Setting, seed: int, curve: list[float], held: float):
+    run = turn_credit.run_dir(out, 4, arm, s, seed)
+    run.mkdir(parents=True)
+    with open(run / "metrics.jsonl", "w") as f:
+        for step, g in enumerate(curve, 1):
+            f.write(json.dumps({"step": step, "env/return": g}) + "\n")
+    scores = {"gold": held, "first_call_key": held, "turns_mean": 4.0}
+    (run / "eval.json").write_text(json.dumps({"T1": scores, "greedy": scores}))
+
+
+def test_tuning_keeps_each_arms_best_setting_and_skips_incomplete_ones(tmp_path):
+    a, b, c, d = turn_credit.settings_of("turn")
+    for seed in (1, 2):
+        _fake_run(tmp_path, "turn", a, seed, [0.2] * 5, 0.2)  # score 0.2
+        _fake_run(tmp_path, "turn", c, seed, [0.6] * 5, 0.4)  # score 0.5: the best
+        _fake_run(tmp_path, "turn", d, seed, [0.9] * 5, 0.9)
+    d_seed2 = turn_credit.run_dir(tmp_path, 4, "turn", d, 2)
+    (d_seed2 / "eval.json").unlink()  # d lacks a seed: not chosen
+    chosen, lines = turn_credit.tuning_table(tmp_path, 4, ["turn"], [1, 2])
+    assert chosen == {"turn": c}
+    assert any("| turn | λ=1, lr=1e-04 | 2 | 0.600 | 0.400 | 0.500 |" == ln for ln in lines)
+
+
+def test_report_speedup_against_ppo(tmp_path):
+    s = Setting(0.95, 1e-4)
+    for seed in (11, 12):
+        _fake_run(tmp_path, "ppo", s, seed, [0.0] * 5 + [0.5] * 5, 0.5)
+        _fake_run(tmp_path, "turn", s, seed, [0.0, 0.5] + [0.5] * 8, 0.7)
+    lines = turn_credit.report(tmp_path, 4, {"ppo": s, "turn": s}, [11, 12])
+    row = next(ln for ln in lines if ln.startswith("| turn |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # ppo's final (last 5) is 0.5; turn's 5-step trailing mean reaches it at step 6 (0,.5,.5,.5,.5)
+    # -> 10 / 6; held-out +0.2 over ppo
+    assert cells[5] == "0.700 ± 0.000" and cells[6] == "0.200 ± 0.000"
+    assert cells[9] == "6" and cells[10].startswith("1.67")
+
+
+@pytest.mark.slow
+def test_smoke_run_end_to_end_and_resume(tmp_path, capsys):
+    argv = [
+        "--size",
+        "smoke",
+        "--arms",
+        "ppo,mt_grpo",
+        "--seeds",
+        "1",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    assert turn_credit.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| ppo | λ=0.95, lr=1e-04 | 1 |" in out and "| mt_grpo | λ=1, lr=1e-04 | 1 |" in out
+    run = turn_credit.run_dir(tmp_path, 4, "mt_grpo", Setting(1.0, 1e-4), 1)
+    ev = json.loads((run / "eval.json").read_text())
+    assert 0 <= ev["T1"]["gold"] <= 1 and ev["T1"]["turns_mean"] > 1 and ev["cpu_s_children"] > 0
+    assert turn_credit.main(argv) == 0
+    assert capsys.readouterr().out.count("done already") == 2
