@@ -71,8 +71,9 @@ first use into ``$MARLHF_HOME/synthetic`` (``data_file``: a directory with ``tra
 prompt with ``meta["columns"]["answer"]``, the true result (what an answer-checking reward reads).
 ``pretraining_rows(n)`` is the corpus of the pretrained base ``tiny-base-arith``
 (``marlhf.pipeline.recipes``): problems of 2-16 steps whose solutions slip at each line with
-probability ``PRETRAIN_SLIP``, so the base samples right answers only part of the time, and less
-often the longer the chain.
+probability ``PRETRAIN_SLIP``, so that a base which learns the corpus samples right answers only
+part of the time, and less often the longer the chain. The shipped base learned the format but not
+to read the problem: its answers are right about as often as a guess (``pretraining.json``).
 
 >>> p = "Problem: start with 7.\\n1: plus 5\\n2: minus 3\\nSolution:\\n"
 >>> true_result(p)
@@ -373,7 +374,7 @@ def pretraining_rows(n: int, seed: int = 0, slip: float = PRETRAIN_SLIP) -> list
     """``n`` problems of ``PRETRAIN_STEPS`` steps (uniform) with a solution each, as ``{"id",
     "prompt", "chosen"}`` rows: the corpus of ``tiny-base-arith``. Each line slips with probability
     ``slip`` (a kind of ``SLIP_KINDS`` at random; the chain goes on from the slipped total, and the
-    answer line copies the last total), as a noisy worked-solutions corpus would: the base samples
+    answer line copies the last total), as a noisy worked-solutions corpus would: a base that learns it samples
     slips about that often, so its answers are right only part of the time, less often the longer
     the chain, and RL has the slips to remove. The random stream (``"arith-pretrain/{seed}"``) is
     not the one of the comparisons."""
