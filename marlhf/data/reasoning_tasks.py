@@ -28,11 +28,14 @@ and ends with an answer line (no newline after it; the model's EOS follows)::
     answer: 17
 
 Why the operation comes first: a line then starts as its line of the prompt does, so the operation
-and operand sit at the same short distance from the step number in both, which a 2-layer model can
-look up (an associative recall: step number -> operation). Written as ``2: 12 minus 3 is 9`` the
-operand sits after the previous total, at a distance from the step number that varies with the
-totals' digits: a 2-layer base pretrained for 500 steps on that format copied the operand no better
-than chance (10 % of digits right, teacher-forced), while it wrote everything else.
+and operand sit at the same short distance from the step number in both, an associative recall
+(step number -> operation) in reach of an induction head. The shipped 2-layer base does not make
+it: teacher-forced, it reads the operation and operand of its step at chance, while it copies the
+previous total and (after a second epoch) computes the new one (the research page "The tasks and
+their tiny models"). Written as ``2: 12 minus 3 is 9`` the operand sits after the previous total,
+at a distance from the step number that varies with the totals' digits: a 2-layer base pretrained
+for 500 steps on that format copied the operand no better than chance (10 % of digits right,
+teacher-forced), while it wrote everything else.
 
 Numbers are written in digits: the tiny tokenizer (byte-level BPE, no ``<unk>``) spells each digit as
 one token, so a line is 16-18 tokens and a solution 74 (67-76), 140 (127-144) and 280 (260-287)
