@@ -47,17 +47,18 @@ demo: $(VENV)/.installed
 SIDE_TESTS := tests/pipeline/test_demo.py tests/pipeline/test_demo_bf16.py
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	@mkdir -p output; \
-	( ( $(MAKE) --no-print-directory test-vllm && OMP_NUM_THREADS=1 $(PY) -m pytest -q $(SIDE_TESTS) $(ARGS) ) \
+	( ( $(MAKE) --no-print-directory test-vllm && OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=5 $(SIDE_TESTS) $(ARGS) ) \
 		> output/test-side.log 2>&1; echo $$? > output/test-side.rc ) & \
 	$(MAKE) --no-print-directory test-main ARGS="$(addprefix --ignore=,$(SIDE_TESTS)) $(ARGS)"; main=$$?; wait; \
 	echo "--- beside it: the vLLM suite, then the demo tests (output/test-side.log):"; cat output/test-side.log; \
 	test $$main -eq 0 && test "$$(cat output/test-side.rc)" -eq 0
 
+# --durations: the slowest tests of each lane, printed at the end (where CI time goes)
 test-main: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=30 $(ARGS)
 
 test-vllm: $(VLLM_VENV)/.installed
-	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q tests/with_vllm $(VLLM_ARGS)
+	OMP_NUM_THREADS=1 $(VLLM_PY) -m pytest -q --durations=5 tests/with_vllm $(VLLM_ARGS)
 
 # The GPU acceptance run (marlhf/gpu_check; docs/gpu.md): with the machine's own python
 # and torch (GPU_PY), not the CPU venv; on a machine without a GPU it runs at CPU size.

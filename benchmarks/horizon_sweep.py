@@ -188,6 +188,7 @@ from benchmarks.tuning import (  # noqa: E402
     selection_score,
     stability,
 )
+from marlhf.pipeline.demo_settings import LONG_TASK_PPO_FLAGS  # noqa: E402
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 HORIZONS = (16, 64, 256)
@@ -195,18 +196,9 @@ TASKS = ("verdict", "facts")
 # max prompt tokens, max answer tokens, reward-model max sequence (long_tasks.py's measured maxima:
 # prompts 120/221/534 and answers 25/81/260 tokens)
 SEQ = {16: (160, 48, 208), 64: (256, 112, 368), 256: (560, 288, 848)}
-# PPO hyper-parameters shared by every arm, horizon and reward source (the oracle PPO run of
-# tests/stages/test_ppo_long_horizon.py: actor lr 1e-4, kl 0.01, T = 1, one epoch of 2 minibatches)
+# PPO hyper-parameters shared by every arm, horizon and reward source (the demo's on the verdict task)
 PPO_FLAGS = [
-    "--per_device_generation_batch_size", "16",
-    "--per_device_training_batch_size", "8",
-    "--actor_learning_rate", "1e-4",
-    "--critic_learning_rate", "5e-4",
-    "--kl_ctl", "0.01",
-    "--temperature", "1.0",
-    "--top_k", "0",
-    "--ppo_epochs", "1",
-    "--lr_scheduler_type", "constant",
+    *LONG_TASK_PPO_FLAGS,
     "--num_train_epochs", "100",  # enough passes over the prompts for any --steps
     "--disable_progress_bar",
 ]  # fmt: skip

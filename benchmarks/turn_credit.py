@@ -35,8 +35,9 @@ is there.
     python benchmarks/turn_credit.py --tune --output_dir output/turn_credit   # tuning, then report
     python benchmarks/turn_credit.py --tune --tune_only ...                   # the tuning phase only
 
-Cost on one CPU thread: ~2 s a step of 16 four-turn games, 13 s start-up and ~20 s of held-out
-games: about 2.5 min a run, 36 tuning runs and 40 reported ones. ``--size gpu`` runs 64 games a step.
+Cost on one CPU thread: about 32 CPU s a run's stage (60 steps of 16 four-turn games, start-up
+included) plus its held-out games; the 36 tuning runs took 43 min wall with one worker beside other
+jobs. ``--size gpu`` runs 64 games a step.
 """
 
 from __future__ import annotations
@@ -187,6 +188,12 @@ def run_all(
     jobs: list[tuple], workers: int, turns: int, size: Size, env_config: str | None
 ) -> None:
     """Every job, ``workers`` at a time, a line each as it ends."""
+    # transformers' lazy imports are not thread-safe: resolved here, before the worker threads
+    # import them (two threads importing at once failed with an ImportError)
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    import marlhf.pipeline.figures  # noqa: F401
+
     print(f"[turn_credit] {len(jobs)} runs", flush=True)
     with ThreadPoolExecutor(workers) as pool:
         futures = [pool.submit(train_and_eval, j, turns, size, env_config) for j in jobs]

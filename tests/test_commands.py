@@ -147,7 +147,7 @@ def test_help_is_grouped_by_part_in_order_with_choices():
     assert known == [t for t in GROUP_ORDER if t in titles]  # in the documented order
     assert {"model", "data", "generation", "algorithm", "macro actions", "logging",
             "performance"} <= set(titles)  # fmt: skip
-    assert "{fixed,randomized,parsing,ppl,entropy,lowprob}" in text
+    assert "{fixed,randomized,parsing,ppl,entropy,lowprob,step,turn}" in text
     inf = build_parser(InferenceArgs).format_help()
     gen = inf.split("\ngeneration:\n")[1].split("\n\n")[0]
     assert "--temperature" in gen and "--top_k" in gen

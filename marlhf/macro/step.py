@@ -23,6 +23,7 @@ merges or strips spaces; a delimiter of newlines and punctuation is not affected
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Any
 
@@ -66,16 +67,8 @@ class StepRule(Step):
         for m in self.pattern.finditer(joined):
             if m.end() == m.start():
                 continue
-            last_char = m.end() - 1
-            # the token whose text holds last_char: the last start <= last_char
-            lo, hi = 0, len(starts) - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if starts[mid] <= last_char:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            ends.add(lo)
+            # the token whose text holds the match's last character: the last start at or before it
+            ends.add(bisect.bisect_right(starts, m.end() - 1) - 1)
         return sorted(ends)
 
     def __call__(self, inputs: TerminationInputs) -> TerminationOutput:

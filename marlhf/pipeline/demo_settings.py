@@ -99,11 +99,10 @@ VERDICT_RM_FLAGS = [
     "--zero_stage", "0",
     "--eval_iters", "0",
 ]  # fmt: skip
-# The horizon sweep's PPO settings (benchmarks/horizon_sweep.py, PPO_FLAGS; λ = 0.95 the default)
-VERDICT_PPO_FLAGS = [
-    "--data_path", "synthetic-verdict-64",
-    "--max_prompt_seq_len", "256",
-    "--max_answer_seq_len", "112",
+# PPO on the long tasks, shared with the horizon sweep (benchmarks/horizon_sweep.py, PPO_FLAGS): the
+# oracle PPO run of tests/stages/test_ppo_long_horizon.py (actor lr 1e-4, kl 0.01, T = 1, one epoch
+# of 2 minibatches)
+LONG_TASK_PPO_FLAGS = [
     "--per_device_generation_batch_size", "16",
     "--per_device_training_batch_size", "8",
     "--actor_learning_rate", "1e-4",
@@ -113,6 +112,12 @@ VERDICT_PPO_FLAGS = [
     "--top_k", "0",
     "--ppo_epochs", "1",
     "--lr_scheduler_type", "constant",
+]  # fmt: skip
+VERDICT_PPO_FLAGS = [
+    "--data_path", "synthetic-verdict-64",
+    "--max_prompt_seq_len", "256",
+    "--max_answer_seq_len", "112",
+    *LONG_TASK_PPO_FLAGS,
     "--lam", "0.95",
 ]  # fmt: skip
 

@@ -18,6 +18,7 @@ import torch
 import marlhf.stages.ppo.mc as mc
 from marlhf.algo.estimators import MCBoundaries
 from marlhf.stages.ppo.rollout import Rollout
+from tests.support.generation_checks import Engine
 
 PROMPTS = [
     "POST\nSubreddit: r/family\nLast week, my sister borrowed my car. Sorry for the long post.\nTL;DR: ",
@@ -94,26 +95,6 @@ def test_a_continuation_is_cut_to_the_rest_of_the_length_budget():
     assert full.sequences.tolist() == [[40, 41, 5, 6, 8, 9, 2], [42, 5, 6, 7, 8, 8, 9]]
 
 
-class _Engine:
-    """The parts of a DeepSpeed engine that generation and scoring use."""
-
-    def __init__(self, module):
-        self.module = module.eval()
-        self.device = torch.device("cpu")
-
-    def __call__(self, **kw):
-        return self.module(**kw)
-
-    def eval(self):
-        self.module.eval()
-
-    def train(self, mode=True):
-        self.module.train(mode)
-
-    def zero_optimization_stage(self):
-        return 0
-
-
 @pytest.fixture(scope="module")
 def setup():
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -125,7 +106,7 @@ def setup():
     actor = AutoModelForCausalLM.from_pretrained(BASE_DIR, dtype=torch.float32)
     torch.manual_seed(0)
     reward = RewardModel.from_pretrained(str(BASE_DIR), init_std=0.05).eval()
-    return tok, _Engine(actor), _Engine(reward)
+    return tok, Engine(actor), Engine(reward)
 
 
 def _run(setup, reward_source="rm", **ppo):
