@@ -9,37 +9,39 @@ macro actions at reasoning steps (one line, one macro action).
 
 Task ``synthetic-arith-{4,8,16}``: a running total over 4, 8 or 16 operations
 -----------------------------------------------------------------------------------
-A start number (1-30) and ``k`` numbered operations, each ``plus`` or ``minus`` an operand 1-9,
-chosen so that every running total stays within 0-99::
+A start number (1-30) and ``k`` operations labelled ``A``, ``B``, ... (``LABELS``), each ``+`` or
+``-`` an operand 1-9, chosen so that every running total stays within 0-99::
 
-    Problem: start with 7.
-    1: plus 5
-    2: minus 3
-    3: plus 8
+    Task: start is 7.
+    A+5
+    B-3
+    C+8
     Solution:
 
-The solution writes one line per operation, the operation's line of the prompt followed by the
-running total it applies to and the new total (``to`` after ``plus``, ``from`` after ``minus``),
-and ends with an answer line (no newline after it; the model's EOS follows)::
+The solution writes one line per operation: its line of the prompt, a colon, the running total it
+applies to with the operation again, and the new total after ``is`` and before a period; it ends
+with an answer line (no newline after it; the model's EOS follows)::
 
-    1: plus 5 to 7 is 12
-    2: minus 3 from 12 is 9
-    3: plus 8 to 9 is 17
+    A+5: 7+5 is 12.
+    B-3: 12-3 is 9.
+    C+8: 9+8 is 17.
     answer: 17
 
-Why the operation comes first: a line then starts as its line of the prompt does, so the operation
-and operand sit at the same short distance from the step number in both, an associative recall
-(step number -> operation) in reach of an induction head. The shipped 2-layer base does not make
-it: teacher-forced, it reads the operation and operand of its step at chance, while it copies the
-previous total and (after a second epoch) computes the new one (the research page "The tasks and
-their tiny models"). Written as ``2: 12 minus 3 is 9`` the operand sits after the previous total,
-at a distance from the step number that varies with the totals' digits: a 2-layer base pretrained
-for 500 steps on that format copied the operand no better than chance (10 % of digits right,
-teacher-forced), while it wrote everything else.
+Why this format: it is made for what a 2-layer model copies, an induction head that finds the
+token after an earlier occurrence of the current token. Every value a line reads from the problem
+follows, in the prompt and in the line alike, a token the prompt holds once: the sign follows the
+step's label (one token each in the tiny tokenizer, and none of them a token of the fixed words),
+the operand follows label and sign. The total a line starts from is always the number after the
+latest ``is``, the start number included (``start is 7.``), so the first line copies it as every
+later line copies the total of the line above. An earlier format (``1: plus 5`` in the prompt,
+``1: plus 5 to 7 is 12`` in the solution) put a space token before every number and the same
+``:`` after every step number: a base pretrained on it copied the total of the line above and
+learnt the sum, but read the operations, the operands and the start number at chance
+(teacher-forced; the research page "The tasks and their tiny models").
 
-Numbers are written in digits: the tiny tokenizer (byte-level BPE, no ``<unk>``) spells each digit as
-one token, so a line is 16-18 tokens and a solution 74 (67-76), 140 (127-144) and 280 (260-287)
-tokens at 4, 8 and 16 steps, prompts 60, 96 and 175 tokens (300 held-out problems each;
+Numbers are written in digits: the tiny tokenizer (byte-level BPE, no ``<unk>``) spells each digit
+as one token, so a line is 12-15 tokens and a solution 66 (59-68), 124 (111-128) and 241 (221-248)
+tokens at 4, 8 and 16 steps, prompts 38, 54 and 86 tokens (300 held-out problems each;
 ``tests/data/test_reasoning_tasks.py`` checks the bands).
 
 The gold score: the final answer alone
@@ -57,8 +59,8 @@ Slips: what the pretrained base gets wrong
 ------------------------------------------
 A slip is one wrong line, after which the chain carries on consistently from the wrong total (as a
 person who slipped would): ``units`` (the new total off by 1 or 2), ``carry`` (off by 10),
-``operator`` (the line applies the other operation: ``plus 3 to 12 is 15`` for ``minus 3``) and
-``operand`` (it copies another operand: ``minus 4 from 12 is 8``). Every running total of a slipped
+``operator`` (the line applies the other operation: ``B+3: 12+3 is 15.`` for ``B-3``) and
+``operand`` (it copies another operand: ``B-4: 12-4 is 8.``). Every running total of a slipped
 chain stays within 0-99, and its final answer is wrong (plus and minus shift every later total by
 the slip's error).
 
@@ -78,17 +80,17 @@ probability ``PRETRAIN_SLIP``, so that a base which learns the corpus samples ri
 part of the time, and less often the longer the chain. The shipped base learned the format but not
 to read the problem: its answers are right about as often as a guess (``pretraining.json``).
 
->>> p = "Problem: start with 7.\\n1: plus 5\\n2: minus 3\\nSolution:\\n"
+>>> p = "Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n"
 >>> true_result(p)
 9
->>> arith_gold(p, "1: plus 5 to 7 is 12\\n2: minus 3 from 12 is 9\\nanswer: 9")
+>>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9")
 1.0
->>> arith_gold(p, "1: plus 5 to 7 is 13\\n2: minus 3 from 13 is 10\\nanswer: 10")
+>>> arith_gold(p, "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
 0.0
->>> arith_gold(p, "1: plus 5 to 7 is 12\\n2: minus 3 from 12 is 9")  # no answer line
+>>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.")  # no answer line
 0.0
 >>> solution(7, [("plus", 5), ("minus", 3)])
-'1: plus 5 to 7 is 12\\n2: minus 3 from 12 is 9\\nanswer: 9'
+'A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9'
 """
 
 from __future__ import annotations
@@ -104,12 +106,15 @@ from pathlib import Path
 from marlhf.runtime.home import home
 
 # Bump when the generator or the scorer changes (the generated files' names and cache keys hold it).
-ARITH_VERSION = 1
+ARITH_VERSION = 2
 STEPS = (4, 8, 16)
 START = (1, 30)  # the start number, both bounds included
 OPERAND = (1, 9)
 MAX_TOTAL = 99  # every running total, true or slipped, stays within 0..MAX_TOTAL
 OPS = ("plus", "minus")
+SIGNS = {"plus": "+", "minus": "-"}
+# The step labels, one token each in the tiny tokenizer and none a token of the fixed words.
+LABELS = "ABCDEFGHIJKLMNOP"
 SLIP_KINDS = ("units", "carry", "operator", "operand")
 REJECTED_KINDS = (*SLIP_KINDS, "wrong_final", "truncated")
 # The numbers of comparisons a data path generates (as many as the long-horizon tasks').
@@ -121,11 +126,11 @@ PRETRAIN_SLIP = 0.08
 
 Op = tuple[str, int]
 
-_START = re.compile(r"start with (\d+)\.")
-_OP_LINE = re.compile(r"^(\d+): (plus|minus) (\d+)$", re.MULTILINE)
+_START = re.compile(r"start is (\d+)\.")
+_OP_LINE = re.compile(r"^([A-Z])([+-])(\d+)$", re.MULTILINE)
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 _ANSWER_VALUE = re.compile(r"\s*(-?\d+)\s*\.?\s*")
-_LINE_TOTAL = re.compile(r" is (-?\d+)$")
+_LINE_TOTAL = re.compile(r" is (-?\d+)\.$")
 
 
 @dataclass(frozen=True)
@@ -149,15 +154,16 @@ def apply(total: int, op: Op) -> int:
 
 
 def prompt_text(start: int, ops: list[Op]) -> str:
-    """The prompt of a problem: the start, the numbered operations, ``Solution:`` and a newline."""
-    lines = [f"Problem: start with {start}."]
-    lines += [f"{i}: {name} {operand}" for i, (name, operand) in enumerate(ops, 1)]
+    """The prompt of a problem: the start, the labelled operations, ``Solution:`` and a newline."""
+    lines = [f"Task: start is {start}."]
+    lines += [f"{LABELS[i]}{SIGNS[name]}{operand}" for i, (name, operand) in enumerate(ops)]
     return "\n".join(lines) + "\nSolution:\n"
 
 
 def step_line(i: int, total: int, op: Op, result: int) -> str:
-    """Line ``i`` of a solution: ``2: minus 3 from 12 is 9``, ``3: plus 8 to 9 is 17``."""
-    return f"{i}: {op[0]} {op[1]} {'to' if op[0] == 'plus' else 'from'} {total} is {result}"
+    """Line ``i`` (1-based) of a solution: ``B-3: 12-3 is 9.``, ``C+8: 9+8 is 17.``."""
+    written = f"{SIGNS[op[0]]}{op[1]}"
+    return f"{LABELS[i - 1]}{written}: {total}{written} is {result}."
 
 
 def solution(start: int, ops: list[Op]) -> str:
@@ -175,18 +181,15 @@ def read_problem(prompt: str) -> tuple[int, list[Op]]:
 
     Raises:
         ValueError: the prompt holds no ``synthetic-arith`` problem (no start, no operations, or
-            operations not numbered 1, 2, ...).
+            operations not labelled A, B, ...).
     """
     problem = prompt.split("Solution:", 1)[0]
     start = _START.search(problem)
     found = _OP_LINE.findall(problem)
-    if (
-        start is None
-        or not found
-        or [int(i) for i, _, _ in found] != list(range(1, len(found) + 1))
-    ):
+    if start is None or not found or "".join(label for label, _, _ in found) != LABELS[: len(found)]:
         raise ValueError(f"not a synthetic-arith prompt: {prompt[:80]!r}")
-    return int(start.group(1)), [(name, int(operand)) for _, name, operand in found]
+    names = {sign: name for name, sign in SIGNS.items()}
+    return int(start.group(1)), [(names[sign], int(operand)) for _, sign, operand in found]
 
 
 def true_result(prompt: str) -> int:
@@ -215,8 +218,8 @@ def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
     being the total the line before it wrote (the start for line 1): a local check, so one slip
     counts once and the lines after it that carry on correctly from it count as right.
 
-    >>> line_accuracy("Problem: start with 7.\\n1: plus 5\\n2: minus 3\\nSolution:\\n",
-    ...               "1: plus 5 to 7 is 13\\n2: minus 3 from 13 is 10\\nanswer: 10")
+    >>> line_accuracy("Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n",
+    ...               "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
     (1, 2)
     """
     start, ops = read_problem(prompt)
@@ -287,7 +290,7 @@ def slipped_lines(
 
 
 def _last_total(lines: list[str]) -> int:
-    return int(lines[-1].rsplit(" ", 1)[1])
+    return int(_LINE_TOTAL.search(lines[-1]).group(1))
 
 
 def wrong_solution(kind: str, start: int, ops: list[Op], rng: random.Random) -> str:

@@ -14,16 +14,10 @@ from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.sources import load_examples
 
 # start 25, then 25 + 8 = 33, 33 - 9 = 24, 24 + 7 = 31, 31 - 4 = 27: worked by hand
-PROMPT = "Problem: start with 25.\n1: plus 8\n2: minus 9\n3: plus 7\n4: minus 4\nSolution:\n"
-RIGHT = (
-    "1: plus 8 to 25 is 33\n2: minus 9 from 33 is 24\n3: plus 7 to 24 is 31\n"
-    "4: minus 4 from 31 is 27\nanswer: 27"
-)
+PROMPT = "Task: start is 25.\nA+8\nB-9\nC+7\nD-4\nSolution:\n"
+RIGHT = "A+8: 25+8 is 33.\nB-9: 33-9 is 24.\nC+7: 24+7 is 31.\nD-4: 31-4 is 27.\nanswer: 27"
 # a carry slip at step 1 (23 for 33), carried on consistently: the final answer is 10 short
-SLIPPED = (
-    "1: plus 8 to 25 is 23\n2: minus 9 from 23 is 14\n3: plus 7 to 14 is 21\n"
-    "4: minus 4 from 21 is 17\nanswer: 17"
-)
+SLIPPED = "A+8: 25+8 is 23.\nB-9: 23-9 is 14.\nC+7: 14+7 is 21.\nD-4: 21-4 is 17.\nanswer: 17"
 
 
 def _tokenizer():
@@ -38,10 +32,10 @@ def _totals(prompt: str) -> list[int]:
     """The running totals of a prompt's problem, read with a regex of this test (not the module's)."""
     import re
 
-    total = int(re.search(r"start with (\d+)", prompt).group(1))
+    total = int(re.search(r"start is (\d+)", prompt).group(1))
     out = [total]
-    for op, n in re.findall(r"\n\d+: (plus|minus) (\d+)", prompt):
-        total += int(n) if op == "plus" else -int(n)
+    for op, n in re.findall(r"^[A-P]([+-])(\d)$", prompt, re.MULTILINE):
+        total += int(n) if op == "+" else -int(n)
         out.append(total)
     return out
 
@@ -64,7 +58,7 @@ def test_gold_scores_the_final_answer_of_hand_worked_solutions():
     assert R.arith_gold(PROMPT, SLIPPED.replace("answer: 17", "answer: 27")) == 1.0
     assert R.arith_gold(PROMPT, "answer: 27") == 1.0
     # text after the answer line is not read; spaces, a final period and capitals are accepted
-    assert R.arith_gold(PROMPT, RIGHT + "\n5: plus 1 to 27 is 28\nanswer: 28") == 1.0
+    assert R.arith_gold(PROMPT, RIGHT + "\nE+1: 27+1 is 28.\nanswer: 28") == 1.0
     assert R.arith_gold(PROMPT, "Answer :  27 .") == 1.0
     # only the first answer line counts, and it must hold one integer and nothing else
     assert R.arith_gold(PROMPT, "answer: 26\nanswer: 27") == 0.0
@@ -73,18 +67,20 @@ def test_gold_scores_the_final_answer_of_hand_worked_solutions():
     assert R.arith_gold(PROMPT, "the answer: 27") == 0.0  # the line must start with "answer:"
     with pytest.raises(ValueError, match="not a synthetic-arith prompt"):
         R.arith_gold("POST\nMy dog ate my lunch.\nTL;DR: ", "answer: 1")
-    with pytest.raises(ValueError, match="not a synthetic-arith prompt"):  # steps 1, 3: no step 2
-        R.arith_gold("Problem: start with 2.\n1: plus 1\n3: plus 1\nSolution:\n", "answer: 4")
+    with pytest.raises(ValueError, match="not a synthetic-arith prompt"):  # steps A, C: no B
+        R.arith_gold("Task: start is 2.\nA+1\nC+1\nSolution:\n", "answer: 4")
 
 
 def test_line_accuracy_counts_each_slip_once():
     assert R.line_accuracy(PROMPT, RIGHT) == (4, 4)
     assert R.line_accuracy(PROMPT, SLIPPED) == (3, 4)  # the later lines go on right from 23
-    copied = RIGHT.replace("2: minus 9 from 33 is 24", "2: minus 8 from 33 is 25")  # wrong operand
-    # line 3 ("to 24") does not go on from the 25 of line 2; line 4 follows from line 3's 31
+    copied = RIGHT.replace("B-9: 33-9 is 24.", "B-8: 33-8 is 25.")  # wrong operand
+    # line C ("24+7") does not go on from the 25 of line B; line D follows from line C's 31
     assert R.line_accuracy(PROMPT, copied) == (2, 4)
     assert R.line_accuracy(PROMPT, RIGHT + "\n") == (4, 4)
-    assert R.line_accuracy(PROMPT, "1: plus 8 to 25 is 33\nhello") == (1, 2)
+    assert R.line_accuracy(PROMPT, "A+8: 25+8 is 33.\nhello") == (1, 2)
+    # a line that applies its operation right but restates another one is wrong
+    assert R.line_accuracy(PROMPT, "A+8: 25+7 is 33.") == (0, 1)
 
 
 @pytest.mark.parametrize("name", sorted(R.TASKS))
@@ -99,7 +95,7 @@ def test_generated_problems_and_solutions(name):
         assert len(totals) == steps + 1 and all(0 <= t <= R.MAX_TOTAL for t in totals)
         assert row["answer"] == totals[-1] == R.true_result(row["prompt"])
         assert row["chosen"].split("\n")[-1] == f"answer: {totals[-1]}"
-        assert [int(x.rsplit(" ", 1)[1]) for x in row["chosen"].split("\n")] == totals[1:] + [
+        assert [int(x.rsplit(" ", 1)[1].strip(".")) for x in row["chosen"].split("\n")] == totals[1:] + [
             totals[-1]
         ]
         assert R.arith_gold(row["prompt"], row["chosen"]) == 1.0
@@ -107,7 +103,7 @@ def test_generated_problems_and_solutions(name):
         right, lines = R.line_accuracy(row["prompt"], row["rejected"])
         if row["kind"] in R.SLIP_KINDS:  # exactly one slipped line, every total within 0..99
             assert (right, lines) == (steps - 1, steps), row
-            written = [int(x.rsplit(" ", 1)[1]) for x in row["rejected"].split("\n")]
+            written = [int(x.rsplit(" ", 1)[1].strip(".")) for x in row["rejected"].split("\n")]
             assert all(0 <= t <= R.MAX_TOTAL for t in written)
         elif row["kind"] == "truncated":
             assert R.final_answer(row["rejected"]) is None and right == lines <= steps
@@ -117,7 +113,7 @@ def test_generated_problems_and_solutions(name):
 
 def test_token_lengths_follow_the_steps_and_the_tokenizer_knows_every_character():
     tok = _tokenizer()
-    bands = {4: (66, 78), 8: (132, 148), 16: (264, 292)}  # solutions: about 17 tokens per step
+    bands = {4: (62, 70), 8: (118, 130), 16: (230, 250)}  # solutions: about 15 tokens per step
     for name, task in R.TASKS.items():
         rows = R.generate(name, 50, 0, "valid", R.N_TRAIN)
         answers = [tok(r["chosen"], add_special_tokens=False)["input_ids"] for r in rows]
