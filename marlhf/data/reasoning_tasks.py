@@ -7,42 +7,42 @@ slip at step 2 of 16 makes every later line wrong and costs the whole reward, ho
 is computed. That is the setting of reasoning RL (a final-answer checker, RLVR) and of
 macro actions at reasoning steps (one line, one macro action).
 
-Task ``synthetic-arith-{4,8,16}``: a running total over 4, 8 or 16 operations
------------------------------------------------------------------------------------
-A start number (1-30) and ``k`` operations labelled ``A``, ``B``, ... (``LABELS``), each ``+`` or
-``-`` an operand 1-9, chosen so that every running total stays within 0-99::
+Task ``synthetic-arith-{4,8,16}``: a rule applied 4, 8 or 16 times
+-------------------------------------------------------------------
+A start number (1-99), a rule (``+`` or ``-`` an operand 1-9) and a number of steps ``k``, chosen
+so that every running total stays within 0-99::
 
-    Task: start is 7.
-    A+5
-    B-3
-    C+8
+    Task: start is 25, rule -4, steps 4.
     Solution:
 
-The solution writes one line per operation: its line of the prompt, a colon, the running total it
-applies to with the operation again, and the new total after ``is`` and before a period; it ends
-with an answer line (no newline after it; the model's EOS follows)::
+The solution writes one line per step: the steps left (``k`` down to 1), the rule, the running
+total it applies to and the new total after ``is`` and before a period; it ends with an answer line
+(no newline after it; the model's EOS follows)::
 
-    A+5: 7+5 is 12.
-    B-3: 12-3 is 9.
-    C+8: 9+8 is 17.
-    answer: 17
+    4: -4 to 25 is 21.
+    3: -4 to 21 is 17.
+    2: -4 to 17 is 13.
+    1: -4 to 13 is 9.
+    answer: 9
 
-Why this format: it is made for what a 2-layer model copies, an induction head that finds the
-token after an earlier occurrence of the current token. Every value a line reads from the problem
-follows, in the prompt and in the line alike, a token the prompt holds once: the sign follows the
-step's label (one token each in the tiny tokenizer, and none of them a token of the fixed words),
-the operand follows label and sign. The total a line starts from is always the number after the
-latest ``is``, the start number included (``start is 7.``), so the first line copies it as every
-later line copies the total of the line above. An earlier format (``1: plus 5`` in the prompt,
-``1: plus 5 to 7 is 12`` in the solution) put a space token before every number and the same
-``:`` after every step number: a base pretrained on it copied the total of the line above and
-learnt the sum, but read the operations, the operands and the start number at chance
-(teacher-forced; the research page "The tasks and their tiny models").
+Why this format: every value a line reads is the latest of its kind in the text, which a 2-layer
+model copies reliably. The rule is the latest sign and operand (the prompt's for the first line,
+the line above's after it), the total a line starts from the number after the latest ``is`` (the
+prompt's ``start is 25`` for the first line), the steps left one less than the line above's (the
+prompt's ``steps 4`` for the first), and the answer line follows the line labelled 1. A format with
+a different operation at each step (``A+5``, ``B-3`` in the prompt, ``B-3: 12-3 is 9.`` in the
+solution) needs a line to look its step's operation up by its label: a base pretrained on it read
+the start (1.00) and computed the sums (0.99) but found the sign (0.66, the running totals' bounds
+alone give about 0.6) and the operand (0.44) of its step poorly, and answered 3-6 % of 4-step
+problems right, as did one on an earlier format (``1: plus 5``, ``1: plus 5 to 7 is 12``) that read
+nothing from the problem (teacher-forced; the research page "The tasks and their tiny models").
 
 Numbers are written in digits: the tiny tokenizer (byte-level BPE, no ``<unk>``) spells each digit
-as one token, so a line is 12-15 tokens and a solution 66 (59-68), 124 (111-128) and 241 (221-248)
-tokens at 4, 8 and 16 steps, prompts 38, 54 and 86 tokens (300 held-out problems each;
-``tests/data/test_reasoning_tasks.py`` checks the bands).
+as one token, so a line is 13-16 tokens and a solution 68 (59-68), 128 (122-128) and 253 (235-255)
+tokens at 4, 8 and 16 steps, prompts 33 tokens (300 held-out problems each;
+``tests/data/test_reasoning_tasks.py`` checks the bands). The problem space is small (1,431, 1,071
+and 522 problems at 4, 8 and 16 steps): the held-out problems (``held_out_prompts``) are kept out of
+the train split and of the pretraining corpus.
 
 The gold score: the final answer alone
 --------------------------------------
@@ -58,11 +58,11 @@ by PPO's no-EOS penalty.
 Slips: what the pretrained base gets wrong
 ------------------------------------------
 A slip is one wrong line, after which the chain carries on consistently from the wrong total (as a
-person who slipped would): ``units`` (the new total off by 1 or 2), ``carry`` (off by 10),
-``operator`` (the line applies the other operation: ``B+3: 12+3 is 15.`` for ``B-3``) and
-``operand`` (it copies another operand: ``B-4: 12-4 is 8.``). Every running total of a slipped
-chain stays within 0-99, and its final answer is wrong (plus and minus shift every later total by
-the slip's error).
+person who slipped would) and with the rule of the problem: ``units`` (the new total off by 1 or
+2), ``carry`` (off by 10), ``operator`` (the line applies the other sign: ``3: +4 to 21 is 25.``
+for the rule ``-4``) and ``operand`` (another operand: ``3: -3 to 21 is 18.``). Every running total
+of a slipped chain stays within 0-99, and its final answer is wrong (plus and minus shift every
+later total by the slip's error).
 
 Preference data and pretraining corpus
 --------------------------------------
@@ -77,24 +77,25 @@ prompt with ``meta["columns"]["answer"]``, the true result (what an answer-check
 ``pretraining_rows(n)`` is the corpus of the pretrained base ``tiny-base-arith``
 (``marlhf.pipeline.recipes``): problems of 2-16 steps whose solutions slip at each line with
 probability ``PRETRAIN_SLIP``, so that a base which learns the corpus samples right answers only
-part of the time, and less often the longer the chain. The shipped base learned the format but not
-to read the problem: its answers are right about as often as a guess (``pretraining.json``).
+part of the time, and less often the longer the chain (``pretraining.json`` has the shipped base's
+figures).
 
->>> p = "Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n"
+>>> p = "Task: start is 7, rule +5, steps 2.\\nSolution:\\n"
 >>> true_result(p)
-9
->>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9")
+17
+>>> arith_gold(p, "2: +5 to 7 is 12.\\n1: +5 to 12 is 17.\\nanswer: 17")
 1.0
->>> arith_gold(p, "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
+>>> arith_gold(p, "2: +5 to 7 is 13.\\n1: +5 to 13 is 18.\\nanswer: 18")
 0.0
->>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.")  # no answer line
+>>> arith_gold(p, "2: +5 to 7 is 12.\\n1: +5 to 12 is 17.")  # no answer line
 0.0
->>> solution(7, [("plus", 5), ("minus", 3)])
-'A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9'
+>>> solution(7, [("plus", 5), ("plus", 5)])
+'2: +5 to 7 is 12.\\n1: +5 to 12 is 17.\\nanswer: 17'
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -108,13 +109,11 @@ from marlhf.runtime.home import home
 # Bump when the generator or the scorer changes (the generated files' names and cache keys hold it).
 ARITH_VERSION = 2
 STEPS = (4, 8, 16)
-START = (1, 30)  # the start number, both bounds included
+START = (1, 99)  # the start number, both bounds included
 OPERAND = (1, 9)
 MAX_TOTAL = 99  # every running total, true or slipped, stays within 0..MAX_TOTAL
 OPS = ("plus", "minus")
 SIGNS = {"plus": "+", "minus": "-"}
-# The step labels, one token each in the tiny tokenizer and none a token of the fixed words.
-LABELS = "ABCDEFGHIJKLMNOP"
 SLIP_KINDS = ("units", "carry", "operator", "operand")
 REJECTED_KINDS = (*SLIP_KINDS, "wrong_final", "truncated")
 # The numbers of comparisons a data path generates (as many as the long-horizon tasks').
@@ -126,8 +125,7 @@ PRETRAIN_SLIP = 0.08
 
 Op = tuple[str, int]
 
-_START = re.compile(r"start is (\d+)\.")
-_OP_LINE = re.compile(r"^([A-Z])([+-])(\d+)$", re.MULTILINE)
+_PROBLEM = re.compile(r"start is (\d+), rule ([+-])(\d+), steps (\d+)\.")
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 _ANSWER_VALUE = re.compile(r"\s*(-?\d+)\s*\.?\s*")
 _LINE_TOTAL = re.compile(r" is (-?\d+)\.$")
@@ -153,43 +151,50 @@ def apply(total: int, op: Op) -> int:
     return total + operand if name == "plus" else total - operand
 
 
+def _rule(ops: list[Op]) -> Op:
+    """The one operation of a problem's ``ops`` (every step applies it)."""
+    if not ops or any(op != ops[0] for op in ops):
+        raise ValueError(f"a synthetic-arith problem applies one rule at every step, got {ops}")
+    return ops[0]
+
+
 def prompt_text(start: int, ops: list[Op]) -> str:
-    """The prompt of a problem: the start, the labelled operations, ``Solution:`` and a newline."""
-    lines = [f"Task: start is {start}."]
-    lines += [f"{LABELS[i]}{SIGNS[name]}{operand}" for i, (name, operand) in enumerate(ops)]
-    return "\n".join(lines) + "\nSolution:\n"
+    """The prompt of a problem: the start, the rule, the number of steps, ``Solution:`` and a
+    newline."""
+    name, operand = _rule(ops)
+    return f"Task: start is {start}, rule {SIGNS[name]}{operand}, steps {len(ops)}.\nSolution:\n"
 
 
-def step_line(i: int, total: int, op: Op, result: int) -> str:
-    """Line ``i`` (1-based) of a solution: ``B-3: 12-3 is 9.``, ``C+8: 9+8 is 17.``."""
-    written = f"{SIGNS[op[0]]}{op[1]}"
-    return f"{LABELS[i - 1]}{written}: {total}{written} is {result}."
+def step_line(i: int, steps: int, total: int, op: Op, result: int) -> str:
+    """Line ``i`` (1-based) of a solution of ``steps`` steps, labelled with the steps left
+    including itself: ``3: -4 to 21 is 17.`` (line 2 of 4)."""
+    return f"{steps - i + 1}: {SIGNS[op[0]]}{op[1]} to {total} is {result}."
 
 
 def solution(start: int, ops: list[Op]) -> str:
-    """The correct solution: one line per operation, then ``answer: RESULT``."""
+    """The correct solution: one line per step, then ``answer: RESULT``."""
     lines, total = [], start
     for i, op in enumerate(ops, 1):
         new = apply(total, op)
-        lines.append(step_line(i, total, op, new))
+        lines.append(step_line(i, len(ops), total, op, new))
         total = new
     return "\n".join([*lines, f"answer: {total}"])
 
 
 def read_problem(prompt: str) -> tuple[int, list[Op]]:
-    """The start and the operations of the problem in ``prompt`` (text before ``Solution:``).
+    """The start and the operations (the rule, once per step) of the problem in ``prompt`` (text
+    before ``Solution:``).
 
     Raises:
-        ValueError: the prompt holds no ``synthetic-arith`` problem (no start, no operations, or
-            operations not labelled A, B, ...).
+        ValueError: the prompt holds no ``synthetic-arith`` problem (no start, rule or number of
+            steps, or no step).
     """
-    problem = prompt.split("Solution:", 1)[0]
-    start = _START.search(problem)
-    found = _OP_LINE.findall(problem)
-    if start is None or not found or "".join(label for label, _, _ in found) != LABELS[: len(found)]:
+    found = _PROBLEM.search(prompt.split("Solution:", 1)[0])
+    if found is None or int(found.group(4)) < 1:
         raise ValueError(f"not a synthetic-arith prompt: {prompt[:80]!r}")
-    names = {sign: name for name, sign in SIGNS.items()}
-    return int(start.group(1)), [(names[sign], int(operand)) for _, sign, operand in found]
+    start, sign, operand, steps = found.groups()
+    name = "plus" if sign == "+" else "minus"
+    return int(start), [(name, int(operand))] * int(steps)
 
 
 def true_result(prompt: str) -> int:
@@ -214,12 +219,12 @@ def final_answer(response: str) -> int | None:
 
 def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
     """Step lines of ``response`` that are right, and step lines written (those before its answer
-    line). Line ``j`` is right when it is exactly ``step_line(j, prev, op_j, prev op_j)``, ``prev``
+    line). Line ``j`` is right when it is exactly ``step_line(j, k, prev, op_j, prev op_j)``, ``prev``
     being the total the line before it wrote (the start for line 1): a local check, so one slip
     counts once and the lines after it that carry on correctly from it count as right.
 
-    >>> line_accuracy("Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n",
-    ...               "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
+    >>> line_accuracy("Task: start is 7, rule +5, steps 2.\\nSolution:\\n",
+    ...               "2: +5 to 7 is 13.\\n1: +5 to 13 is 18.\\nanswer: 18")
     (1, 2)
     """
     start, ops = read_problem(prompt)
@@ -228,7 +233,8 @@ def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
         if _ANSWER_LINE.match(line):
             break
         lines += 1
-        right += j <= len(ops) and line == step_line(j, prev, ops[j - 1], apply(prev, ops[j - 1]))
+        want = j <= len(ops) and step_line(j, len(ops), prev, ops[j - 1], apply(prev, ops[j - 1]))
+        right += line == want
         written = _LINE_TOTAL.search(line)
         if written is not None:
             prev = int(written.group(1))
@@ -244,16 +250,16 @@ def arith_gold(prompt: str, response: str) -> float:
 
 # --- generator -----------------------------------------------------------------------------------
 def make_problem(steps: int, rng: random.Random) -> tuple[int, list[Op]]:
-    """A start number and ``steps`` operations whose running totals stay within 0..MAX_TOTAL."""
-    total = start = rng.randint(*START)
-    ops: list[Op] = []
-    for _ in range(steps):
-        operand = rng.randint(*OPERAND)
-        allowed = [n for n in OPS if 0 <= apply(total, (n, operand)) <= MAX_TOTAL]
-        op = (rng.choice(allowed), operand)
-        ops.append(op)
-        total = apply(total, op)
-    return start, ops
+    """A start number and a rule applied ``steps`` times (the operations, one per step) whose
+    running totals stay within 0..MAX_TOTAL: the operand uniform among those that fit ``steps``
+    times, the sign uniform, the start uniform among those that keep every total in range."""
+    operand = rng.randint(OPERAND[0], min(OPERAND[1], (MAX_TOTAL - START[0]) // steps))
+    name = rng.choice(OPS)
+    if name == "plus":
+        start = rng.randint(START[0], MAX_TOTAL - operand * steps)
+    else:
+        start = rng.randint(max(START[0], operand * steps), START[1])
+    return start, [(name, operand)] * steps
 
 
 def _slipped_line(kind: str, total: int, op: Op, rng: random.Random) -> tuple[Op, int]:
@@ -284,7 +290,7 @@ def slipped_lines(
             written, new = op, apply(total, op)
         if not 0 <= new <= MAX_TOTAL:
             return None
-        lines.append(step_line(i + 1, total, written, new))
+        lines.append(step_line(i + 1, len(ops), total, written, new))
         total = new
     return lines
 
@@ -320,9 +326,12 @@ def generate(
     (module docstring). Deterministic in all arguments."""
     task = TASKS[task] if isinstance(task, str) else task
     rng = random.Random(f"{task.name}/{seed}/{split}")
+    held = held_out_prompts() if split != "valid" else frozenset()
     rows = []
     for i in range(n):
         start, ops = make_problem(task.steps, rng)
+        while prompt_text(start, ops) in held:
+            start, ops = make_problem(task.steps, rng)
         kind = rng.choice(REJECTED_KINDS)
         chosen = solution(start, ops)
         rows.append(
@@ -337,6 +346,15 @@ def generate(
             }
         )
     return rows
+
+
+@functools.cache
+def held_out_prompts() -> frozenset[str]:
+    """The prompts of the held-out problems: the first ``N_VALID`` ``valid`` rows (seed 0) of each
+    task. No other split and no pretraining row holds one (the problem space is small)."""
+    return frozenset(
+        r["prompt"] for name in TASKS for r in generate(name, N_VALID, 0, "valid", N_TRAIN)
+    )
 
 
 def data_file(name: str) -> Path:
@@ -388,6 +406,8 @@ def pretraining_rows(n: int, seed: int = 0, slip: float = PRETRAIN_SLIP) -> list
     rows = []
     for i in range(n):
         start, ops = make_problem(rng.randint(*PRETRAIN_STEPS), rng)
+        while prompt_text(start, ops) in held_out_prompts():
+            start, ops = make_problem(len(ops), rng)
         lines = None
         while lines is None:
             slips = {j: rng.choice(SLIP_KINDS) for j in range(len(ops)) if rng.random() < slip}

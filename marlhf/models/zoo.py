@@ -261,7 +261,7 @@ def ensure_horizon_base(name: str) -> str:
 
 # The shipped base of the multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``):
 # ``tiny-base-arith`` (its recipe: ``marlhf.pipeline.recipes``), and its generation limit (the longest
-# 16-step solutions, 287 tokens, plus room).
+# 16-step solutions, 248 tokens, plus room).
 ARITH_BASE = "tiny-base-arith"
 ARITH_BASE_DIR = Path(__file__).resolve().parents[1] / "data" / "bundled" / "tiny_base_arith"
 ARITH_NEW_TOKENS = 320

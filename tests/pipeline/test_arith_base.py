@@ -121,5 +121,5 @@ def test_infer_scores_the_base_on_the_arithmetic_task_by_its_gold(tmp_path, monk
     rows = read_rows(str(path))
     assert len(rows) == 4
     for r in rows:
-        assert r["prompt"].startswith("Problem: start with ")
+        assert r["prompt"].startswith("Task: start is ")
         assert r["gold"] == arith_gold(r["prompt"], r["response"])
