@@ -9,37 +9,45 @@ macro actions at reasoning steps (one line, one macro action).
 
 Task ``synthetic-arith-{4,8,16}``: a rule applied 4, 8 or 16 times
 -------------------------------------------------------------------
-A start number (1-99), a rule (``+`` or ``-`` an operand 1-9) and a number of steps ``k``, chosen
-so that every running total stays within 0-99::
+A start number (1-99) and ``k`` operations labelled ``A``, ``B``, ... (``LABELS``), each ``+`` or
+``-`` an operand 1-9. The generator draws one operation per problem (the rule) and writes it at every
+step, with a start that keeps every running total within 0-99::
 
-    Task: start is 25, rule -4, steps 4.
+    Task: start is 25.
+    A-4
+    B-4
+    C-4
+    D-4
     Solution:
 
-The solution writes one line per step: the steps left (``k`` down to 1), the rule, the running
-total it applies to and the new total after ``is`` and before a period; it ends with an answer line
-(no newline after it; the model's EOS follows)::
+The solution writes one line per operation: its line of the prompt, a colon, the running total it
+applies to with the operation again, and the new total after ``is`` and before a period; it ends
+with an answer line (no newline after it; the model's EOS follows)::
 
-    4: -4 to 25 is 21.
-    3: -4 to 21 is 17.
-    2: -4 to 17 is 13.
-    1: -4 to 13 is 9.
+    A-4: 25-4 is 21.
+    B-4: 21-4 is 17.
+    C-4: 17-4 is 13.
+    D-4: 13-4 is 9.
     answer: 9
 
-Why this format: every value a line reads is the latest of its kind in the text, which a 2-layer
-model copies reliably. The rule is the latest sign and operand (the prompt's for the first line,
-the line above's after it), the total a line starts from the number after the latest ``is`` (the
-prompt's ``start is 25`` for the first line), the steps left one less than the line above's (the
-prompt's ``steps 4`` for the first), and the answer line follows the line labelled 1. A format with
-a different operation at each step (``A+5``, ``B-3`` in the prompt, ``B-3: 12-3 is 9.`` in the
-solution) needs a line to look its step's operation up by its label: a base pretrained on it read
-the start (1.00) and computed the sums (0.99) but found the sign (0.66, the running totals' bounds
-alone give about 0.6) and the operand (0.44) of its step poorly, and answered 3-6 % of 4-step
-problems right, as did one on an earlier format (``1: plus 5``, ``1: plus 5 to 7 is 12``) that read
-nothing from the problem (teacher-forced; the research page "The tasks and their tiny models").
+The text states any list of operations (``prompt_text``, ``read_problem`` and the scorer take one
+per step); one rule per problem is what the shipped 2-layer base can read. Every value of a line is
+then within its reach: the label follows the label of the line above, the operation is the line
+above's (the prompt's last line for the first), the total it starts from is the number after the
+latest ``is`` (the prompt's ``start is 25`` for the first line), and the answer line follows the
+line of the prompt's last label. Two formats it could not read, teacher-forced (the research page
+"The tasks and their tiny models"): with a different operation at each step, a line must look its
+step's operation up by its label; a base pretrained on it (1,500 steps) read the start (1.00) and
+computed the sums (0.99) but found the sign (0.66; the totals' bounds alone give about 0.6) and the
+operand (0.44) of its step poorly, and answered 3-6 % of 4-step problems right, like one on an
+earlier format (``1: plus 5`` in the prompt, ``1: plus 5 to 7 is 12`` in the solution) that read
+none of the three. A one-line problem (``start is 25, rule -4, steps 4.``) with lines labelled by
+the steps left (``4: -4 to 25 is 21.``) was read worse: after 950 steps the first line's operand
+was at chance (0.12) and the labels did not count down.
 
 Numbers are written in digits: the tiny tokenizer (byte-level BPE, no ``<unk>``) spells each digit
-as one token, so a line is 13-16 tokens and a solution 68 (59-68), 128 (122-128) and 253 (235-255)
-tokens at 4, 8 and 16 steps, prompts 33 tokens (300 held-out problems each;
+as one token, so a line is 13-15 tokens and a solution 68 (59-68), 128 (122-128) and 246 (228-248)
+tokens at 4, 8 and 16 steps, prompts 38, 54 and 86 tokens (300 held-out problems each;
 ``tests/data/test_reasoning_tasks.py`` checks the bands). The problem space is small (1,431, 1,071
 and 522 problems at 4, 8 and 16 steps): the held-out problems (``held_out_prompts``) are kept out of
 the train split and of the pretraining corpus.
@@ -58,11 +66,11 @@ by PPO's no-EOS penalty.
 Slips: what the pretrained base gets wrong
 ------------------------------------------
 A slip is one wrong line, after which the chain carries on consistently from the wrong total (as a
-person who slipped would) and with the rule of the problem: ``units`` (the new total off by 1 or
-2), ``carry`` (off by 10), ``operator`` (the line applies the other sign: ``3: +4 to 21 is 25.``
-for the rule ``-4``) and ``operand`` (another operand: ``3: -3 to 21 is 18.``). Every running total
-of a slipped chain stays within 0-99, and its final answer is wrong (plus and minus shift every
-later total by the slip's error).
+person who slipped would): ``units`` (the new total off by 1 or 2), ``carry`` (off by 10),
+``operator`` (the line applies the other operation: ``B+3: 12+3 is 15.`` for ``B-3``) and
+``operand`` (it copies another operand: ``B-4: 12-4 is 8.``). Every running total of a slipped
+chain stays within 0-99, and its final answer is wrong (plus and minus shift every later total by
+the slip's error).
 
 Preference data and pretraining corpus
 --------------------------------------
@@ -77,20 +85,20 @@ prompt with ``meta["columns"]["answer"]``, the true result (what an answer-check
 ``pretraining_rows(n)`` is the corpus of the pretrained base ``tiny-base-arith``
 (``marlhf.pipeline.recipes``): problems of 2-16 steps whose solutions slip at each line with
 probability ``PRETRAIN_SLIP``, so that a base which learns the corpus samples right answers only
-part of the time, and less often the longer the chain (``pretraining.json`` has the shipped base's
-figures).
+part of the time, and less often the longer the chain. The shipped base learned the format but not
+to read the problem: its answers are right about as often as a guess (``pretraining.json``).
 
->>> p = "Task: start is 7, rule +5, steps 2.\\nSolution:\\n"
+>>> p = "Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n"
 >>> true_result(p)
-17
->>> arith_gold(p, "2: +5 to 7 is 12.\\n1: +5 to 12 is 17.\\nanswer: 17")
+9
+>>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9")
 1.0
->>> arith_gold(p, "2: +5 to 7 is 13.\\n1: +5 to 13 is 18.\\nanswer: 18")
+>>> arith_gold(p, "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
 0.0
->>> arith_gold(p, "2: +5 to 7 is 12.\\n1: +5 to 12 is 17.")  # no answer line
+>>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.")  # no answer line
 0.0
->>> solution(7, [("plus", 5), ("plus", 5)])
-'2: +5 to 7 is 12.\\n1: +5 to 12 is 17.\\nanswer: 17'
+>>> solution(7, [("plus", 5), ("minus", 3)])
+'A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9'
 """
 
 from __future__ import annotations
@@ -114,6 +122,8 @@ OPERAND = (1, 9)
 MAX_TOTAL = 99  # every running total, true or slipped, stays within 0..MAX_TOTAL
 OPS = ("plus", "minus")
 SIGNS = {"plus": "+", "minus": "-"}
+# The step labels, one token each in the tiny tokenizer and none a token of the fixed words.
+LABELS = "ABCDEFGHIJKLMNOP"
 SLIP_KINDS = ("units", "carry", "operator", "operand")
 REJECTED_KINDS = (*SLIP_KINDS, "wrong_final", "truncated")
 # The numbers of comparisons a data path generates (as many as the long-horizon tasks').
@@ -125,7 +135,8 @@ PRETRAIN_SLIP = 0.08
 
 Op = tuple[str, int]
 
-_PROBLEM = re.compile(r"start is (\d+), rule ([+-])(\d+), steps (\d+)\.")
+_START = re.compile(r"start is (\d+)\.")
+_OP_LINE = re.compile(r"^([A-Z])([+-])(\d+)$", re.MULTILINE)
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 _ANSWER_VALUE = re.compile(r"\s*(-?\d+)\s*\.?\s*")
 _LINE_TOTAL = re.compile(r" is (-?\d+)\.$")
@@ -151,50 +162,43 @@ def apply(total: int, op: Op) -> int:
     return total + operand if name == "plus" else total - operand
 
 
-def _rule(ops: list[Op]) -> Op:
-    """The one operation of a problem's ``ops`` (every step applies it)."""
-    if not ops or any(op != ops[0] for op in ops):
-        raise ValueError(f"a synthetic-arith problem applies one rule at every step, got {ops}")
-    return ops[0]
-
-
 def prompt_text(start: int, ops: list[Op]) -> str:
-    """The prompt of a problem: the start, the rule, the number of steps, ``Solution:`` and a
-    newline."""
-    name, operand = _rule(ops)
-    return f"Task: start is {start}, rule {SIGNS[name]}{operand}, steps {len(ops)}.\nSolution:\n"
+    """The prompt of a problem: the start, the labelled operations, ``Solution:`` and a newline."""
+    lines = [f"Task: start is {start}."]
+    lines += [f"{LABELS[i]}{SIGNS[name]}{operand}" for i, (name, operand) in enumerate(ops)]
+    return "\n".join(lines) + "\nSolution:\n"
 
 
-def step_line(i: int, steps: int, total: int, op: Op, result: int) -> str:
-    """Line ``i`` (1-based) of a solution of ``steps`` steps, labelled with the steps left
-    including itself: ``3: -4 to 21 is 17.`` (line 2 of 4)."""
-    return f"{steps - i + 1}: {SIGNS[op[0]]}{op[1]} to {total} is {result}."
+def step_line(i: int, total: int, op: Op, result: int) -> str:
+    """Line ``i`` (1-based) of a solution: ``B-3: 12-3 is 9.``, ``C+8: 9+8 is 17.``."""
+    written = f"{SIGNS[op[0]]}{op[1]}"
+    return f"{LABELS[i - 1]}{written}: {total}{written} is {result}."
 
 
 def solution(start: int, ops: list[Op]) -> str:
-    """The correct solution: one line per step, then ``answer: RESULT``."""
+    """The correct solution: one line per operation, then ``answer: RESULT``."""
     lines, total = [], start
     for i, op in enumerate(ops, 1):
         new = apply(total, op)
-        lines.append(step_line(i, len(ops), total, op, new))
+        lines.append(step_line(i, total, op, new))
         total = new
     return "\n".join([*lines, f"answer: {total}"])
 
 
 def read_problem(prompt: str) -> tuple[int, list[Op]]:
-    """The start and the operations (the rule, once per step) of the problem in ``prompt`` (text
-    before ``Solution:``).
+    """The start and the operations of the problem in ``prompt`` (text before ``Solution:``).
 
     Raises:
-        ValueError: the prompt holds no ``synthetic-arith`` problem (no start, rule or number of
-            steps, or no step).
+        ValueError: the prompt holds no ``synthetic-arith`` problem (no start, no operations, or
+            operations not labelled A, B, ...).
     """
-    found = _PROBLEM.search(prompt.split("Solution:", 1)[0])
-    if found is None or int(found.group(4)) < 1:
+    problem = prompt.split("Solution:", 1)[0]
+    start = _START.search(problem)
+    found = _OP_LINE.findall(problem)
+    if start is None or not found or "".join(label for label, _, _ in found) != LABELS[: len(found)]:
         raise ValueError(f"not a synthetic-arith prompt: {prompt[:80]!r}")
-    start, sign, operand, steps = found.groups()
-    name = "plus" if sign == "+" else "minus"
-    return int(start), [(name, int(operand))] * int(steps)
+    names = {sign: name for name, sign in SIGNS.items()}
+    return int(start.group(1)), [(names[sign], int(operand)) for _, sign, operand in found]
 
 
 def true_result(prompt: str) -> int:
@@ -219,12 +223,12 @@ def final_answer(response: str) -> int | None:
 
 def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
     """Step lines of ``response`` that are right, and step lines written (those before its answer
-    line). Line ``j`` is right when it is exactly ``step_line(j, k, prev, op_j, prev op_j)``, ``prev``
+    line). Line ``j`` is right when it is exactly ``step_line(j, prev, op_j, prev op_j)``, ``prev``
     being the total the line before it wrote (the start for line 1): a local check, so one slip
     counts once and the lines after it that carry on correctly from it count as right.
 
-    >>> line_accuracy("Task: start is 7, rule +5, steps 2.\\nSolution:\\n",
-    ...               "2: +5 to 7 is 13.\\n1: +5 to 13 is 18.\\nanswer: 18")
+    >>> line_accuracy("Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n",
+    ...               "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
     (1, 2)
     """
     start, ops = read_problem(prompt)
@@ -233,8 +237,7 @@ def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
         if _ANSWER_LINE.match(line):
             break
         lines += 1
-        want = j <= len(ops) and step_line(j, len(ops), prev, ops[j - 1], apply(prev, ops[j - 1]))
-        right += line == want
+        right += j <= len(ops) and line == step_line(j, prev, ops[j - 1], apply(prev, ops[j - 1]))
         written = _LINE_TOTAL.search(line)
         if written is not None:
             prev = int(written.group(1))
@@ -290,7 +293,7 @@ def slipped_lines(
             written, new = op, apply(total, op)
         if not 0 <= new <= MAX_TOTAL:
             return None
-        lines.append(step_line(i + 1, len(ops), total, written, new))
+        lines.append(step_line(i + 1, total, written, new))
         total = new
     return lines
 

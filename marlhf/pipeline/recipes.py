@@ -90,7 +90,7 @@ HORIZON_FLAGS = {
 # take 463 tokens.
 ARITH_START = "tiny-base"
 ARITH_ROWS = 16000
-ARITH_FLAGS = lm_flags(480, 16, "2e-3", 1)
+ARITH_FLAGS = lm_flags(480, 16, "2e-3", 2)
 ARITH_FIGURE_PROMPTS = 64  # held-out problems per task in the recorded figures
 
 

@@ -13,11 +13,11 @@ from marlhf.data.config import DataConfig
 from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.sources import load_examples
 
-# start 25, rule -4, 4 steps: 25 - 4 = 21, 17, 13, 9: worked by hand
-PROMPT = "Task: start is 25, rule -4, steps 4.\nSolution:\n"
-RIGHT = "4: -4 to 25 is 21.\n3: -4 to 21 is 17.\n2: -4 to 17 is 13.\n1: -4 to 13 is 9.\nanswer: 9"
-# a carry slip at step 1 (31 for 21), carried on consistently: the final answer is 10 over
-SLIPPED = "4: -4 to 25 is 31.\n3: -4 to 31 is 27.\n2: -4 to 27 is 23.\n1: -4 to 23 is 19.\nanswer: 19"
+# start 25, then 25 + 8 = 33, 33 - 9 = 24, 24 + 7 = 31, 31 - 4 = 27: worked by hand
+PROMPT = "Task: start is 25.\nA+8\nB-9\nC+7\nD-4\nSolution:\n"
+RIGHT = "A+8: 25+8 is 33.\nB-9: 33-9 is 24.\nC+7: 24+7 is 31.\nD-4: 31-4 is 27.\nanswer: 27"
+# a carry slip at step 1 (23 for 33), carried on consistently: the final answer is 10 short
+SLIPPED = "A+8: 25+8 is 23.\nB-9: 23-9 is 14.\nC+7: 14+7 is 21.\nD-4: 21-4 is 17.\nanswer: 17"
 
 
 def _tokenizer():
@@ -32,9 +32,12 @@ def _totals(prompt: str) -> list[int]:
     """The running totals of a prompt's problem, read with a regex of this test (not the module's)."""
     import re
 
-    start, sign, n, steps = re.search(r"start is (\d+), rule ([+-])(\d), steps (\d+)", prompt).groups()
-    step = int(n) if sign == "+" else -int(n)
-    return [int(start) + i * step for i in range(int(steps) + 1)]
+    total = int(re.search(r"start is (\d+)", prompt).group(1))
+    out = [total]
+    for op, n in re.findall(r"^[A-P]([+-])(\d)$", prompt, re.MULTILINE):
+        total += int(n) if op == "+" else -int(n)
+        out.append(total)
+    return out
 
 
 def test_doctests():
@@ -42,44 +45,42 @@ def test_doctests():
 
 
 def test_gold_scores_the_final_answer_of_hand_worked_solutions():
-    assert R.true_result(PROMPT) == 9
-    assert R.read_problem(PROMPT) == (25, [("minus", 4)] * 4)
+    assert R.true_result(PROMPT) == 27
+    assert R.read_problem(PROMPT) == (25, [("plus", 8), ("minus", 9), ("plus", 7), ("minus", 4)])
     assert R.solution(25, R.read_problem(PROMPT)[1]) == RIGHT
     assert R.arith_gold(PROMPT, RIGHT) == 1.0
     assert R.arith_gold(PROMPT, SLIPPED) == 0.0
     # a wrong final line after right steps, and the right number without an answer line
-    assert R.arith_gold(PROMPT, RIGHT.replace("answer: 9", "answer: 8")) == 0.0
+    assert R.arith_gold(PROMPT, RIGHT.replace("answer: 27", "answer: 28")) == 0.0
     assert R.arith_gold(PROMPT, RIGHT.rsplit("\n", 1)[0]) == 0.0
-    assert R.arith_gold(PROMPT, "9") == 0.0 and R.arith_gold(PROMPT, "") == 0.0
+    assert R.arith_gold(PROMPT, "27") == 0.0 and R.arith_gold(PROMPT, "") == 0.0
     # the steps are not checked: wrong steps with the right answer line earn the reward
-    assert R.arith_gold(PROMPT, SLIPPED.replace("answer: 19", "answer: 9")) == 1.0
-    assert R.arith_gold(PROMPT, "answer: 9") == 1.0
+    assert R.arith_gold(PROMPT, SLIPPED.replace("answer: 17", "answer: 27")) == 1.0
+    assert R.arith_gold(PROMPT, "answer: 27") == 1.0
     # text after the answer line is not read; spaces, a final period and capitals are accepted
-    assert R.arith_gold(PROMPT, RIGHT + "\n0: -4 to 9 is 5.\nanswer: 5") == 1.0
-    assert R.arith_gold(PROMPT, "Answer :  9 .") == 1.0
+    assert R.arith_gold(PROMPT, RIGHT + "\nE+1: 27+1 is 28.\nanswer: 28") == 1.0
+    assert R.arith_gold(PROMPT, "Answer :  27 .") == 1.0
     # only the first answer line counts, and it must hold one integer and nothing else
-    assert R.arith_gold(PROMPT, "answer: 8\nanswer: 9") == 0.0
-    assert R.arith_gold(PROMPT, "answer: 9 apples") == 0.0
-    assert R.arith_gold(PROMPT, "answer: 9 or 8") == 0.0
-    assert R.arith_gold(PROMPT, "the answer: 9") == 0.0  # the line must start with "answer:"
+    assert R.arith_gold(PROMPT, "answer: 26\nanswer: 27") == 0.0
+    assert R.arith_gold(PROMPT, "answer: 27 apples") == 0.0
+    assert R.arith_gold(PROMPT, "answer: 27 or 28") == 0.0
+    assert R.arith_gold(PROMPT, "the answer: 27") == 0.0  # the line must start with "answer:"
     with pytest.raises(ValueError, match="not a synthetic-arith prompt"):
         R.arith_gold("POST\nMy dog ate my lunch.\nTL;DR: ", "answer: 1")
-    with pytest.raises(ValueError, match="not a synthetic-arith prompt"):  # no number of steps
-        R.arith_gold("Task: start is 2, rule +1.\nSolution:\n", "answer: 4")
-    with pytest.raises(ValueError, match="not a synthetic-arith prompt"):  # zero steps
-        R.arith_gold("Task: start is 2, rule +1, steps 0.\nSolution:\n", "answer: 2")
+    with pytest.raises(ValueError, match="not a synthetic-arith prompt"):  # steps A, C: no B
+        R.arith_gold("Task: start is 2.\nA+1\nC+1\nSolution:\n", "answer: 4")
 
 
 def test_line_accuracy_counts_each_slip_once():
     assert R.line_accuracy(PROMPT, RIGHT) == (4, 4)
     assert R.line_accuracy(PROMPT, SLIPPED) == (3, 4)  # the later lines go on right from 23
-    copied = RIGHT.replace("3: -4 to 21 is 17.", "3: -3 to 21 is 18.")  # wrong operand
-    # line 2 ("to 17") does not go on from the 18 of line 3; line 1 follows from line 2's 13
+    copied = RIGHT.replace("B-9: 33-9 is 24.", "B-8: 33-8 is 25.")  # wrong operand
+    # line C ("24+7") does not go on from the 25 of line B; line D follows from line C's 31
     assert R.line_accuracy(PROMPT, copied) == (2, 4)
     assert R.line_accuracy(PROMPT, RIGHT + "\n") == (4, 4)
-    assert R.line_accuracy(PROMPT, "4: -4 to 25 is 21.\nhello") == (1, 2)
-    # a line with the wrong count of steps left is wrong
-    assert R.line_accuracy(PROMPT, "3: -4 to 25 is 21.") == (0, 1)
+    assert R.line_accuracy(PROMPT, "A+8: 25+8 is 33.\nhello") == (1, 2)
+    # a line that applies its operation right but restates another one is wrong
+    assert R.line_accuracy(PROMPT, "A+8: 25+7 is 33.") == (0, 1)
 
 
 @pytest.mark.parametrize("name", sorted(R.TASKS))
@@ -92,6 +93,7 @@ def test_generated_problems_and_solutions(name):
     for row in rows:
         totals = _totals(row["prompt"])
         assert len(totals) == steps + 1 and all(0 <= t <= R.MAX_TOTAL for t in totals)
+        assert len(set(R.read_problem(row["prompt"])[1])) == 1  # one rule per problem
         assert row["answer"] == totals[-1] == R.true_result(row["prompt"])
         assert row["chosen"].split("\n")[-1] == f"answer: {totals[-1]}"
         assert [int(x.rsplit(" ", 1)[1].strip(".")) for x in row["chosen"].split("\n")] == totals[1:] + [
@@ -112,7 +114,7 @@ def test_generated_problems_and_solutions(name):
 
 def test_token_lengths_follow_the_steps_and_the_tokenizer_knows_every_character():
     tok = _tokenizer()
-    bands = {4: (62, 70), 8: (122, 132), 16: (244, 258)}  # solutions: about 16 tokens per step
+    bands = {4: (62, 70), 8: (122, 132), 16: (238, 252)}  # solutions: about 15 tokens per step
     for name, task in R.TASKS.items():
         rows = R.generate(name, 50, 0, "valid", R.N_TRAIN)
         answers = [tok(r["chosen"], add_special_tokens=False)["input_ids"] for r in rows]
