@@ -65,8 +65,9 @@ def test_missing_arith_base_names_the_rebuild_command(tmp_path, monkeypatch):
 
 
 def test_base_writes_solutions_in_the_format_and_is_right_part_of_the_time():
-    """16 held-out 4-step problems at temperature 1: solutions with an answer line, right only part
-    of the time (the recorded figures, 64 problems: ``pretraining.json``)."""
+    """The 64 held-out 4-step problems of the recorded figures (``pretraining.json``) at temperature
+    1: solutions with an answer line, right only part of the time (16 problems are too few: at an
+    accuracy near 0.2 one draw in four would get at most one right)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path("tiny-base-arith")
@@ -74,12 +75,12 @@ def test_base_writes_solutions_in_the_format_and_is_right_part_of_the_time():
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     assert next(model.parameters()).dtype == torch.float32  # bf16 on disk, fp32 in use
-    prompts = [r["prompt"] for r in generate("synthetic-arith-4", 16, 0, "valid", N_TRAIN)]
+    prompts = [r["prompt"] for r in generate("synthetic-arith-4", 64, 0, "valid", N_TRAIN)]
     torch.manual_seed(0)
     answers, lengths, ended = generate_answers(model, tok, prompts, 112, 1.0)
     golds = [arith_gold(p, a) for p, a in zip(prompts, answers, strict=True)]
     assert ended == len(prompts)
-    assert sum(final_answer(a) is not None for a in answers) >= 14, answers
+    assert sum(final_answer(a) is not None for a in answers) >= 56, answers
     assert 0.1 <= sum(golds) / len(golds) <= 0.9, answers
     assert 55 <= sum(lengths) / len(lengths) <= 85
 
