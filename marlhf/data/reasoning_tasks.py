@@ -85,8 +85,8 @@ prompt with ``meta["columns"]["answer"]``, the true result (what an answer-check
 ``pretraining_rows(n)`` is the corpus of the pretrained base ``tiny-base-arith``
 (``marlhf.pipeline.recipes``): problems of 2-16 steps whose solutions slip at each line with
 probability ``PRETRAIN_SLIP``, so that a base which learns the corpus samples right answers only
-part of the time, and less often the longer the chain. The shipped base learned the format but not
-to read the problem: its answers are right about as often as a guess (``pretraining.json``).
+part of the time, and less often the longer the chain (``pretraining.json`` has the shipped base's
+figures: it reads the start's units digit only part of the time, its weakest step).
 
 >>> p = "Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n"
 >>> true_result(p)
@@ -195,7 +195,11 @@ def read_problem(prompt: str) -> tuple[int, list[Op]]:
     problem = prompt.split("Solution:", 1)[0]
     start = _START.search(problem)
     found = _OP_LINE.findall(problem)
-    if start is None or not found or "".join(label for label, _, _ in found) != LABELS[: len(found)]:
+    if (
+        start is None
+        or not found
+        or "".join(label for label, _, _ in found) != LABELS[: len(found)]
+    ):
         raise ValueError(f"not a synthetic-arith prompt: {prompt[:80]!r}")
     names = {sign: name for name, sign in SIGNS.items()}
     return int(start.group(1)), [(names[sign], int(operand)) for _, sign, operand in found]

@@ -96,9 +96,8 @@ def test_generated_problems_and_solutions(name):
         assert len(set(R.read_problem(row["prompt"])[1])) == 1  # one rule per problem
         assert row["answer"] == totals[-1] == R.true_result(row["prompt"])
         assert row["chosen"].split("\n")[-1] == f"answer: {totals[-1]}"
-        assert [int(x.rsplit(" ", 1)[1].strip(".")) for x in row["chosen"].split("\n")] == totals[1:] + [
-            totals[-1]
-        ]
+        written = [int(x.rsplit(" ", 1)[1].strip(".")) for x in row["chosen"].split("\n")]
+        assert written == totals[1:] + [totals[-1]]
         assert R.arith_gold(row["prompt"], row["chosen"]) == 1.0
         assert R.arith_gold(row["prompt"], row["rejected"]) == 0.0
         right, lines = R.line_accuracy(row["prompt"], row["rejected"])
