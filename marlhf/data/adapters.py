@@ -11,6 +11,9 @@ one row into an ``Example`` with the original MA-RLHF / DeepSpeed-Chat prompt te
 ``synthetic-tldr``            the bundled file, same schema; rows' ``split`` field: train / valid*.
 ``synthetic-facts-16|64|256``, the long-horizon tasks (``marlhf.data.long_tasks``), same schema,
 ``synthetic-verdict-16|64|256``  generated on first use into ``$MARLHF_HOME/synthetic``.
+``synthetic-arith-4|8|16``    multi-step arithmetic (``marlhf.data.reasoning_tasks``), generated on first
+                              use; columns prompt/chosen/rejected/answer/steps, prompt as written;
+                              ``meta["columns"]["answer"]`` holds the true result.
 ``Dahoas/full-hh-rlhf``,      columns prompt/response/chosen/rejected; prompt already
 ``Dahoas/rm-static``          ``"\\n\\nHuman: ...\\n\\nAssistant:"``; train / test.
 ``openai/webgpt_comparisons`` ``" Human: {question.full_text} Assistant:"``, answers ``" {answer}"`` (a
@@ -59,6 +62,7 @@ from typing import Any
 
 from marlhf.data.chat import as_text, check_messages
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
+from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
 from marlhf.data.schema import DataError, Example
 from marlhf.rewards.code import parse_json
 
@@ -194,6 +198,29 @@ def _tldr(name: str) -> Callable[[dict, str, dict], Example | None]:
             margin=None,
             prompt_id=f"{name}/{pid}" if pid is not None else _hash_id(name, prompt),
             meta={"subreddit": sub} if sub else {},
+        )
+
+    return convert
+
+
+def _arith(name: str) -> Callable[[dict, str, dict], Example]:
+    """A generated arithmetic row (``marlhf.data.reasoning_tasks.generate``): the prompt as written,
+    the correct solution chosen, the wrong one rejected; the true result (an integer) in
+    ``meta["columns"]["answer"]``, where answer-checking rewards read a row's reference."""
+
+    def convert(row: dict, where: str, options: dict) -> Example:
+        prompt = _text(row, "prompt", where)
+        answer = _get(row, "answer", where)
+        if type(answer) is not int:
+            raise DataError(f'{where}: field "answer" must be an integer, got {answer!r}')
+        pid = row.get("id")
+        return Example(
+            prompt=prompt,
+            chosen=_text(row, "chosen", where),
+            rejected=_opt_text(row, "rejected", where),
+            margin=None,
+            prompt_id=f"{name}/{pid}" if pid is not None else _hash_id(name, prompt),
+            meta={"columns": {"answer": answer}},
         )
 
     return convert
@@ -381,6 +408,18 @@ ADAPTERS: dict[str, Adapter] = {
         *(
             Adapter(name, None, None, {"train": "train", "eval": "valid"}, _TLDR_COLS, _tldr(name))
             for name in LONG_TASKS
+        ),
+        # the multi-step arithmetic tasks (marlhf.data.reasoning_tasks): generated on first use
+        *(
+            Adapter(
+                name,
+                None,
+                None,
+                {"train": "train", "eval": "valid"},
+                frozenset({"prompt", "chosen", "answer"}),
+                _arith(name),
+            )
+            for name in ARITH_TASKS
         ),
         Adapter(
             "Dahoas/full-hh-rlhf",

@@ -117,6 +117,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
+from marlhf.data.reasoning_tasks import arith_gold
 from marlhf.data.synthetic import (
     ANIMAL_EVENTS,
     ANIMALS,
@@ -305,14 +307,15 @@ def correct_verdict(prompt: str) -> str:
 _SCORERS: dict[str, Callable[[str, str], float]] = {
     "synthetic-tldr": gold_score,
     **{t.name: facts_gold if t.family == "facts" else verdict_gold for t in TASKS.values()},
+    **dict.fromkeys(ARITH_TASKS, arith_gold),
 }
 
 
 def gold_scorer_for(data_path: str | Sequence[str]) -> Callable[[str, str], float] | None:
     """The gold scorer ``(prompt, response) -> float`` of a data path (or of a list of them, as
     ``--data_path`` gives): ``synthetic-tldr`` -> ``synthetic.gold_score``, ``synthetic-facts-*`` ->
-    ``facts_gold``, ``synthetic-verdict-*`` -> ``verdict_gold``, also in the ``name:local_path``
-    form; None when no entry is a synthetic task. ValueError when the entries need different scorers.
+    ``facts_gold``, ``synthetic-verdict-*`` -> ``verdict_gold``, ``synthetic-arith-*`` ->
+    ``reasoning_tasks.arith_gold``, also in the ``name:local_path`` form; None when no entry is a synthetic task. ValueError when the entries need different scorers.
     """
     specs = [data_path] if isinstance(data_path, str) else list(data_path)
     found: dict[Callable, str] = {}

@@ -31,6 +31,8 @@ from marlhf.data.gym import gym_examples, is_gym_spec
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
 from marlhf.data.long_tasks import data_file as long_task_file
 from marlhf.data.readers import LOCAL_SUFFIXES, RawRows, _read_csv, _read_local
+from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
+from marlhf.data.reasoning_tasks import data_file as arith_task_file
 from marlhf.data.report import SourceCounts
 from marlhf.data.schema import DataError, Example
 
@@ -199,12 +201,15 @@ def _row_split(row: dict) -> str | None:
 
 
 def bundled_file(adapter_name: str) -> Path | None:
-    """The file shipped with the package for a synthetic task (``synthetic-tldr``,
-    ``synthetic-facts-*``, ``synthetic-verdict-*``); None for the hub datasets."""
+    """The file shipped with the package for a synthetic task (``synthetic-tldr``), or generated
+    for one (``synthetic-facts-*``, ``synthetic-verdict-*``; a directory of a train and a valid file
+    for ``synthetic-arith-*``); None for the hub datasets."""
     if adapter_name == "synthetic-tldr":
         return BUNDLED_SYNTHETIC
     if adapter_name in LONG_TASKS:
         return long_task_file(adapter_name)
+    if adapter_name in ARITH_TASKS:
+        return arith_task_file(adapter_name)
     return None
 
 

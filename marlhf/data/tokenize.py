@@ -52,6 +52,8 @@ from marlhf.data.gym import fingerprint as gym_fingerprint
 from marlhf.data.gym import is_gym_spec
 from marlhf.data.long_tasks import LONG_TASKS_VERSION
 from marlhf.data.long_tasks import TASKS as LONG_TASKS
+from marlhf.data.reasoning_tasks import ARITH_VERSION
+from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
 from marlhf.data.report import PhaseReport, SourceCounts, empty_set_error
 from marlhf.data.schema import Example
 from marlhf.data.sources import BUNDLED_SYNTHETIC, load_examples, parse_spec
@@ -210,6 +212,8 @@ def _source_fingerprint(spec: str) -> dict:
         elif adapter is not None and adapter.name in LONG_TASKS:
             # generated, deterministic: identified by name and generator version, not file times
             return {"spec": spec, "generator": f"long_tasks v{LONG_TASKS_VERSION}"}
+        elif adapter is not None and adapter.name in ARITH_TASKS:
+            return {"spec": spec, "generator": f"reasoning_tasks v{ARITH_VERSION}"}
         else:
             return {"spec": spec}
     path = Path(local)

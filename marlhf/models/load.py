@@ -12,8 +12,10 @@ import torch
 from marlhf.config import ModelConfig
 from marlhf.models.sources import model_source_problem, reward_dir_problem
 from marlhf.models.zoo import (
+    ARITH_BASE,
     HORIZON_BASES,
     TRAIL_BASE_NAME,
+    ensure_arith_base,
     ensure_horizon_base,
     ensure_tiny,
     ensure_tiny_base,
@@ -29,7 +31,8 @@ TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bflo
 def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> str:
     """``tiny`` -> the cached embedded random-init model (built on first use); ``tiny-base`` -> the
     shipped pretrained tiny model; ``tiny-base-{16,64,256}`` -> the shipped bases of the long-horizon
-    tasks (``marlhf.data.long_tasks``); ``tiny-rm-base`` -> the shipped reward-model base;
+    tasks (``marlhf.data.long_tasks``); ``tiny-base-arith`` -> the shipped base of the arithmetic
+    tasks (``marlhf.data.reasoning_tasks``); ``tiny-rm-base`` -> the shipped reward-model base;
     ``tiny-base-trail`` -> the shipped base of the multi-turn trail task (``marlhf.data.trail``)
     (:mod:`marlhf.models.zoo`); anything else unchanged, once it is known to be loadable.
 
@@ -43,6 +46,8 @@ def resolve_model_path(name_or_path: str, *, tokenizer_only: bool = False) -> st
         return ensure_horizon_base(name_or_path)
     if name_or_path == "tiny-base":
         return ensure_tiny_base()
+    if name_or_path == ARITH_BASE:
+        return ensure_arith_base()
     if name_or_path == "tiny":
         return ensure_tiny()
     if name_or_path == "tiny-rm-base":

@@ -20,6 +20,7 @@ EMBEDDED_MODELS = (
     "tiny-base-16",
     "tiny-base-64",
     "tiny-base-256",
+    "tiny-base-arith",
     "tiny-base-trail",
 )
 _TRUE = ("1", "ON", "YES", "TRUE")

@@ -32,6 +32,13 @@ shipped base, ``tiny-base-trail`` (``marlhf/data/bundled/tiny_base_trail``, bf16
 pretrained on played games, whose tokenizer carries the task's chat template::
 
     python -m marlhf.tiny --pretrain OUT_DIR --trail
+
+The multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``) have ``tiny-base-arith``
+(``marlhf/data/bundled/tiny_base_arith``, bf16): tiny-base pretrained on worked solutions. It writes
+the solutions' format and reads the problem, the start's units digit only part of the time (4-step
+accuracy 0.17 at T=1; ``pretraining.json`` has its figures)::
+
+    python -m marlhf.tiny --pretrain OUT_DIR --arith
 """
 
 from __future__ import annotations
@@ -250,6 +257,19 @@ def ensure_horizon_base(name: str) -> str:
         raise ValueError(f"{name!r} is not a long-horizon base; known: {', '.join(HORIZON_BASES)}")
     path = HORIZON_BASE_DIRS[HORIZON_BASES[name]]
     return _shipped(path, BASE_FILES, name, f"--pretrain {path} --horizon {HORIZON_BASES[name]}")
+
+
+# The shipped base of the multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``):
+# ``tiny-base-arith`` (its recipe: ``marlhf.pipeline.recipes``), and its generation limit (the longest
+# 16-step solutions, 248 tokens, plus room).
+ARITH_BASE = "tiny-base-arith"
+ARITH_BASE_DIR = Path(__file__).resolve().parents[1] / "data" / "bundled" / "tiny_base_arith"
+ARITH_NEW_TOKENS = 320
+
+
+def ensure_arith_base() -> str:
+    """Path of the shipped base of the arithmetic tasks (``--model_name_or_path tiny-base-arith``)."""
+    return _shipped(ARITH_BASE_DIR, BASE_FILES, ARITH_BASE, f"--pretrain {ARITH_BASE_DIR} --arith")
 
 
 # The shipped base of the multi-turn trail task (``marlhf.data.trail``): ``tiny-base-trail``, tiny-base

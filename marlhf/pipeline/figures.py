@@ -1,6 +1,7 @@
-"""The figures recorded with a shipped long-horizon base (``pretraining.json``): answers of the model to
-held-out prompts of its tasks, and their gold score, length and verdict accuracy, greedy and
-sampled; and those of the multi-turn trail task's base (games played on its environments).
+"""The figures recorded with a shipped long-horizon or arithmetic base (``pretraining.json``): answers
+of the model to held-out prompts of its tasks, and their gold score, length and verdict accuracy (or
+answer accuracy and step lines right), greedy and sampled; and those of the multi-turn trail task's
+base (games played on its environments).
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ import torch
 from marlhf.data import trail
 from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdict, generate
 from marlhf.data.long_tasks import gold as gold_of
+from marlhf.data.reasoning_tasks import N_TRAIN as ARITH_N_TRAIN
+from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
+from marlhf.data.reasoning_tasks import arith_gold, final_answer, line_accuracy
+from marlhf.data.reasoning_tasks import generate as arith_generate
 from marlhf.data.synthetic import prompt_of
 from marlhf.envs.config import EnvConfig
 from marlhf.envs.loading import load_env
 from marlhf.envs.runner import run_episodes
-from marlhf.models.zoo import HORIZON_NEW_TOKENS, TRAIL_NEW_TOKENS
+from marlhf.models.zoo import ARITH_NEW_TOKENS, HORIZON_NEW_TOKENS, TRAIL_NEW_TOKENS
 
 
 def generate_answers(
@@ -72,6 +77,42 @@ def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> d
                 right = sum(answer_verdict(a) == correct_verdict(p) for p, a in pairs)
                 entry["verdict_accuracy"] = round(right / len(pairs), 3)
             figures[f"{task.name}/{mode}"] = entry
+    return figures
+
+
+def arith_figures(model_dir: str | Path, prompts: int = 64) -> dict:
+    """Per arithmetic task (4, 8, 16 steps), greedy and sampled at temperature 1 (seed 0, at most
+    ``ARITH_NEW_TOKENS`` new tokens) on the first ``prompts`` held-out (``valid``) problems:
+    ``accuracy`` (mean gold: the share of right final answers), ``answer_line`` (share with a
+    readable answer line), ``line_accuracy`` (share of step lines right from their own previous
+    total, ``reasoning_tasks.line_accuracy``), EOS rate and answer tokens (mean, min, max)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    figures: dict = {"prompts_per_task": prompts}
+    for task in ARITH_TASKS.values():
+        texts = [r["prompt"] for r in arith_generate(task, prompts, 0, "valid", ARITH_N_TRAIN)]
+        for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
+            torch.manual_seed(0)
+            answers, lengths, ended = generate_answers(
+                model, tok, texts, ARITH_NEW_TOKENS, temperature
+            )
+            pairs = list(zip(texts, answers, strict=True))
+            checked = [line_accuracy(p, a) for p, a in pairs]
+            right, total = sum(r for r, _ in checked), sum(n for _, n in checked)
+            figures[f"{task.name}/{mode}"] = {
+                "accuracy": round(sum(arith_gold(p, a) for p, a in pairs) / len(pairs), 3),
+                "answer_line": round(
+                    sum(final_answer(a) is not None for a in answers) / len(pairs), 3
+                ),
+                "line_accuracy": round(right / max(total, 1), 3),
+                "eos_rate": round(ended / len(pairs), 3),
+                "tokens_mean": round(sum(lengths) / len(lengths), 1),
+                "tokens_min": min(lengths),
+                "tokens_max": max(lengths),
+            }
     return figures
 
 

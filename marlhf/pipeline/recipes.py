@@ -1,9 +1,11 @@
 """Recipes of the shipped tiny models (:mod:`marlhf.models.zoo`): how ``tiny-base``, the long-horizon
-bases ``tiny-base-{16,64,256}`` and the reward-model base ``tiny-rm-base`` were made, and the figures
-that describe them. Each recipe runs the project's own stages as a user would::
+bases ``tiny-base-{16,64,256}``, the arithmetic base ``tiny-base-arith`` and the reward-model base
+``tiny-rm-base`` were made, and the figures that describe them. Each recipe runs the project's own
+stages as a user would::
 
     python -m marlhf.tiny --pretrain OUT_DIR                  # tiny-base, ~11 min on 2 CPU cores
     python -m marlhf.tiny --pretrain OUT_DIR --horizon 64     # tiny-base-64
+    python -m marlhf.tiny --pretrain OUT_DIR --arith          # tiny-base-arith
     python -m marlhf.tiny --rm_base OUT_DIR                   # ~47 min on 1 thread of 2 loaded cores
     python -m marlhf.tiny --pretrain OUT_DIR --trail          # tiny-base-trail (multi-turn task)
 """
@@ -25,9 +27,12 @@ import torch
 from marlhf.cli import Parser
 from marlhf.data import trail
 from marlhf.data.long_tasks import pretraining_rows as long_rows
+from marlhf.data.reasoning_tasks import PRETRAIN_SLIP
+from marlhf.data.reasoning_tasks import pretraining_rows as arith_rows
 from marlhf.data.synthetic import pretraining_rows
 from marlhf.models.reward_model import VALUE_HEAD_FILE, RewardModel, save_reward_model
 from marlhf.models.zoo import (
+    ARITH_NEW_TOKENS,
     BASE_FILES,
     HORIZON_BASE_DIRS,
     HORIZON_NEW_TOKENS,
@@ -39,7 +44,7 @@ from marlhf.models.zoo import (
     ensure_horizon_base,
     ensure_tiny_base,
 )
-from marlhf.pipeline.figures import horizon_figures, trail_figures
+from marlhf.pipeline.figures import arith_figures, horizon_figures, trail_figures
 from marlhf.pipeline.preference_pretraining import PMPPhase, pretrain
 from marlhf.runtime.tracking import read_metrics
 
@@ -79,6 +84,14 @@ HORIZON_FLAGS = {
     h: lm_flags(seq, batch, lr, 1)
     for h, seq, batch, lr in ((16, 192, 32, "2e-3"), (64, 320, 32, "2e-3"), (256, 800, 16, "2e-3"))
 }
+# The base of the multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``): ``tiny-base-arith``,
+# the shape and tokenizer of ``tiny-base`` pretrained further on worked solutions of 2-16 steps, a
+# share of whose lines slip (``reasoning_tasks.pretraining_rows``), for two epochs (the start number
+# is read late: 0.17 at step 1,000, 0.30 at 1,900). The longest prompt and solution take 336 tokens.
+ARITH_START = "tiny-base"
+ARITH_ROWS = 16000
+ARITH_FLAGS = lm_flags(480, 16, "2e-3", 2)
+ARITH_FIGURE_PROMPTS = 64  # held-out problems per task in the recorded figures
 
 
 def pretrain_base(
@@ -87,9 +100,13 @@ def pretrain_base(
     extra_flags: Iterable[str] = (),
     workdir: str | Path | None = None,
     horizon: int | None = None,
+    arith: bool = False,
+    figure_prompts: int = ARITH_FIGURE_PROMPTS,
 ) -> Path:
     """Make ``tiny-base``: pretrain ``tiny`` on ``rows`` (default ``PRETRAIN_ROWS``) generated posts
-    with the SFT stage; with ``horizon``, make ``tiny-base-{horizon}`` instead (``_horizon_setup``).
+    with the SFT stage; with ``horizon``, make ``tiny-base-{horizon}`` instead (``_horizon_setup``);
+    with ``arith``, ``tiny-base-arith`` (from ``tiny-base``; its figures on ``figure_prompts``
+    held-out problems per task).
 
     Runs ``python -m marlhf.stages.sft`` (a subprocess, like a user would) with ``PRETRAIN_FLAGS``
     plus ``extra_flags`` (later flags win, e.g. ``--max_steps 2`` for a smoke test) in ``workdir``
@@ -97,8 +114,12 @@ def pretrain_base(
     (recipe and final eval perplexity) into ``out_dir``.
     """
 
+    if horizon is not None and arith:
+        raise ValueError("--horizon and --arith make different bases: pass one")
     if horizon is not None:
         rows = HORIZON_ROWS[horizon] if rows is None else rows
+    if arith:
+        rows = ARITH_ROWS if rows is None else rows
     rows = PRETRAIN_ROWS if rows is None else rows
     out = Path(out_dir)
     tmp = None
@@ -112,6 +133,9 @@ def pretrain_base(
         start, base_flags, corpus_rows = "tiny", PRETRAIN_FLAGS, pretraining_rows
         if horizon is not None:
             start, base_flags, corpus_rows = _horizon_setup(work, horizon)
+        if arith:
+            start = _start_copy(work, ensure_tiny_base(), ARITH_NEW_TOKENS)
+            base_flags, corpus_rows = ARITH_FLAGS, arith_rows
         with open(corpus, "w", encoding="utf-8") as f:
             for row in corpus_rows(rows):
                 f.write(json.dumps(row) + "\n")
@@ -142,6 +166,8 @@ def pretrain_base(
         }
         if horizon is not None:
             record.update(_horizon_finish(out, rows, horizon, wall_s))
+        if arith:
+            record.update(_arith_finish(out, rows, wall_s, figure_prompts))
         (out / "pretraining.json").write_text(json.dumps(record, indent=2) + "\n")
     finally:
         if tmp is not None:
@@ -156,32 +182,60 @@ def _horizon_setup(work: Path, horizon: int):
     ``long_tasks.pretraining_rows(rows, horizon)``."""
     if horizon not in HORIZON_BASE_DIRS:
         raise ValueError(f"--horizon must be one of {sorted(HORIZON_BASE_DIRS)}, got {horizon}")
-    start = work / "start"
-    start.mkdir(parents=True, exist_ok=True)
     origin = HORIZON_START[horizon]
     origin_dir = ensure_tiny_base() if origin == "tiny-base" else ensure_horizon_base(origin)
+    start = _start_copy(work, origin_dir, HORIZON_NEW_TOKENS[horizon])
+    return start, HORIZON_FLAGS[horizon], lambda n: long_rows(n, horizon)
+
+
+def _start_copy(work: Path, origin_dir: str, new_tokens: int) -> str:
+    """``work/start``: a copy of the model in ``origin_dir`` whose config and tokenizer allow
+    ``HORIZON_MAX_POSITIONS`` tokens (RoPE: the weights are unchanged) and which generates up to
+    ``new_tokens`` tokens."""
+    start = work / "start"
+    start.mkdir(parents=True, exist_ok=True)
     for name in (*BASE_FILES, "tokenizer_config.json"):
         shutil.copy2(Path(origin_dir) / name, start / name)
     for name, key, value in (
         ("config.json", "max_position_embeddings", HORIZON_MAX_POSITIONS),
         ("tokenizer_config.json", "model_max_length", HORIZON_MAX_POSITIONS),
-        ("generation_config.json", "max_new_tokens", HORIZON_NEW_TOKENS[horizon]),
+        ("generation_config.json", "max_new_tokens", new_tokens),
     ):
         cfg = json.loads((start / name).read_text())
         cfg[key] = value
         (start / name).write_text(json.dumps(cfg, indent=2) + "\n")
-    return str(start), HORIZON_FLAGS[horizon], lambda n: long_rows(n, horizon)
+    return str(start)
 
 
-def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
-    """Store the weights in bf16 (they load as fp32: the config says float32) and measure the base:
-    the ``pretraining.json`` entries of ``tiny-base-{horizon}``."""
+def _to_bf16(out: Path) -> None:
+    """Store the weights in ``out`` in bf16 (they load as fp32: the config says float32)."""
     from safetensors.torch import load_file, save_file
 
     weights = out / "model.safetensors"
     state = {k: v.to(torch.bfloat16).contiguous() for k, v in load_file(weights).items()}
     save_file(state, weights, metadata={"format": "pt"})
     weights.chmod(0o644)
+
+
+def _arith_finish(out: Path, rows: int, wall_s: float, prompts: int) -> dict:
+    """Store the weights in bf16 and measure the base: the ``pretraining.json`` entries of
+    ``tiny-base-arith``."""
+    _to_bf16(out)
+    return {
+        "recipe": "python -m marlhf.tiny --pretrain OUT_DIR --arith",
+        "corpus": f"marlhf.data.reasoning_tasks.pretraining_rows({rows}, seed=0, "
+        f"slip={PRETRAIN_SLIP})",
+        "base": f"{ARITH_START} with max_position_embeddings {HORIZON_MAX_POSITIONS}",
+        "stored": "bf16 weights, loaded as fp32",
+        "sft_wall_s": round(wall_s, 1),
+        "figures": arith_figures(out, prompts),
+    }
+
+
+def _horizon_finish(out: Path, rows: int, horizon: int, wall_s: float) -> dict:
+    """Store the weights in bf16 (they load as fp32: the config says float32) and measure the base:
+    the ``pretraining.json`` entries of ``tiny-base-{horizon}``."""
+    _to_bf16(out)
     return {
         "recipe": f"python -m marlhf.tiny --pretrain OUT_DIR --horizon {horizon}",
         "corpus": f"marlhf.data.long_tasks.pretraining_rows({rows}, horizon={horizon}, seed=0)",
@@ -527,7 +581,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out_dir")
     ap.add_argument("--pretrain", action="store_true", help="pretrain tiny-base into OUT_DIR")
     ap.add_argument(
-        "--rows", type=int, default=None, help="pretraining posts (default: 20000, or HORIZON_ROWS)"
+        "--rows",
+        type=int,
+        default=None,
+        help="pretraining posts or problems (default: 20000, HORIZON_ROWS or ARITH_ROWS)",
     )
     ap.add_argument("--workdir", default=None, help="keep the pretraining run here")
     ap.add_argument(
@@ -538,6 +595,11 @@ def main(argv: list[str] | None = None) -> None:
         help="pretrain tiny-base-HORIZON (long-horizon tasks) from tiny-base instead",
     )
     ap.add_argument(
+        "--arith",
+        action="store_true",
+        help="pretrain tiny-base-arith (multi-step arithmetic tasks) from tiny-base instead",
+    )
+    ap.add_argument(
         "--trail",
         action="store_true",
         help="pretrain tiny-base-trail (the multi-turn trail task) from tiny-base instead",
@@ -545,7 +607,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--figures",
         action="store_true",
-        help="re-measure the figures of the tiny-base-HORIZON in OUT_DIR (after a scorer change)",
+        help="re-measure the figures of the tiny-base-HORIZON (or tiny-base-arith with --arith) "
+        "in OUT_DIR (after a scorer change)",
     )
     ap.add_argument(
         "--rm_base",
@@ -553,8 +616,15 @@ def main(argv: list[str] | None = None) -> None:
         help="make tiny-rm-base (the reward model's base) in OUT_DIR",
     )
     args, extra = ap.parse_known_args(argv)
+    if args.horizon is not None and args.arith:
+        ap.error("--horizon and --arith make different bases: pass one")
     if args.trail:
-        if args.horizon is not None or args.rm_base or not (args.pretrain or args.figures):
+        if (
+            args.horizon is not None
+            or args.arith
+            or args.rm_base
+            or not (args.pretrain or args.figures)
+        ):
             ap.error(
                 "--trail takes --pretrain or --figures, OUT_DIR (and --rows, --workdir, stage flags)"
             )
@@ -568,23 +638,27 @@ def main(argv: list[str] | None = None) -> None:
         print(pretrain_trail_base(args.out_dir, args.rows, extra, args.workdir))
         return
     if args.figures:
-        if args.horizon is None or args.pretrain or args.rm_base or extra:
-            ap.error("--figures takes OUT_DIR and --horizon only")
+        if (args.horizon is None and not args.arith) or args.pretrain or args.rm_base or extra:
+            ap.error("--figures takes OUT_DIR and --horizon, --arith or --trail only")
         record_path = Path(args.out_dir) / "pretraining.json"
         record = json.loads(record_path.read_text())
-        record["figures"] = horizon_figures(args.out_dir, args.horizon)
+        if args.arith:
+            record["figures"] = arith_figures(args.out_dir)
+        else:
+            record["figures"] = horizon_figures(args.out_dir, args.horizon)
         record_path.write_text(json.dumps(record, indent=2) + "\n")
         print(json.dumps(record["figures"], indent=2))
         return
     if args.rm_base:
-        if args.horizon is not None or args.pretrain:
+        if args.horizon is not None or args.arith or args.pretrain:
             ap.error("--rm_base takes OUT_DIR (and stage flags) only")
         print(pretrain_rm_base(args.out_dir, extra, args.workdir))
         return
-    if (extra or args.horizon is not None) and not args.pretrain:
-        ap.error(f"unrecognised arguments without --pretrain: {' '.join(extra) or '--horizon'}")
+    if (extra or args.horizon is not None or args.arith) and not args.pretrain:
+        given = " ".join(extra) or ("--horizon" if args.horizon is not None else "--arith")
+        ap.error(f"unrecognised arguments without --pretrain: {given}")
     if args.pretrain:
-        print(pretrain_base(args.out_dir, args.rows, extra, args.workdir, args.horizon))
+        print(pretrain_base(args.out_dir, args.rows, extra, args.workdir, args.horizon, args.arith))
     else:
         print(build_tiny(args.out_dir))
 
