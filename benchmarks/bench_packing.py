@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_packing.py --mixes half none --rounds 3     # the two goals
 
 The four models of a PPO step (actor, reference, critic, reward model: tiny-base, fp32, one thread,
-AdamW) run the stage's own functions: scoring (`marlhf.stages.ppo.scoring.score_rollout`: π_old
+AdamW) run the stage's own functions: scoring (`marlhf.stages.ppo.scoring.score`: π_old
 with its entropy, π_ref, the critic's values, the reward model's scores) and the update
 (`marlhf.stages.ppo.update.ppo_update`: one PPO epoch of minibatches, an actor step and a critic
 step each) on rollouts of a length mix, and the generate phase decodes the mix's prompts with the

@@ -21,10 +21,23 @@ from dataclasses import replace
 import torch
 
 from marlhf.envs.runner import Episode
-from marlhf.models.conversation import ChatLayout, ConversationTokens
+from marlhf.models.conversation import ChatLayout, ConversationTokens, TemplateError
 from marlhf.models.generation import Conversations, GenerationBackend, SamplingConfig
 from marlhf.models.generation.sampling import sample_turns
 from marlhf.runtime.rows import turn_seeds
+
+
+def env_layout(env: str, tokenizer, whose: str) -> ChatLayout:
+    """The chat layout of the policy's ``tokenizer`` for the environment ``--env env``; a
+    ValueError naming both when the tokenizer has no chat template (``whose``: the policy's model,
+    as the message names it)."""
+    try:
+        return ChatLayout(tokenizer)
+    except TemplateError as err:
+        raise ValueError(
+            f"--env {env}: {err}; the observations of a conversation are rendered with {whose}'s "
+            "chat template (tiny-base-trail carries one)"
+        ) from None
 
 
 def check_first_prompt(layout: ChatLayout, rows: Sequence[dict], max_total: int) -> None:

@@ -40,13 +40,13 @@ from marlhf.data.env_rows import load_env_rows, trail_gold
 from marlhf.envs.config import EnvConfig
 from marlhf.envs.loading import EnvFactory, load_env
 from marlhf.envs.runner import Episode, run_episodes
-from marlhf.envs.turns import TurnSampler, check_first_prompt
+from marlhf.envs.turns import TurnSampler, check_first_prompt, env_layout
 from marlhf.inference.config import InferenceConfig
 from marlhf.inference.generation import eos_ids
 from marlhf.inference.models import Models
 from marlhf.inference.prompts import batch_seed, left_pad, row_seeds, select_prompts
 from marlhf.inference.scoring import TextScorer, score_rollout
-from marlhf.models.conversation import ChatLayout, ConversationTokens, TemplateError
+from marlhf.models.conversation import ChatLayout, ConversationTokens
 
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
@@ -82,14 +82,7 @@ def env_play(cfg: InferenceConfig, env: EnvConfig, tokenizer: Any) -> EnvPlay:
     """The environment of ``--env`` (ValueError naming it when it cannot be found) and the chat
     layout of the policy's tokenizer (ValueError when it has no chat template)."""
     factory = load_env(env.env, env.env_config)
-    try:
-        layout = ChatLayout(tokenizer)
-    except TemplateError as err:
-        raise ValueError(
-            f"--env {env.env}: {err}; the observations of a conversation are rendered with the "
-            f"policy's chat template (--model_name_or_path {cfg.model}; tiny-base-trail carries "
-            "one)"
-        ) from None
+    layout = env_layout(env.env, tokenizer, f"the policy (--model_name_or_path {cfg.model})")
     return EnvPlay(factory, layout, env, cfg.gold_score != "off")
 
 

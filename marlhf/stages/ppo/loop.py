@@ -66,7 +66,7 @@ from marlhf.stages.ppo.experience import (
     gather_experience,
     make_experience,
 )
-from marlhf.stages.ppo.mc import monte_carlo
+from marlhf.stages.ppo.mc import Continuations, monte_carlo
 from marlhf.stages.ppo.models import Models, build_models, check_seen_settings, model_config
 from marlhf.stages.ppo.multiturn import (
     EnvRollouts,
@@ -79,11 +79,11 @@ from marlhf.stages.ppo.multiturn import (
 from marlhf.stages.ppo.naming import run_label
 from marlhf.stages.ppo.prompts import (
     RolloutPlan,
+    generation_batches,
     load_prompts,
     plan_rollouts,
     prompt_metas,
     sft_batches,
-    step_prompts,
 )
 from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, eos_token_ids, generate
 from marlhf.stages.ppo.scoring import (
@@ -233,10 +233,10 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     mc_stats: dict[str, float] = {}
     if ppo.needs_mc:  # macro_mc: values at macro-action boundaries from continuations
         with clock("time/mc"):
-            exp, mc_stats = monte_carlo(
-                run.models, ppo, run.generation, run.tokenizer, run.eos_ids, run.reward,
-                state.step, exp, rows, metas, prompt_texts,
-            )  # fmt: skip
+            ctx = Continuations(
+                run.models, ppo, run.generation, run.tokenizer, run.eos_ids, run.reward, state.step
+            )
+            exp, mc_stats = monte_carlo(ctx, exp, rows, metas, prompt_texts)
     with clock("time/macro"):
         # the global batch on every rank, then 4. estimate: advantages (and returns)
         exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)
@@ -338,24 +338,15 @@ def collect_rollouts(
     # the static decoder (and vLLM) sample each row from (seed, step, its global row; stream 2,
     # apart from the termination's 0 and the dense rewards' 1): the rollouts do not depend on the
     # split over ranks, and a resumed run redraws them without a saved generator state
-    gen_bs = plan.generation_batch
-    gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
-    micro = step_prompts(plan, seed, step)
-    offset = 0  # the first row of generation batch j in the concatenated rollout
-    for j, idx in enumerate(micro):
+    micro = []
+    for idx, sample_seeds, later in generation_batches(plan, seed, step, later_values):
+        micro.append(idx)
         batch = run.collate([run.prompts[i] for i in idx])
-        rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
-        sample_seeds = derive_row_seeds(seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro = generate(
                 run.models.actor, run.models.sampler, batch, run.generation, run.tokenizer,
                 run.eos_ids, row_seeds=sample_seeds,
             )  # fmt: skip
-        later = None
-        if later_values is not None:  # those of this generation batch's rows, local indices
-            inside = (later_values >= offset) & (later_values < offset + len(idx))
-            later = later_values[inside] - offset
-        offset += len(idx)
         with clock("time/score"):
             scoreds.append(
                 score(run.models, ro, run.trainer, run.need_entropy, later, check_rollout)

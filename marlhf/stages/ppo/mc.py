@@ -188,14 +188,23 @@ def _chunks(jobs: MCJobs, size: int, collective: bool) -> list[torch.Tensor | No
     return chunks
 
 
+@dataclass(frozen=True)
+class Continuations:
+    """What drawing and scoring a step's continuations reads: the engines, ``--mc_*`` (in the PPO
+    part), the responses' sampling settings, the tokenizer and its EOS ids, the sequence reward
+    and the step (the continuations' seeds)."""
+
+    models: Models
+    ppo: PPOConfig
+    g: GenerationConfig
+    tokenizer: object
+    eos_ids: list[int]
+    reward: SequenceReward
+    step: int
+
+
 def continuation_rewards(
-    models: Models,
-    ppo: PPOConfig,
-    g: GenerationConfig,
-    tokenizer,
-    eos_ids: list[int],
-    reward: SequenceReward,
-    step: int,
+    ctx: Continuations,
     ro: Rollout,
     jobs: MCJobs,
     keys: torch.Tensor,
@@ -204,6 +213,7 @@ def continuation_rewards(
 ) -> torch.Tensor:
     """(J,) the sequence reward of every continuation of ``jobs`` (on the CPU), drawn in calls of
     ``--mc_generation_batch_size`` rows (see the module docstring)."""
+    models, ppo, g, tokenizer, reward = ctx.models, ctx.ppo, ctx.g, ctx.tokenizer, ctx.reward
     pad = tokenizer.pad_token_id
     size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * ppo.mc_rollouts
     engines = (models.actor, models.reward)
@@ -217,10 +227,10 @@ def continuation_rewards(
         else:
             rows, prefix, key = jobs.row[idx], jobs.prefix[idx], keys[idx]
         rows, prefix = rows.to(device), prefix.to(device)
-        seeds = derive_row_seeds(ppo.optim.seed, step, key, MC_STREAM)  # seeding backends
+        seeds = derive_row_seeds(ppo.optim.seed, ctx.step, key, MC_STREAM)  # seeding backends
         call = replace(g, max_answer_seq_len=g.max_answer_seq_len - int(prefix.min()))
         batch = prefix_batch(ro, rows, prefix, pad)
-        cont = generate(models.actor, models.sampler, batch, call, tokenizer, eos_ids, seeds)
+        cont = generate(models.actor, models.sampler, batch, call, tokenizer, ctx.eos_ids, seeds)
         full = continued_rollout(ro, rows, prefix, cont, g.max_answer_seq_len, pad)
         if dummy:
             if models.reward is not None:
@@ -247,13 +257,7 @@ def mc_boundaries(segments: MacroSegments, ppo: PPOConfig, max_answer_seq_len: i
 
 
 def monte_carlo(
-    models: Models,
-    ppo: PPOConfig,
-    g: GenerationConfig,
-    tokenizer,
-    eos_ids: list[int],
-    reward: SequenceReward,
-    step: int,
+    ctx: Continuations,
     exp: Experience,
     rows: torch.Tensor,
     metas: list[dict],
@@ -262,6 +266,7 @@ def monte_carlo(
     """This rank's experience (its own rows, before gathering) with ``macro_mc``'s Monte-Carlo
     values (``mc_positions``, ``mc_values``, ``mc_prompt_values``), and the step's ``mc/*`` metrics
     over all ranks. ``rows``: the rows' global indices; ``metas``/``texts``: their prompts'."""
+    ppo, g = ctx.ppo, ctx.g
     K, C = ppo.mc_rollouts, ppo.mc_max_boundaries
     boundaries = mc_boundaries(segments_of(exp), ppo, g.max_answer_seq_len)
     with_prompt = ppo.n_samples_per_prompt == 1
@@ -272,20 +277,7 @@ def monte_carlo(
     )
     jobs = continuation_jobs(cpu, K, with_prompt)
     keys = job_keys(jobs, rows.cpu(), C, K)
-    rewards = continuation_rewards(
-        models,
-        ppo,
-        g,
-        tokenizer,
-        eos_ids,
-        reward,
-        step,
-        exp.rollout,
-        jobs,
-        keys,
-        metas,
-        texts,
-    )
+    rewards = continuation_rewards(ctx, exp.rollout, jobs, keys, metas, texts)
     B, N = boundaries.positions.shape
     values, prompt_values = mc_means(rewards, jobs, B, N)
     device = exp.outcome.device

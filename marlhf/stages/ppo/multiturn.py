@@ -40,14 +40,12 @@ from marlhf.data.env_rows import episode_row, trail_gold
 from marlhf.envs.config import EnvConfig
 from marlhf.envs.loading import EnvFactory, load_env
 from marlhf.envs.runner import Episode, episode_metrics, run_episodes
-from marlhf.envs.turns import TurnSampler
+from marlhf.envs.turns import TurnSampler, env_layout
 from marlhf.envs.turns import check_first_prompt as check_first_prompt  # the loop reads it here
-from marlhf.models.conversation import ChatLayout, ConversationTokens, TemplateError
+from marlhf.models.conversation import ChatLayout, ConversationTokens
 from marlhf.models.generation import GenerationBackend
 from marlhf.models.sequences import pack_flush_left
-from marlhf.runtime.distributed import rank
-from marlhf.runtime.rows import derive_row_seeds, global_rows
-from marlhf.stages.ppo.prompts import step_prompts
+from marlhf.stages.ppo.prompts import generation_batches
 from marlhf.stages.ppo.rollout import Rollout, concat_rollouts, zero3_gather
 from marlhf.stages.ppo.scoring import concat_scored, score
 
@@ -90,14 +88,7 @@ def env_setup(cfg: EnvConfig, tokenizer) -> EnvRollouts:
     """The environment of ``--env`` (ValueError naming it when it cannot be found) and the chat
     layout of ``tokenizer`` (ValueError when it has no chat template)."""
     factory = load_env(cfg.env, cfg.env_config)
-    try:
-        layout = ChatLayout(tokenizer)
-    except TemplateError as err:
-        raise ValueError(
-            f"--env {cfg.env}: {err}; the observations of a conversation are rendered with the "
-            "actor's chat template (tiny-base-trail carries one)"
-        ) from None
-    return EnvRollouts(factory, layout, cfg)
+    return EnvRollouts(factory, env_layout(cfg.env, tokenizer, "the actor"), cfg)
 
 
 def conversation_rollout(
@@ -242,24 +233,15 @@ def collect_episodes(
     plan, env, seed = run.plan, run.env, run.ppo.optim.seed
     assert env is not None
     rollouts, scoreds, episodes, played = [], [], [], []
-    gen_bs = plan.generation_batch
-    gen_rows = global_rows(plan.rollout_size, gen_bs, rank(), plan.world)
-    micro = step_prompts(plan, seed, step)
-    offset = 0
-    for j, idx in enumerate(micro):
+    micro = []
+    for idx, seeds, later in generation_batches(plan, seed, step, later_values):
+        micro.append(idx)
         rows = [run.prompts[i] for i in idx]
-        rows_j = gen_rows[j * gen_bs : j * gen_bs + len(idx)]
-        seeds = derive_row_seeds(seed, step, rows_j, stream=2)
         with clock("time/generate"):
             ro, eps = play(
                 env, run.models.actor, run.models.sampler, rows, run.generation, run.eos_ids,
                 run.tokenizer.pad_token_id, seeds,
             )  # fmt: skip
-        later = None
-        if later_values is not None:
-            inside = (later_values >= offset) & (later_values < offset + len(idx))
-            later = later_values[inside] - offset
-        offset += len(idx)
         with clock("time/score"):
             scoreds.append(
                 score(run.models, ro, run.trainer, run.need_entropy, later, check_rollout)

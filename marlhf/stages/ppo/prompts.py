@@ -19,7 +19,7 @@ from marlhf.data.tokenize import build_prompt_dataset, build_sft_dataset
 from marlhf.rewards.registry import unusable_prompts
 from marlhf.runtime.batching import epoch_permutation, step_micro_batches, steps_per_epoch
 from marlhf.runtime.distributed import rank, world_size
-from marlhf.runtime.rows import step_prompt_indices
+from marlhf.runtime.rows import derive_row_seeds, global_rows, step_prompt_indices
 
 if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
@@ -119,6 +119,25 @@ def load_prompts(data: DataConfig, g: GenerationConfig, seed: int, reward_source
         gone = set(drop)
         prompts = prompts.select([i for i in range(len(prompts)) if i not in gone])
     return prompts, dropped
+
+
+def generation_batches(plan: RolloutPlan, seed: int, step: int, later_values=None):
+    """Each of this rank's generation batches of step ``step`` (:func:`step_prompts`): its prompt
+    indices, its rows' sampling seeds (stream 2, from the rows' global indices, so that the
+    rollouts do not depend on the split over ranks) and the entries of ``later_values`` (rows of
+    the step's concatenated rollout whose critic values the update computes) within it, as
+    indices into the batch (None when ``later_values`` is None)."""
+    bs = plan.generation_batch
+    rows = global_rows(plan.rollout_size, bs, rank(), plan.world)
+    offset = 0  # the batch's first row in the concatenated rollout
+    for j, idx in enumerate(step_prompts(plan, seed, step)):
+        seeds = derive_row_seeds(seed, step, rows[j * bs : j * bs + len(idx)], stream=2)
+        later = None
+        if later_values is not None:
+            inside = (later_values >= offset) & (later_values < offset + len(idx))
+            later = later_values[inside] - offset
+        yield idx, seeds, later
+        offset += len(idx)
 
 
 def step_prompts(plan: RolloutPlan, seed: int, step: int) -> list[list[int]]:

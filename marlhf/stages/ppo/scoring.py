@@ -92,23 +92,10 @@ def score(
     later_values: torch.Tensor | None = None,
     check_rollout: bool = False,
 ) -> Scored:
-    """:func:`score_rollout` without autograd (:func:`no_grad_mode`)."""
-    with no_grad_mode(models.actor, models.critic):
-        return score_rollout(models, ro, trainer, need_entropy, later_values, check_rollout)
-
-
-def score_rollout(
-    models: Models,
-    ro: Rollout,
-    trainer: TrainerSettings,
-    need_entropy: bool,
-    later_values: torch.Tensor | None = None,
-    check_rollout: bool = False,
-) -> Scored:
     """The forward passes of one generation batch (:class:`Scored`), all with dropout off
-    (:func:`marlhf.stages.ppo.models.eval_mode`). ``need_entropy``: also the reference's
-    entropies (the termination rules that read them). Call under ``torch.inference_mode`` (no
-    autograd bookkeeping; the outputs are only read later) or ``no_grad`` (:func:`score`).
+    (:func:`marlhf.stages.ppo.models.eval_mode`) and without autograd (:func:`no_grad_mode`:
+    ``torch.inference_mode``, or ``no_grad`` under ZeRO-3; the outputs are only read later).
+    ``need_entropy``: also the reference's entropies (the termination rules that read them).
     log π_old and its entropy: :func:`old_policy`. ``later_values``: (k,) long rows whose critic
     values are left at 0 here (the update's first minibatch: :func:`kept_critic_values` computes
     them). ``check_rollout``: the actor also scores a recorded rollout (:func:`old_policy`)."""
@@ -116,7 +103,8 @@ def score_rollout(
     full = trainer.perf.score_all_positions
     groups = None if full else trainer.perf.grouping
     critic = models.critic  # None: a critic-free estimator (values are 0)
-    with eval_mode(*(e for e in (models.actor, critic) if e is not None)):
+    engines = [e for e in (models.actor, critic) if e is not None]
+    with no_grad_mode(models.actor, critic), eval_mode(*engines):
         old = old_policy(models.actor, ro, trainer, check_rollout, groups)
         old_logp = old.logprobs
         ref_logp, ref_ent = policy_forward(

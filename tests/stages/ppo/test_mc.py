@@ -146,10 +146,10 @@ def _run(setup, reward_source="rm", **ppo):
 
 def _monte_carlo(run, step, exp, rows, metas, texts):
     """The loop's call of :func:`mc.monte_carlo` with the run's parts."""
-    return mc.monte_carlo(
-        run.models, run.cfg.ppo, run.cfg.generation, run.tokenizer, run.eos_ids, run.reward,
-        step, exp, rows, metas, texts,
-    )  # fmt: skip
+    ctx = mc.Continuations(
+        run.models, run.cfg.ppo, run.cfg.generation, run.tokenizer, run.eos_ids, run.reward, step
+    )
+    return mc.monte_carlo(ctx, exp, rows, metas, texts)
 
 
 def _experience(run, rows):
