@@ -185,24 +185,39 @@ def read_run(run: Path) -> dict | None:
 
 
 def run_all(
-    jobs: list[tuple], workers: int, turns: int, size: Size, env_config: str | None
+    jobs: list[tuple],
+    workers: int,
+    turns: int,
+    size: Size,
+    env_config: str | None,
+    work=None,
+    tag: str = "turn_credit",
 ) -> None:
-    """Every job, ``workers`` at a time, a line each as it ends."""
+    """Every job, ``workers`` at a time, a line each as it ends: ``work(job, turns, size,
+    env_config)`` (default :func:`train_and_eval`) returns the line; ``tag`` prefixes it."""
+    work = work or train_and_eval
     # transformers' lazy imports are not thread-safe: resolved here, before the worker threads
     # import them (two threads importing at once failed with an ImportError)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     import marlhf.pipeline.figures  # noqa: F401
 
-    print(f"[turn_credit] {len(jobs)} runs", flush=True)
+    print(f"[{tag}] {len(jobs)} runs", flush=True)
     with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(train_and_eval, j, turns, size, env_config) for j in jobs]
+        futures = [pool.submit(work, j, turns, size, env_config) for j in jobs]
         for f in futures:
-            print(f"[turn_credit] {f.result()}", flush=True)
+            print(f"[{tag}] {f.result()}", flush=True)
 
 
-def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting], list[str]]:
-    """Each arm's chosen setting and the table of every setting's selection score."""
+def tuning_table(
+    out: Path, turns: int, arms, seeds, read=None, settings=None
+) -> tuple[dict[str, Setting], list[str]]:
+    """Each arm's chosen setting and the table of every setting's selection score. ``read(arm,
+    setting, seed)`` gives a finished run as :func:`read_run` does (None: not finished; default:
+    this script's runs under ``out``), ``settings(arm)`` an arm's grid (default
+    :func:`settings_of`)."""
+    read = read or (lambda arm, s, seed: read_run(run_dir(out, turns, arm, s, seed)))
+    settings = settings or settings_of
     lines = [
         "| arm | setting | seeds | final training gold | held-out gold | score |",
         "|---|---|---|---|---|---|",
@@ -210,8 +225,8 @@ def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting]
     chosen = {}
     for arm in arms:
         scores = {}
-        for s in settings_of(arm):
-            got = [read_run(run_dir(out, turns, arm, s, seed)) for seed in seeds]
+        for s in settings(arm):
+            got = [read(arm, s, seed) for seed in seeds]
             got = [g for g in got if g]
             if len(got) < len(seeds):
                 continue
@@ -222,17 +237,25 @@ def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting]
                 f"| {arm} | {s.label} | {len(got)} | {statistics.fmean(finals):.3f} | "
                 f"{statistics.fmean(held):.3f} | {scores[s]:.3f} |"
             )
-        best = choose(scores, settings_of(arm))
+        best = choose(scores, settings(arm))
         if best is not None:
             chosen[arm] = best
     return chosen, lines
 
 
-def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str]:
-    """The reported table: every arm at its chosen setting on ``seeds``."""
+FIRST_CALLS = ("right first calls (T=1)", "first_call_key")
+
+
+def report(
+    out: Path, turns: int, chosen: dict[str, Setting], seeds, read=None, extra=FIRST_CALLS
+) -> list[str]:
+    """The reported table: every arm at its chosen setting on ``seeds``. ``read`` as in
+    :func:`tuning_table`; ``extra``: (the header, the key in ``eval["T1"]``) of one more held-out
+    column."""
+    read = read or (lambda arm, s, seed: read_run(run_dir(out, turns, arm, s, seed)))
     runs = {}
     for arm, s in chosen.items():
-        got = [read_run(run_dir(out, turns, arm, s, seed)) for seed in seeds]
+        got = [read(arm, s, seed) for seed in seeds]
         runs[arm] = [g for g in got if g]
     if not runs.get("ppo"):
         return ["(no finished ppo runs on the report seeds)"]
@@ -242,7 +265,7 @@ def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str
     base_steps = min(len(g["gold"]) for g in runs["ppo"])
     lines = [
         "| arm | setting | seeds | final training gold | − ppo | held-out gold (T=1) | − ppo | "
-        "held-out greedy | right first calls (T=1) | reaches ppo's final at | speed-up [95 % seed bootstrap] |",
+        f"held-out greedy | {extra[0]} | reaches ppo's final at | speed-up [95 % seed bootstrap] |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, got in runs.items():
@@ -251,7 +274,7 @@ def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str
         finals = [final_value(g["gold"], FINAL_WINDOW) for g in got]
         held = [g["eval"]["T1"]["gold"] for g in got]
         greedy = [g["eval"]["greedy"]["gold"] for g in got]
-        first = [g["eval"]["T1"]["first_call_key"] for g in got]
+        first = [g["eval"]["T1"][extra[1]] for g in got]
         curve = smooth(mean_curve([g["gold"] for g in got]), SMOOTH_WINDOW)
         reach = first_reach(list(range(1, len(curve) + 1)), curve, target)
         sp = speedup_of(base_steps, reach)
