@@ -40,23 +40,30 @@ Each run is a ``python -m marlhf.stages.ppo`` process (its directory under ``--o
 ``eval.json``) is skipped, so the same command resumes. ``--analyze_only`` prints the tables from what
 is there.
 
-    python benchmarks/reasoning_credit.py --tune --tune_only --output_dir output/reasoning_credit
-    python benchmarks/reasoning_credit.py --tune --arms ppo,step,fixed10 ...  # report, 3 arms
-    python benchmarks/reasoning_credit.py --tune --arms lowprob10,grpo,dr_grpo ...
-    python benchmarks/reasoning_credit.py --tune --arms macro_mc ...
-    python benchmarks/reasoning_credit.py --tune --analyze_only ...          # the tables
+    S=benchmarks/reasoning_credit.py; O="--output_dir output/reasoning_credit --workers 2"
+    python $S --tune --tune_only --arms ppo,step $O                 # tuning, 24 runs, ~24 min
+    python $S --tune --tune_only --arms fixed10,lowprob10 $O        # tuning, 24 runs, ~26 min
+    python $S --tune --tune_only --arms grpo,dr_grpo,macro_mc $O    # tuning, 18 runs, ~30 min
+    python $S --tune --arms ppo,step,fixed10,lowprob10 $O           # report, 40 runs, ~42 min
+    python $S --tune --arms grpo,dr_grpo $O                         # report, 20 runs, ~18 min
+    python $S --tune --arms macro_mc $O                             # report, 10 runs, ~32 min
+    python $S --tune --analyze_only $O                              # the tables
 
-Sizing (the 2-core CPU, ``nice -n 15``, ``OMP_NUM_THREADS=1``, one worker): a smoke run of the
-``ppo`` arm on ``synthetic-arith-4`` (8 steps of 16 responses) took :data:`CPU_S_PER_STEP` CPU s a
-step after start-up, ``step`` the same, ``macro_mc`` :data:`MC_CPU_S_PER_STEP` (its continuations),
-plus :data:`RUN_OVERHEAD_S` s of start-up and the held-out answers (300 problems, T = 1 and greedy)
-a run. :data:`SIZES`' ``cpu`` size (40 steps) then costs per run about 40 × step + overhead, and
-each documented command above holds at most 60 min of CPU on one core when run with
-``--workers 2`` on 2 idle cores (:func:`plan_minutes` prints the estimate before a phase starts).
-The tuning phase is 4 settings × 3 seeds for the critic arms and 2 × 3 for the critic-free ones (60
-runs); the report phase 10 runs an arm. ``--size gpu``: 200 steps of 64 responses, all 1,000
-held-out problems... of the 300 there are; one H100 (80 GB) holds every run of a phase at once,
-the tiny model needs under 1 GB a run.
+(:data:`TUNE_GROUPS`, :data:`REPORT_GROUPS`; a report command reads the tuning of its arms and of
+``ppo``, the baseline, from the same ``--output_dir``.)
+
+Sizing, measured on the shared 2-core CPU (``nice -n 15``, ``OMP_NUM_THREADS=1``; CPU seconds, which
+track an idle core's wall time): smoke runs of each arm on ``synthetic-arith-4`` at 16 responses a
+step, 31 steps (11 for ``macro_mc``) less a 1-step run (its start-up, about 9 CPU s), give
+:data:`CPU_S_PER_STEP`: 0.41-0.56 CPU s a step for the six arms without continuations, 1.82 for
+``macro_mc``; the held-out answers (300 problems, T = 1 and greedy) take about 10 CPU s. A run of
+the ``cpu`` size (200 steps) is then about 2.3 CPU min (``macro_mc`` 6.4); a command of N runs
+with two workers takes about N × that / 2 wall minutes on 2 idle cores (:func:`plan_minutes`,
+printed before each phase; the test checks every command above stays within 60). ``--steps 8``
+and ``16`` cost :data:`LONGER` times more a step (longer answers; more step starts for
+``macro_mc``) and must be split into smaller arm groups or fewer steps. ``--size gpu`` (200 steps
+of 64 responses): the tiny model takes well under 1 GB a run, so any one GPU runs it; an H100
+(80 GB) holds every run of a phase at once with ``--workers`` up to the CPU count.
 """
 
 from __future__ import annotations
@@ -89,8 +96,15 @@ ARMS: dict[str, list[str]] = {
     "grpo": ALL_ARMS["grpo"],
     "dr_grpo": ALL_ARMS["dr_grpo"],
     "macro_mc": [
-        *STEP_RULE, "--advantage_estimator", "macro_mc", "--n_samples_per_prompt", "4",
-        "--mc_rollouts", "4", "--mc_boundary_selection", "spread",
+        *STEP_RULE,
+        "--advantage_estimator",
+        "macro_mc",
+        "--n_samples_per_prompt",
+        "4",
+        "--mc_rollouts",
+        "4",
+        "--mc_boundary_selection",
+        "spread",
     ],  # fmt: skip  (--mc_max_boundaries: 2 k, by arm_flags)
 }
 STEPS = (4, 8, 16)
@@ -98,10 +112,20 @@ STEPS = (4, 8, 16)
 SEQ = {4: (48, 96), 8: (64, 160), 16: (96, 288)}
 HELD_OUT = 300  # every held-out problem of a task (reasoning_tasks.N_VALID)
 LINES = ("step lines right (T=1)", "line_accuracy")
-# the smoke measurement (module docstring): CPU s a step and a run's start-up + held-out answers
-CPU_S_PER_STEP = {4: 3.0, 8: 6.0, 16: 12.0}
-MC_CPU_S_PER_STEP = {4: 12.0, 8: 40.0, 16: 140.0}
-RUN_OVERHEAD_S = 60.0
+# The smoke measurement (module docstring): CPU s a step of 16 responses on synthetic-arith-4, one
+# thread, after start-up (runs of 31 steps, 11 for macro_mc, less a 1-step run's CPU)
+CPU_S_PER_STEP = {
+    "ppo": 0.47, "step": 0.54, "fixed10": 0.56, "lowprob10": 0.56,
+    "grpo": 0.46, "dr_grpo": 0.41, "macro_mc": 1.82,
+}  # fmt: skip
+# a step's cost at 8 and 16 steps over its cost at 4 (measured on ppo, and on macro_mc for it)
+LONGER = {4: (1.0, 1.0), 8: (2.0, 3.0), 16: (4.5, 9.0)}
+# a run's start-up (stage start and first step, about 9 CPU s) and its held-out answers (300
+# problems at T = 1 and greedy: 10 CPU s at 4 steps, longer answers at 8 and 16)
+RUN_OVERHEAD_S = {4: 20.0, 8: 35.0, 16: 50.0}
+# the documented commands' arm groups, each at most 60 min on 2 idle cores (tests check it)
+TUNE_GROUPS = (("ppo", "step"), ("fixed10", "lowprob10"), ("grpo", "dr_grpo", "macro_mc"))
+REPORT_GROUPS = (("ppo", "step", "fixed10", "lowprob10"), ("grpo", "dr_grpo"), ("macro_mc",))
 
 
 @dataclass(frozen=True)
@@ -113,7 +137,7 @@ class Size:
     held_out: int
 
 
-SIZES = {"cpu": Size(40, 16, HELD_OUT), "gpu": Size(200, 64, HELD_OUT), "smoke": Size(2, 8, 8)}
+SIZES = {"cpu": Size(200, 16, HELD_OUT), "gpu": Size(200, 64, HELD_OUT), "smoke": Size(2, 8, 8)}
 
 
 def settings_of(arm: str, lams=TUNE_LAMS, lrs=TUNE_LRS) -> list[Setting]:
@@ -218,13 +242,19 @@ def reader(out: Path, steps: int):
 
 
 def plan_minutes(jobs: list[tuple], steps: int, size: Size) -> float:
-    """CPU minutes of ``jobs`` by the smoke measurement (one core each).
+    """CPU minutes of ``jobs`` ((out, arm, setting, seed) tuples) on the ``steps``-step task, by
+    the smoke measurement (:data:`CPU_S_PER_STEP`, :data:`LONGER`, :data:`RUN_OVERHEAD_S`).
 
-    >>> round(plan_minutes([(None, "ppo", None, 1), (None, "macro_mc", None, 1)], 4, SIZES["cpu"]), 1)
-    12.0
+    >>> jobs = [(None, "ppo", None, 1), (None, "macro_mc", None, 1)]
+    >>> round(plan_minutes(jobs, 4, Size(100, 16, 300)), 2)  # (47 + 20 + 182 + 20) / 60
+    4.48
     """
-    per_step = {a: (MC_CPU_S_PER_STEP if a == "macro_mc" else CPU_S_PER_STEP)[steps] for a in ARMS}
-    return sum(size.steps * per_step[arm] + RUN_OVERHEAD_S for _, arm, _, _ in jobs) / 60
+    factor, mc_factor = LONGER[steps]
+    total = 0.0
+    for _, arm, _, _ in jobs:
+        per_step = CPU_S_PER_STEP[arm] * (mc_factor if arm == "macro_mc" else factor)
+        total += size.steps * per_step * size.rollouts / 16 + RUN_OVERHEAD_S[steps]
+    return total / 60
 
 
 def main(argv=None) -> int:
