@@ -88,6 +88,10 @@ from benchmarks.turn_credit import REPORT_SEEDS, TUNE_LAMS, report, run_all, tun
 
 CRITIC_ARMS = ("ppo", "step", "fixed10", "lowprob10")
 STEP_RULE = ["--termination_condition", "step"]
+# Monte-Carlo values at every step start (--mc_max_boundaries 2 k on the k-step task, by arm_flags)
+MC_FLAGS = [
+    "--n_samples_per_prompt", "4", "--mc_rollouts", "4", "--mc_boundary_selection", "spread",
+]  # fmt: skip
 ARMS: dict[str, list[str]] = {
     "ppo": ALL_ARMS["ppo"],
     "step": STEP_RULE,
@@ -95,17 +99,7 @@ ARMS: dict[str, list[str]] = {
     "lowprob10": ["--termination_condition", "lowprob", "--target_macro_len", "10"],
     "grpo": ALL_ARMS["grpo"],
     "dr_grpo": ALL_ARMS["dr_grpo"],
-    "macro_mc": [
-        *STEP_RULE,
-        "--advantage_estimator",
-        "macro_mc",
-        "--n_samples_per_prompt",
-        "4",
-        "--mc_rollouts",
-        "4",
-        "--mc_boundary_selection",
-        "spread",
-    ],  # fmt: skip  (--mc_max_boundaries: 2 k, by arm_flags)
+    "macro_mc": [*STEP_RULE, "--advantage_estimator", "macro_mc", *MC_FLAGS],
 }
 STEPS = (4, 8, 16)
 # max prompt tokens, max answer tokens per task (prompts 38/54/86 tokens, solutions up to 68/128/248)
