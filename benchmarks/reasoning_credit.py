@@ -70,10 +70,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,8 +80,17 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.analysis import load_run  # noqa: E402
 from benchmarks.ppo_vs_mappo import ALL_ARMS  # noqa: E402
-from benchmarks.tuning import TUNE_LRS, TUNE_SEEDS, Setting  # noqa: E402
-from benchmarks.turn_credit import REPORT_SEEDS, TUNE_LAMS, report, run_all, tuning_table  # noqa: E402
+from benchmarks.tuning import TUNE_LRS, Setting  # noqa: E402
+from benchmarks.turn_credit import (  # noqa: E402
+    TUNE_LAMS,
+    add_study_args,
+    report,
+    run_all,
+    run_and_eval,
+    run_study,
+    study_arms,
+    tuning_table,
+)
 
 CRITIC_ARMS = ("ppo", "step", "fixed10", "lowprob10")
 STEP_RULE = ["--termination_condition", "step"]
@@ -112,10 +118,11 @@ CPU_S_PER_STEP = {
     "ppo": 0.47, "step": 0.54, "fixed10": 0.56, "lowprob10": 0.56,
     "grpo": 0.46, "dr_grpo": 0.41, "macro_mc": 1.82,
 }  # fmt: skip
-# a step's cost at 8 and 16 steps over its cost at 4 (measured on ppo, and on macro_mc for it)
-LONGER = {4: (1.0, 1.0), 8: (2.0, 3.0), 16: (4.5, 9.0)}
+# a step's cost at 8 and 16 steps over its cost at 4, measured on ppo (11 steps; 1.2 and 2.1 CPU s)
+# and on macro_mc for it (4 and 3 steps; 4.8 and 19.2 CPU s: more step starts, longer continuations)
+LONGER = {4: (1.0, 1.0), 8: (2.6, 2.6), 16: (4.5, 10.6)}
 # a run's start-up (stage start and first step, about 9 CPU s) and its held-out answers (300
-# problems at T = 1 and greedy: 10 CPU s at 4 steps, longer answers at 8 and 16)
+# problems at T = 1 and greedy: 10, 25 and 39 CPU s at 4, 8 and 16 steps)
 RUN_OVERHEAD_S = {4: 20.0, 8: 35.0, 16: 50.0}
 # the documented commands' arm groups, each at most 60 min on 2 idle cores (tests check it)
 TUNE_GROUPS = (("ppo", "step"), ("fixed10", "lowprob10"), ("grpo", "dr_grpo", "macro_mc"))
@@ -194,29 +201,11 @@ def held_out(run: Path, steps: int, problems: int) -> dict:
 
 
 def train_and_eval(job: tuple, steps: int, size: Size, _env_config=None) -> str:
-    """One run (skipped when its ``eval.json`` exists); returns a progress line."""
+    """One run of ``job`` (out, arm, setting, seed): :func:`benchmarks.turn_credit.run_and_eval`."""
     out, arm, s, seed = job
     run = run_dir(out, steps, arm, s, seed)
-    if (run / "eval.json").exists():
-        return f"{run}: done already"
-    run.mkdir(parents=True, exist_ok=True)
-    t0, c0 = time.time(), os.times()
     cmd = stage_command(run, steps, arm, s, seed, size)
-    with open(run / "stage.log", "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    if proc.returncode != 0:
-        return f"{run}: FAILED (exit {proc.returncode}, see stage.log)"
-    c_stage = os.times()
-    figures = held_out(run, steps, size.held_out)
-    c1 = os.times()
-    figures["wall_s"] = round(time.time() - t0, 1)
-    figures["cpu_s_stage"] = round(
-        c_stage.children_user + c_stage.children_system - c0.children_user - c0.children_system, 1
-    )
-    figures["cpu_s_held_out"] = round(c1.user + c1.system - c_stage.user - c_stage.system, 1)
-    figures["command"] = " ".join(cmd[1:])
-    (run / "eval.json").write_text(json.dumps(figures, indent=1))
-    return f"{run}: {figures['wall_s']:.0f} s, held-out accuracy {figures['T1']['gold']:.3f}"
+    return run_and_eval(run, cmd, lambda r: held_out(r, steps, size.held_out), "held-out accuracy")
 
 
 def read_run(run: Path) -> dict | None:
@@ -253,54 +242,26 @@ def plan_minutes(jobs: list[tuple], steps: int, size: Size) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", type=Path, default=ROOT / "output" / "reasoning_credit")
+    add_study_args(p, ROOT / "output" / "reasoning_credit", ARMS, SIZES)
     p.add_argument("--steps", type=int, default=4, choices=STEPS, help="the task's step count")
-    p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--seeds", default=",".join(map(str, REPORT_SEEDS)))
-    p.add_argument("--tune", action="store_true", help="tune every arm on the grid first")
-    p.add_argument("--tune_seeds", default=",".join(map(str, TUNE_SEEDS)))
-    p.add_argument("--tune_only", action="store_true")
-    p.add_argument("--analyze_only", action="store_true")
-    p.add_argument("--size", default="cpu", choices=tuple(SIZES))
-    p.add_argument("--workers", type=int, default=1)
     args = p.parse_args(argv)
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(ARMS)}")
-    seeds = [int(x) for x in args.seeds.split(",") if x]
-    tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
+    arms, seeds, tune_seeds = study_arms(p, args, ARMS)
     size, out, k = SIZES[args.size], args.output_dir, args.steps
     read = reader(out, k)
-    t0 = time.time()
 
-    def run_phase(jobs: list[tuple]) -> None:
+    def run(jobs: list[tuple]) -> None:
         print(f"[reasoning_credit] about {plan_minutes(jobs, k, size):.0f} CPU min", flush=True)
         run_all(jobs, args.workers, k, size, None, work=train_and_eval, tag="reasoning_credit")
 
-    if args.tune and not args.analyze_only:
-        run_phase([(out, a, s, seed) for seed in tune_seeds for a in arms for s in settings_of(a)])
-    # the tables hold ppo, the baseline, also when a command runs other arms
-    shown = list(dict.fromkeys(["ppo", *arms]))
-    chosen, tune_lines = (
-        tuning_table(out, k, shown, tune_seeds, read=read, settings=settings_of)
-        if args.tune
-        else ({a: Setting(0.95 if a in CRITIC_ARMS else 1.0, TUNE_LRS[0]) for a in shown}, [])
-    )
-    if args.tune:
-        print("\nTuning (seeds " + ",".join(map(str, tune_seeds)) + "):\n" + "\n".join(tune_lines))
-        print("chosen: " + ", ".join(f"{a} {s.label}" for a, s in chosen.items()))
-    lines = []
-    if not args.tune_only:
-        if not args.analyze_only:
-            run_phase([(out, a, chosen[a], seed) for seed in seeds for a in arms if a in chosen])
-        lines = report(out, k, chosen, seeds, read=read, extra=LINES)
-        print("\nReported (seeds " + ",".join(map(str, seeds)) + "):\n" + "\n".join(lines))
-    summary = out / f"summary_arith{k}.md"
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text("\n".join(["## Tuning", *tune_lines, "", "## Reported", *lines, ""]))
-    print(f"\n[reasoning_credit] {time.time() - t0:.0f} s; tables in {summary}")
-    return 0
+    return run_study(
+        args, arms, seeds, tune_seeds,
+        settings=settings_of, run=run,
+        tune=lambda shown, ts: tuning_table(out, k, shown, ts, read=read, settings=settings_of),
+        rep=lambda chosen, rs: report(out, k, chosen, rs, read=read, extra=LINES),
+        summary=out / f"summary_arith{k}.md", tag="reasoning_credit",
+        # the tables hold ppo, the baseline, also when a command runs other arms
+        shown=list(dict.fromkeys(["ppo", *arms])),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

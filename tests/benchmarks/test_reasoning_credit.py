@@ -2,6 +2,7 @@
 flags that make the arm, macro_mc's boundaries at the step starts of a real solution, the selection
 and the report on hand-made runs, and the held-out figures of one task."""
 
+import itertools
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks import reasoning_credit as rc
+from benchmarks import turn_credit
 from benchmarks.tuning import Setting
 
 
@@ -97,11 +99,11 @@ def _fake_run(out: Path, arm: str, s: Setting, seed: int, curve, held: float, li
 
 
 def test_tuning_keeps_each_arms_best_setting_and_skips_incomplete_ones(tmp_path):
-    a, b, c, d = rc.settings_of("step")
-    for seed in (1, 2):
-        _fake_run(tmp_path, "step", a, seed, [0.2] * 5, 0.2)  # score 0.2
-        _fake_run(tmp_path, "step", c, seed, [0.6] * 5, 0.4)  # score 0.5: the best
-        _fake_run(tmp_path, "step", d, seed, [0.9] * 5, 0.9)
+    a, _, c, d = rc.settings_of("step")
+    # setting: (training accuracy at every step, held-out accuracy); scores a 0.2, c 0.5, d 0.9
+    runs = {a: (0.2, 0.2), c: (0.6, 0.4), d: (0.9, 0.9)}
+    for (setting, (train, held)), seed in itertools.product(runs.items(), (1, 2)):
+        _fake_run(tmp_path, "step", setting, seed, [train] * 5, held)
     (rc.run_dir(tmp_path, 4, "step", d, 2) / "eval.json").unlink()  # d lacks a seed: not chosen
     chosen, lines = rc.tuning_table(
         tmp_path, 4, ["step"], [1, 2], read=rc.reader(tmp_path, 4), settings=rc.settings_of
@@ -148,8 +150,26 @@ def test_sizing_keeps_each_documented_command_within_an_hour():
     tune = [(None, a, s, seed) for seed in (1, 2, 3) for a in rc.ARMS for s in rc.settings_of(a)]
     assert len(tune) == 3 * (4 * len(critic) + 2 * (len(rc.ARMS) - len(critic)))
     for arms in rc.REPORT_GROUPS:
-        jobs = [(None, a, None, seed) for seed in rc.REPORT_SEEDS for a in arms]
+        jobs = [(None, a, None, seed) for seed in turn_credit.REPORT_SEEDS for a in arms]
         assert rc.plan_minutes(jobs, 4, cpu) / 2 <= 60, arms
     for arms in rc.TUNE_GROUPS:
         jobs = [j for j in tune if j[1] in arms]
         assert rc.plan_minutes(jobs, 4, cpu) / 2 <= 60, arms
+
+
+@pytest.mark.slow
+def test_smoke_run_end_to_end_and_resume(tmp_path, capsys):
+    argv = ["--size", "smoke", "--arms", "step", "--seeds", "1", "--output_dir", str(tmp_path)]
+    assert rc.main(argv) == 0
+    # ppo, the baseline, is read also when a command runs another arm: none finished yet
+    assert "no finished ppo runs" in capsys.readouterr().out
+    run = rc.run_dir(tmp_path, 4, "step", Setting(0.95, 1e-4), 1)
+    ev = json.loads((run / "eval.json").read_text())
+    assert 0 <= ev["T1"]["gold"] <= 1 and ev["T1"]["gold"] == ev["T1"]["accuracy"]
+    assert ev["T1"]["tokens_mean"] > 40 and ev["cpu_s_children"] > 0
+    assert "--termination_condition step" in ev["command"]
+    argv[3] = "ppo,step"
+    assert rc.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("done already") == 1
+    assert "| ppo | λ=0.95, lr=1e-04 | 1 |" in out and "| step | λ=0.95, lr=1e-04 | 1 |" in out
