@@ -143,20 +143,20 @@ def held_out(run: Path, turns: int, games: int) -> dict:
     }
 
 
-def train_and_eval(job: tuple, turns: int, size: Size, env_config: str | None) -> str:
-    """One run (skipped when its ``eval.json`` exists); returns a progress line."""
-    out, arm, s, seed = job
-    run = run_dir(out, turns, arm, s, seed)
+def run_and_eval(run: Path, cmd: list[str], evaluate, label: str) -> str:
+    """One run: the stage command ``cmd`` (its output in ``run/stage.log``), then ``evaluate(run)``
+    -> the held-out figures (``T1``/``gold`` among them), written with the wall time, the stage's
+    CPU seconds and the command to ``run/eval.json``; skipped when that file exists. Returns a
+    progress line (``label``: the name of the T = 1 gold in it)."""
     if (run / "eval.json").exists():
         return f"{run}: done already"
     run.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.time(), os.times()
-    cmd = stage_command(run, turns, arm, s, seed, size, env_config)
     with open(run / "stage.log", "a") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     if proc.returncode != 0:
         return f"{run}: FAILED (exit {proc.returncode}, see stage.log)"
-    figures = held_out(run, turns, size.held_out)
+    figures = evaluate(run)
     c1 = os.times()
     figures["wall_s"] = round(time.time() - t0, 1)
     figures["cpu_s_children"] = round(
@@ -164,7 +164,15 @@ def train_and_eval(job: tuple, turns: int, size: Size, env_config: str | None) -
     )
     figures["command"] = " ".join(cmd[1:])
     (run / "eval.json").write_text(json.dumps(figures, indent=1))
-    return f"{run}: {figures['wall_s']:.0f} s, held-out gold {figures['T1']['gold']:.3f}"
+    return f"{run}: {figures['wall_s']:.0f} s, {label} {figures['T1']['gold']:.3f}"
+
+
+def train_and_eval(job: tuple, turns: int, size: Size, env_config: str | None) -> str:
+    """One run of ``job`` (out, arm, setting, seed): :func:`run_and_eval`."""
+    out, arm, s, seed = job
+    run = run_dir(out, turns, arm, s, seed)
+    cmd = stage_command(run, turns, arm, s, seed, size, env_config)
+    return run_and_eval(run, cmd, lambda r: held_out(r, turns, size.held_out), "held-out gold")
 
 
 def read_run(run: Path) -> dict | None:
@@ -185,24 +193,39 @@ def read_run(run: Path) -> dict | None:
 
 
 def run_all(
-    jobs: list[tuple], workers: int, turns: int, size: Size, env_config: str | None
+    jobs: list[tuple],
+    workers: int,
+    turns: int,
+    size: Size,
+    env_config: str | None,
+    work=None,
+    tag: str = "turn_credit",
 ) -> None:
-    """Every job, ``workers`` at a time, a line each as it ends."""
+    """Every job, ``workers`` at a time, a line each as it ends: ``work(job, turns, size,
+    env_config)`` (default :func:`train_and_eval`) returns the line; ``tag`` prefixes it."""
+    work = work or train_and_eval
     # transformers' lazy imports are not thread-safe: resolved here, before the worker threads
     # import them (two threads importing at once failed with an ImportError)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     import marlhf.pipeline.figures  # noqa: F401
 
-    print(f"[turn_credit] {len(jobs)} runs", flush=True)
+    print(f"[{tag}] {len(jobs)} runs", flush=True)
     with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(train_and_eval, j, turns, size, env_config) for j in jobs]
+        futures = [pool.submit(work, j, turns, size, env_config) for j in jobs]
         for f in futures:
-            print(f"[turn_credit] {f.result()}", flush=True)
+            print(f"[{tag}] {f.result()}", flush=True)
 
 
-def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting], list[str]]:
-    """Each arm's chosen setting and the table of every setting's selection score."""
+def tuning_table(
+    out: Path, turns: int, arms, seeds, read=None, settings=None
+) -> tuple[dict[str, Setting], list[str]]:
+    """Each arm's chosen setting and the table of every setting's selection score. ``read(arm,
+    setting, seed)`` gives a finished run as :func:`read_run` does (None: not finished; default:
+    this script's runs under ``out``), ``settings(arm)`` an arm's grid (default
+    :func:`settings_of`)."""
+    read = read or (lambda arm, s, seed: read_run(run_dir(out, turns, arm, s, seed)))
+    settings = settings or settings_of
     lines = [
         "| arm | setting | seeds | final training gold | held-out gold | score |",
         "|---|---|---|---|---|---|",
@@ -210,8 +233,8 @@ def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting]
     chosen = {}
     for arm in arms:
         scores = {}
-        for s in settings_of(arm):
-            got = [read_run(run_dir(out, turns, arm, s, seed)) for seed in seeds]
+        for s in settings(arm):
+            got = [read(arm, s, seed) for seed in seeds]
             got = [g for g in got if g]
             if len(got) < len(seeds):
                 continue
@@ -222,17 +245,25 @@ def tuning_table(out: Path, turns: int, arms, seeds) -> tuple[dict[str, Setting]
                 f"| {arm} | {s.label} | {len(got)} | {statistics.fmean(finals):.3f} | "
                 f"{statistics.fmean(held):.3f} | {scores[s]:.3f} |"
             )
-        best = choose(scores, settings_of(arm))
+        best = choose(scores, settings(arm))
         if best is not None:
             chosen[arm] = best
     return chosen, lines
 
 
-def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str]:
-    """The reported table: every arm at its chosen setting on ``seeds``."""
+FIRST_CALLS = ("right first calls (T=1)", "first_call_key")
+
+
+def report(
+    out: Path, turns: int, chosen: dict[str, Setting], seeds, read=None, extra=FIRST_CALLS
+) -> list[str]:
+    """The reported table: every arm at its chosen setting on ``seeds``. ``read`` as in
+    :func:`tuning_table`; ``extra``: (the header, the key in ``eval["T1"]``) of one more held-out
+    column."""
+    read = read or (lambda arm, s, seed: read_run(run_dir(out, turns, arm, s, seed)))
     runs = {}
     for arm, s in chosen.items():
-        got = [read_run(run_dir(out, turns, arm, s, seed)) for seed in seeds]
+        got = [read(arm, s, seed) for seed in seeds]
         runs[arm] = [g for g in got if g]
     if not runs.get("ppo"):
         return ["(no finished ppo runs on the report seeds)"]
@@ -242,7 +273,7 @@ def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str
     base_steps = min(len(g["gold"]) for g in runs["ppo"])
     lines = [
         "| arm | setting | seeds | final training gold | − ppo | held-out gold (T=1) | − ppo | "
-        "held-out greedy | right first calls (T=1) | reaches ppo's final at | speed-up [95 % seed bootstrap] |",
+        f"held-out greedy | {extra[0]} | reaches ppo's final at | speed-up [95 % seed bootstrap] |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, got in runs.items():
@@ -251,7 +282,7 @@ def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str
         finals = [final_value(g["gold"], FINAL_WINDOW) for g in got]
         held = [g["eval"]["T1"]["gold"] for g in got]
         greedy = [g["eval"]["greedy"]["gold"] for g in got]
-        first = [g["eval"]["T1"]["first_call_key"] for g in got]
+        first = [g["eval"]["T1"][extra[1]] for g in got]
         curve = smooth(mean_curve([g["gold"] for g in got]), SMOOTH_WINDOW)
         reach = first_reach(list(range(1, len(curve) + 1)), curve, target)
         sp = speedup_of(base_steps, reach)
@@ -269,35 +300,43 @@ def report(out: Path, turns: int, chosen: dict[str, Setting], seeds) -> list[str
     return lines
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", type=Path, default=ROOT / "output" / "turn_credit")
-    p.add_argument("--turns", type=int, default=4, choices=(2, 4, 8))
-    p.add_argument("--arms", default=",".join(ARMS))
+def add_study_args(p: argparse.ArgumentParser, output_dir: Path, arms, sizes) -> None:
+    """The flags every credit comparison shares: output, arms, seeds, phases, size, workers."""
+    p.add_argument("--output_dir", type=Path, default=output_dir)
+    p.add_argument("--arms", default=",".join(arms))
     p.add_argument("--seeds", default=",".join(map(str, REPORT_SEEDS)))
     p.add_argument("--tune", action="store_true", help="tune every arm on the grid first")
     p.add_argument("--tune_seeds", default=",".join(map(str, TUNE_SEEDS)))
     p.add_argument("--tune_only", action="store_true")
     p.add_argument("--analyze_only", action="store_true")
-    p.add_argument("--env_config", default=None, help="e.g. '{\"step_reward\": 0.1}'")
-    p.add_argument("--size", default="cpu", choices=tuple(SIZES))
+    p.add_argument("--size", default="cpu", choices=tuple(sizes))
     p.add_argument("--workers", type=int, default=1)
-    args = p.parse_args(argv)
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
+
+
+def study_arms(p: argparse.ArgumentParser, args, arms) -> tuple[list[str], list[int], list[int]]:
+    """``--arms`` (checked against ``arms``), ``--seeds`` and ``--tune_seeds`` as lists."""
+    named = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in named if a not in arms]
     if unknown:
-        p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(ARMS)}")
+        p.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the arms: {', '.join(arms)}")
     seeds = [int(x) for x in args.seeds.split(",") if x]
-    tune_seeds = [int(x) for x in args.tune_seeds.split(",") if x]
-    size, out = SIZES[args.size], args.output_dir
-    t0 = time.time()
+    return named, seeds, [int(x) for x in args.tune_seeds.split(",") if x]
+
+
+def run_study(
+    args, arms, seeds, tune_seeds, *, settings, run, tune, rep, summary: Path, tag: str, shown=None
+) -> int:
+    """The phases of a credit comparison: with ``--tune``, every arm's grid on the tuning seeds
+    (``run(jobs)``, jobs ``(out, arm, setting, seed)``) and ``tune(arms, seeds)`` -> (chosen,
+    table lines); then, unless ``--tune_only``, the chosen settings on ``seeds`` and ``rep(chosen,
+    seeds)`` -> table lines (without ``--tune`` every arm runs its grid's first setting). ``shown``:
+    the arms of the tables (default ``arms``); ``summary``: the file both tables go to."""
+    out, t0 = args.output_dir, time.time()
+    shown = shown or arms
     if args.tune and not args.analyze_only:
-        jobs = [(out, a, s, seed) for seed in tune_seeds for a in arms for s in settings_of(a)]
-        run_all(jobs, args.workers, args.turns, size, args.env_config)
+        run([(out, a, s, seed) for seed in tune_seeds for a in arms for s in settings(a)])
     chosen, tune_lines = (
-        tuning_table(out, args.turns, arms, tune_seeds)
-        if args.tune
-        else ({a: Setting(0.95 if a in CRITIC_ARMS else 1.0, TUNE_LRS[0]) for a in arms}, [])
+        tune(shown, tune_seeds) if args.tune else ({a: settings(a)[0] for a in shown}, [])
     )
     if args.tune:
         print("\nTuning (seeds " + ",".join(map(str, tune_seeds)) + "):\n" + "\n".join(tune_lines))
@@ -305,15 +344,31 @@ def main(argv=None) -> int:
     lines = []
     if not args.tune_only:
         if not args.analyze_only:
-            jobs = [(out, a, chosen[a], seed) for seed in seeds for a in arms if a in chosen]
-            run_all(jobs, args.workers, args.turns, size, args.env_config)
-        lines = report(out, args.turns, chosen, seeds)
+            run([(out, a, chosen[a], seed) for seed in seeds for a in arms if a in chosen])
+        lines = rep(chosen, seeds)
         print("\nReported (seeds " + ",".join(map(str, seeds)) + "):\n" + "\n".join(lines))
-    summary = out / f"summary_trail{args.turns}.md"
     summary.parent.mkdir(parents=True, exist_ok=True)
     summary.write_text("\n".join(["## Tuning", *tune_lines, "", "## Reported", *lines, ""]))
-    print(f"\n[turn_credit] {time.time() - t0:.0f} s; tables in {summary}")
+    print(f"\n[{tag}] {time.time() - t0:.0f} s; tables in {summary}")
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_study_args(p, ROOT / "output" / "turn_credit", ARMS, SIZES)
+    p.add_argument("--turns", type=int, default=4, choices=(2, 4, 8))
+    p.add_argument("--env_config", default=None, help="e.g. '{\"step_reward\": 0.1}'")
+    args = p.parse_args(argv)
+    arms, seeds, tune_seeds = study_arms(p, args, ARMS)
+    size, out, turns = SIZES[args.size], args.output_dir, args.turns
+    return run_study(
+        args, arms, seeds, tune_seeds,
+        settings=settings_of,
+        run=lambda jobs: run_all(jobs, args.workers, turns, size, args.env_config),
+        tune=lambda shown, ts: tuning_table(out, turns, shown, ts),
+        rep=lambda chosen, rs: report(out, turns, chosen, rs),
+        summary=out / f"summary_trail{turns}.md", tag="turn_credit",
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ base (games played on its environments).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -80,9 +81,10 @@ def horizon_figures(model_dir: str | Path, horizon: int, prompts: int = 32) -> d
     return figures
 
 
-def arith_figures(model_dir: str | Path, prompts: int = 64) -> dict:
-    """Per arithmetic task (4, 8, 16 steps), greedy and sampled at temperature 1 (seed 0, at most
-    ``ARITH_NEW_TOKENS`` new tokens) on the first ``prompts`` held-out (``valid``) problems:
+def arith_figures(model_dir: str | Path, prompts: int = 64, tasks: Sequence[str] = ()) -> dict:
+    """Per arithmetic task (4, 8, 16 steps; ``tasks``: these task names only), greedy and sampled at
+    temperature 1 (seed 0, at most ``ARITH_NEW_TOKENS`` new tokens) on the first ``prompts``
+    held-out (``valid``) problems:
     ``accuracy`` (mean gold: the share of right final answers), ``answer_line`` (share with a
     readable answer line), ``line_accuracy`` (share of step lines right from their own previous
     total, ``reasoning_tasks.line_accuracy``), EOS rate and answer tokens (mean, min, max)."""
@@ -92,7 +94,14 @@ def arith_figures(model_dir: str | Path, prompts: int = 64) -> dict:
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     figures: dict = {"prompts_per_task": prompts}
+    unknown = [t for t in tasks if t not in ARITH_TASKS]
+    if unknown:
+        raise ValueError(
+            f"arith_figures: unknown task(s) {unknown}; the tasks: {list(ARITH_TASKS)}"
+        )
     for task in ARITH_TASKS.values():
+        if tasks and task.name not in tasks:
+            continue
         texts = [r["prompt"] for r in arith_generate(task, prompts, 0, "valid", ARITH_N_TRAIN)]
         for mode, temperature in (("greedy", 0.0), ("T1", 1.0)):
             torch.manual_seed(0)
