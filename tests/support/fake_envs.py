@@ -11,10 +11,10 @@ or in the runner's worker processes.
 - ``{"hang": true}``: start a child process that sleeps, record both pids, and never return;
 - ``{"return": value}``: return ``value`` as it is (a wrong type);
 
-and after the plan, a user message ``more`` with no reward, never done. The action is echoed in the
-observation ``{obs} ({action})`` when ``obs`` contains ``{}``. ``env_config.log_dir`` (when set)
-receives ``<id>.closed`` on close, ``<id>.pids`` (the process's and a hanging child's pids) and
-``<id>.steps`` (a step's start and end times, one line each).
+and after the plan, a user message ``more`` with no reward, never done. The observation is
+``obs.format(action)``: a ``{}`` in ``obs`` shows the action (a literal brace is written doubled).
+``env_config.log_dir`` (when set) receives ``<id>.closed`` on close, ``<id>.pids`` (the process's
+and a hanging child's pids) and ``<id>.steps`` (a step's start and end times, one line each).
 """
 
 from __future__ import annotations
