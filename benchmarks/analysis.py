@@ -235,14 +235,20 @@ _METRIC_KEYS = {
 }
 
 
-def load_run(metrics_file: Path) -> dict[str, list[float]]:
-    """Per-step metrics of one PPO run (its last logged value per step, so a resumed run counts once)."""
+def last_rows(metrics_file: Path) -> list[dict]:
+    """A ``metrics.jsonl``'s rows, one a step in step order: the last logged row of each step, so
+    a resumed run counts once."""
     from marlhf.runtime.tracking import read_metrics
 
     by_step: dict[int, dict] = {}
     for row in read_metrics(metrics_file):
         by_step[int(row["step"])] = row
-    rows = [by_step[s] for s in sorted(by_step)]
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def load_run(metrics_file: Path) -> dict[str, list[float]]:
+    """Per-step metrics of one PPO run (:func:`last_rows`: a resumed run counts once)."""
+    rows = last_rows(metrics_file)
     run = {k: [float(r.get(key, float("nan"))) for r in rows] for k, key in _METRIC_KEYS.items()}
     run["step"] = [float(r["step"]) for r in rows]
     # cumulative training time (excludes model loading)

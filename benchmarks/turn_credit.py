@@ -57,7 +57,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.analysis import bootstrap_speedup, final_value, first_reach, mean_curve, pm, smooth  # noqa: E402
+from benchmarks.analysis import (  # noqa: E402
+    bootstrap_speedup,
+    final_value,
+    first_reach,
+    last_rows,
+    mean_curve,
+    pm,
+    smooth,
+)
 from benchmarks.analysis import speedup as speedup_of  # noqa: E402
 from benchmarks.tuning import TUNE_LRS, TUNE_SEEDS, Setting, choose, selection_score  # noqa: E402
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
@@ -176,15 +184,11 @@ def train_and_eval(job: tuple, turns: int, size: Size, env_config: str | None) -
 
 
 def read_run(run: Path) -> dict | None:
-    """A finished run's training curves and held-out figures, or None."""
-    from marlhf.runtime.tracking import read_metrics
-
+    """A finished run's training curves (:func:`benchmarks.analysis.last_rows`) and held-out
+    figures, or None."""
     if not (run / "eval.json").exists():
         return None
-    last: dict[int, dict] = {}
-    for row in read_metrics(run / "metrics.jsonl"):
-        last[int(row["step"])] = row
-    rows = [last[k] for k in sorted(last)]
+    rows = last_rows(run / "metrics.jsonl")
     return {
         "gold": [r["env/return"] for r in rows],
         "first_call": [r.get("env/first_call_key", float("nan")) for r in rows],

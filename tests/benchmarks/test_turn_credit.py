@@ -55,6 +55,26 @@ def _fake_run(out: Path, arm: str, s: Setting, seed: int, curve: list[float], he
     (run / "eval.json").write_text(json.dumps({"T1": scores, "greedy": scores}))
 
 
+def test_read_run_keeps_the_last_row_of_a_resumed_step(tmp_path):
+    rows = [
+        {"step": 1, "env/return": 0.1, "env/first_call_key": 0.0},
+        {"step": 2, "env/return": 0.2, "env/first_call_key": 0.5},
+        # a resumed run logs step 2 again, the last logged row counts; a row without the key: NaN
+        {"step": 2, "env/return": 0.3},
+        {"step": 3, "env/return": 0.4, "env/first_call_key": 1.0},
+    ]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert turn_credit.read_run(run) is None  # no eval.json: not finished
+    (run / "eval.json").write_text(json.dumps({"T1": {"gold": 0.5}}))
+    got = turn_credit.read_run(run)
+    assert got["gold"] == [0.1, 0.3, 0.4]
+    first = got["first_call"]
+    assert first[0] == 0.0 and first[1] != first[1] and first[2] == 1.0
+    assert got["eval"] == {"T1": {"gold": 0.5}}
+
+
 def test_tuning_keeps_each_arms_best_setting_and_skips_incomplete_ones(tmp_path):
     a, b, c, d = turn_credit.settings_of("turn")
     for seed in (1, 2):
