@@ -20,8 +20,9 @@ from marlhf.models.sequences import pack_flush_left, response_logprobs_and_entro
 log = logging.getLogger("marlhf.inference")  # one logger name for the whole program
 
 # the per-token rule inputs (marlhf.macro.rules.INPUT_SOURCES) the view computes with the policy:
-# the reference model's (``ppl``, ``entropy``) and the rollout's own log-probs (``lowprob``)
-POLICY_INPUTS = frozenset(INPUT_SOURCES)
+# the reference model's (``ppl``, ``entropy``) and the rollout's own log-probs (``lowprob``);
+# ``turn_end`` (``turn``) comes from the row's turns
+POLICY_INPUTS = frozenset(INPUT_SOURCES) - {"turn_end"}
 
 
 @torch.no_grad()

@@ -144,7 +144,7 @@ def turn_items(
             quantities["entropy"] = torch.stack([x[1] for x in both])
         return quantities["logp" if k == 0 else "entropy"]
 
-    if rule.needs & (POLICY_INPUTS - {"turn_end"}) and models.policy is None:
+    if rule.needs & POLICY_INPUTS and models.policy is None:
         raise ValueError("the rule reads the policy, which is not loaded")
     inputs = termination_inputs(
         rule,

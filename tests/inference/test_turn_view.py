@@ -14,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from marlhf.inference import view
 from marlhf.inference.models import Models
 from marlhf.inference.turn_view import action_logprobs_and_entropy
 from marlhf.inference.view import main as view_main
@@ -70,6 +71,27 @@ def test_terminal_shows_turns_rewards_and_macro_actions_within_turns(tmp_path, c
         "".join(item["pieces"])
         == " call my boss<eos> call my cousin<eos> my uncle has my keys<eos>"
     )
+
+
+def test_the_turn_rule_cuts_at_each_turns_end_without_loading_the_policy(
+    tmp_path, capsys, monkeypatch
+):
+    """Turn boundaries come from the row's turns: the policy is never loaded for them."""
+
+    def no_policy(*args, **kwargs):
+        raise AssertionError("the policy was loaded")
+
+    monkeypatch.setattr(view, "load_models", no_policy)
+    argv = ["--model", "tiny-base-trail", "--termination_condition", "turn", "--color", "never"]
+    view.main([_file(tmp_path, [ROW]), *argv, "--eos_own_macro", "false"])
+    text = capsys.readouterr().out
+    lines = text.split("prompt: I lost my keys.\n", 1)[1].splitlines()
+    # one macro action a policy turn, its eos included
+    assert [ln for ln in lines if ln.startswith("policy")] == [
+        "policy 1, reward 0.2500:  call my boss<eos>|",
+        "policy 2, reward 0.2500:  call my cousin<eos>|",
+        "policy 3, reward 1.0000:  my uncle has my keys<eos>|",
+    ]
 
 
 def test_html_page_shows_turns_and_macro_actions_within_turns(tmp_path, capsys):
