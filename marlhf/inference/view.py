@@ -276,6 +276,11 @@ def view_file(path: str, cfg: ViewConfig, flags: MacroConfig, given=None) -> dic
     multi = [b for b, r in enumerate(rows) if r.get("turns") is not None]
     single = [b for b, r in enumerate(rows) if r.get("turns") is None]
     items: list[dict] = [{} for _ in rows]
+    if single and "turn_end" in rule.needs:
+        raise ValueError(
+            f"{where[single[0]]}: --termination_condition turn cuts the rows of episodes (a "
+            '"turns" field, as `marlhf infer --env` writes them); this row is one response'
+        )
     if single:
         part, at = [rows[b] for b in single], [where[b] for b in single]
         batch = _batch(tok, part, int(settings.get("max_prompt_len", 512)), at)

@@ -94,6 +94,18 @@ def test_the_turn_rule_cuts_at_each_turns_end_without_loading_the_policy(
     ]
 
 
+def test_the_turn_rule_on_a_single_response_row_is_one_error_naming_the_line(tmp_path):
+    single = {"prompt_id": "s", "prompt": "I lost", "response": " call my boss"}
+    path = _file(tmp_path, [ROW, single])
+    argv = ["--model", "tiny-base-trail", "--termination_condition", "turn"]
+    with pytest.raises(SystemExit) as err:
+        view_main([path, *argv])
+    assert str(err.value) == (
+        f"error: {path} line 2: --termination_condition turn cuts the rows of episodes (a "
+        '"turns" field, as `marlhf infer --env` writes them); this row is one response'
+    )
+
+
 def test_html_page_shows_turns_and_macro_actions_within_turns(tmp_path, capsys):
     out = view_main([_file(tmp_path, [ROW]), *FIXED3])
     capsys.readouterr()
