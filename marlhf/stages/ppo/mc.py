@@ -278,6 +278,19 @@ def monte_carlo(
     jobs = continuation_jobs(cpu, K, with_prompt)
     keys = job_keys(jobs, rows.cpu(), C, K)
     rewards = continuation_rewards(ctx, exp.rollout, jobs, keys, metas, texts)
+    return with_mc_values(exp, boundaries, jobs, rewards, with_prompt)
+
+
+def with_mc_values(
+    exp: Experience,
+    boundaries: MCBoundaries,
+    jobs: MCJobs,
+    rewards: torch.Tensor,
+    with_prompt: bool,
+) -> tuple[Experience, dict[str, float]]:
+    """``exp`` with the Monte-Carlo values of ``boundaries`` (B, N): the mean of the ``rewards``
+    (J,) of each boundary's continuations ``jobs`` (:func:`mc_means`; the prompt's too when
+    ``with_prompt``), and the ``mc/*`` metrics over all ranks."""
     B, N = boundaries.positions.shape
     values, prompt_values = mc_means(rewards, jobs, B, N)
     device = exp.outcome.device
