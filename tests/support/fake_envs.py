@@ -15,12 +15,18 @@ and after the plan, a user message ``more`` with no reward, never done. The acti
 observation ``{obs} ({action})`` when ``obs`` contains ``{}``. ``env_config.log_dir`` (when set)
 receives ``<id>.closed`` on close, ``<id>.pids`` (the process's and a hanging child's pids) and
 ``<id>.steps`` (a step's start and end times, one line each).
+
+``Tally`` is deterministic and its reward depends on the action: turn t of an action of n
+characters answers ``turn t: n`` with reward ``tally_reward(t, n)``, done after the row's
+``extras["turns"]`` turns. ``Unreplayable`` is ``Tally`` whose observations carry a random
+number: replaying its steps answers otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -110,3 +116,36 @@ class PythonToolEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(
             observations=[{"role": "user", "content": out}], reward=0.0, done=True, metadata={}
         )
+
+
+def tally_reward(turn: int, n: int) -> float:
+    """``Tally``'s reward of turn ``turn`` (1, 2, ...) for an action of ``n`` characters."""
+    return (n % 5) / 4 + 0.1 * turn
+
+
+class Tally(BaseTextEnv):
+    def __init__(self, env_config=None, extras=None):
+        super().__init__()
+        self.last = int((extras or {}).get("turns", 3))
+
+    def init(self, prompt):
+        return prompt, {}
+
+    def note(self) -> str:
+        return ""
+
+    def step(self, action):
+        self.turns += 1
+        return BaseTextEnvStepOutput(
+            observations=[
+                {"role": "user", "content": f"turn {self.turns}: {len(action)}{self.note()}"}
+            ],
+            reward=tally_reward(self.turns, len(action)),
+            done=self.turns >= self.last,
+            metadata={},
+        )
+
+
+class Unreplayable(Tally):
+    def note(self) -> str:
+        return f" ({random.random():.6f})"
