@@ -2,7 +2,8 @@
 mean return of continuations whose first turns replay the episode's (the same actions, the same
 observations, the conversation's tokens up to the boundary unchanged) and whose return is the sum
 of the rewards the environment gives its actions, recomputed here by stepping a fresh environment
-and by the environment's own formula; an environment that answers a replayed step otherwise is
+and by the environment's own formula, plus the reward model's score of the continued
+conversation (clipped, with the no-EOS penalty) with --reward_source rm; an environment that answers a replayed step otherwise is
 refused in one line naming it, the row and the turn; and the stage trains with it end to end."""
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from marlhf.envs.config import EnvConfig
 from marlhf.envs.replay import ReplayError
 from marlhf.envs.runner import episode_extras
 from marlhf.macro import MacroConfig, build_termination
+from marlhf.models.conversation import ChatLayout
 from marlhf.models.generation import SamplerSetup, open_sampler
+from marlhf.models.reward_model import RewardModel
 from marlhf.models.zoo import ensure_trail_base
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.runtime.tracking import read_metrics
@@ -32,14 +35,14 @@ from marlhf.stages.ppo.experience import segment, token_rewards
 from marlhf.stages.ppo.mc import Continuations
 from marlhf.stages.ppo.mc_env import env_monte_carlo, play_continuations
 from marlhf.stages.ppo.multiturn import Played, env_setup, play
-from marlhf.stages.ppo.scoring import Scored
+from marlhf.stages.ppo.scoring import Scored, SequenceReward
 from tests.support.fake_envs import Tally, tally_reward
-from tests.support.generation_checks import Engine
+from tests.support.generation_checks import Engine, end_score
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]
 FAKES = ROOT / "tests" / "support" / "fake_envs.py"
-K, C, SEED, STEP = 2, 2, 7, 3
+K, C, SEED, STEP, CLIP, PENALTY = 2, 2, 7, 3, 1.0, -0.25
 
 
 @pytest.fixture(scope="module")
@@ -59,18 +62,19 @@ def _rows(tmp_path: Path, n: int = 3) -> list[dict]:
     return load_env_rows((str(path),))
 
 
-def _setup(model, env_class: str, rows: list[dict]):
+def _setup(model, env_class: str, rows: list[dict], reward_source: str = "none"):
     """The episodes of ``rows`` on ``env_class`` (static decoder, the step's row seeds) as
-    experience with one macro action per turn, and the continuations' context."""
+    experience with one macro action per turn, and the continuations' context (with
+    ``reward_source`` rm, a reward model: the trail base with a fresh value head)."""
     tok, module = model
     g = GenerationConfig(
         max_answer_seq_len=6, temperature=1.0, top_k=0, generation_backend="static",
         per_device_generation_batch_size=2,
     )  # fmt: skip
     ppo = PPOConfig(
-        advantage_estimator="macro_mc", reward_source="none", mc_rollouts=K,
-        mc_max_boundaries=C, mc_boundary_selection="spread", no_eos_penalty=0.0,
-        optim=ppo_optim(seed=SEED),
+        advantage_estimator="macro_mc", reward_source=reward_source, mc_rollouts=K,
+        mc_max_boundaries=C, mc_boundary_selection="spread", no_eos_penalty=PENALTY,
+        reward_clip=CLIP, optim=ppo_optim(seed=SEED),
     )  # fmt: skip
     env = env_setup(
         EnvConfig(env=f"{FAKES}:{env_class}", env_timeout_s=0, max_total_seq_len=256, max_turns=4),
@@ -86,21 +90,31 @@ def _setup(model, env_class: str, rows: list[dict]):
     scored = Scored(old_logprobs=zeros, entropy=zeros, ref_logprobs=zeros, values=zeros)
     term = segment(build_termination(MacroConfig(termination_condition="turn")), ro, scored)
     exp = token_rewards(ro, scored, torch.zeros(len(rows)), term, ppo, 0.0)
-    models = SimpleNamespace(actor=actor, reward=None, sampler=sampler)
-    ctx = Continuations(models, ppo, g, tok, eos, reward=None, step=STEP)
+    rm = None
+    if reward_source == "rm":
+        torch.manual_seed(0)
+        rm = Engine(RewardModel.from_pretrained(str(ensure_trail_base()), init_std=0.05))
+    models = SimpleNamespace(actor=actor, reward=rm, sampler=sampler)
+    ctx = Continuations(models, ppo, g, tok, eos, SequenceReward(tok, ppo), step=STEP)
     return ctx, env, exp, Played(rows, episodes)
 
 
-def test_a_boundarys_value_is_the_mean_return_of_replayed_then_sampled_episodes(model, tmp_path):
+@pytest.mark.parametrize("reward_source", ["none", "rm"])
+def test_a_boundarys_value_is_the_mean_return_of_replayed_then_sampled_episodes(
+    model, tmp_path, reward_source
+):
+    tok = model[0]
+    ends = {tok.eos_token_id, ChatLayout(tok).end_of_turn}
     rows = _rows(tmp_path)
-    ctx, env, exp, played = _setup(model, "Tally", rows)
+    ctx, env, exp, played = _setup(model, "Tally", rows, reward_source)
     ro = exp.rollout
     out, stats = env_monte_carlo(ctx, env, exp, torch.arange(len(rows)), played)
     assert all(len(e.turns) == 3 for e in played.episodes)  # done after three turns each
     pos = out.mc_positions
     assert int((pos >= 0).sum()) == 2 * len(rows)  # the starts of turns 2 and 3 (C = 2)
     assert stats["mc/continuations"] == K * (int((pos >= 0).sum()) + len(rows))  # + prompts
-    resampled = 0
+    resampled = cut = 0
+    scored = set()
     for b, row in enumerate(rows):
         recorded = played.episodes[b]
         start = int(ro.response_start[b])
@@ -138,11 +152,22 @@ def test_a_boundarys_value_is_the_mean_return_of_replayed_then_sampled_episodes(
                     assert answer["reward"] == tally_reward(t, len(turn.action))
                     total += answer["reward"]
                 assert answer["done"] and len(ep.turns) == 3
-                returns.append(total)
+                # the sequence reward: the reward model's score of the whole conversation at its
+                # last action token, clipped, and the penalty for an action cut before its end
+                ids = full.sequences[0, : int(full.attention_mask[0].sum())].tolist()
+                score = 0.0
+                if reward_source == "rm":
+                    score = max(-CLIP, min(CLIP, end_score(ctx.models.reward.module, ids)))
+                    scored.add(score)
+                cut += ids[-1] not in ends
+                returns.append(total + score + (0.0 if ids[-1] in ends else PENALTY))
             want = statistics.fmean(returns)
             got = out.mc_prompt_values[b] if slot == 0 else out.mc_values[b, slot - 1]
             assert float(got) == pytest.approx(want, abs=1e-5), (b, slot)
     assert resampled > 0  # the continuations draw their own turns after the boundary
+    assert cut > 0  # some last actions were cut (the penalty is exercised)
+    if reward_source == "rm":  # the scores differ and are not all clipped
+        assert len(scored) > 3 and any(abs(x) < CLIP for x in scored)
 
 
 def test_an_environment_that_answers_a_replay_otherwise_is_refused(model, tmp_path):
