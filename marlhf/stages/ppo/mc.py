@@ -21,6 +21,9 @@ the continuations do not depend on how the batch is split over ranks or into cal
 redraws them. Each rank draws the continuations of its own rows; the values travel with the rows'
 experience when it is gathered.
 
+With ``--env`` the boundaries are turn starts and the continuations replay the episode's first
+turns on a fresh environment (:mod:`marlhf.stages.ppo.mc_env`).
+
 Cost: a response of n tokens has at most min(C, n / spacing) boundaries (``spaced``; a spacing
 shorter than its macro actions chooses a start once), or min(M − 1, C) with M macro actions
 (``spread``), so longer macro actions mean fewer boundaries and fewer continuations (logged per step

@@ -57,6 +57,7 @@ from marlhf.algo.kl_rewards import sequence_rewards
 from marlhf.envs.replay import check_replay
 from marlhf.envs.turns import TurnSampler
 from marlhf.macro import build_segments
+from marlhf.runtime.distributed import all_gather_padded, world_size
 from marlhf.runtime.rows import derive_row_seeds
 from marlhf.stages.ppo.mc import (
     MC_STREAM,
@@ -200,11 +201,31 @@ def env_monte_carlo(
     keys = job_keys(jobs, rows.cpu(), C, K)
     before = turns_before(ro, jobs)
     returns = torch.zeros(jobs.row.numel(), dtype=torch.float64)
-    size = ppo.mc_generation_batch_size or g.per_device_generation_batch_size * K
-    order = torch.sort(before, stable=True).indices  # a batch's episodes replay alike
-    for idx in order.split(size) if order.numel() else []:
-        r = jobs.row[idx].tolist()
-        full, _ = play_continuations(ctx, env, played, ro, r, before[idx].tolist(), keys[idx])
-        texts = [played.rows[b]["prompt_text"] for b in r]
-        returns[idx] = episode_returns(ctx, full, texts)
+    for idx in _batches(ctx, before):
+        dummy = idx is None  # a batch that only keeps this rank in step with the others
+        if dummy:  # row 0's prompt
+            r, k, key = [0], [0], torch.zeros(1, dtype=torch.long)
+        else:
+            r, k, key = jobs.row[idx].tolist(), before[idx].tolist(), keys[idx]
+        full, _ = play_continuations(ctx, env, played, ro, r, k, key)
+        value = episode_returns(ctx, full, [played.rows[b]["prompt_text"] for b in r])
+        if not dummy:
+            returns[idx] = value
     return with_mc_values(exp, boundaries, jobs, returns, with_prompt)
+
+
+def _batches(ctx: Continuations, before: torch.Tensor) -> list[torch.Tensor | None]:
+    """Job indices per batch of continuations, sorted by the turns they replay (a batch's
+    episodes replay alike); with ZeRO-3 over several ranks (each batch gathers the weights, the
+    reward model's forward pass is collective) padded with None to the most batches of any
+    rank, as the single-turn continuations' calls are."""
+    ppo, models = ctx.ppo, ctx.models
+    size = ppo.mc_generation_batch_size or ctx.g.per_device_generation_batch_size * ppo.mc_rollouts
+    order = torch.sort(before, stable=True).indices
+    batches: list[torch.Tensor | None] = list(order.split(size)) if order.numel() else []
+    engines = (models.actor, models.reward)
+    zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
+    if zero3 and world_size() > 1:
+        most = int(all_gather_padded(torch.tensor([len(batches)])).max())
+        batches += [None] * (most - len(batches))
+    return batches
