@@ -15,11 +15,6 @@ and after the plan, a user message ``more`` with no reward, never done. The acti
 observation ``{obs} ({action})`` when ``obs`` contains ``{}``. ``env_config.log_dir`` (when set)
 receives ``<id>.closed`` on close, ``<id>.pids`` (the process's and a hanging child's pids) and
 ``<id>.steps`` (a step's start and end times, one line each).
-
-``Tally`` is deterministic and its reward depends on the action: turn t of an action of n
-characters answers ``turn t: n`` with reward ``tally_reward(t, n)``, done after the row's
-``extras["turns"]`` turns. ``Unreplayable`` is ``Tally`` whose observations carry a random
-number: replaying its steps answers otherwise.
 """
 
 from __future__ import annotations
@@ -124,6 +119,10 @@ def tally_reward(turn: int, n: int) -> float:
 
 
 class Tally(BaseTextEnv):
+    """Deterministic, its reward depending on the action: turn t of an action of n characters
+    answers ``turn t: n`` with reward ``tally_reward(t, n)``, done after the row's
+    ``extras["turns"]`` turns."""
+
     def __init__(self, env_config=None, extras=None):
         super().__init__()
         self.last = int((extras or {}).get("turns", 3))
@@ -147,5 +146,7 @@ class Tally(BaseTextEnv):
 
 
 class Unreplayable(Tally):
+    """``Tally`` whose observations carry a random number: replaying its steps answers otherwise."""
+
     def note(self) -> str:
         return f" ({random.random():.6f})"
