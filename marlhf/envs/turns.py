@@ -11,6 +11,12 @@ and the backend samples each row's next action from its tokens
 the static decoder, reads only the new tokens; any other reads the whole conversation again). Row
 ``b``'s draws at turn ``k`` come from the seed :func:`marlhf.runtime.rows.turn_seeds` derives from
 its row seed, so a row plays the same episode in any batch (with a backend that seeds rows).
+
+A row may be given a recorded beginning (``replay``): the (text, token ids) of its first turns as an
+earlier episode sampled them, returned turn by turn instead of sampling (the environment is stepped
+with the same texts, the conversation holds the same tokens); its later turns are sampled. That is
+how ``--advantage_estimator macro_mc`` continues an episode from a turn boundary
+(:mod:`marlhf.stages.ppo.mc_env`).
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ class TurnSampler:
         row_seeds: (B,) long, each row's seed (its turns' seeds derive from it).
         max_total: ``--max_total_seq_len``: a turn is cut where the conversation reaches it.
         device: where the backend's prompts go (the actor's device).
+        replay: per row, the (text, token ids) of its first turns to play back instead of sampling
+            (module doc); None: every turn sampled. Replayed turns record no log-probs
+            (``recorded`` is false).
     """
 
     def __init__(
@@ -79,6 +88,7 @@ class TurnSampler:
         row_seeds: torch.Tensor,
         max_total: int,
         device=None,
+        replay: Sequence[Sequence[tuple[str, list[int]]]] | None = None,
     ) -> None:
         self.layout, self.sampler, self.g = layout, sampler, g
         self.eos_ids = list(eos_ids)
@@ -99,6 +109,9 @@ class TurnSampler:
         self.logprobs: list[list[float]] = [[] for _ in range(B)]
         self.entropy: list[list[float]] = [[] for _ in range(B)]
         self.recorded = [True, True]  # every call recorded log-probs, entropies
+        self.replay = [list(r) for r in replay] if replay is not None else [[] for _ in range(B)]
+        if any(self.replay):
+            self.recorded = [False, False]
 
     def _lay_out(self, i: int, messages: list[dict]) -> ConversationTokens:
         """Row ``i``'s conversation in tokens up to ``messages`` (the episode's so far) and its
@@ -131,7 +144,30 @@ class TurnSampler:
 
     def __call__(self, row_ids: list[int], conversations: list[list[dict]]) -> list[str]:
         convs = [self._lay_out(i, m) for i, m in zip(row_ids, conversations, strict=True)]
-        token_ids = [list(c.token_ids) for c in convs]
+        texts: dict[int, str] = {}
+        sampled = []
+        for i, conv in zip(row_ids, convs, strict=True):
+            k = len(self.actions[i])
+            if k < len(self.replay[i]):  # a recorded turn, played back
+                text, ids = self.replay[i][k]
+                self._add(i, conv, text, list(ids))
+                texts[i] = text
+            else:
+                sampled.append((i, conv))
+        if sampled:
+            texts.update(self._sample(sampled))
+        return [texts[i] for i in row_ids]
+
+    def _add(self, i: int, conv: ConversationTokens, text: str, ids: list[int]) -> None:
+        """Row ``i``'s next action ``text`` of tokens ``ids`` into its conversation."""
+        conv.extend(ids, True, len(self.actions[i]) + 1)
+        conv.turn_ends.append(len(conv.token_ids) - 1)
+        self.actions[i].append((text, ids))
+
+    def _sample(self, rows: list[tuple[int, ConversationTokens]]) -> dict[int, str]:
+        """The next action of each of ``rows`` (row, its conversation), sampled in one call."""
+        row_ids = [i for i, _ in rows]
+        token_ids = [list(c.token_ids) for _, c in rows]
         budget = [self.max_total - len(t) for t in token_ids]
         g = self.g
         if max(budget) < g.max_answer_seq_len:  # no row has room for a whole turn
@@ -143,22 +179,19 @@ class TurnSampler:
         out = sample_turns(self.sampler, batch, g, self.eos_ids, self.pad_id, seeds, self.device)
         self.recorded = [self.recorded[0] and out.logprobs is not None, self.recorded[1]]
         self.recorded[1] = self.recorded[1] and out.entropy is not None
-        texts = []
-        for b, (i, conv) in enumerate(zip(row_ids, convs, strict=True)):
+        texts = {}
+        for b, (i, conv) in enumerate(rows):
             n = min(int(out.action_mask[b].sum()), budget[b])  # cut at --max_total_seq_len
             ids = out.response_ids[b, :n].tolist()
             body = ids[:-1] if ids and ids[-1] in self.eos_ids else ids
             text = self.layout.tokenizer.decode(body, skip_special_tokens=True)
-            k = len(self.actions[i]) + 1
-            conv.extend(ids, True, k)
-            conv.turn_ends.append(len(conv.token_ids) - 1)
-            self.actions[i].append((text, ids))
+            self._add(i, conv, text, ids)
             self.seen[i] = len(conv.token_ids)
             if out.logprobs is not None:
                 self.logprobs[i].extend(out.logprobs[b, :n].tolist())
             if out.entropy is not None:
                 self.entropy[i].extend(out.entropy[b, :n].tolist())
-            texts.append(text)
+            texts[i] = text
         return texts
 
     def finished(self, episodes: Sequence[Episode]) -> list[ConversationTokens]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -110,3 +111,42 @@ class PythonToolEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(
             observations=[{"role": "user", "content": out}], reward=0.0, done=True, metadata={}
         )
+
+
+def tally_reward(turn: int, n: int) -> float:
+    """``Tally``'s reward of turn ``turn`` (1, 2, ...) for an action of ``n`` characters."""
+    return (n % 5) / 4 + 0.1 * turn
+
+
+class Tally(BaseTextEnv):
+    """Deterministic, its reward depending on the action: turn t of an action of n characters
+    answers ``turn t: n`` with reward ``tally_reward(t, n)``, done after the row's
+    ``extras["turns"]`` turns."""
+
+    def __init__(self, env_config=None, extras=None):
+        super().__init__()
+        self.last = int((extras or {}).get("turns", 3))
+
+    def init(self, prompt):
+        return prompt, {}
+
+    def note(self) -> str:
+        return ""
+
+    def step(self, action):
+        self.turns += 1
+        return BaseTextEnvStepOutput(
+            observations=[
+                {"role": "user", "content": f"turn {self.turns}: {len(action)}{self.note()}"}
+            ],
+            reward=tally_reward(self.turns, len(action)),
+            done=self.turns >= self.last,
+            metadata={},
+        )
+
+
+class Unreplayable(Tally):
+    """``Tally`` whose observations carry a random number: replaying its steps answers otherwise."""
+
+    def note(self) -> str:
+        return f" ({random.random():.6f})"

@@ -14,7 +14,8 @@ The training loop (:mod:`~marlhf.stages.ppo.loop`) reads as the algorithm; each 
   (a :class:`~marlhf.stages.ppo.scoring.Scored`) and the sequence-level reward;
 - :mod:`~marlhf.stages.ppo.experience` — 3. segment into macro actions and reward; 4. estimate
   advantages through the estimator registry (:mod:`~marlhf.algo.registry`, the estimators
-  :mod:`~marlhf.algo.estimators`, ``--advantage_estimator``; ``macro_mc``'s Monte-Carlo continuations: :mod:`~marlhf.stages.ppo.mc`);
+  :mod:`~marlhf.algo.estimators`, ``--advantage_estimator``; ``macro_mc``'s Monte-Carlo continuations: :mod:`~marlhf.stages.ppo.mc`, with ``--env``
+  :mod:`~marlhf.stages.ppo.mc_env`);
 - :mod:`~marlhf.stages.ppo.update` — 5. update: PPO epochs of minibatches, policy and value losses;
 - :mod:`~marlhf.stages.ppo.state` — checkpoints, resume, the actor's EMA, the metric tracker.
 

@@ -311,7 +311,8 @@ class PPOConfig:
         default=4,
         metadata={
             "help": "`macro_mc`: K continuations drawn from the current policy at each chosen "
-            "macro-action boundary; the mean of their sequence rewards is V(boundary).",
+            "macro-action boundary (with --env, turn start: the environment replayed by re-running "
+            "the episode's steps); the mean of their sequence rewards (returns) is V(boundary).",
             "range": "[1, inf)",
         },
     )
@@ -338,7 +339,8 @@ class PPOConfig:
         default=0,
         metadata={
             "help": "`macro_mc` with `spaced` boundaries: tokens between them (0: "
-            "--max_answer_seq_len / (--mc_max_boundaries + 1), rounded up).",
+            "--max_answer_seq_len / (--mc_max_boundaries + 1), rounded up; with --env, "
+            "min(--max_turns x --max_answer_seq_len, --max_total_seq_len) in its place).",
             "range": "[0, inf)",
         },
     )

@@ -65,12 +65,6 @@ def check_env_flags(
             f"--dense_reward with {flag}: the environment's per-turn rewards are the dense "
             "rewards of a conversation; a segment reward model's are not supported"
         )
-    if estimator.needs_mc:
-        raise ValueError(
-            f"--advantage_estimator {estimator.name} with {flag}: continuations from macro-action "
-            "boundaries would replay the environment, which is not supported (use gae, grpo, "
-            "dr_grpo, rloo, reinforce_pp or mt_grpo)"
-        )
     if custom_reward:
         raise ValueError(
             f"--reward_fn / --reward_url with {flag}: the environment gives the reward "

@@ -10,7 +10,8 @@
                broadcast to tokens (``--termination_condition fixed --ngram 1`` is token-level
                PPO), or critic-free: GRPO / Dr. GRPO / RLOO over the ``--n_samples_per_prompt``
                samples of a prompt, REINFORCE++, or ``macro_mc`` with Monte-Carlo values at
-               macro-action boundaries (mc.py)                                   (experience.py)
+               macro-action boundaries (mc.py; with --env at turn boundaries, mc_env.py)
+                                                                                 (experience.py)
 5. update    — ``--ppo_epochs`` × minibatches: clipped policy loss (token, macro or sequence
                ratio; ``--loss_agg_mode``), clipped value loss (with a critic)   (update.py)
 6. log/save  — metrics, checkpoints                                              (state.py)
@@ -67,6 +68,7 @@ from marlhf.stages.ppo.experience import (
     make_experience,
 )
 from marlhf.stages.ppo.mc import Continuations, monte_carlo
+from marlhf.stages.ppo.mc_env import env_monte_carlo
 from marlhf.stages.ppo.models import Models, build_models, check_seen_settings, model_config
 from marlhf.stages.ppo.multiturn import (
     EnvRollouts,
@@ -200,10 +202,11 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
     # 1. generate, 2. score (the forward passes), one generation batch at a time
     check = mismatch_check_step(perf, state.step)
     env_metrics: dict[str, float] = {}
+    played = None  # --env: the episodes (macro_mc continues them)
     if run.env is None:
         ro, scored, metas, prompt_texts = collect_rollouts(run, state.step, clock, first, check)
     else:  # --env: multi-turn episodes, laid out as a rollout of their actions
-        ro, scored, metas, prompt_texts, env_metrics = collect_episodes(
+        ro, scored, metas, prompt_texts, env_metrics, played = collect_episodes(
             run, state.step, clock, first, check
         )
     kept = None
@@ -236,7 +239,10 @@ def ppo_step(run: Run, state: TrainState, unsup=None):
             ctx = Continuations(
                 run.models, ppo, run.generation, run.tokenizer, run.eos_ids, run.reward, state.step
             )
-            exp, mc_stats = monte_carlo(ctx, exp, rows, metas, prompt_texts)
+            if run.env is None:
+                exp, mc_stats = monte_carlo(ctx, exp, rows, metas, prompt_texts)
+            else:  # continuations from turn boundaries, replaying the environment's steps
+                exp, mc_stats = env_monte_carlo(ctx, run.env, exp, rows, played)
     with clock("time/macro"):
         # the global batch on every rank, then 4. estimate: advantages (and returns)
         exp = gather_experience(exp, run.tokenizer.pad_token_id, plan.generation_batch)

@@ -21,6 +21,9 @@ the continuations do not depend on how the batch is split over ranks or into cal
 redraws them. Each rank draws the continuations of its own rows; the values travel with the rows'
 experience when it is gathered.
 
+With ``--env`` the boundaries are turn starts and the continuations replay the episode's first
+turns on a fresh environment (:mod:`marlhf.stages.ppo.mc_env`).
+
 Cost: a response of n tokens has at most min(C, n / spacing) boundaries (``spaced``; a spacing
 shorter than its macro actions chooses a start once), or min(M − 1, C) with M macro actions
 (``spread``), so longer macro actions mean fewer boundaries and fewer continuations (logged per step
@@ -278,6 +281,19 @@ def monte_carlo(
     jobs = continuation_jobs(cpu, K, with_prompt)
     keys = job_keys(jobs, rows.cpu(), C, K)
     rewards = continuation_rewards(ctx, exp.rollout, jobs, keys, metas, texts)
+    return with_mc_values(exp, boundaries, jobs, rewards, with_prompt)
+
+
+def with_mc_values(
+    exp: Experience,
+    boundaries: MCBoundaries,
+    jobs: MCJobs,
+    rewards: torch.Tensor,
+    with_prompt: bool,
+) -> tuple[Experience, dict[str, float]]:
+    """``exp`` with the Monte-Carlo values of ``boundaries`` (B, N): the mean of the ``rewards``
+    (J,) of each boundary's continuations ``jobs`` (:func:`mc_means`; the prompt's too when
+    ``with_prompt``), and the ``mc/*`` metrics over all ranks."""
     B, N = boundaries.positions.shape
     values, prompt_values = mc_means(rewards, jobs, B, N)
     device = exp.outcome.device

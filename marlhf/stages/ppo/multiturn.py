@@ -170,6 +170,40 @@ def conversation_rollout(
     )
 
 
+@dataclass
+class Played:
+    """The episodes of a rank's rows in a step, in the rollout's row order, and the prompt rows
+    they were played from (``macro_mc`` continues them: :mod:`marlhf.stages.ppo.mc_env`)."""
+
+    rows: list[dict]
+    episodes: list[Episode]
+
+
+def run_turns(
+    env: EnvRollouts,
+    actor,
+    sampler: GenerationBackend,
+    rows: Sequence[dict],
+    turns: TurnSampler,
+    g: GenerationConfig,
+    names: Sequence[str],
+) -> list[Episode]:
+    """:func:`~marlhf.envs.runner.run_episodes` of ``rows`` with ``turns`` as the policy, the
+    ``actor`` in eval mode (its ZeRO-3 weights gathered with ``--enable_zero3_generation_gather``)
+    for a backend that samples with it; ``names``: how errors name the rows."""
+    episode_rows = [episode_row(r) for r in rows]
+    try:
+        if sampler.uses_model:
+            actor.eval()
+            with zero3_gather(actor, g.enable_zero3_generation_gather):
+                return run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
+        return run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
+    finally:
+        if sampler.uses_model:
+            actor.train()
+        sampler.end_conversations()
+
+
 @torch.no_grad()
 def play(
     env: EnvRollouts,
@@ -182,28 +216,14 @@ def play(
     row_seeds: torch.Tensor,
 ) -> tuple[Rollout, list[Episode]]:
     """One episode per prompt row (loaded by :func:`marlhf.data.env_rows.load_env_rows`) played by
-    the run's ``sampler`` on the ``actor`` (in eval mode, its ZeRO-3 weights gathered with
-    ``--enable_zero3_generation_gather``, for a backend that samples with it): the rollout
+    the run's ``sampler`` on the ``actor`` (:func:`run_turns`): the rollout
     (:func:`conversation_rollout`) and the episodes. ``row_seeds``: (B,) long, each row's seed."""
     turns = TurnSampler(
         env.layout, sampler, g, eos_ids, pad_id, row_seeds, env.cfg.max_total_seq_len,
         actor.device,
     )  # fmt: skip
     names = [f"prompt row {r['prompt_id']}" for r in rows]
-    episode_rows = [episode_row(r) for r in rows]
-    try:
-        if sampler.uses_model:
-            actor.eval()
-            with zero3_gather(actor, g.enable_zero3_generation_gather):
-                episodes = run_episodes(
-                    env.factory, episode_rows, turns, env.cfg, turns.measure, names
-                )
-        else:
-            episodes = run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
-    finally:
-        if sampler.uses_model:
-            actor.train()
-        sampler.end_conversations()
+    episodes = run_turns(env, actor, sampler, rows, turns, g, names)
     lp = turns.logprobs if turns.recorded[0] else None
     ent = turns.entropy if turns.recorded[0] and turns.recorded[1] else None
     ro = conversation_rollout(
@@ -228,8 +248,8 @@ def collect_episodes(
     """1.–2. of a multi-turn step (:func:`marlhf.stages.ppo.loop.collect_rollouts` for ``--env``):
     this rank's episodes of step ``step`` in ``--generation_batches`` batches, each played
     (:func:`play`, row seeds of stream 2 as the single-turn rollouts') then scored. Returns the
-    concatenated rollout and scores, the rows' metas (empty), their prompt texts and the
-    episodes' metrics (:func:`episode_step_metrics`)."""
+    concatenated rollout and scores, the rows' metas (empty), their prompt texts, the
+    episodes' metrics (:func:`episode_step_metrics`) and the episodes (:class:`Played`)."""
     plan, env, seed = run.plan, run.env, run.ppo.optim.seed
     assert env is not None
     rollouts, scoreds, episodes, played = [], [], [], []
@@ -253,7 +273,7 @@ def collect_episodes(
     ro = concat_rollouts(rollouts, run.tokenizer.pad_token_id)
     scored = concat_scored(scoreds, ro.sequences.shape[1], ro.response_ids.shape[1])
     metrics = episode_step_metrics(env, episodes, played)
-    return ro, scored, [{} for _ in prompt_texts], prompt_texts, metrics
+    return ro, scored, [{} for _ in prompt_texts], prompt_texts, metrics, Played(played, episodes)
 
 
 def env_scores(run: Run, ro: Rollout, scored, metas, prompt_texts):

@@ -29,6 +29,9 @@ def test_the_env_flags_are_stage_3_flags_and_its_reward_is_the_environments():
     cfg = parse_config(PPOStageConfig, [*ENV, "--advantage_estimator", "mt_grpo",
                                         "--n_samples_per_prompt", "4"])  # fmt: skip
     assert cfg.ppo.estimator == "mt_grpo"
+    # macro_mc continues from turn boundaries, replaying the environment (marlhf.stages.ppo.mc_env)
+    cfg = parse_config(PPOStageConfig, [*ENV, "--advantage_estimator", "macro_mc"])
+    assert cfg.ppo.estimator == "macro_mc" and cfg.env.env == "marlhf-trail-2"
 
 
 @pytest.mark.parametrize(
@@ -39,7 +42,6 @@ def test_the_env_flags_are_stage_3_flags_and_its_reward_is_the_environments():
             ["--advantage_estimator", "mt_grpo", "--n_samples_per_prompt", "2"],
             "--advantage_estimator mt_grpo reads the turns .* needs --env",
         ),
-        ([*ENV, "--advantage_estimator", "macro_mc"], "macro_mc with --env marlhf-trail-2: "),
         ([*ENV, "--dense_reward"], "--dense_reward with --env marlhf-trail-2"),
         ([*ENV, "--reward_source", "gold"], "--reward_source gold with --env marlhf-trail-2: gold"),
         ([*ENV, "--reward_fn", "f.py:score"], "--reward_fn / --reward_url with --env"),
