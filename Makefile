@@ -40,11 +40,13 @@ demo: $(VENV)/.installed
 	$(PY) -m marlhf.demo --output_dir $(OUT) $(ARGS)
 
 # The whole suite in two lanes, one per core: the main suite streams its progress while the vLLM
-# suite (in its environment) and then the two end-to-end demo tests run beside it into
-# output/test-side.log, printed after (the default demo's test runs it as `make demo` does, with 2
-# threads). The status fails when either lane fails. `make test-main` alone runs every test of the
+# suite (in its environment), the two end-to-end demo tests and the two-rank DeepSpeed tests run
+# beside it into output/test-side.log, printed after (the default demo's test runs it as `make
+# demo` does, with 2 threads). The side lane's files are the long ones that balance the two lanes'
+# times. The status fails when either lane fails. `make test-main` alone runs every test of the
 # main environment, the demos included.
-SIDE_TESTS := tests/pipeline/test_demo.py tests/pipeline/test_demo_bf16.py
+SIDE_TESTS := tests/pipeline/test_demo.py tests/pipeline/test_demo_bf16.py \
+	tests/stages/ppo/test_distributed.py tests/test_multinode.py
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	@mkdir -p output; \
 	( ( $(MAKE) --no-print-directory test-vllm && OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=5 $(SIDE_TESTS) $(ARGS) ) \

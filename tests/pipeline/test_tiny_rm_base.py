@@ -1,7 +1,8 @@
 """The shipped reward-model base (`tiny-rm-base`) and its recipe (`python -m marlhf.tiny --rm_base`).
 
 Its quality as a reward model (held-out accuracy, correlation with gold) is asserted where it is used:
-tests/pipeline/test_demo_bf16.py runs the RM stage of the demo's TL;DR task on it."""
+tests/pipeline/test_demo_bf16.py runs the RM stage of the demo's TL;DR task on it (30 steps, in fp32
+and bf16) and holds its accuracies and correlation to floors."""
 
 import json
 from pathlib import Path
