@@ -143,6 +143,15 @@ the finished runs of an earlier one, and the second of each pair writes the cell
   ppo,fixed10,lowprob10``, then ``--arms ppo,fixed10,lowprob10,macro_mc5``.
 
 One GPU: the same with ``--size gpu``.
+
+Amendment to the 256-token commands, written after their first runs and before any result was
+read: the cell's reward model (the critic's start) alone took 1,499 s of one process and a
+40-step run about 105 CPU s on idle cores (150 beside other jobs), so the first command above
+would take about 85 min. The same runs in commands of at most 60 min: ``--arms ppo --tune_only``
+(the RM and PPO's 12 tuning runs), ``--arms ppo,fixed10,lowprob10 --tune_only`` (24),
+``--arms ppo,fixed10,lowprob10`` (the 30 reported runs), then ``macro_mc5``'s pair as above
+(``--tune_only``, then without). Nothing else changes: arms, grid, seeds, selection rule and
+reading are those above.
 """
 
 from __future__ import annotations
