@@ -232,7 +232,7 @@ def gathered_for_generation(engine) -> Iterator[None]:
     all-gathers them again, prefetching ahead), and the root module's hook checks the recorded
     module order against the other ranks (a broadcast) while no trace is complete. Here the
     weights are released first (any prefetch in flight awaited), gathered, the hooks taken off for
-    the context and put back after it (the module ids as before; DeepSpeed then records a fresh
+    the context and put back after it (with the same module ids; DeepSpeed then records a fresh
     trace on the next forward pass, on every rank alike), and the weights partitioned again.
     An engine without ZeRO-3 hooks (no optimizer) gets ``GatheredParameters`` alone."""
     import deepspeed
