@@ -17,6 +17,13 @@ earlier episode sampled them, returned turn by turn instead of sampling (the env
 with the same texts, the conversation holds the same tokens); its later turns are sampled. That is
 how ``--advantage_estimator macro_mc`` continues an episode from a turn boundary
 (:mod:`marlhf.stages.ppo.mc_env`).
+
+With a ``collective`` backend (``hf`` on a ZeRO-3 partitioned actor over several ranks: each call
+all-gathers the weights) every rank must make as many sampling calls, though its rows end at other
+turns than the others' (or replay more turns): before each call the ranks agree whether any of
+them samples (one all-reduce), and a rank whose episodes have all ended keeps answering with a
+call on a one-token placeholder row, its output dropped (:meth:`TurnSampler.keep_in_step`, after
+the episodes), until no rank samples any more.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from marlhf.envs.runner import Episode
 from marlhf.models.conversation import ChatLayout, ConversationTokens, TemplateError
 from marlhf.models.generation import Conversations, GenerationBackend, SamplingConfig
 from marlhf.models.generation.sampling import sample_turns
+from marlhf.runtime.distributed import all_reduce_sum
 from marlhf.runtime.rows import turn_seeds
 
 
@@ -176,6 +184,8 @@ class TurnSampler:
             [turn_seeds(self.row_seeds[i : i + 1], len(self.actions[i]) + 1) for i in row_ids]
         )
         batch = Conversations(token_ids, list(row_ids), [self.seen[i] for i in row_ids])
+        if self.sampler.collective:
+            self._any_rank_samples(True)
         out = sample_turns(self.sampler, batch, g, self.eos_ids, self.pad_id, seeds, self.device)
         self.recorded = [self.recorded[0] and out.logprobs is not None, self.recorded[1]]
         self.recorded[1] = self.recorded[1] and out.entropy is not None
@@ -193,6 +203,24 @@ class TurnSampler:
                 self.entropy[i].extend(out.entropy[b, :n].tolist())
             texts[i] = text
         return texts
+
+    def _any_rank_samples(self, this_rank: bool) -> bool:
+        """Whether any rank makes a sampling call now, ``this_rank`` whether this one does (a
+        collective: every rank calls it before each of its calls, and after its episodes)."""
+        flag = torch.tensor([1.0 if this_rank else 0.0], device=self.device)
+        return bool(all_reduce_sum(flag).item() > 0)
+
+    def keep_in_step(self) -> None:
+        """After this rank's episodes, with a ``collective`` backend: a placeholder call (one
+        pad token, one new token, its output dropped) for each call another rank still makes,
+        until no rank samples (module doc). Nothing with any other backend."""
+        if not self.sampler.collective:
+            return
+        g = replace(self.g, max_answer_seq_len=1)
+        placeholder = Conversations([[self.pad_id]], [-1], [0])
+        seed = torch.zeros(1, dtype=torch.long)
+        while self._any_rank_samples(False):
+            sample_turns(self.sampler, placeholder, g, self.eos_ids, self.pad_id, seed, self.device)
 
     def finished(self, episodes: Sequence[Episode]) -> list[ConversationTokens]:
         """Each row's conversation up to its last action (the observations after it, laid out

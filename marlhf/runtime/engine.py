@@ -1,10 +1,13 @@
-"""DeepSpeed engines: the one function that builds DeepSpeed's JSON from the typed config, and engine
-construction (AdamW parameter groups, LR schedule) for trainable and frozen models."""
+"""DeepSpeed engines: the one function that builds DeepSpeed's JSON from the typed config, engine
+construction (AdamW parameter groups, LR schedule) for trainable and frozen models, and a ZeRO-3
+engine's weights gathered for generation (:func:`gathered_for_generation`)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -216,3 +219,39 @@ def build_eval_engine(
     engine.eval()
     track_engine(engine)
     return engine, cfg
+
+
+@contextmanager
+def gathered_for_generation(engine) -> Iterator[None]:
+    """A ZeRO-3 ``engine``'s whole weights on every rank, and its module's forward passes local,
+    for the duration of the context: no collective, so each rank may run as many of them as it
+    needs (a rank whose rows finish early simply stops).
+
+    DeepSpeed's ``GatheredParameters`` alone does not do that: the module's ZeRO-3 hooks still run
+    on every forward pass, release the gathered weights after each submodule (the next pass
+    all-gathers them again, prefetching ahead), and the root module's hook checks the recorded
+    module order against the other ranks (a broadcast) while no trace is complete. Here the
+    weights are released first (any prefetch in flight awaited), gathered, the hooks taken off for
+    the context and put back after it (with the same module ids; DeepSpeed then records a fresh
+    trace on the next forward pass, on every rank alike), and the weights partitioned again.
+    An engine without ZeRO-3 hooks (no optimizer) gets ``GatheredParameters`` alone."""
+    import deepspeed
+
+    params = list(engine.module.parameters())
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+    if offload is None or not hasattr(offload, "forward_hooks"):
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            yield
+        return
+    offload.empty_partition_cache()  # every weight released, any prefetch awaited
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        module = offload.module
+        start = module._forward_pre_hooks[offload.fwd_pre_hook.id]  # the coordinator's reset
+        for hook in (*offload.forward_hooks, *offload.backward_hooks, offload.fwd_pre_hook):
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            offload.fwd_pre_hook = module.register_forward_pre_hook(start, prepend=True)
+            offload._register_deepspeed_module(module, count=[module.ds_id])

@@ -23,6 +23,9 @@ declared there and implemented in :mod:`marlhf.models.generation.backends`, one 
   own (:meth:`GenerationBackend.sample_turn`, reading only each conversation's new tokens);
   otherwise :func:`marlhf.models.generation.sampling.sample_turns` gives it each whole
   conversation as a prompt (:meth:`GenerationBackend.sample`), which re-reads it every turn;
+- ``collective`` (an instance's, not the class's): whether each call is a collective over the
+  data-parallel ranks (the forward passes of a ZeRO-3 partitioned model all-gather its weights),
+  so that every rank must make as many calls as the others;
 - ``auto_rank`` and :meth:`GenerationBackend.supports`: where ``--generation_backend auto`` looks
   (the supporting backend of lowest rank; None: never chosen by ``auto``);
 - ``implementation``: ``"package.module:Class"`` of the subclass that samples, imported when the
@@ -144,6 +147,7 @@ class GenerationBackend(ABC):
     can_sleep: ClassVar[bool] = False
     samples_partitioned: ClassVar[bool] = False
     continues_conversations: ClassVar[bool] = False
+    collective: bool = False  # set per instance (module doc)
     auto_rank: ClassVar[int | None] = None
     implementation: ClassVar[str | None] = None
 

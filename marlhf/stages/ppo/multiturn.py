@@ -190,14 +190,21 @@ def run_turns(
 ) -> list[Episode]:
     """:func:`~marlhf.envs.runner.run_episodes` of ``rows`` with ``turns`` as the policy, the
     ``actor`` in eval mode (its ZeRO-3 weights gathered with ``--enable_zero3_generation_gather``)
-    for a backend that samples with it; ``names``: how errors name the rows."""
+    for a backend that samples with it, then the calls that keep this rank in step with the others
+    (:meth:`~marlhf.envs.turns.TurnSampler.keep_in_step`); ``names``: how errors name the rows."""
     episode_rows = [episode_row(r) for r in rows]
+
+    def played() -> list[Episode]:
+        out = run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
+        turns.keep_in_step()
+        return out
+
     try:
         if sampler.uses_model:
             actor.eval()
             with zero3_gather(actor, g.enable_zero3_generation_gather):
-                return run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
-        return run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
+                return played()
+        return played()
     finally:
         if sampler.uses_model:
             actor.train()

@@ -22,6 +22,7 @@ import torch
 from marlhf.models.generation import GenerationBackend
 from marlhf.models.generation.sampling import sample_responses
 from marlhf.models.sequences import pack_flush_left
+from marlhf.runtime.engine import gathered_for_generation
 
 if TYPE_CHECKING:
     from marlhf.data.config import DataConfig
@@ -70,12 +71,11 @@ def eos_token_ids(tokenizer, data: DataConfig) -> list[int]:
 
 def zero3_gather(engine, enabled: bool):
     """The context in which a backend samples with ``engine``'s module: its ZeRO-3 weights gathered
-    when ``enabled`` (``--enable_zero3_generation_gather``), else nothing."""
+    when ``enabled`` (``--enable_zero3_generation_gather``), its forward passes then local to each
+    rank (:func:`marlhf.runtime.engine.gathered_for_generation`), else nothing."""
     if not enabled or engine.zero_optimization_stage() != 3:
         return nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+    return gathered_for_generation(engine)
 
 
 @torch.no_grad()

@@ -4,7 +4,7 @@ It draws from the global RNG (the caller seeds it), one stream per process, and 
 batch it is given: its samples depend on how the prompts are batched and split over ranks. It
 records nothing (PPO scores π_old with a forward pass). The one backend that samples from a
 ZeRO-3 partitioned model without gathering it (``synced_gpus``: every rank steps until the
-longest response of any rank ends)."""
+longest response of any rank ends); each call is then ``collective``: every rank makes as many."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class HFBackend(HF):
 
     def __init__(self, model: torch.nn.Module, synced_gpus: bool) -> None:
         self.model, self.synced_gpus = model, synced_gpus
+        self.collective = synced_gpus
 
     @classmethod
     def open(cls, cfg: SamplingConfig, setup: SamplerSetup) -> HFBackend:
