@@ -1,8 +1,9 @@
 """For tests/runtime/test_teardown.py: a stage's life under ``torchrun`` (two ranks, gloo on CPU): a
 trainable engine and a frozen one at the ZeRO stage given as the first argument, one forward and
 backward, an optimizer step and a gather, then :func:`marlhf.stages.common.run_stage`'s teardown.
-Prints one JSON line per rank: the process group's threads (gloo's, from ``/proc/self/task``)
-while the stage ran and after ``run_stage`` returned."""
+Each rank writes ``teardown_rank{RANK}.json`` in the working directory (a file of its own: two ranks'
+lines on one shared stdout can interleave): the process group's threads (gloo's, from
+``/proc/self/task``) while the stage ran and after ``run_stage`` returned."""
 
 import json
 import os
@@ -48,11 +49,10 @@ def main() -> None:
         during.extend(process_group_threads())
 
     run_stage(train, None)
-    print(
-        json.dumps(
-            {"rank": int(os.environ["RANK"]), "during": during, "after": process_group_threads()}
-        )
-    )
+    rank = int(os.environ["RANK"])
+    report = {"rank": rank, "during": during, "after": process_group_threads()}
+    with open(f"teardown_rank{rank}.json", "w") as f:
+        json.dump(report, f)
 
 
 if __name__ == "__main__":
