@@ -13,7 +13,7 @@ state in worker processes to copy), at the cost of re-running the steps of the p
 
 from __future__ import annotations
 
-from marlhf.envs.runner import EnvError, Episode
+from marlhf.envs.runner import EnvError, Episode, shown
 
 ALTERNATIVES = "gae, grpo, dr_grpo, rloo, reinforce_pp or mt_grpo"
 
@@ -21,11 +21,6 @@ ALTERNATIVES = "gae, grpo, dr_grpo, rloo, reinforce_pp or mt_grpo"
 class ReplayError(EnvError):
     """An environment answered a replayed step otherwise than when the episode was played (the
     message is the whole error line)."""
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return (text[:57] + "...") if len(text) > 60 else text
 
 
 def replay_mismatch(recorded: Episode, replayed: Episode, turns: int) -> tuple[int, str] | None:
@@ -41,8 +36,8 @@ def replay_mismatch(recorded: Episode, replayed: Episode, turns: int) -> tuple[i
     (1, 'reward 0.5 where it was 1.0')
     """
     if replayed.prompt != recorded.prompt:
-        was = _short(recorded.prompt)
-        return 0, f"first messages {_short(replayed.prompt)} where they were {was}"
+        was = shown(recorded.prompt, 60)
+        return 0, f"first messages {shown(replayed.prompt, 60)} where they were {was}"
     for j in range(turns):
         was = recorded.turns[j]
         if j >= len(replayed.turns):
@@ -55,7 +50,7 @@ def replay_mismatch(recorded: Episode, replayed: Episode, turns: int) -> tuple[i
             a, b = getattr(now, name), getattr(was, name)
             if a != b:
                 were = "they were" if name == "observations" else "it was"
-                return j + 1, f"{name} {_short(a)} where {were} {_short(b)}"
+                return j + 1, f"{name} {shown(a, 60)} where {were} {shown(b, 60)}"
     return None
 
 

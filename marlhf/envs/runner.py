@@ -103,9 +103,11 @@ class Episode:
         return self.stop in ("max_turns", "length")
 
 
-def _show(value: Any) -> str:
+def shown(value: Any, width: int = 80) -> str:
+    """``repr(value)`` cut to ``width`` characters (an error line quotes what an environment
+    returned)."""
     text = repr(value)
-    return (text[:77] + "...") if len(text) > 80 else text
+    return (text[: width - 3] + "...") if len(text) > width else text
 
 
 def _type(value: Any) -> str:
@@ -115,15 +117,15 @@ def _type(value: Any) -> str:
 def check_messages(value: Any, what: str) -> list[dict]:
     """``value`` as a list of ``{"role", "content"}`` dicts (ValueError naming ``what`` else)."""
     if not isinstance(value, list | tuple):
-        raise ValueError(f"{what} {_show(value)} ({_type(value)}); it must be a list of messages")
+        raise ValueError(f"{what} {shown(value)} ({_type(value)}); it must be a list of messages")
     out = []
     for j, m in enumerate(value):
         if not isinstance(m, Mapping):
-            raise ValueError(f"{what}[{j}] {_show(m)} ({_type(m)}); it must be a dict")
+            raise ValueError(f"{what}[{j}] {shown(m)} ({_type(m)}); it must be a dict")
         for key in ("role", "content"):
             if not isinstance(m.get(key), str):
                 raise ValueError(
-                    f"{what}[{j}].{key} {_show(m.get(key))} ({_type(m.get(key))}); "
+                    f"{what}[{j}].{key} {shown(m.get(key))} ({_type(m.get(key))}); "
                     "it must be a string"
                 )
         out.append({"role": m["role"], "content": m["content"]})
@@ -139,7 +141,7 @@ def check_step(out: Any) -> Turn:
     """The :class:`Turn` of a ``step`` output (``action`` left empty); ValueError naming the field
     and its value when a type is wrong."""
     if not isinstance(out, Mapping):
-        raise ValueError(f"returned {_show(out)} ({_type(out)}); it must be a dict")
+        raise ValueError(f"returned {shown(out)} ({_type(out)}); it must be a dict")
     missing = [k for k in ("observations", "reward", "done") if k not in out]
     if missing:
         raise ValueError(f"returned a dict without {', '.join(missing)}")
@@ -148,18 +150,18 @@ def check_step(out: Any) -> Turn:
     if reward is not None:
         if _is_bool(reward) or not isinstance(reward, numbers.Real):
             raise ValueError(
-                f"returned reward {_show(reward)} ({_type(reward)}); it must be a number or None"
+                f"returned reward {shown(reward)} ({_type(reward)}); it must be a number or None"
             )
         reward = float(reward)
         if not math.isfinite(reward):
             raise ValueError(f"returned reward {reward}; it must be finite")
     done = out["done"]
     if not _is_bool(done):
-        raise ValueError(f"returned done {_show(done)} ({_type(done)}); it must be a bool")
+        raise ValueError(f"returned done {shown(done)} ({_type(done)}); it must be a bool")
     metadata = out.get("metadata")
     if metadata is not None and not isinstance(metadata, Mapping):
         raise ValueError(
-            f"returned metadata {_show(metadata)} ({_type(metadata)}); it must be a dict or None"
+            f"returned metadata {shown(metadata)} ({_type(metadata)}); it must be a dict or None"
         )
     if out.get("postprocessed_action") is not None:
         raise ValueError(
@@ -172,7 +174,7 @@ def check_step(out: Any) -> Turn:
 def check_init(out: Any) -> tuple[list[dict], Any]:
     """``(messages, info)`` of an ``init`` output (ValueError naming what is wrong)."""
     if not isinstance(out, tuple | list) or len(out) != 2:
-        raise ValueError(f"returned {_show(out)} ({_type(out)}); it must be (messages, info)")
+        raise ValueError(f"returned {shown(out)} ({_type(out)}); it must be (messages, info)")
     messages = check_messages(out[0], "returned messages")
     if not messages:
         raise ValueError("returned no messages")
@@ -257,7 +259,7 @@ def run_episodes(
                 fail(i, len(ep.turns), call, f"raised {problem}")
             elif not isinstance(o.value["metrics"], Mapping):
                 m = o.value["metrics"]
-                fail(i, len(ep.turns), "get_metrics", f"returned {_show(m)} ({_type(m)})")
+                fail(i, len(ep.turns), "get_metrics", f"returned {shown(m)} ({_type(m)})")
             else:
                 ep.metrics = dict(o.value["metrics"])
 
@@ -299,10 +301,10 @@ def run_episodes(
 def _checked_actions(actions: object, n: int) -> list[str]:
     """``act``'s answer for ``n`` rows: a list of ``n`` strings (TypeError naming what it was)."""
     if not isinstance(actions, list | tuple) or len(actions) != n:
-        raise TypeError(f"act returned {_show(actions)} for {n} rows")
+        raise TypeError(f"act returned {shown(actions)} for {n} rows")
     bad = [a for a in actions if not isinstance(a, str)]
     if bad:
-        raise TypeError(f"act returned {_show(bad[0])} ({_type(bad[0])}), not a string")
+        raise TypeError(f"act returned {shown(bad[0])} ({_type(bad[0])}), not a string")
     return list(actions)
 
 

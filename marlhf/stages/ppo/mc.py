@@ -171,6 +171,12 @@ def score_continued(
         rm = reward_model(input_ids=full.sequences, attention_mask=full.attention_mask.long())
         rm_scores = rm.gather(1, end_index(full.attention_mask)[:, None]).squeeze(1)
     scores, _ = reward(full, rm_scores, metas, texts)
+    return continued_outcome(ppo, scores, full)
+
+
+def continued_outcome(ppo: PPOConfig, scores: torch.Tensor, full: Rollout) -> torch.Tensor:
+    """(J,) the continued responses' sequence rewards from their ``scores`` (J,): clipped
+    (``--reward_clip``), plus the no-EOS penalty for a response cut before its end."""
     return sequence_rewards(
         scores,
         full.action_mask,

@@ -53,7 +53,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.estimators import MCBoundaries
-from marlhf.algo.kl_rewards import sequence_rewards
 from marlhf.envs.replay import check_replay
 from marlhf.envs.turns import TurnSampler
 from marlhf.macro import build_segments
@@ -64,6 +63,7 @@ from marlhf.stages.ppo.mc import (
     Continuations,
     MCJobs,
     continuation_jobs,
+    continued_outcome,
     job_keys,
     mc_boundaries,
     score_continued,
@@ -163,19 +163,12 @@ def episode_returns(ctx: Continuations, full: Rollout, prompt_texts: list[str]) 
     compares it (module doc): its sequence reward (the reward model's score of the conversation,
     as the step's :func:`marlhf.stages.ppo.multiturn.env_scores`, clipped, plus the no-EOS
     penalty) plus the sum of its turns' rewards."""
-    ppo = ctx.ppo
     J = full.sequences.shape[0]
     if ctx.models.reward is not None:
         full = _on(full, ctx.models.actor.device)
         outcome = score_continued(ctx.models.reward, ctx.reward, full, [{}] * J, prompt_texts)
     else:
-        outcome = sequence_rewards(
-            torch.zeros(J),
-            full.action_mask,
-            reward_clip=ppo.reward_clip if ppo.reward_clip > 0 else None,
-            ends_with_eos=full.ends_with_eos,
-            no_eos_penalty=ppo.no_eos_penalty,
-        )
+        outcome = continued_outcome(ctx.ppo, torch.zeros(J), full)
     turn_rewards = torch.where(full.action_mask.bool(), full.turn_rewards, 0.0)
     return outcome.double().cpu() + turn_rewards.double().sum(1).cpu()
 
