@@ -80,7 +80,7 @@ class _Interrupted:
     process group); the stage saves a checkpoint and exits 130, which the demo's wait returns."""
 
     def __init__(self, *args, **kwargs):
-        self.waits, self.returncode = 0, None
+        self.waits, self.returncode, self.cpu_s = 0, None, 0.0
 
     def poll(self):
         raise KeyboardInterrupt
@@ -98,7 +98,7 @@ def test_ctrl_c_waits_for_the_stage_and_says_the_same_command_resumes(tmp_path, 
         started.append(_Interrupted())
         return started[-1]
 
-    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo, "start_stage", popen)
     stage = demo.Stage("1/6 SFT", "sft", ["-m", "marlhf.stages.sft"], tmp_path / "sft" / "done")
     with pytest.raises(SystemExit) as stop:
         demo._run(stage, tmp_path / "logs", fresh=False)
@@ -116,7 +116,7 @@ class _Terminated:
     killed = False
 
     def __init__(self, *args, env=None, **kwargs):
-        self.signals, self.returncode, self.env = [], None, env
+        self.signals, self.returncode, self.env, self.cpu_s = [], None, env, 0.0
 
     def send_signal(self, signum):
         self.signals.append(signum)
@@ -150,7 +150,7 @@ def test_sigterm_is_passed_on_to_the_running_stages_and_waited_for(
     def killed(signum, frame):
         raise _DemoKilled
 
-    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo, "start_stage", popen)
     monkeypatch.setattr(_Terminated, "killed", False)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     stages = [
@@ -183,6 +183,7 @@ class _Exits:
 
     def __init__(self, cmd, *args, env=None, **kwargs):
         self.cmd, self.env, self.polls, self.signals, self.returncode = cmd, env, 0, [], None
+        self.cpu_s = 1.5
 
     def send_signal(self, signum):
         self.signals.append(signum)
@@ -213,7 +214,7 @@ def test_a_step_runs_its_stages_two_at_a_time_with_one_thread_each(tmp_path, mon
         started.append(_Exits(cmd, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo, "start_stage", popen)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     stages = _fake_stages(tmp_path, ["0", "0", "0"])
     stages[1].done.write_text("")  # this one is done: skipped
@@ -221,7 +222,7 @@ def test_a_step_runs_its_stages_two_at_a_time_with_one_thread_each(tmp_path, mon
     assert [p.cmd[-1] for p in started] == ["0", "0"]
     assert [p.env["OMP_NUM_THREADS"] for p in started] == ["1", "1"]
     assert timing.wall["inference_1"] is None and timing.wall["inference_0"] >= 0
-    assert timing.cpu >= 0
+    assert timing.cpu == 3.0  # the CPU seconds the two stages that ran reported
 
 
 def test_a_failed_stage_stops_the_one_beside_it(tmp_path, monkeypatch):
@@ -231,7 +232,7 @@ def test_a_failed_stage_stops_the_one_beside_it(tmp_path, monkeypatch):
         started.append(_Exits(cmd, **kwargs))
         return started[-1]
 
-    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo, "start_stage", popen)
     (tmp_path / "logs").mkdir()
     with pytest.raises(SystemExit) as stop:
         demo.run_step(_fake_stages(tmp_path, ["run", "3", "0"]), tmp_path / "logs", False, 2)
