@@ -24,6 +24,12 @@ turns than the others' (or replay more turns): before each call the ranks agree 
 them samples (one all-reduce), and a rank whose episodes have all ended keeps answering with a
 call on a one-token placeholder row, its output dropped (:meth:`TurnSampler.keep_in_step`, after
 the episodes), until no rank samples any more.
+
+An environment's error under ``--env_errors fail`` stops every rank, not just its own
+(:func:`raise_together`): the rank it happened on stops playing, keeps the others in step, and
+then every rank learns of it in one all-reduce after the episodes. The rank prints its error line
+and every other rank one line naming that rank; none goes on to a collective the failed rank
+never joins (where gloo fails with a peer's closed connection and NCCL waits for its timeout).
 """
 
 from __future__ import annotations
@@ -33,11 +39,11 @@ from dataclasses import replace
 
 import torch
 
-from marlhf.envs.runner import Episode
+from marlhf.envs.runner import EnvError, Episode
 from marlhf.models.conversation import ChatLayout, ConversationTokens, TemplateError
 from marlhf.models.generation import Conversations, GenerationBackend, SamplingConfig
 from marlhf.models.generation.sampling import sample_turns
-from marlhf.runtime.distributed import all_reduce_sum
+from marlhf.runtime.distributed import all_reduce_sum, rank, world_size
 from marlhf.runtime.rows import turn_seeds
 
 
@@ -238,3 +244,23 @@ class TurnSampler:
             )  # fmt: skip
             out.append(kept)
         return out
+
+
+def raise_together(error: EnvError | None, device: torch.device) -> None:
+    """After every rank's episodes (a collective; nothing in a single process): raise ``error`` on
+    this rank when it has one, and on a rank without one an :class:`EnvError` naming the first
+    rank that had one. Returns when no rank's environment failed."""
+    if world_size() == 1:
+        if error is not None:
+            raise error
+        return
+    flags = torch.zeros(world_size(), device=device)
+    flags[rank()] = float(error is not None)
+    failed = all_reduce_sum(flags).nonzero().flatten().tolist()
+    if error is not None:
+        raise error
+    if failed:
+        raise EnvError(
+            f"stopped: the environment of rank {failed[0]} failed (that rank's error line says "
+            "which environment, row and turn)"
+        )

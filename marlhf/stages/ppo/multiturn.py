@@ -39,8 +39,8 @@ from marlhf.algo.mismatch import mismatch_metrics
 from marlhf.data.env_rows import episode_row, trail_gold
 from marlhf.envs.config import EnvConfig
 from marlhf.envs.loading import EnvFactory, load_env
-from marlhf.envs.runner import Episode, episode_metrics, run_episodes
-from marlhf.envs.turns import TurnSampler, env_layout
+from marlhf.envs.runner import EnvError, Episode, episode_metrics, run_episodes
+from marlhf.envs.turns import TurnSampler, env_layout, raise_together
 from marlhf.envs.turns import check_first_prompt as check_first_prompt  # the loop reads it here
 from marlhf.models.conversation import ChatLayout, ConversationTokens
 from marlhf.models.generation import GenerationBackend
@@ -191,12 +191,21 @@ def run_turns(
     """:func:`~marlhf.envs.runner.run_episodes` of ``rows`` with ``turns`` as the policy, the
     ``actor`` in eval mode (its ZeRO-3 weights gathered with ``--enable_zero3_generation_gather``)
     for a backend that samples with it, then the calls that keep this rank in step with the others
-    (:meth:`~marlhf.envs.turns.TurnSampler.keep_in_step`); ``names``: how errors name the rows."""
+    (:meth:`~marlhf.envs.turns.TurnSampler.keep_in_step`) and the all-reduce that stops every rank
+    when an environment failed on one (:func:`~marlhf.envs.turns.raise_together`); ``names``: how
+    errors name the rows."""
     episode_rows = [episode_row(r) for r in rows]
 
     def played() -> list[Episode]:
-        out = run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
+        try:
+            out, error = (
+                run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names),
+                None,
+            )
+        except EnvError as e:  # --env_errors fail: every rank stops (raise_together)
+            out, error = [], e
         turns.keep_in_step()
+        raise_together(error, turns.device)
         return out
 
     try:

@@ -106,3 +106,49 @@ def test_the_gathered_zero3_run_logs_the_zero2_runs_metrics(runs):
         assert keys == {k for k in got if not k.startswith("time")}
         for k in sorted(keys):
             assert got[k] == pytest.approx(ref[k], rel=1e-4, abs=1e-5), (got["step"], k)
+
+
+# one row's environment raises at its first step; the other row plays 4 turns on the other rank
+FAILING_ROWS = [
+    {"id": "a", "prompt": "count", "plan": [{"raise": "the tool broke"}]},
+    {"id": "b", "prompt": "count", "plan": [{"obs": "go on", "reward": 0.0, "done": False}] * 3
+     + [{"obs": "end", "reward": 1.0, "done": True}]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["zero2", "partitioned"])
+def test_an_environment_error_on_one_rank_stops_every_rank_with_a_line(tmp_path, name):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in FAILING_ROWS))
+    flags = FLAGS[: FLAGS.index("--advantage_estimator")]  # the default estimator: no continuations
+    flags[flags.index(f"{FAKES}:Tally")] = f"{FAKES}:Scripted"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), "-m", "marlhf.stages.ppo", *flags,
+        "--data_path", str(rows), "--output_dir", str(tmp_path / "out"), *RUNS[name],
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"{name}: the ranks did not stop within 120 s")
+    assert proc.returncode != 0
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    failed = next(line for line in lines if "the tool broke" in line)
+    r = int(failed.split()[2].rstrip(":"))
+    assert sorted(lines) == sorted(  # the two ranks' lines, in either order
+        [
+            f"error: rank {r}: --env Scripted: prompt row a, turn 1: step raised RuntimeError: "
+            "the tool broke",
+            f"error: rank {1 - r}: stopped: the environment of rank {r} failed (that rank's error "
+            "line says which environment, row and turn)",
+        ]
+    )
+    # no rank died in a collective its peer had left (gloo: "Connection closed by peer")
+    assert not [line for line in err.splitlines() if line.startswith("[rank")], err[-3000:]
