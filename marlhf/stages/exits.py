@@ -108,8 +108,9 @@ def report_and_exit(exc: BaseException, status: int | None = None) -> None:
     """Print ``exc`` as one line (when this rank reports it), tear the process group down and
     raise ``SystemExit`` with ``status`` (default :func:`exit_status`)."""
     line = error_line(exc)
-    if line is not None:
-        print(line, file=sys.stderr, flush=True)
+    if line is not None:  # one write: the lines of several ranks on one stream do not interleave
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
     for handler in logging.getLogger().handlers:
         handler.flush()
     tear_down_process_group()

@@ -150,3 +150,14 @@ class Unreplayable(Tally):
 
     def note(self) -> str:
         return f" ({random.random():.6f})"
+
+
+class UnreplayableRow(Tally):
+    """``Tally``, but ``Unreplayable`` on a row whose ``extras["random"]`` is true."""
+
+    def __init__(self, env_config=None, extras=None):
+        super().__init__(env_config, extras)
+        self.random = bool((extras or {}).get("random"))
+
+    def note(self) -> str:
+        return f" ({random.random():.6f})" if self.random else ""

@@ -53,8 +53,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.estimators import MCBoundaries
-from marlhf.envs.replay import check_replay
-from marlhf.envs.turns import TurnSampler
+from marlhf.envs.replay import ReplayError, check_replay
+from marlhf.envs.turns import TurnSampler, raise_together
 from marlhf.macro import build_segments
 from marlhf.runtime.distributed import all_gather_padded, world_size
 from marlhf.runtime.rows import derive_row_seeds
@@ -124,7 +124,8 @@ def play_continuations(
     played in one batch (module doc): their conversations laid out
     (:func:`marlhf.stages.ppo.multiturn.conversation_rollout`) and the episodes. ``played``: the
     rank's episodes (row ``b`` of ``ro``); ``keys``: (J,) long, each continuation's key.
-    :class:`marlhf.envs.replay.ReplayError` when a replayed turn differs from the recorded."""
+    :class:`marlhf.envs.replay.ReplayError` when a replayed turn differs from the recorded (and on
+    every other rank an error naming this one: :func:`marlhf.envs.turns.raise_together`)."""
     models, g = ctx.models, ctx.g
     recorded = {b: recorded_turns(ro, b, played.episodes[b]) for b in set(rows)}
     seeds = derive_row_seeds(ctx.ppo.optim.seed, ctx.step, keys, MC_STREAM)
@@ -140,9 +141,14 @@ def play_continuations(
         for i, k in zip(ids, turns, strict=True)
     ]
     episodes = run_turns(env, models.actor, models.sampler, prompt_rows, sampler, g, names)
-    for b, k, i, ep in zip(rows, turns, ids, episodes, strict=True):
-        if k > 0:
-            check_replay(env.cfg.env, f"prompt row {i}", played.episodes[b], ep, k)
+    error = None
+    try:
+        for b, k, i, ep in zip(rows, turns, ids, episodes, strict=True):
+            if k > 0:
+                check_replay(env.cfg.env, f"prompt row {i}", played.episodes[b], ep, k)
+    except ReplayError as e:  # every rank stops, as after an environment's error
+        error = e
+    raise_together(error, models.actor.device)
     full = conversation_rollout(sampler.finished(episodes), episodes, pad, sampler.eos_ids, ids)
     return full, episodes
 

@@ -11,6 +11,10 @@ the ranks sample in different numbers of rounds, their continuations too.
   first keeps answering the other's calls (:meth:`marlhf.envs.turns.TurnSampler.keep_in_step`)
   and the run completes with both rows' whole episodes and every continuation counted.
 
+An environment that fails on one rank (an exception under ``--env_errors fail``, or an answer
+``macro_mc`` cannot replay) stops both ranks, each with one line
+(:func:`marlhf.envs.turns.raise_together`).
+
 A run that falls out of step hangs in a collective or fails on a mismatched one: each run has
 a time limit."""
 
@@ -114,18 +118,21 @@ FAILING_ROWS = [
     {"id": "b", "prompt": "count", "plan": [{"obs": "go on", "reward": 0.0, "done": False}] * 3
      + [{"obs": "end", "reward": 1.0, "done": True}]},
 ]  # fmt: skip
+STOPPED = (
+    "stopped: the environment of rank {r} failed (that rank's error line says which environment, "
+    "row and turn)"
+)
 
 
-@pytest.mark.parametrize("name", ["zero2", "partitioned"])
-def test_an_environment_error_on_one_rank_stops_every_rank_with_a_line(tmp_path, name):
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps(r) + "\n" for r in FAILING_ROWS))
-    flags = FLAGS[: FLAGS.index("--advantage_estimator")]  # the default estimator: no continuations
-    flags[flags.index(f"{FAKES}:Tally")] = f"{FAKES}:Scripted"
+def _failing_run(tmp_path, flags: list[str], rows: list[dict]) -> dict[int, str]:
+    """The two ranks' run on ``rows`` with ``flags``, which must fail within 120 s with one error
+    line from each rank: each rank's line after its ``error: rank R: ``, by rank."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_port", str(free_port()), "-m", "marlhf.stages.ppo", *flags,
-        "--data_path", str(rows), "--output_dir", str(tmp_path / "out"), *RUNS[name],
+        "--data_path", str(path), "--output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
@@ -137,18 +144,37 @@ def test_an_environment_error_on_one_rank_stops_every_rank_with_a_line(tmp_path,
             child.kill()
         proc.kill()
         proc.communicate()
-        pytest.fail(f"{name}: the ranks did not stop within 120 s")
+        pytest.fail("the ranks did not stop within 120 s")
     assert proc.returncode != 0
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    failed = next(line for line in lines if "the tool broke" in line)
-    r = int(failed.split()[2].rstrip(":"))
-    assert sorted(lines) == sorted(  # the two ranks' lines, in either order
-        [
-            f"error: rank {r}: --env Scripted: prompt row a, turn 1: step raised RuntimeError: "
-            "the tool broke",
-            f"error: rank {1 - r}: stopped: the environment of rank {r} failed (that rank's error "
-            "line says which environment, row and turn)",
-        ]
-    )
     # no rank died in a collective its peer had left (gloo: "Connection closed by peer")
     assert not [line for line in err.splitlines() if line.startswith("[rank")], err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 2, err[-3000:]
+    by_rank = {int(line.split()[2].rstrip(":")): line.split(": ", 2)[2] for line in lines}
+    assert sorted(by_rank) == [0, 1], lines
+    return by_rank
+
+
+@pytest.mark.parametrize("name", ["zero2", "partitioned"])
+def test_an_environment_error_on_one_rank_stops_every_rank_with_a_line(tmp_path, name):
+    flags = FLAGS[: FLAGS.index("--advantage_estimator")]  # the default estimator: no continuations
+    flags[flags.index(f"{FAKES}:Tally")] = f"{FAKES}:Scripted"
+    said = _failing_run(tmp_path, [*flags, *RUNS[name]], FAILING_ROWS)
+    r = next(k for k, line in said.items() if "the tool broke" in line)
+    assert said[r] == (
+        "--env Scripted: prompt row a, turn 1: step raised RuntimeError: the tool broke"
+    )
+    assert said[1 - r] == STOPPED.format(r=r)
+
+
+def test_an_environment_macro_mc_cannot_replay_on_one_rank_stops_every_rank(tmp_path):
+    flags = list(FLAGS)
+    flags[flags.index(f"{FAKES}:Tally")] = f"{FAKES}:UnreplayableRow"
+    rows = [
+        {"id": "a", "prompt": "count", "turns": 3, "random": True},
+        {"id": "b", "prompt": "count", "turns": 3},
+    ]
+    said = _failing_run(tmp_path, [*flags, *RUNS["partitioned"]], rows)
+    r = next(k for k, line in said.items() if "replaying" in line)
+    assert said[r].startswith(f"--env {FAKES}:UnreplayableRow: prompt row a, turn 1: replaying")
+    assert said[1 - r] == STOPPED.format(r=r)
