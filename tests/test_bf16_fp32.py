@@ -7,7 +7,6 @@ relative), so a place that silently computed in bf16 fails its test."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from marlhf.models.sequences import gather_response
 from marlhf.models.zoo import build_tiny
 from marlhf.stages.ppo.forward import critic_forward
 from marlhf.stages.ppo.rollout import Rollout
+from tests.support.forked import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 BF16 = torch.bfloat16
@@ -42,7 +42,7 @@ def test_deepspeed_master_weights_and_adam_moments_are_fp32():
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", MASTER_PORT=str(port))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, str(Path(__file__).parent / "support" / "bf16_master_probe.py")],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip

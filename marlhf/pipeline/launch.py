@@ -103,10 +103,10 @@ def _stage(request: dict) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, path in ((1, request["log"]), (2, request.get("err") or request["log"])):
+        opened = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
     sys.stdin = open(0)  # noqa: SIM115 - the process's standard input for its whole life
     sys.stdout, sys.stderr = _stream(1), _stream(2)
     if "torch" in sys.modules:  # preloaded: OpenMP read the server's thread count as it loaded
@@ -132,7 +132,7 @@ def _stage(request: dict) -> None:
 
 def serve(preload: list[str]) -> None:
     """The server's loop, after importing ``preload``: one JSON request a line on standard input
-    (``args``, ``env``, ``cwd``, ``log``, ``id``), answered on standard output with ``{"id",
+    (``args``, ``env``, ``cwd``, ``log``, ``err``, ``id``), answered on standard output with ``{"id",
     "pid"}`` once forked and ``{"pid", "status", "cpu_s"}`` once ended."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the stages; the server waits
     for name in preload:
@@ -252,13 +252,16 @@ class Launcher:
             threading.Thread(target=self._read, args=(self._server,), daemon=True).start()
         return self._server
 
-    def start(self, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> Started:
-        """Start ``python ARGS`` with ``env`` in ``cwd``, its output appended to ``log``."""
+    def start(
+        self, args: list[str], env: dict[str, str], cwd: Path, log: Path, err: Path | None = None
+    ) -> Started:
+        """Start ``python ARGS`` with ``env`` in ``cwd``, its output appended to ``log`` (its
+        standard error to ``err`` when given)."""
         server = self._started()
         with self._changed:
             ident, self._next = self._next, self._next + 1
             request = {"id": ident, "args": list(args), "env": dict(env)}
-            request.update(cwd=str(cwd), log=str(log))
+            request.update(cwd=str(cwd), log=str(log), err=None if err is None else str(err))
             try:
                 server.stdin.write(json.dumps(request) + "\n")
                 server.stdin.flush()

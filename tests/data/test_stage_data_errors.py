@@ -3,12 +3,12 @@ The data-layer tests (``test_tokenize.py``) cover the cases one by one."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 pytestmark = pytest.mark.slow
@@ -27,9 +27,7 @@ def test_sft_stage_with_an_empty_phase_fails_clearly_every_time(tmp_path):
     cmd += ["--data_split", "0,5,5", "--max_samples", "50", "--data_output_path", str(cache)]
     cmd += ["--output_dir", str(tmp_path / "out"), "--max_steps", "1"]
     for _ in range(2):  # the re-run fails the same way: nothing empty was cached
-        run = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
-        )
+        run = run_python(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert run.returncode == 2
         assert "IndexError" not in run.stderr and "Traceback" not in run.stderr
         assert "no train SFT examples for phase 1 (SFT)" in run.stderr
@@ -51,7 +49,7 @@ def test_two_ranks_on_a_fresh_home_and_bad_data_fail_once_and_clearly(tmp_path):
     cmd += ["--model_name_or_path", "tiny", "--data_split", "0,5,5", "--max_samples", "50"]
     cmd += ["--data_output_path", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out")]
     cmd += ["--max_steps", "1", "--dist_timeout_s", "120"]
-    run = subprocess.run(
+    run = run_python(
         cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     text = run.stdout + run.stderr

@@ -5,7 +5,6 @@ which know nothing of the models. FIGURES below were measured on the shipped fil
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from marlhf.data.synthetic import prompt_of
 from marlhf.models import zoo
 from marlhf.models.load import resolve_model_path
 from marlhf.pipeline import recipes
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_horizon_recipe_runs_and_writes_a_loadable_base(tmp_path):
     cmd = [sys.executable, "-m", "marlhf.tiny", "--pretrain", str(out), "--horizon", "16"]
     cmd += ["--rows", "64", "--max_steps", "2", "--per_device_train_batch_size", "4"]
     cmd += ["--disable_progress_bar"]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = run_python(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((out / "pretraining.json").read_text())
     assert record["steps"] == 2

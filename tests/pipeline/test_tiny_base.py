@@ -1,7 +1,6 @@
 """The shipped pretrained tiny model (`--model_name_or_path tiny-base`) and its recipe."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from marlhf.data.synthetic import gold_score, pretraining_rows, prompt_of
 from marlhf.models import zoo
 from marlhf.models.load import resolve_model_path
 from marlhf.pipeline import recipes
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +109,7 @@ def test_pretrain_recipe_runs_and_writes_a_loadable_base(tmp_path):
     out = tmp_path / "base"
     cmd = [sys.executable, "-m", "marlhf.tiny", "--pretrain", str(out), "--rows", "64"]
     cmd += ["--max_steps", "2", "--per_device_train_batch_size", "4", "--disable_progress_bar"]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_python(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in (*zoo.BASE_FILES, "pretraining.json"):
         assert (out / name).is_file(), name

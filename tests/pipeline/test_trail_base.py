@@ -20,6 +20,7 @@ from marlhf.models.conversation import ChatLayout
 from marlhf.models.load import resolve_model_path
 from marlhf.pipeline import recipes
 from marlhf.pipeline.figures import chat_act
+from tests.support.forked import run_python
 
 
 def test_the_base_resolves_to_the_shipped_files():
@@ -115,7 +116,6 @@ def test_the_base_plays_the_game_with_room_to_improve(turns):
 
 @pytest.mark.slow
 def test_the_recipe_runs_and_writes_a_loadable_base(tmp_path):
-    import subprocess
     import sys
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -127,7 +127,7 @@ def test_the_recipe_runs_and_writes_a_loadable_base(tmp_path):
     cmd = [sys.executable, "-m", "marlhf.tiny", str(out), "--pretrain", "--trail", "--rows", "60"]
     cmd += ["--max_steps", "2", "--per_device_train_batch_size", "4", "--disable_progress_bar"]
     env = stage_env(tmp_path / "home")
-    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
+    proc = run_python(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((out / "pretraining.json").read_text())
     assert record["steps"] == 2

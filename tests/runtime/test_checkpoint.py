@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from marlhf.runtime.checkpoint import find_resume, load_train_state, save_train_state, write_json
+from tests.support.forked import run_python
 
 MODEL_FILE = "mp_rank_00_model_states.pt"
 OPTIM_FILE = "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -435,7 +436,6 @@ def test_a_save_killed_midway_leaves_no_step_directory_and_is_swept(tmp_path):
     """A process killed (SIGKILL) inside the block: no ``step-N`` (or the previous one, intact), a
     ``.partial-`` directory, removed at the next start by ``find_resume``."""
     import signal
-    import subprocess
     import sys
 
     run = tmp_path / "run"
@@ -450,7 +450,7 @@ def test_a_save_killed_midway_leaves_no_step_directory_and_is_swept(tmp_path):
         "    (where / 'model.safetensors').write_bytes(b'x' * 1000)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True)
+    proc = run_python([sys.executable, "-c", code, str(path)], capture_output=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not path.exists()
     partial = run / "checkpoints" / ".partial-step-6"

@@ -22,6 +22,7 @@ import torch
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+from tests.support.forked import run_python  # noqa: E402
 from tests.support.stage_env import stage_env  # noqa: E402  (tests/ is on sys.path: its conftest.py)
 
 STATE_FILE = "mp_rank_00_model_states.pt"  # ZeRO-0: model, optimizer and client state
@@ -46,7 +47,7 @@ class Sft:
         return [sys.executable, "-c", prelude + "\n" + run, *args]
 
     def run(self, out: Path, prelude: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return run_python(
             self.command(out, prelude),
             cwd=REPO,
             env=stage_env(self.root / "home"),
@@ -186,7 +187,7 @@ def _ppo(root: Path, actor: Path, rm: Path, out: Path) -> subprocess.CompletedPr
         "--termination_condition", "fixed", "--ngram", "3", "--seed", "1234",
         "--output_dir", str(out), "--disable_progress_bar",
     ]  # fmt: skip
-    return subprocess.run(
+    return run_python(
         cmd, cwd=REPO, env=stage_env(root), capture_output=True, text=True, timeout=600
     )
 

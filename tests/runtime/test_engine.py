@@ -5,6 +5,7 @@ import torch
 
 from marlhf.config import OptimConfig
 from marlhf.runtime.engine import ds_config, lr_lambda, param_groups, warmup_steps
+from tests.support.forked import run_python
 
 
 def test_lr_schedule_by_hand():
@@ -58,7 +59,6 @@ def test_single_process_zero0_skips_the_identity_allreduce_bit_for_bit():
     import json
     import os
     import socket
-    import subprocess
     import sys
     from pathlib import Path
 
@@ -68,7 +68,7 @@ def test_single_process_zero0_skips_the_identity_allreduce_bit_for_bit():
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", MASTER_PORT=str(port))
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "engine_allreduce_probe.py")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

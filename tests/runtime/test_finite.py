@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 
 import marlhf.runtime.finite as finite
 from marlhf.runtime.finite import NonFiniteError, check_finite, describe_nonfinite, guarded_step
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_ppo_with_a_nan_reward_model_stops_at_step_1_and_saves_nothing(nan_model
     cmd += ["--max_prompt_seq_len", "160", "--max_answer_seq_len", "8"]
     cmd += ["--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2"]
     cmd += ["--data_output_path", str(base / "cache"), "--output_dir", str(out)]
-    proc = subprocess.run(
+    proc = run_python(
         [*cmd, "--disable_progress_bar"], env=stage_env(base / "home"), capture_output=True,
         text=True, cwd=ROOT, timeout=900,
     )  # fmt: skip
@@ -158,7 +158,7 @@ def test_supervised_stages_with_a_nan_loss_stop_at_step_1_and_save_nothing(nan_m
     cmd = [sys.executable, "-m", f"marlhf.stages.{stage}", "--model_name_or_path", str(broken)]
     cmd += ["--max_samples", "40", "--max_steps", "2", "--save_steps", "1"]
     cmd += ["--data_output_path", str(base / "cache"), "--output_dir", str(out)]
-    proc = subprocess.run(
+    proc = run_python(
         [*cmd, "--disable_progress_bar"], env=stage_env(base / "home"), capture_output=True,
         text=True, cwd=ROOT, timeout=900,
     )  # fmt: skip

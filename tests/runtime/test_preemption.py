@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def test_signal_before_training_stops_at_once_and_a_second_one_during_it_too(tmp
     script.write_text(SCRIPT)
     env = stage_env()
     t0 = time.monotonic()
-    setup = subprocess.run(
+    setup = run_python(
         [sys.executable, str(script), "setup"], env=env, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
@@ -62,7 +63,7 @@ def test_signal_before_training_stops_at_once_and_a_second_one_during_it_too(tmp
         "stopped by SIGTERM before training began; nothing was saved"
     )
     assert "not reached" not in setup.stdout and "Traceback" not in setup.stderr
-    training = subprocess.run(
+    training = run_python(
         [sys.executable, str(script), "training"], env=env, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
@@ -123,7 +124,7 @@ def test_ctrl_c_saves_a_checkpoint_of_the_step_and_the_same_command_resumes(tmp_
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert (out / "train_state" / "model" / f"step-{step}" / "checksums.json").is_file()
     assert _train_steps(out) == list(range(1, step + 1))
-    again = subprocess.run(cmd, env=stage_env(home), cwd=ROOT, capture_output=True, text=True,
+    again = run_python(cmd, env=stage_env(home), cwd=ROOT, capture_output=True, text=True,
                            timeout=900)  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {out / 'train_state'} at step {step}" in again.stderr

@@ -25,6 +25,7 @@ from marlhf.runtime.run_lock import (
     read_holder,
     release,
 )
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ def test_stale_locks_dead_pid_reused_pid_reboot_and_foreign_host(tmp_path):
 
     live = Holder(me.pid, me.host, _boot_id(), _process_start(me.pid), me.since, "x", "t")
     assert holder_alive(live) is True
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+    dead = run_python([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
                           capture_output=True).stdout  # fmt: skip
     assert holder_alive(Holder(int(dead), me.host, "", "", 0.0, "x", "t")) is False
     # the same PID, started at another time: the PID was reused, the holder is gone
@@ -146,9 +147,7 @@ def _two_ranks(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     cmd += ["--master_port", str(port), str(script), str(tmp_path), mode]
-    return subprocess.run(
-        cmd, env=stage_env(), capture_output=True, text=True, cwd=ROOT, timeout=300
-    )
+    return run_python(cmd, env=stage_env(), capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 @pytest.mark.slow
@@ -212,7 +211,7 @@ def test_second_sft_on_a_directory_in_use_stops_naming_the_holder(tmp_path):
         while not (out / LOCK_FILE).exists() and first.poll() is None:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        second = subprocess.run(
+        second = run_python(
             _sft(tmp_path, out, "--max_steps", "1", "--seed", "99"),
             env=env, capture_output=True, text=True, cwd=ROOT, timeout=600,
         )  # fmt: skip
@@ -240,7 +239,7 @@ def test_second_sft_on_a_directory_in_use_stops_naming_the_holder(tmp_path):
         demo = tmp_path / "demo"
         demo.mkdir()
         _write_lock(demo, pid=proc.pid, started=_process_start(proc.pid))
-        run = subprocess.run(
+        run = run_python(
             [sys.executable, "-m", "marlhf.demo", "--output_dir", str(demo), "--fresh"],
             env=env, capture_output=True, text=True, cwd=ROOT, timeout=300,
         )  # fmt: skip
@@ -255,7 +254,7 @@ def test_second_sft_on_a_directory_in_use_stops_naming_the_holder(tmp_path):
 def _immutable(path: Path) -> bool:
     """Make ``path`` immutable (``chattr +i``); False where that is not possible here."""
     try:
-        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+        done = run_python(["chattr", "+i", str(path)], capture_output=True)
     except OSError:
         return False
     return done.returncode == 0
@@ -291,7 +290,7 @@ def test_an_output_dir_that_cannot_be_written_is_one_error_naming_it(tmp_path):
         assert str(err.value).startswith(f"--output_dir {frozen}: cannot write there (")
         assert f"{frozen}/{LOCK_FILE})" in str(err.value)
     finally:
-        subprocess.run(["chattr", "-i", str(frozen)], check=True)
+        run_python(["chattr", "-i", str(frozen)], check=True)
 
 
 def test_a_stage_or_the_demo_on_a_file_as_output_dir_stops_with_one_line(tmp_path):
@@ -302,7 +301,7 @@ def test_a_stage_or_the_demo_on_a_file_as_output_dir_stops_with_one_line(tmp_pat
         _sft(tmp_path, file, "--max_steps", "1"),
         [sys.executable, "-m", "marlhf.demo", "--output_dir", str(file)],
     ):
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        run = run_python(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=300)
         errors = [x for x in run.stderr.splitlines() if x.startswith("error:")]
         assert run.returncode == 2, run.stderr[-3000:]
         assert errors == [f"error: --output_dir {file}: is a file, not a directory; pass a "

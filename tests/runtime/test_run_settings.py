@@ -24,6 +24,7 @@ from marlhf.runtime.run_settings import (
 )
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.sft.config import SFTConfig
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,7 +162,7 @@ def _port() -> str:
 
 
 def _run(cmd: list[str], home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_python(
         cmd, env=stage_env(home), capture_output=True, text=True, cwd=ROOT, timeout=900
     )
 

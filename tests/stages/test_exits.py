@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from marlhf.stages.exits import error_line, exit_status, raised_on_purpose
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def test_samples_per_prompt_that_do_not_divide_the_rollout_is_one_line(launcher,
     cmd += ["--reward_source", "gold", "--n_samples_per_prompt", "3"]
     cmd += ["--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2"]
     cmd += ["--data_output_path", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "out")]
-    run = subprocess.run(
+    run = run_python(
         cmd, env=stage_env(tmp_path / "home"), capture_output=True, text=True, cwd=ROOT,
         timeout=600,
     )  # fmt: skip
@@ -121,7 +122,7 @@ def test_samples_per_prompt_that_do_not_divide_the_rollout_is_one_line(launcher,
     assert "marlhf/stages/ppo/prompts.py" not in text  # no traceback of the stage's
     if launcher == "python":
         assert run.returncode == 2 and "Traceback" not in text
-        shown = subprocess.run(
+        shown = run_python(
             cmd, env={**stage_env(tmp_path / "home"), "MARLHF_TRACEBACK": "1"},
             capture_output=True, text=True, cwd=ROOT, timeout=600,
         )  # fmt: skip

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from marlhf.runtime.distributed import free_port
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 pytestmark = pytest.mark.slow
@@ -70,7 +71,7 @@ class Env:
         raise ValueError(launcher)
 
     def run(self, out: Path, *flags: str, launcher: str = "python", check: bool = True):
-        proc = subprocess.run(
+        proc = run_python(
             self.command(out, *flags, launcher=launcher),
             cwd=REPO,
             env=self.environ(),
@@ -486,7 +487,7 @@ def test_run_config_given_back_as_config_reproduces_the_run(env, tiny_dir):
     )
     cmd = [sys.executable, "-m", "marlhf.stages.sft", "--config", str(first / "run_config.json"),
            "--output_dir", str(again)]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env.environ(), capture_output=True, text=True,
+    proc = run_python(cmd, cwd=REPO, env=env.environ(), capture_output=True, text=True,
                           timeout=TIMEOUT_S)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     cfg_a = json.loads((first / "run_config.json").read_text())

@@ -6,8 +6,9 @@ module imports it as ``from stage_env import stage_env``."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
+
+from tests.support.forked import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,9 +29,10 @@ def stage_env(home: Path | None = None) -> dict:
 
 
 def run_stage(cmd: list[str], home: Path | None = None, timeout: int = 900):
-    """Run ``cmd`` (a stage's command line) in :func:`stage_env` from the repository root; fails the
-    test with the tail of its output unless it exits 0. Returns the completed process."""
-    proc = subprocess.run(
+    """Run ``cmd`` (a stage's command line) in :func:`stage_env` from the repository root (forked:
+    ``tests/support/forked.py``); fails the test with the tail of its output unless it exits 0.
+    Returns the completed process."""
+    proc = run_python(
         cmd, env=stage_env(home), capture_output=True, text=True, cwd=ROOT, timeout=timeout
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

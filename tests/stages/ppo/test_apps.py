@@ -2,7 +2,6 @@
 format, the execution reward from the sandbox, and where the trainer puts it."""
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env as _env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -206,9 +206,7 @@ def test_apps_ppo_runs_with_code_reward(tiny, tmp_path, rule):
         "--disable_progress_bar",
         *rule,
     ]
-    proc = subprocess.run(
-        cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
+    proc = run_python(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     # the problem without tests is among the PPO rows and is left out of the code-reward run
     ppo_rows = phase_indices(len(TRAIN_ROWS), DATA_SPLIT, 3, SEED).tolist()

@@ -16,13 +16,13 @@ import itertools
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env as _env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -121,7 +121,7 @@ def _run_matrix(base: Path, runs: dict[str, list[str]], name: str, timeout: int)
     returns ({run: error} of the runs that failed, the runner's stderr)."""
     spec = base / f"{name}.json"
     spec.write_text(json.dumps(runs))
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, str(MATRIX), str(spec)],
         env=_env(base),
         capture_output=True,

@@ -16,7 +16,6 @@ openings at 0.69 and cut the answers to 69 tokens (gold 0.203); on ``synthetic-f
 opening to learn) the ``--lam 1`` run left gold where it was (0.301 -> 0.280).
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from marlhf.data.long_tasks import N_TRAIN, answer_verdict, correct_verdict, gen
 from marlhf.data.synthetic import prompt_of
 from marlhf.models.load import resolve_model_path
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env as _env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -89,9 +89,7 @@ def test_oracle_ppo_raises_gold_on_the_256_token_task(tmp_path):
     cmd += ["--critic_model_name_or_path", str(_critic(tmp_path / "critic"))]
     cmd += ["--data_output_path", str(tmp_path / "cache"), "--output_dir", str(out)]
     cmd += ["--max_steps", str(STEPS)]
-    proc = subprocess.run(
-        cmd, env=_env(home), cwd=ROOT, capture_output=True, text=True, timeout=1800
-    )
+    proc = run_python(cmd, env=_env(home), cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "objective/score" in r]
     assert len(rows) == STEPS
@@ -118,7 +116,7 @@ def test_reward_stage_reads_the_long_task_comparisons(tmp_path):
     cmd += ["--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8"]
     cmd += ["--eval_iters", "1", "--zero_stage", "0", "--disable_progress_bar"]
     cmd += ["--data_output_path", str(tmp_path / "cache"), "--output_dir", str(out)]
-    proc = subprocess.run(
+    proc = run_python(
         cmd, env=_env(tmp_path / "home"), cwd=ROOT, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

@@ -37,6 +37,7 @@ from marlhf.stages.ppo.mc_env import env_monte_carlo, play_continuations
 from marlhf.stages.ppo.multiturn import Played, env_setup, play
 from marlhf.stages.ppo.scoring import Scored, SequenceReward
 from tests.support.fake_envs import Tally, tally_reward
+from tests.support.forked import run_python
 from tests.support.generation_checks import Engine, end_score
 from tests.support.stage_env import stage_env
 
@@ -198,9 +199,7 @@ COMMON = [
 
 def _stage(out: Path, *flags: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "marlhf.stages.ppo", *COMMON, "--output_dir", str(out), *flags]
-    return subprocess.run(
-        cmd, env=stage_env(), capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
+    return run_python(cmd, env=stage_env(), capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,7 +37,7 @@ def _cmd(out: Path, *flags: str) -> list[str]:
 
 
 def _run(out: Path, *flags: str, ok: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
+    proc = run_python(
         _cmd(out, *flags), env=stage_env(), capture_output=True, text=True, cwd=ROOT, timeout=600
     )
     if ok:

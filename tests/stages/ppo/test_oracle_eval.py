@@ -5,7 +5,6 @@ critic is the base's backbone with a fresh value head), with held-out evaluation
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from marlhf.pipeline.preflight import main as preflight_main
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,7 +44,7 @@ def test_preflight_takes_the_embedded_base_and_blames_the_flags_given(capsys):
 def _ppo(out: Path, home: Path, *extra: str) -> list[dict]:
     cmd = [sys.executable, "-m", "marlhf.stages.ppo", *FLAGS, "--output_dir", str(out), *extra]
     cmd += ["--data_output_path", str(out.parent / "cache")]
-    run = subprocess.run(
+    run = run_python(
         cmd, env=stage_env(home), capture_output=True, text=True, cwd=ROOT, timeout=900
     )
     assert run.returncode == 0, run.stderr[-4000:]

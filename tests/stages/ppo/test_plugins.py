@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -71,7 +72,7 @@ def _run(base: Path, *flags: str) -> subprocess.CompletedProcess:
         "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
         "--disable_progress_bar", *flags,
     ]  # fmt: skip
-    return subprocess.run(
+    return run_python(
         cmd, env=stage_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600
     )
 
@@ -115,7 +116,7 @@ def test_a_plugin_rule_and_estimator_train_and_reload(tmp_path):
         "cfg = config_from_dict(PPOStageConfig, json.load(open(sys.argv[2])))\n"
         "print(run_label(cfg.ppo, cfg.macro))\n"
     )
-    again = subprocess.run(
+    again = run_python(
         [sys.executable, "-c", code, str(out), str(out / "run_config.json")],
         env=stage_env(tmp_path),
         capture_output=True,

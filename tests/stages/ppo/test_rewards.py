@@ -22,6 +22,7 @@ import pytest
 
 from marlhf.runtime.distributed import free_port
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -123,7 +124,7 @@ def matrix(setup):
         ]  # fmt: skip
     spec = base / "cases.json"
     spec.write_text(json.dumps(cases))
-    proc = subprocess.run(
+    proc = run_python(
         [sys.executable, str(MATRIX), str(spec)],
         env=stage_env(base / "home"),
         capture_output=True,

@@ -5,7 +5,6 @@ tested in ``tests/with_vllm/`` (vLLM's environment, ``make test-vllm``)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from importlib.util import find_spec
 
@@ -15,6 +14,7 @@ import torch
 from marlhf.models.vllm_engine import INSTALL, VLLMConfig, VLLMError, require_vllm
 from marlhf.stages.ppo.config import GenerationConfig, PPOStageConfig
 from marlhf.stages.ppo.sampler import actor_weights, check_flags
+from tests.support.forked import run_python
 from tests.support.stage_env import ROOT, stage_env
 
 
@@ -96,7 +96,7 @@ def test_stage_without_vllm_stops_with_one_line(tmp_path):
         "--advantage_estimator", "grpo", "--n_samples_per_prompt", "2", "--reward_source", "gold",
         "--actor_model_name_or_path", "tiny-base", "--output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    proc = subprocess.run(
+    proc = run_python(
         cmd, env=stage_env(tmp_path / "home"), capture_output=True, text=True, cwd=ROOT, timeout=300
     )
     assert proc.returncode == 2, proc.stderr[-3000:]

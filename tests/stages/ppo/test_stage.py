@@ -3,13 +3,13 @@
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from marlhf.runtime.tracking import read_metrics
+from tests.support.forked import run_python
 from tests.support.pickles import pickled_modules
 from tests.support.stage_env import stage_env as _env
 
@@ -63,9 +63,7 @@ def _ppo(base, actor, rm, out, *extra, steps=2, stderr: list | None = None):
         "--disable_progress_bar",
         *extra,
     ]
-    proc = subprocess.run(
-        cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
+    proc = run_python(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     if stderr is not None:
         stderr.append(proc.stderr)
@@ -432,7 +430,7 @@ def test_runs_named_after_what_ran_one_line_per_step_and_compared(models, tmp_pa
                "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
                "--max_steps", "2", "--ngram", str(n), "--seed", str(seed), "--data_seed", "1",
                "--output_dir", str(out), "--disable_progress_bar", "--report_to", "none"]  # fmt: skip
-        proc = subprocess.run(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT,
+        proc = run_python(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT,
                               timeout=600)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[out] = proc.stderr
@@ -465,7 +463,7 @@ def test_log_interval_thins_the_step_lines_and_each_evaluation_prints_one(models
            "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
            "--max_steps", "3", "--log_interval", "2", "--eval_interval", "2", "--eval_iters", "1",
            "--output_dir", str(out), "--disable_progress_bar", "--report_to", "none"]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT,
+    proc = run_python(cmd, env=_env(base), capture_output=True, text=True, cwd=ROOT,
                           timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stderr.splitlines()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from marlhf.cli import config_to_dict, parse_config
 from marlhf.stages.ppo.config import PPOStageConfig
 from marlhf.stages.reward.config import RewardStageConfig
 from marlhf.stages.sft.config import SFTConfig
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,7 +58,7 @@ def test_ppo_without_the_template_its_models_learned_is_refused(templated, tmp_p
     base, actor, rm = templated
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "marlhf.stages.ppo", *_flags(base, actor, rm), "--output_dir"]
-    run = subprocess.run(
+    run = run_python(
         [*cmd, str(out)], env=stage_env(base), capture_output=True, text=True, cwd=ROOT,
         timeout=600,
     )  # fmt: skip

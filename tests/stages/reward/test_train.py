@@ -6,7 +6,6 @@ import doctest
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from marlhf.models.reward_model import RewardModel, end_scores, load_reward_mode
 from marlhf.models.save import save_reward_checkpoint
 from marlhf.stages.reward.config import RewardConfig, RewardStageConfig
 from marlhf.stages.reward.scorer import Scorer, pair_responses, response_scores
+from tests.support.forked import run_python
 from tests.support.stage_env import stage_env
 from tests.support.tiny_models import tiny_gemma_config
 
@@ -267,7 +267,7 @@ def _run(module: str, args: list[str], cache: Path) -> None:
         "1234",
         *args,
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_python(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
