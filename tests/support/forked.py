@@ -1,5 +1,5 @@
 """``run_python``: :func:`subprocess.run` for the tests' ``python ...`` commands (a stage, a program
-of the package), run as processes forked from one server per test session that has imported
+of the package), run as processes forked from one server per test run that has imported
 torch, transformers, datasets and DeepSpeed (:mod:`marlhf.pipeline.launch`, as the demo starts its
 stages). A tiny-model stage then starts in 2-3 s instead of 8-11; its output, exit status and
 files are those of the same command run by ``python`` (``tests/pipeline/test_launch.py``).
@@ -10,7 +10,7 @@ Only what a test needs of :func:`subprocess.run` is taken: ``env``, ``cwd``, ``t
 its arguments (a launcher such as ``torchrun`` or ``deepspeed``, another interpreter), or one
 whose environment differs from the server's in a variable the libraries read as they load
 (:data:`READ_ON_IMPORT`), runs through :func:`subprocess.run` itself. A test that signals or kills its process uses
-:class:`subprocess.Popen` as before."""
+:class:`subprocess.Popen` itself."""
 
 from __future__ import annotations
 
