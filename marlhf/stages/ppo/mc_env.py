@@ -42,7 +42,9 @@ Cost. A rank's continuations are played in batches of ``--mc_generation_batch_si
 :func:`marlhf.envs.runner.run_episodes`: every round steps its environments in parallel and
 samples the actions of the episodes past their replayed turns in one call of the generation
 backend; replaying costs environment steps, no generation. Logged as ``mc/continuations``,
-``mc/boundaries`` and ``time/mc``.
+``mc/boundaries`` and ``time/mc``. Over several ranks every rank plays as many batches (a rank
+with fewer plays placeholder episodes of its first row, their returns dropped): each batch ends
+in a collective.
 """
 
 from __future__ import annotations
@@ -215,16 +217,15 @@ def env_monte_carlo(
 
 def _batches(ctx: Continuations, before: torch.Tensor) -> list[torch.Tensor | None]:
     """Job indices per batch of continuations, sorted by the turns they replay (a batch's
-    episodes replay alike); with ZeRO-3 over several ranks (each batch gathers the weights, the
-    reward model's forward pass is collective) padded with None to the most batches of any
-    rank, as the single-turn continuations' calls are."""
-    ppo, models = ctx.ppo, ctx.models
+    episodes replay alike); over several ranks padded with None to the most batches of any rank,
+    since every batch ends in a collective (:func:`marlhf.envs.turns.raise_together`: an
+    environment's error on one rank stops all), and under ZeRO-3 each gathers the weights and the
+    reward model's forward pass is collective, as the single-turn continuations' calls are."""
+    ppo = ctx.ppo
     size = ppo.mc_generation_batch_size or ctx.g.per_device_generation_batch_size * ppo.mc_rollouts
     order = torch.sort(before, stable=True).indices
     batches: list[torch.Tensor | None] = list(order.split(size)) if order.numel() else []
-    engines = (models.actor, models.reward)
-    zero3 = any(e is not None and e.zero_optimization_stage() == 3 for e in engines)
-    if zero3 and world_size() > 1:
+    if world_size() > 1:
         most = int(all_gather_padded(torch.tensor([len(batches)])).max())
         batches += [None] * (most - len(batches))
     return batches
