@@ -53,6 +53,20 @@ RUNS = {
 }
 
 
+def _stderr_once_ended(proc: subprocess.Popen, limit_s: int, late: str) -> str:
+    """``proc``'s standard error once it has ended; past ``limit_s`` its ranks are killed and the
+    test fails with ``late``."""
+    try:
+        return proc.communicate(timeout=limit_s)[1]
+    except subprocess.TimeoutExpired:
+        # the ranks run in sessions of their own and take SIGTERM as "stop after this step"
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"{late} within {limit_s} s")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list[dict]]:
     """Each run of :data:`RUNS` on two ranks: its logged metrics, one dict per step."""
@@ -75,15 +89,7 @@ def runs(tmp_path_factory) -> dict[str, list[dict]]:
             cmd, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=ROOT,
         )  # fmt: skip
-        try:
-            _, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            # the ranks run in sessions of their own and take SIGTERM as "stop after this step"
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                child.kill()
-            proc.kill()
-            proc.communicate()
-            pytest.fail(f"{name}: the two ranks did not finish within 240 s (out of step)")
+        err = _stderr_once_ended(proc, 240, f"{name}: the two ranks did not finish (out of step)")
         assert proc.returncode == 0, (name, err[-5000:])
         out[name] = read_metrics(base / name / "metrics.jsonl")
     return out
@@ -137,14 +143,7 @@ def _failing_run(tmp_path, flags: list[str], rows: list[dict]) -> dict[int, str]
     proc = subprocess.Popen(
         cmd, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
-    try:
-        _, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            child.kill()
-        proc.kill()
-        proc.communicate()
-        pytest.fail("the ranks did not stop within 120 s")
+    err = _stderr_once_ended(proc, 120, "the ranks did not stop")
     assert proc.returncode != 0
     # no rank died in a collective its peer had left (gloo: "Connection closed by peer")
     assert not [line for line in err.splitlines() if line.startswith("[rank")], err[-3000:]
