@@ -133,7 +133,8 @@ def _stage(request: dict) -> None:
 def serve(preload: list[str]) -> None:
     """The server's loop, after importing ``preload``: one JSON request a line on standard input
     (``args``, ``env``, ``cwd``, ``log``, ``err``, ``id``), answered on standard output with ``{"id",
-    "pid"}`` once forked and ``{"pid", "status", "cpu_s"}`` once ended."""
+    "pid"}`` once forked and ``{"ended": id, "status", "cpu_s"}`` once ended (by request id: a
+    pid may be reused by a later stage)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the stages; the server waits
     for name in preload:
         importlib.import_module(name)
@@ -147,7 +148,7 @@ def serve(preload: list[str]) -> None:
             answers.write(json.dumps(message) + "\n")
 
     answer({"ready": True})
-    pending, children, open_ = b"", set(), True
+    pending, children, open_ = b"", {}, True  # children: pid -> request id
     while open_ or children:
         if open_ and select.select([0], [], [], 0.05)[0]:
             chunk = os.read(0, 1 << 16)
@@ -160,7 +161,7 @@ def serve(preload: list[str]) -> None:
                 if pid == 0:
                     answers.close()
                     _stage(request)
-                children.add(pid)
+                children[pid] = request["id"]
                 answer({"id": request["id"], "pid": pid})
         elif not open_:
             select.select([], [], [], 0.05)
@@ -168,9 +169,9 @@ def serve(preload: list[str]) -> None:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
             if pid == 0:
                 break
-            children.discard(pid)
+            ident = children.pop(pid)
             cpu = usage.ru_utime + usage.ru_stime
-            answer({"pid": pid, "status": os.waitstatus_to_exitcode(status), "cpu_s": cpu})
+            answer({"ended": ident, "status": os.waitstatus_to_exitcode(status), "cpu_s": cpu})
 
 
 # --- the pipeline's side ---------------------------------------------------------------------------
@@ -179,14 +180,14 @@ def serve(preload: list[str]) -> None:
 class Started:
     """A running stage (the :class:`subprocess.Popen` calls the pipeline uses)."""
 
-    def __init__(self, launcher: Launcher, pid: int) -> None:
-        self._launcher, self.pid = launcher, pid
+    def __init__(self, launcher: Launcher, ident: int, pid: int) -> None:
+        self._launcher, self._ident, self.pid = launcher, ident, pid
         self.returncode: int | None = None
         self.cpu_s = 0.0
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            ended = self._launcher._ended.get(self.pid)
+            ended = self._launcher._ended.get(self._ident)
             if ended is not None:
                 self.returncode, self.cpu_s = ended
             elif self._launcher._gone:  # the server was killed: its stages' ends are unknown
@@ -218,8 +219,7 @@ class Launcher:
         self._server: subprocess.Popen | None = None
         self._changed = threading.Condition()
         self._forked: dict[int, int] = {}  # request id -> pid
-        self._ended: dict[int, tuple[int, float]] = {}  # pid -> (status, CPU seconds)
-        self._ready = False
+        self._ended: dict[int, tuple[int, float]] = {}  # request id -> (status, CPU seconds)
         self._gone = False  # the server has ended
         self._next = 0
 
@@ -227,12 +227,10 @@ class Launcher:
         for line in server.stdout:
             message = json.loads(line)
             with self._changed:
-                if "ready" in message:
-                    self._ready = True
-                elif "id" in message:
+                if "id" in message:
                     self._forked[message["id"]] = message["pid"]
-                else:
-                    self._ended[message["pid"]] = (message["status"], message["cpu_s"])
+                elif "ended" in message:
+                    self._ended[message["ended"]] = (message["status"], message["cpu_s"])
                 self._changed.notify_all()
         server.wait()
         with self._changed:
@@ -273,7 +271,7 @@ class Launcher:
                     f"the process that starts the stages (python -m marlhf.pipeline.launch) "
                     f"ended with status {server.returncode} before it started {args[:2]}"
                 )
-            return Started(self, self._forked[ident])
+            return Started(self, ident, self._forked[ident])
 
 
 if __name__ == "__main__":
