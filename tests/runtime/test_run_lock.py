@@ -208,9 +208,12 @@ def test_second_sft_on_a_directory_in_use_stops_naming_the_holder(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while not (out / LOCK_FILE).exists() and first.poll() is None:
+        # the first run holds the lock and has logged a step (the second starts in a second or two)
+        logged = out / "metrics.jsonl"
+        while first.poll() is None and not (logged.exists() and "train/loss" in logged.read_text()):
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        assert (out / LOCK_FILE).exists()
         second = run_python(
             _sft(tmp_path, out, "--max_steps", "1", "--seed", "99"),
             env=env, capture_output=True, text=True, cwd=ROOT, timeout=600,
