@@ -247,13 +247,9 @@ class TurnSampler:
 
 
 def raise_together(error: EnvError | None, device: torch.device) -> None:
-    """After every rank's episodes (a collective; nothing in a single process): raise ``error`` on
+    """After every rank's episodes (a collective; in a single process the sum is local): raise ``error`` on
     this rank when it has one, and on a rank without one an :class:`EnvError` naming the first
     rank that had one. Returns when no rank's environment failed."""
-    if world_size() == 1:
-        if error is not None:
-            raise error
-        return
     flags = torch.zeros(world_size(), device=device)
     flags[rank()] = float(error is not None)
     failed = all_reduce_sum(flags).nonzero().flatten().tolist()

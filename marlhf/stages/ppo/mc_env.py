@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from marlhf.algo.estimators import MCBoundaries
-from marlhf.envs.replay import ReplayError, check_replay
-from marlhf.envs.turns import TurnSampler, raise_together
+from marlhf.envs.replay import check_replay
+from marlhf.envs.turns import TurnSampler
 from marlhf.macro import build_segments
 from marlhf.runtime.distributed import all_gather_padded, world_size
 from marlhf.runtime.rows import derive_row_seeds
@@ -142,15 +142,15 @@ def play_continuations(
         f"prompt row {i} (a macro_mc continuation after turn {k})"
         for i, k in zip(ids, turns, strict=True)
     ]
-    episodes = run_turns(env, models.actor, models.sampler, prompt_rows, sampler, g, names)
-    error = None
-    try:
+
+    def replayed_as_recorded(episodes: list[Episode]) -> None:
         for b, k, i, ep in zip(rows, turns, ids, episodes, strict=True):
             if k > 0:
                 check_replay(env.cfg.env, f"prompt row {i}", played.episodes[b], ep, k)
-    except ReplayError as e:  # every rank stops, as after an environment's error
-        error = e
-    raise_together(error, models.actor.device)
+
+    episodes = run_turns(
+        env, models.actor, models.sampler, prompt_rows, sampler, g, names, replayed_as_recorded
+    )
     full = conversation_rollout(sampler.finished(episodes), episodes, pad, sampler.eos_ids, ids)
     return full, episodes
 

@@ -29,7 +29,7 @@ them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -187,23 +187,25 @@ def run_turns(
     turns: TurnSampler,
     g: GenerationConfig,
     names: Sequence[str],
+    check: Callable[[list[Episode]], None] | None = None,
 ) -> list[Episode]:
     """:func:`~marlhf.envs.runner.run_episodes` of ``rows`` with ``turns`` as the policy, the
     ``actor`` in eval mode (its ZeRO-3 weights gathered with ``--enable_zero3_generation_gather``)
     for a backend that samples with it, then the calls that keep this rank in step with the others
     (:meth:`~marlhf.envs.turns.TurnSampler.keep_in_step`) and the all-reduce that stops every rank
     when an environment failed on one (:func:`~marlhf.envs.turns.raise_together`); ``names``: how
-    errors name the rows."""
+    errors name the rows; ``check``: called on this rank's episodes, an :class:`EnvError` it raises
+    stops every rank the same way."""
     episode_rows = [episode_row(r) for r in rows]
 
     def played() -> list[Episode]:
+        out, error = [], None
         try:
-            out, error = (
-                run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names),
-                None,
-            )
+            out = run_episodes(env.factory, episode_rows, turns, env.cfg, turns.measure, names)
+            if check is not None:
+                check(out)
         except EnvError as e:  # --env_errors fail: every rank stops (raise_together)
-            out, error = [], e
+            error = e
         turns.keep_in_step()
         raise_together(error, turns.device)
         return out
