@@ -147,7 +147,6 @@ def serve(preload: list[str]) -> None:
         with contextlib.suppress(BrokenPipeError):  # the pipeline has gone: the stages go on
             answers.write(json.dumps(message) + "\n")
 
-    answer({"ready": True})
     pending, children, open_ = b"", {}, True  # children: pid -> request id
     while open_ or children:
         if open_ and select.select([0], [], [], 0.05)[0]:

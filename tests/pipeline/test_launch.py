@@ -158,3 +158,13 @@ def test_a_server_that_cannot_import_its_libraries_is_named(tmp_path):
         "the process that starts the stages (python -m marlhf.pipeline.launch) ended with status 1"
     )
     assert not (tmp_path / "stage.log").exists()
+
+
+@pytest.mark.parametrize("flag", ["-m", "-c"])
+def test_a_flag_without_its_argument_gets_python_s_own_usage_error(flag):
+    from tests.support.forked import run_python
+
+    cmd = [sys.executable, flag]
+    want = subprocess.run(cmd, capture_output=True, text=True)
+    got = run_python(cmd, capture_output=True, text=True)
+    assert (got.returncode, got.stderr) == (want.returncode, want.stderr) != (0, "")

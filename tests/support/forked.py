@@ -37,6 +37,8 @@ def _read_on_import(env: dict[str, str]) -> dict[str, str]:
 def _forkable(cmd, kwargs: dict) -> bool:
     if not isinstance(cmd, list | tuple) or len(cmd) < 2 or cmd[0] != sys.executable:
         return False
+    if cmd[1] in ("-m", "-c") and len(cmd) < 3:  # Python's own usage error, from Python
+        return False
     if cmd[1] == "-m" and cmd[2] in ("torch.distributed.run", "deepspeed.launcher.runner"):
         return False
     if cmd[1].startswith("-") and cmd[1] not in ("-m", "-c"):  # interpreter options
