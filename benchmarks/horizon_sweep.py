@@ -113,6 +113,8 @@ PPO when each arm is at its own best λ and actor learning rate?**
 - Arms: ``ppo``, ``fixed10``, ``lowprob10``, ``macro_mc5`` (spaced boundaries, ``H // 5``).
 - Grid, the same for every arm: λ ∈ {0.95, 1} × actor learning rate ∈ {1e-4, 2e-4}; everything else
   the sweep's shared settings (critic lr 5e-4, ``--kl_ctl 0.01``, 16 rollouts a step, T = 1).
+  ``macro_mc5`` has no critic and does not read λ: it runs at λ = 0.95 only (in the 64-token
+  oracle cell its λ = 1 tuning runs had repeated the λ = 0.95 runs' figures exactly).
 - Tuning seeds 1-3; the chosen setting of each arm is the grid point with the highest mean over
   those seeds of (final training gold + held-out gold) / 2 (benchmarks/tuning.py; ties to the
   earlier point of λ-then-lr order). Reported seeds: **11-20**, each arm at its chosen setting.
@@ -197,6 +199,7 @@ from benchmarks.tuning import (  # noqa: E402
     selection_score,
     stability,
 )
+from marlhf.algo.registry import resolve_estimator  # noqa: E402
 from marlhf.pipeline.demo_settings import LONG_TASK_PPO_FLAGS  # noqa: E402
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
@@ -440,7 +443,8 @@ def tuning_runs(
 ) -> list[RunJob]:
     """``--tune``'s first phase: every arm (``ppo`` always) at every ``settings`` point on the tuning
     ``seeds``, per reward source and horizon (a setting at the sweep's actor learning rate shares
-    the plain cell's runs)."""
+    the plain cell's runs). An arm without GAE (:func:`uses_lambda`) runs at the grid's first λ
+    only: at another λ it would be the same run again (its tuning table shows "—" there)."""
     runs = []
     for h in horizons:
         cell_arms = (BASELINE, *[a for a in (arms or size.arms[h]) if a != BASELINE])
@@ -448,8 +452,24 @@ def tuning_runs(
             for st in settings:
                 for seed in seeds:
                     for arm in cell_arms:
+                        if st.lam != settings[0].lam and not uses_lambda(arm):
+                            continue
                         runs.append(_run_at(source, st, h, arm, seed, steps or size.steps[h], task))
     return runs
+
+
+def uses_lambda(arm: str) -> bool:
+    """Whether GAE's λ enters ``arm``: its estimator is ``gae`` (the critic-free estimators, e.g.
+    ``macro_mc`` and ``grpo``, do not read ``--lam``).
+
+    >>> uses_lambda("fixed10"), uses_lambda("macro_mc5"), uses_lambda("grpo")
+    (True, False, False)
+    """
+    flags = ARMS[arm]
+    name = "gae"
+    if "--advantage_estimator" in flags:
+        name = flags[flags.index("--advantage_estimator") + 1]
+    return resolve_estimator(name) == "gae"
 
 
 def _run_at(source: str, st: Setting, h: int, arm: str, seed: int, steps: int, task: str) -> RunJob:

@@ -225,6 +225,22 @@ def test_tuning_plan_gives_every_arm_the_same_grid_and_parses(tmp_path):
     )
 
 
+def test_a_critic_free_arm_is_tuned_at_one_lambda_only():
+    """λ is GAE's: macro_mc5 at λ = 1 would repeat its λ = 0.95 run, so the plan leaves it out,
+    and its choice falls on the learning rate alone."""
+    size = horizon_sweep.SIZES["cpu"]
+    settings = tuning.grid((0.95, 1.0), (1e-4, 2e-4))
+    runs = horizon_sweep.tuning_runs(size, (64,), (1, 2), "verdict", settings, ["macro_mc5"], 80)
+    points = {(r.arm, r.lam, r.lr) for r in runs}
+    assert {p for p in points if p[0] == "macro_mc5"} == {
+        ("macro_mc5", 0.95, None), ("macro_mc5", 0.95, 2e-4),
+    }  # fmt: skip
+    assert len([r for r in runs if r.arm == "ppo"]) == 4 * 2
+    for arm, want in (("macro_mc5", "--advantage_estimator"), ("ppo", None)):
+        flags = horizon_sweep.arm_flags(arm, 64)
+        assert (want in flags) == (not horizon_sweep.uses_lambda(arm))
+
+
 def _fake_run(root: Path, job, gold: list[float], held: float) -> None:
     out = job.out(root)
     (out / "actor").mkdir(parents=True)
