@@ -19,7 +19,8 @@ Pre-registered (docs/research/agents.md, written before any run of this script):
   keeps its best setting by :func:`benchmarks.tuning.choose` on the selection score of
   :mod:`benchmarks.tuning` (the mean over seeds of (final training gold + held-out gold) / 2).
 - Report: the chosen settings on seeds 11-20 (:data:`REPORT_SEEDS`). Per arm: final training gold
-  (the mean of the last 5 steps' ``env/return``, which is the gold with no per-turn reward), held-out
+  (the mean of the last 5 steps' ``env/gold``, the final reward alone; ``env/return`` with no
+  per-turn reward, where the two are the same), held-out
   gold on 200 ``valid`` games at T = 1 and greedy, the share of right first calls; differences to
   ``ppo`` with Welch's 95 % interval over seeds; MA-RLHF's speed-up (the first step at which an
   arm's smoothed mean curve reaches ``ppo``'s final training gold, ``ppo``'s steps over it) with a
@@ -190,7 +191,9 @@ def read_run(run: Path) -> dict | None:
         return None
     rows = last_rows(run / "metrics.jsonl")
     return {
-        "gold": [r["env/return"] for r in rows],
+        # the final reward alone (the gold); runs logged before the env reported it had no
+        # per-turn reward, so their return is the gold
+        "gold": [r.get("env/gold", r["env/return"]) for r in rows],
         "first_call": [r.get("env/first_call_key", float("nan")) for r in rows],
         "eval": json.loads((run / "eval.json").read_text()),
     }

@@ -18,7 +18,9 @@ from marlhf.data.trail import TrailGame, World, parse_action
 class TrailEnv(BaseTextEnv):
     """One game of the trail task. ``extras["extra_info"]`` holds the world (:func:`rows` writes
     it); ``turns`` (registered per id) must be its turns; ``env_config.step_reward`` (default 0)
-    is the reward of each call answered with a name."""
+    is the reward of each call answered with a name. Its metrics: ``gold`` (the final reward alone,
+    1 or 0: the task's gold score, also with a per-turn reward), ``first_call_key`` and
+    ``turns``."""
 
     def __init__(
         self, env_config: Any = None, extras: dict | None = None, turns: int | None = None
@@ -40,6 +42,7 @@ class TrailEnv(BaseTextEnv):
         self.game = TrailGame(world, step_reward)
         self.max_turns = world.turns
         self.first_call: str | None = None
+        self.gold = 0.0
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         reply, reward, done = self.game.step(action)
@@ -47,6 +50,8 @@ class TrailEnv(BaseTextEnv):
         if self.turns == 1:
             kind, person = parse_action(action)
             self.first_call = person if kind == "call" else None
+        if done:
+            self.gold = reward  # the final reward has no per-turn part
         observations = [] if reply is None else [{"role": "user", "content": reply}]
         return BaseTextEnvStepOutput(
             observations=observations, reward=reward, done=done, metadata={}
@@ -55,5 +60,6 @@ class TrailEnv(BaseTextEnv):
     def get_metrics(self) -> dict[str, Any]:
         return {
             "turns": self.turns,
+            "gold": self.gold,
             "first_call_key": float(self.first_call == self.world.key),
         }

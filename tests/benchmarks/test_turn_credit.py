@@ -73,6 +73,13 @@ def test_read_run_keeps_the_last_row_of_a_resumed_step(tmp_path):
     first = got["first_call"]
     assert first[0] == 0.0 and first[1] != first[1] and first[2] == 1.0
     assert got["eval"] == {"T1": {"gold": 0.5}}
+    # with a per-turn reward the training gold is the logged gold, not the return
+    paid = [
+        {"step": 1, "env/return": 1.3, "env/gold": 1.0},
+        {"step": 2, "env/return": 0.3, "env/gold": 0.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in paid))
+    assert turn_credit.read_run(run)["gold"] == [1.0, 0.0]
 
 
 def test_tuning_keeps_each_arms_best_setting_and_skips_incomplete_ones(tmp_path):

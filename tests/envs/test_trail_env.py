@@ -54,4 +54,9 @@ def test_the_runner_plays_the_right_and_a_wrong_first_call():
         assert e.rewards == [0.0] * 7 + [1.0 if i % 2 == 0 else 0.0] and e.stop == "done"
         assert e.rewards[-1] == trail.gold(worlds[i], e.messages)
     m = episode_metrics(episodes, factory)
-    assert m["env/first_call_key"] == 0.5 and m["env/return"] == 0.5
+    assert m["env/first_call_key"] == 0.5 and m["env/return"] == 0.5 == m["env/gold"]
+    # with a per-turn reward the return grows, the gold (the final reward alone) does not
+    paid = load_env("marlhf-trail-8", '{"step_reward": 0.1}')
+    episodes = run_episodes(paid, rows, act, EnvConfig(env="marlhf-trail-8", env_timeout_s=0))
+    m = episode_metrics(episodes, paid)
+    assert m["env/gold"] == 0.5 and m["env/return"] == pytest.approx(0.5 + 7 * 0.1)  # 7 calls
