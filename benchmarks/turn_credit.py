@@ -12,8 +12,11 @@ Pre-registered (docs/research/agents.md, written before any run of this script):
   (``--termination_condition turn``: GAE over turns), ``grpo`` (whole episodes compared in groups
   of 4) and ``mt_grpo`` (MT-GRPO's per-turn group-relative advantages, groups of 4). With
   ``--max_answer_seq_len 8`` no action is longer than 8 tokens, so fixed 10-token macro actions
-  inside turns are the ``turn`` arm and are not run apart; ``macro_mc`` is refused with ``--env``
-  (its continuations would replay an environment from the middle of an episode).
+  inside turns are the ``turn`` arm and are not run apart. (Added after the main cell's runs,
+  with its own pre-registration in docs/research/agents.md, "Further cells": the arm ``macro_mc``,
+  Monte-Carlo values at every turn start from the environment replayed by re-running its steps,
+  named with ``--arms``; a per-turn reward cell, ``--env_config '{"step_reward": 0.1}'``; and
+  ``--turns 8``.)
 - Tuning (``--tune``): every arm on the same grid, GAE's λ ∈ {0.95, 1} (the critic arms; the
   critic-free ones have no λ) × actor learning rate ∈ {1e-4, 2e-4}, on tuning seeds 1-3; each arm
   keeps its best setting by :func:`benchmarks.tuning.choose` on the selection score of
@@ -72,12 +75,21 @@ from benchmarks.tuning import TUNE_LRS, TUNE_SEEDS, Setting, choose, selection_s
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
 CRITIC_ARMS = ("ppo", "turn")
+# Monte-Carlo values at every turn start (--mc_max_boundaries N - 1 on the N-turn task, by
+# arm_flags): K = 4 continuations each, the environment replayed by re-running the steps
+MC_ARM = [
+    "--termination_condition", "turn", "--advantage_estimator", "macro_mc",
+    "--n_samples_per_prompt", "4", "--mc_rollouts", "4", "--mc_boundary_selection", "spread",
+]  # fmt: skip
 ARMS: dict[str, list[str]] = {
     "ppo": ["--termination_condition", "fixed", "--ngram", "1"],
     "turn": ["--termination_condition", "turn"],
     "grpo": ["--advantage_estimator", "grpo", "--n_samples_per_prompt", "4"],
     "mt_grpo": ["--advantage_estimator", "mt_grpo", "--n_samples_per_prompt", "4"],
+    "macro_mc": MC_ARM,
 }
+# the arms of the pre-registered main cell (the default of --arms); macro_mc is its own cell
+REGISTERED_ARMS = ("ppo", "turn", "grpo", "mt_grpo")
 TUNE_LAMS = (0.95, 1.0)
 REPORT_SEEDS = tuple(range(11, 21))
 FINAL_WINDOW = 5
@@ -107,6 +119,18 @@ def settings_of(arm: str, lams=TUNE_LAMS, lrs=TUNE_LRS) -> list[Setting]:
     return [Setting(lam, lr) for lam in lam_grid for lr in lrs]
 
 
+def arm_flags(arm: str, turns: int) -> list[str]:
+    """The flags of ``arm`` on the ``turns``-turn task: ``macro_mc`` gets ``--mc_max_boundaries
+    turns - 1``, so `spread` chooses every turn start after the first of every episode (all of
+    them, whatever the episode's length: no selection that depends on the episode).
+
+    >>> arm_flags("macro_mc", 8)[-2:]
+    ['--mc_max_boundaries', '7']
+    """
+    flags = list(ARMS[arm])
+    return flags + ["--mc_max_boundaries", str(turns - 1)] if arm == "macro_mc" else flags
+
+
 def run_dir(out: Path, turns: int, arm: str, s: Setting, seed: int) -> Path:
     """``out/trail4/turn/lam0.95_lr1e-04/seed11``"""
     return out / f"trail{turns}" / arm / f"lam{s.lam:g}_lr{s.lr:.0e}" / f"seed{seed}"
@@ -129,7 +153,7 @@ def stage_command(
         "--actor_learning_rate", f"{s.lr:g}", "--critic_learning_rate", "5e-4",
         "--lr_scheduler_type", "constant", "--kl_ctl", "0.01", "--lam", f"{s.lam:g}",
         "--seed", str(seed), "--disable_progress_bar", "--output_dir", str(run),
-        *ARMS[arm],
+        *arm_flags(arm, turns),
     ]  # fmt: skip
     if env_config:
         cmd += ["--env_config", env_config]
@@ -308,7 +332,8 @@ def report(
 
 
 def add_study_args(p: argparse.ArgumentParser, output_dir: Path, arms, sizes) -> None:
-    """The flags every credit comparison shares: output, arms, seeds, phases, size, workers."""
+    """The flags every credit comparison shares: output, arms (``arms``: the default of
+    ``--arms``), seeds, phases, size, workers."""
     p.add_argument("--output_dir", type=Path, default=output_dir)
     p.add_argument("--arms", default=",".join(arms))
     p.add_argument("--seeds", default=",".join(map(str, REPORT_SEEDS)))
@@ -362,7 +387,7 @@ def run_study(
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_study_args(p, ROOT / "output" / "turn_credit", ARMS, SIZES)
+    add_study_args(p, ROOT / "output" / "turn_credit", REGISTERED_ARMS, SIZES)
     p.add_argument("--turns", type=int, default=4, choices=(2, 4, 8))
     p.add_argument("--env_config", default=None, help="e.g. '{\"step_reward\": 0.1}'")
     args = p.parse_args(argv)

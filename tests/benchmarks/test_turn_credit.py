@@ -10,6 +10,14 @@ from benchmarks import turn_credit
 from benchmarks.tuning import Setting
 
 
+def test_the_default_arms_are_the_registered_cell_s(capsys):
+    with pytest.raises(SystemExit):
+        turn_credit.main(["--arms", "ppo,vine"])
+    err = capsys.readouterr().err
+    assert "unknown arm(s) vine" in err and "macro_mc" in err
+    assert turn_credit.REGISTERED_ARMS == ("ppo", "turn", "grpo", "mt_grpo")
+
+
 def test_grids_critic_arms_get_both_lams_critic_free_one():
     assert [s.label for s in turn_credit.settings_of("turn")] == [
         "λ=0.95, lr=1e-04", "λ=0.95, lr=2e-04", "λ=1, lr=1e-04", "λ=1, lr=2e-04",
@@ -27,7 +35,9 @@ def test_every_arms_command_parses_to_its_arm(tmp_path):
     want = {
         "ppo": ("gae", "fixed", 1), "turn": ("gae", "turn", None),
         "grpo": ("grpo", None, None), "mt_grpo": ("mt_grpo", None, None),
+        "macro_mc": ("macro_mc", "turn", None),
     }  # fmt: skip
+    assert set(want) == set(turn_credit.ARMS)
     for arm, (estimator, rule, ngram) in want.items():
         s = Setting(0.95, 2e-4)
         cmd = turn_credit.stage_command(tmp_path / arm, 4, arm, s, 12, size, '{"step_reward": 0.1}')
@@ -43,6 +53,8 @@ def test_every_arms_command_parses_to_its_arm(tmp_path):
             assert cfg.macro.ngram == ngram
         if estimator != "gae":
             assert cfg.ppo.n_samples_per_prompt == 4
+        if estimator == "macro_mc":  # every turn start after the first of a 4-turn game
+            assert (cfg.ppo.mc_max_boundaries, cfg.ppo.mc_boundary_selection) == (3, "spread")
 
 
 def _fake_run(out: Path, arm: str, s: Setting, seed: int, curve: list[float], held: float):
