@@ -64,6 +64,18 @@ class EnvConfig:
             "or processes. 1: one after the other."
         },
     )
+    env_overlap: int = field(
+        default=1,
+        metadata={
+            "help": "Groups each round's playing rows are split into, to overlap the "
+            "environments' steps with decoding: while the environments step one group's "
+            "actions (in a thread of the trainer, their calls as --env_workers and "
+            "--env_timeout_s say), the policy samples the next group's. 1: no overlap (every row "
+            "samples, then every row steps). Worth it when steps take time (tools, code, a "
+            "remote service); each group is a smaller decoding batch. The episodes do not depend "
+            "on it with a backend that seeds each row (static, vllm).",
+        },
+    )
     env_errors: str = field(
         default="fail",
         metadata={
@@ -99,5 +111,7 @@ class EnvConfig:
             )
         if self.env_workers < 1:
             raise ValueError(f"--env_workers must be >= 1, got {self.env_workers}")
+        if self.env_overlap < 1:
+            raise ValueError(f"--env_overlap must be >= 1, got {self.env_overlap}")
         if self.env_errors not in ENV_ERRORS:
             raise ValueError(f"--env_errors must be one of {ENV_ERRORS}, got {self.env_errors!r}")

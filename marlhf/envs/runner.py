@@ -29,6 +29,7 @@ gets reward 0 (the turns before keep theirs) and the error is counted in ``env/e
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import math
 import numbers
@@ -244,24 +245,65 @@ def run_episodes(
             return f"did not return within --env_timeout_s {cfg.env_timeout_s:g} (stopped)"
         return f"raised {o.text}" if o.status == "error" else ""
 
+    stepper = (
+        concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="marlhf-env-step")
+        if cfg.env_overlap > 1
+        else None
+    )
+
+    def on_envs(kind: str, rows_: list[int], args: list) -> concurrent.futures.Future:
+        """``pool.call`` on the stepping thread (every call of the pool goes there, in order),
+        or here and now without overlap."""
+        if stepper is not None:
+            return stepper.submit(pool.call, rows_, kind, args)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(pool.call(rows_, kind, args))
+        return done
+
+    closing: list[tuple[list[int], concurrent.futures.Future]] = []  # finish calls, in order
+
     def finish(ended: list[int]) -> None:
-        """get_metrics and close the environments of ``ended`` (alive ones)."""
+        """get_metrics and close the environments of ``ended`` (alive ones): the calls go to
+        the environments now, their answers are read by :func:`read_finished`."""
         live = [i for i in ended if pool.alive(i)]
-        for i, o in zip(live, pool.call(live, "finish", [None] * len(live)), strict=True):
-            pool.drop(i)
-            ep = episodes[i]
-            if o.status != "ok":
-                fail(i, len(ep.turns), "close", outcome_text(o))
-                continue
-            problem = o.value["metrics_error"] or o.value["close_error"]
-            if problem:
-                call = "get_metrics" if o.value["metrics_error"] else "close"
-                fail(i, len(ep.turns), call, f"raised {problem}")
-            elif not isinstance(o.value["metrics"], Mapping):
-                m = o.value["metrics"]
-                fail(i, len(ep.turns), "get_metrics", f"returned {shown(m)} ({_type(m)})")
-            else:
-                ep.metrics = dict(o.value["metrics"])
+        if live:
+            closing.append((live, on_envs("finish", live, [None] * len(live))))
+
+    def read_finished(wait: bool) -> None:
+        """The answers of the finish calls made so far (in order; ``wait``: all of them, else
+        those that have come)."""
+        while closing and (wait or closing[0][1].done()):
+            live, future = closing.pop(0)
+            for i, o in zip(live, future.result(), strict=True):
+                pool.drop(i)
+                ep = episodes[i]
+                if o.status != "ok":
+                    fail(i, len(ep.turns), "close", outcome_text(o))
+                    continue
+                problem = o.value["metrics_error"] or o.value["close_error"]
+                if problem:
+                    call = "get_metrics" if o.value["metrics_error"] else "close"
+                    fail(i, len(ep.turns), call, f"raised {problem}")
+                elif not isinstance(o.value["metrics"], Mapping):
+                    m = o.value["metrics"]
+                    fail(i, len(ep.turns), "get_metrics", f"returned {shown(m)} ({_type(m)})")
+                else:
+                    ep.metrics = dict(o.value["metrics"])
+
+    def playing(rows_: list[int]) -> list[int]:
+        """``rows_`` less those that have stopped (their environments finished), after the
+        conversation length check."""
+        ended = [i for i in rows_ if episodes[i].stop]
+        if measure is not None:
+            for i in rows_:
+                if (
+                    not episodes[i].stop
+                    and measure(i, episodes[i].messages) >= cfg.max_total_seq_len
+                ):
+                    episodes[i].stop = "length"
+                    ended.append(i)
+        finish(ended)
+        return [i for i in rows_ if not episodes[i].stop]
 
     try:
         rows_all = list(range(len(rows)))
@@ -273,27 +315,33 @@ def run_episodes(
                 episodes[i].prompt, episodes[i].info = check_init(o.value)
             except ValueError as err:
                 fail(i, 0, "init", str(err))
-        finish([i for i in rows_all if episodes[i].stop])
         active = [i for i in rows_all if not episodes[i].stop]
-        while active:
-            if measure is not None:
-                for i in active:
-                    if measure(i, episodes[i].messages) >= cfg.max_total_seq_len:
-                        episodes[i].stop = "length"
-                finish([i for i in active if episodes[i].stop])
-                active = [i for i in active if not episodes[i].stop]
-                if not active:
-                    break
-            actions = _checked_actions(
-                act(list(active), [episodes[i].messages for i in active]), len(active)
-            )
-            outcomes = pool.call(active, "step", actions)
-            for i, action, o in zip(active, actions, outcomes, strict=True):
-                _record_step(episodes[i], action, o, cfg.max_turns, outcome_text, fail)
-            ended = [i for i in active if episodes[i].stop]
-            finish(ended)
-            active = [i for i in active if not episodes[i].stop]
+        finish([i for i in rows_all if episodes[i].stop])
+        read_finished(wait=True)
+        # the groups take turns: while the environments step one group's actions, the policy
+        # samples the next group's (with one group: sample every row, then step every row)
+        n, k = len(active), min(cfg.env_overlap, max(1, len(active)))
+        groups = [active[j * n // k : (j + 1) * n // k] for j in range(k)]
+        stepping: dict[int, tuple[list[int], list[str], concurrent.futures.Future]] = {}
+        while any(groups) or stepping:
+            for j in range(k):
+                if j in stepping:
+                    acted, actions, future = stepping.pop(j)
+                    for i, action, o in zip(acted, actions, future.result(), strict=True):
+                        _record_step(episodes[i], action, o, cfg.max_turns, outcome_text, fail)
+                    groups[j] = acted
+                groups[j] = playing(groups[j])
+                read_finished(wait=False)
+                if groups[j]:
+                    group = groups[j]
+                    actions = _checked_actions(
+                        act(list(group), [episodes[i].messages for i in group]), len(group)
+                    )
+                    stepping[j] = (group, actions, on_envs("step", group, actions))
+        read_finished(wait=True)
     finally:
+        if stepper is not None:
+            stepper.shutdown(wait=True, cancel_futures=True)
         pool.shutdown()
     return episodes
 

@@ -220,6 +220,54 @@ def test_threads_and_processes_give_what_serial_gives_and_threads_overlap(tmp_pa
     assert closed(tmp_path / "procs") == ["r0", "r1", "r2", "r3"]
 
 
+def test_steps_overlap_with_decoding_and_the_episodes_do_not_change(tmp_path):
+    """``--env_overlap 2``: rows 0-1 and 2-3 take turns. When the policy samples rows 2-3 for
+    the first time, a step of rows 0-1 is under way (started, not ended), and the episodes,
+    errors included, are those of sampling every row and then stepping every row."""
+    plans = _plans_with_sleeps(4)
+    plans[1][1] = {"raise": "a tool failed"}
+    plans[3][0] = {"return": [1, 2]}
+    for name in ("serial", "overlap2", "overlap3"):
+        (tmp_path / name).mkdir()
+    serial, _ = run(plans, tmp_path / "serial", max_turns=3, env_errors="zero_reward")
+    log = tmp_path / "overlap2"
+    seen: list[bool] = []
+
+    def lines(suffix: str) -> int:
+        return sum(len(p.read_text().splitlines()) for p in log.glob(f"r[01].{suffix}"))
+
+    def decoding(rows, conversations):
+        if rows[0] >= 2 and not seen:  # rows 2-3's first turn: is a step of rows 0-1 running?
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not seen:
+                ended = lines("steps")
+                if lines("started") > ended:
+                    seen.append(True)
+                time.sleep(0.005)
+            seen.append(False)
+        return act(rows, conversations)
+
+    factory = load_env(f"{FAKES}:Scripted", json.dumps({"log_dir": str(log)}))
+    cfg = EnvConfig(env="x", env_timeout_s=0, max_turns=3, env_errors="zero_reward", env_overlap=2)
+    overlapped = run_episodes(factory, rows_of(plans), decoding, cfg)
+    assert seen[0] is True
+    three, _ = run(plans, tmp_path / "overlap3", max_turns=3, env_errors="zero_reward",
+                   env_overlap=3, env_workers=2, env_timeout_s=30.0)  # fmt: skip
+    assert _summary(overlapped) == _summary(serial) == _summary(three)
+    assert [e.stop for e in serial] == ["done", "error", "done", "error"]
+    assert closed(log) == closed(tmp_path / "overlap3") == ["r0", "r1", "r2", "r3"]
+
+
+def test_an_error_under_overlap_fails_the_run_once_and_closes_every_environment(tmp_path):
+    plans = _plans_with_sleeps(4)
+    plans[2][0] = {"raise": "a tool failed"}
+    with pytest.raises(
+        EnvError, match=r"^--env .*: row 2, turn 1: step raised RuntimeError: a tool failed$"
+    ):
+        run(plans, tmp_path, max_turns=3, env_overlap=2)
+    assert closed(tmp_path) == ["r0", "r1", "r2", "r3"]
+
+
 def _dead(pid: int) -> bool:
     try:
         os.kill(pid, 0)

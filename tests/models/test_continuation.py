@@ -102,7 +102,7 @@ def test_continuing_gives_the_tokens_and_logprobs_of_rereading(arch, top_k, top_
     cont = _opened(model, cfg, replay=False)
     again = _opened(model, cfg, replay=True)
     a, b = _play(cont, cfg), _play(again, cfg)
-    assert cont.sampler._decoder is not None and again.sampler._decoder is None
+    assert len(_decoders(cont.sampler)) == 1 and _decoders(again.sampler) == []
     lengths = set()
     for x, y in zip(a, b, strict=True):
         assert x.action_ids == y.action_ids and x.ends_with_eos == y.ends_with_eos
@@ -207,7 +207,7 @@ def test_the_cache_compacts_and_grows_without_changing_a_token(monkeypatch):
     b = _play(again, cfg, schedule, eos=[])
     assert [t.action_ids for t in a] == [t.action_ids for t in b]
     assert calls["_compact"] >= 1 and calls["_grow"] >= 1
-    assert cont.sampler._decoder.L > 64
+    assert _decoders(cont.sampler)[0].L > 64
 
 
 def test_calls_the_cache_does_not_match_reread_the_whole_conversations():
@@ -231,7 +231,7 @@ def test_calls_the_cache_does_not_match_reread_the_whole_conversations():
         for b, r in enumerate(rows):
             convs[r] += got.response_ids[b].tolist() + _context(r, len(seeds), 3)
             seen[r] = len(convs[r]) - 3
-        return sampler._decoder
+        return _decoders(sampler)[-1]
 
     first = turn([0, 1, 2, 3], torch.tensor([1, 2, 3, 4]))
     assert turn([0, 1, 3], torch.tensor([5, 6, 7])) is first  # continued; row 2 dropped
@@ -245,7 +245,48 @@ def test_calls_the_cache_does_not_match_reread_the_whole_conversations():
     with pytest.raises(ValueError, match="a row named twice"):
         sample_turns(sampler, Conversations([[4], [5]], [0, 0], [0, 0]), cfg, EOS, PAD)
     sampler.end_conversations()
-    assert sampler._decoder is None
+    assert _decoders(sampler) == []
+
+
+def test_groups_of_rows_that_take_turns_each_continue_their_own_cache():
+    """Rows sampled in two groups that take turns (``--env_overlap 2``: the environments step one
+    group while the policy samples the other): each group continues a cache of its own, reading
+    only its new tokens, and samples what re-reading the whole conversations samples. A group
+    that loses a row continues without it."""
+    model, cfg = _model("llama"), _cfg(top_k=5)
+    schedule = []
+    for rows, ctx in SCHEDULE:  # each turn of SCHEDULE as two calls: rows 0-1, then rows 2-3
+        schedule += [([r for r in rows if r in g], ctx) for g in ((0, 1), (2, 3))]
+    schedule = [(rows, ctx) for rows, ctx in schedule if rows]
+    cont = _opened(model, cfg, replay=False)
+    again = _opened(model, cfg, replay=True)
+    reads = []
+    real = ContinuedDecoder._prefill
+
+    def spy(self, pieces, pad_id):
+        reads.append(sum(len(p) for p in pieces))
+        return real(self, pieces, pad_id)
+
+    ContinuedDecoder._prefill = spy
+    try:
+        a = _play(cont, cfg, schedule)
+    finally:
+        ContinuedDecoder._prefill = real
+    b = _play(again, cfg, schedule)
+    assert [t.action_ids for t in a] == [t.action_ids for t in b]
+    assert len(_decoders(cont.sampler)) == 2  # rows 3 and 0 play last, one in each group
+    # each call read the new tokens only: the first two calls the prompts, later ones a
+    # context and the token sampled last
+    prompts = _tokens(PROMPT_LENGTHS, 1)
+    assert reads[:2] == [len(prompts[0]) + len(prompts[1]), len(prompts[2]) + len(prompts[3])]
+    later = [sum(1 + (0 if ctx is None else ctx[r]) for r in rows) for rows, ctx in schedule[2:]]
+    assert reads[2:] == later
+    assert [cont.conversation(r) for r in range(4)] == [again.conversation(r) for r in range(4)]
+
+
+def _decoders(sampler) -> list[ContinuedDecoder]:
+    """The static backend's KV caches, oldest first."""
+    return [c.decoder for c in sampler._caches]
 
 
 def test_backends_that_reread_are_given_whole_conversations():

@@ -7,14 +7,16 @@ or in the runner's worker processes.
 - ``{"obs": text, "reward": r, "done": d}``: answer with one user message ``text`` (none when
   ``text`` is None), reward ``r`` and ``done`` ``d``;
 - ``{"raise": text}``: raise ``RuntimeError(text)``;
-- ``{"sleep": s, ...}``: sleep ``s`` seconds first (recording the step's start and end times);
+- ``{"sleep": s, ...}``: sleep ``s`` seconds first (recording the step's start as it starts, and
+  its start and end times once it ends);
 - ``{"hang": true}``: start a child process that sleeps, record both pids, and never return;
 - ``{"return": value}``: return ``value`` as it is (a wrong type);
 
 and after the plan, a user message ``more`` with no reward, never done. The observation is
 ``obs.format(action)``: a ``{}`` in ``obs`` shows the action (a literal brace is written doubled).
 ``env_config.log_dir`` (when set) receives ``<id>.closed`` on close, ``<id>.pids`` (the process's
-and a hanging child's pids) and ``<id>.steps`` (a step's start and end times, one line each).
+and a hanging child's pids), ``<id>.started`` (a sleeping step's start, as it starts) and
+``<id>.steps`` (its start and end times, once it ends), one line each.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Scripted(BaseTextEnv):
                 time.sleep(1)
         if "sleep" in entry:
             t0 = time.time()
+            self._write("started", json.dumps(t0))
             time.sleep(entry["sleep"])
             self._write("steps", json.dumps([t0, time.time()]))
         if "return" in entry:

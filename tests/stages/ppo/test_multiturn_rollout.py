@@ -115,6 +115,26 @@ def test_a_row_plays_the_same_episode_in_any_batch(setup):
     assert not torch.equal(ro3.sequences, ro.sequences)
 
 
+def test_overlapped_steps_play_the_same_rollout(setup):
+    """``--env_overlap 3``: the rows sampled in three groups that take turns (the environments
+    step one while the policy samples the next) play the same episodes, tokens and log-probs as
+    one group, each group continued from a KV cache of its own."""
+    import dataclasses
+
+    tok, model, g, env, rows = setup
+    seeds = torch.arange(40, 46)
+    ro, eps = _play(setup, rows, seeds)
+    overlapped = dataclasses.replace(env, cfg=dataclasses.replace(env.cfg, env_overlap=3))
+    sampler = open_sampler("static", g, SamplerSetup(model=model))
+    ro3, eps3 = play(overlapped, Actor(model), sampler, rows, g, [tok.eos_token_id],
+                     tok.pad_token_id, seeds)  # fmt: skip
+    assert [e.messages for e in eps3] == [e.messages for e in eps]
+    assert torch.equal(ro3.sequences, ro.sequences) and torch.equal(ro3.action_mask, ro.action_mask)
+    # a smaller batch rounds differently in the last bits, as in any batch split
+    torch.testing.assert_close(ro3.logprobs, ro.logprobs, rtol=0, atol=1e-5)
+    assert sum(len(e.turns) for e in eps) > len(eps)
+
+
 def test_a_backend_that_continues_is_given_only_the_new_tokens(setup):
     tok, model, g, env, rows = setup
     static = get_backend("static")
