@@ -23,8 +23,18 @@ every repeat), ``--repeats`` times after a warm-up:
 - ``single_all_tokens``: the same, its prompt followed by the k - 1 contexts: as many tokens as
   the conversation, in one turn (what is left of ``continue``'s cost is that of the turns).
 
+With ``--env_step_ms T`` (> 0) the conversations are also played through the episode runner
+(:func:`marlhf.envs.runner.run_episodes`, as multi-turn PPO plays them) on an environment whose
+every step takes T ms (:class:`LatencyEnv`: a tool call or a remote service; each row's step in a
+thread of its own, ``--env_workers`` = the batch), with the same actions and contexts:
+
+- ``env``: sample every row's turn, then step every row (``--env_overlap 1``);
+- ``env_overlap``: the rows in ``--overlap`` groups that take turns, the environments stepping one
+  group while the policy samples the next (``--env_overlap``).
+
 It prints the median seconds of each, the medians of the per-repeat ratios ``continue / single``
-(the goal: at most 1.10), ``reread / single`` and ``continue / single_all_tokens``, the prompt
+(the goal: at most 1.10), ``reread / single`` and ``continue / single_all_tokens`` (and with an
+environment ``env / single``, ``env_overlap / single`` and ``env_overlap / env``), the prompt
 tokens each way reads, and for vLLM the share of prompt tokens its prefix cache served. The last
 line is JSON. Run from the repository root with it on the path (``PYTHONPATH=.``).
 """
@@ -41,6 +51,87 @@ from importlib.util import find_spec
 import torch
 
 OBSERVATION = [{"role": "user", "content": "my boss: call my cousin."}]
+
+
+def _latency_env_class():
+    """:class:`LatencyEnv`, defined on first use (skyrl-gym is imported only with an
+    environment)."""
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+    class LatencyEnv(BaseTextEnv):
+        """Every step takes ``env_config.step_s`` seconds, answers with the trail's fixed
+        observation, and the episode is done after ``env_config.turns`` turns."""
+
+        def __init__(self, env_config=None, extras=None):
+            super().__init__()
+            self.step_s, self.done_at = float(env_config.step_s), int(env_config.turns)
+
+        def init(self, prompt):
+            return prompt, {}
+
+        def step(self, action):
+            time.sleep(self.step_s)
+            self.turns += 1
+            return BaseTextEnvStepOutput(
+                observations=list(OBSERVATION), reward=0.0,
+                done=self.turns >= self.done_at, metadata={},
+            )  # fmt: skip
+
+    return LatencyEnv
+
+
+LatencyEnv = None  # the class, once _latency_env_class has made it (load_env finds it here)
+
+
+def _env_ways(sampler, prompts, context, turns: int, m: int, cfg, step_ms: float, groups: int):
+    """``env`` and ``env_overlap`` (module doc): the conversations of ``continue`` played by the
+    episode runner on :class:`LatencyEnv`; each returns its prompt tokens read."""
+    import json as _json
+
+    from marlhf.envs.config import EnvConfig
+    from marlhf.envs.loading import load_env
+    from marlhf.envs.runner import run_episodes
+    from marlhf.models.generation import Conversations
+    from marlhf.models.generation.sampling import sample_turns
+    from marlhf.runtime.rows import turn_seeds
+
+    global LatencyEnv
+    LatencyEnv = LatencyEnv or _latency_env_class()
+    B = len(prompts)
+    seeds = torch.arange(B) + 1000
+    factory = load_env(
+        f"{__name__}:LatencyEnv", _json.dumps({"step_s": step_ms / 1000, "turns": turns})
+    )
+    rows = [{"prompt": [{"role": "user", "content": "q"}]} for _ in range(B)]
+    vllm = getattr(sampler, "engine", None)
+
+    def play(overlap: int):
+        if vllm is not None:
+            vllm.llm.reset_prefix_cache()
+        convs, seen, played, read = [list(p) for p in prompts], [0] * B, [0] * B, [0]
+
+        def act(ids, _messages):  # the same tokens as continue's, a subset of rows at a call
+            for r in ids:
+                if played[r]:
+                    convs[r].extend(context)
+            batch = Conversations([list(convs[r]) for r in ids], list(ids), [seen[r] for r in ids])
+            seeds_k = torch.cat([turn_seeds(seeds[r : r + 1], played[r] + 1) for r in ids])
+            out = sample_turns(sampler, batch, cfg, [], 0, seeds_k)
+            assert out.action_mask.sum(1).tolist() == [m] * len(ids)
+            for b, r in enumerate(ids):
+                read[0] += len(convs[r]) if not played[r] else len(context) + 1
+                convs[r].extend(out.response_ids[b, :m].tolist())
+                seen[r], played[r] = len(convs[r]), played[r] + 1
+            return [""] * len(ids)
+
+        env = EnvConfig(env=factory.spec, env_timeout_s=0, env_workers=B, max_turns=turns,
+                        env_overlap=overlap)  # fmt: skip
+        episodes = run_episodes(factory, rows, act, env)
+        assert all(len(e.turns) == turns and e.done for e in episodes)
+        sampler.end_conversations()
+        return read[0]
+
+    return {"env": lambda: play(1), "env_overlap": lambda: play(groups)}
 
 
 def _layout(path: str):
@@ -165,7 +256,10 @@ def measure(ways: dict, repeats: int, engine=None) -> dict:
                 p = engine.prefix_tokens
                 cached[n].append(p["cached"] / max(p["prompt"], 1))
     out = {f"{n}_s": round(statistics.median(times[n]), 4) for n in names}
-    for n, d in (("continue", "single"), ("reread", "single"), ("continue", "single_all_tokens")):
+    pairs = [("continue", "single"), ("reread", "single"), ("continue", "single_all_tokens")]
+    if "env" in ways:
+        pairs += [("env", "single"), ("env_overlap", "single"), ("env_overlap", "env")]
+    for n, d in pairs:
         ratios = [a / b for a, b in zip(times[n], times[d], strict=True)]
         out[f"{n}_over_{d}"] = round(statistics.median(ratios), 3)
     out.update({f"{n}_prompt_tokens": read[n] for n in names})
@@ -186,6 +280,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--vllm_block_size", type=int, default=32, help="vLLM's KV-cache block (0: its default)"
     )
+    p.add_argument(
+        "--env_step_ms", type=float, default=0.0,
+        help="with > 0: also play the turns through the episode runner on an environment whose "
+        "steps take this long, without and with --env_overlap",
+    )  # fmt: skip
+    p.add_argument("--overlap", type=int, default=2, help="--env_overlap of env_overlap")
     args = p.parse_args(argv)
 
     from marlhf.models.config import VLLMConfig
@@ -205,6 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
         "action_tokens": m,
         "threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "env_step_ms": args.env_step_ms,
+        "overlap": args.overlap,
     }
     print(
         f"{args.model}: batch {args.batch}, prompts of {len(prompts[0])} tokens, {m} action "
@@ -227,6 +329,9 @@ def main(argv: list[str] | None = None) -> dict:
         engine = getattr(sampler, "engine", None)
         for turns in args.turns:
             ways = _ways(sampler, prompts, context, turns, m, cfg)
+            if args.env_step_ms > 0:
+                ways.update(_env_ways(sampler, prompts, context, turns, m, cfg,
+                                      args.env_step_ms, args.overlap))  # fmt: skip
             r = measure(ways, args.repeats, engine)
             res[f"{name}_k{turns}"] = r
             print(
@@ -239,6 +344,14 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r['reread_prompt_tokens']}"
                 + (f"; cached share {r['continue_cached_share']:.2f}" if engine else "")
             )
+            if args.env_step_ms > 0:
+                print(
+                    f"{name:6s} k={turns}, steps of {args.env_step_ms:g} ms: env {r['env_s']:.3f} "
+                    f"s, env_overlap ({args.overlap} groups) {r['env_overlap_s']:.3f} s; "
+                    f"env/single {r['env_over_single']:.3f}, env_overlap/single "
+                    f"{r['env_overlap_over_single']:.3f}, env_overlap/env "
+                    f"{r['env_overlap_over_env']:.3f}"
+                )
         sampler.close()
     print(json.dumps(res))
     return res

@@ -69,11 +69,12 @@ class EnvConfig:
         metadata={
             "help": "Groups each round's playing rows are split into, to overlap the "
             "environments' steps with decoding: while the environments step one group's "
-            "actions (in a thread of the trainer, their calls as --env_workers and "
-            "--env_timeout_s say), the policy samples the next group's. 1: no overlap (every row "
-            "samples, then every row steps). Worth it when steps take time (tools, code, a "
-            "remote service); each group is a smaller decoding batch. The episodes do not depend "
-            "on it with a backend that seeds each row (static, vllm).",
+            "actions (from a thread of the trainer per group; --env_workers and --env_timeout_s "
+            "apply to each group's calls), the policy samples the next group's. 1: no overlap "
+            "(every row samples, then every row steps). Worth it when steps take about as long "
+            "as sampling a turn (tools, code, a remote service); each group is a smaller "
+            "decoding batch. The episodes do not depend on it with a backend that seeds each row "
+            "(static, vllm).",
         },
     )
     env_errors: str = field(

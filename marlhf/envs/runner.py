@@ -246,14 +246,14 @@ def run_episodes(
         return f"raised {o.text}" if o.status == "error" else ""
 
     stepper = (
-        concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="marlhf-env-step")
+        concurrent.futures.ThreadPoolExecutor(cfg.env_overlap, thread_name_prefix="marlhf-env-step")
         if cfg.env_overlap > 1
         else None
     )
 
     def on_envs(kind: str, rows_: list[int], args: list) -> concurrent.futures.Future:
-        """``pool.call`` on the stepping thread (every call of the pool goes there, in order),
-        or here and now without overlap."""
+        """``pool.call`` on a stepping thread (a thread per group: the groups' calls, on
+        different rows, may run at once), or here and now without overlap."""
         if stepper is not None:
             return stepper.submit(pool.call, rows_, kind, args)
         done: concurrent.futures.Future = concurrent.futures.Future()
