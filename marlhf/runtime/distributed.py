@@ -20,7 +20,6 @@ import os
 import socket
 import sys
 import weakref
-from pathlib import Path
 
 import torch
 import torch._appdirs
@@ -59,56 +58,20 @@ def init_distributed(local_rank: int = -1, timeout_s: int = 1800) -> None:
     acc = deepspeed.get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if acc.device_name() == "cpu" and os.environ["WORLD_SIZE"] == "1":
+    if acc.device_name() == "cpu":
         with _no_shm_op():
             deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
     else:
-        if acc.device_name() == "cpu" and os.environ.get("LOCAL_RANK", "0") == "0":
-            notice = shm_op_notice()
-            if notice is not None:  # the others wait for this rank's build, silently
-                print(notice, file=sys.stderr, flush=True)
         deepspeed.init_distributed(timeout=datetime.timedelta(seconds=timeout_s))
-
-
-SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME
-
-
-def shm_op_dir() -> Path:
-    """Where torch's extension builder keeps DeepSpeed's shared-memory op for this Python, by the
-    rule of ``torch.utils.cpp_extension._get_build_directory`` for a CPU build:
-    ``$TORCH_EXTENSIONS_DIR/<op>``, else ``<user cache>/torch_extensions/py<version>_cpu/<op>``."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None:
-        cache = os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions"))
-        py = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-        root = os.path.join(cache, f"{py}_cpu")
-    return Path(root) / SHM_OP
-
-
-def shm_op_notice() -> str | None:
-    """The line to print before DeepSpeed's CPU backend starts a process group of several ranks
-    when it is about to compile its shared-memory op (minutes, once: the build is cached), or None
-    (built already, shipped prebuilt, or not built on this machine)."""
-    from deepspeed.git_version_info import installed_ops
-    from deepspeed.ops import __compatible_ops__
-
-    if installed_ops.get(SHM_OP) or not __compatible_ops__.get(SHM_OP, False):
-        return None
-    where = shm_op_dir()
-    if (where / f"{SHM_OP}.so").is_file():
-        return None
-    return (
-        "marlhf: building DeepSpeed's CPU communication op once (about 2-3 min; cached in "
-        f"{where}); the next runs start without it"
-    )
 
 
 @contextlib.contextmanager
 def _no_shm_op():
-    """DeepSpeed's CPU backend without its shared-memory all-reduce op: a world of one process has
-    nothing to reduce, and loading the op (a probe of every op's compiler support, then a JIT
-    build or load under a file lock shared by every process of the machine) is most of a tiny
-    run's start-up (seconds idle; minutes while other processes hold the lock)."""
+    """DeepSpeed's CPU backend without its shared-memory all-reduce op. DeepSpeed uses the op in
+    ``inference_all_reduce`` alone (tensor-parallel inference); training's collectives go to
+    ``torch.distributed`` whether it is loaded or not. Loading it costs every CPU run a probe of
+    every op's compiler support and a wait on a file lock shared by every process of the machine,
+    and the first run on a machine a JIT build of 2 to 3 minutes."""
     # the module, not the ``torch`` attribute that ``deepspeed.comm`` also has
     ds_torch = importlib.import_module("deepspeed.comm.torch")
     build = ds_torch.build_shm_op

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
+from marlhf.runtime.distributed import free_port
 from marlhf.runtime.startup import StartupClock, cpu_seconds, process_start, report
 
 
@@ -69,66 +69,30 @@ def test_one_cpu_process_starts_without_the_shared_memory_op():
     assert "shm_comm_op built" not in proc.stdout + proc.stderr
 
 
-def test_shared_memory_op_directory_is_torchs(tmp_path, monkeypatch):
-    """Where the op is cached: the directory torch's extension builder itself uses."""
-    from torch.utils.cpp_extension import _get_build_directory
+def test_two_cpu_ranks_start_without_the_shared_memory_op(tmp_path):
+    """Two ranks under torchrun, on an empty extension cache: neither builds nor loads the op
+    (DeepSpeed uses it for tensor-parallel inference only), and their collectives work."""
+    import subprocess
+    import sys
 
-    from marlhf.runtime.distributed import SHM_OP, shm_op_dir
+    from tests.support.stage_env import stage_env
 
-    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert shm_op_dir() == Path(_get_build_directory(SHM_OP, verbose=False))
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    assert shm_op_dir() == Path(_get_build_directory(SHM_OP, verbose=False))
-
-
-def _fake_ops(monkeypatch, installed: bool, compatible: bool):
-    import deepspeed.git_version_info
-    import deepspeed.ops
-
-    from marlhf.runtime.distributed import SHM_OP
-
-    monkeypatch.setitem(deepspeed.git_version_info.installed_ops, SHM_OP, installed)
-    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, SHM_OP, compatible)
-
-
-def test_shared_memory_op_build_is_announced_until_it_is_cached(tmp_path, monkeypatch):
-    from marlhf.runtime.distributed import SHM_OP, shm_op_notice
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    _fake_ops(monkeypatch, installed=False, compatible=True)
-    notice = shm_op_notice()
-    assert notice.startswith(
-        "marlhf: building DeepSpeed's CPU communication op once (about 2-3 min"
+    code = (
+        "import sys, torch\n"
+        "from marlhf.runtime.distributed import init_distributed, world_size\n"
+        "init_distributed()\n"
+        "x = torch.ones(1) * (torch.distributed.get_rank() + 1)\n"
+        "torch.distributed.all_reduce(x)\n"
+        "print('world', world_size(), float(x), sys.modules['deepspeed.comm.torch'].build_shm_op.__name__)\n"
+        "torch.distributed.destroy_process_group()\n"
     )
-    assert str(tmp_path / "ext" / SHM_OP) in notice
-    (tmp_path / "ext" / SHM_OP).mkdir(parents=True)
-    (tmp_path / "ext" / SHM_OP / f"{SHM_OP}.so").write_bytes(b"")  # built by an earlier run
-    assert shm_op_notice() is None
-    (tmp_path / "ext" / SHM_OP / f"{SHM_OP}.so").unlink()
-    _fake_ops(monkeypatch, installed=True, compatible=True)  # shipped prebuilt: no build
-    assert shm_op_notice() is None
-    _fake_ops(monkeypatch, installed=False, compatible=False)  # DeepSpeed does not build it here
-    assert shm_op_notice() is None
-
-
-def test_several_cpu_ranks_announce_the_build_on_the_first_local_rank(
-    tmp_path, monkeypatch, capsys
-):
-    import deepspeed
-    import torch
-
-    from marlhf.runtime import distributed
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    _fake_ops(monkeypatch, installed=False, compatible=True)
-    calls = []
-    monkeypatch.setattr(deepspeed, "init_distributed", lambda **kw: calls.append(kw))
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    for local_rank, says in (("0", True), ("1", False)):
-        for k, v in {"RANK": local_rank, "WORLD_SIZE": "2", "LOCAL_RANK": local_rank}.items():
-            monkeypatch.setenv(k, v)
-        distributed.init_distributed()
-        err = capsys.readouterr().err
-        assert ("building DeepSpeed's CPU communication op once" in err) == says, local_rank
-    assert len(calls) == 2
+    script = tmp_path / "two.py"
+    script.write_text(code)
+    env = {**stage_env(), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(free_port()), str(script)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("world 2 3.0 build_shm_op") == 2, proc.stdout
+    assert not (tmp_path / "ext").exists()  # nothing built, nothing looked up
+    assert "shm_comm" not in proc.stdout + proc.stderr  # DeepSpeed prints the op's build or load

@@ -12,13 +12,13 @@ os.environ.setdefault("MASTER_PORT", "29561")
 
 
 def main() -> None:
-    import deepspeed
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
+    from marlhf.runtime.distributed import init_distributed
     from marlhf.runtime.engine import build_train_engine
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed()  # gloo on the CPU, without the op only inference uses
     torch.manual_seed(0)
     model = LlamaForCausalLM(
         LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

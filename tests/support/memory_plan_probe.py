@@ -20,15 +20,15 @@ def rss_mb() -> float:
 
 
 def main() -> None:
-    import deepspeed
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from marlhf.config import DeepSpeedConfig, ModelConfig, OptimConfig
     from marlhf.pipeline.memory_plan import EngineSetup, engine_memory, model_shape
+    from marlhf.runtime.distributed import init_distributed
     from marlhf.runtime.engine import build_train_engine
 
     dtype, stage = sys.argv[1], int(sys.argv[2])
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed()  # gloo on the CPU, without the op only inference uses
     cfg = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1536,
                       num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=8)  # fmt: skip
     torch.manual_seed(0)
