@@ -222,128 +222,156 @@ def run_episodes(
         one :class:`Episode` per row, in order. Raises :class:`EnvError` (``fail``) or
         ValueError (a row without a valid ``prompt``).
     """
-    names = list(row_names) if row_names is not None else [f"row {i}" for i in range(len(rows))]
-    prompts = [_prompt_of(r, i) for i, r in enumerate(rows)]
-    extras = [episode_extras(r, cfg.max_turns) for r in rows]
-    pool = (
-        ProcessPool(factory, extras, cfg.env_workers, cfg.env_timeout_s)
-        if cfg.env_timeout_s > 0
-        else LocalPool(factory, extras, cfg.env_workers)
-    )
-    episodes = [Episode(i, p) for i, p in enumerate(prompts)]
+    batch = _Batch(factory, rows, cfg, measure, row_names)
+    try:
+        batch.play(batch.start(), act)
+    finally:
+        batch.close()
+    return batch.episodes
 
-    def fail(i: int, turn: int, call: str, text: str) -> None:
-        where = f"--env {factory.name}: {names[i]}" + (f", turn {turn}" if turn else "")
+
+Future = concurrent.futures.Future
+
+
+class _Batch:
+    """The environments of one batch of rows as :func:`run_episodes` plays them: their pool, the
+    episodes, the stepping threads of ``--env_overlap`` and the finish calls not yet read."""
+
+    def __init__(self, factory: EnvFactory, rows, cfg: EnvConfig, measure, row_names) -> None:
+        self.factory, self.cfg, self.measure = factory, cfg, measure
+        self.names = (
+            list(row_names) if row_names is not None else [f"row {i}" for i in range(len(rows))]
+        )
+        self.prompts = [_prompt_of(r, i) for i, r in enumerate(rows)]
+        extras = [episode_extras(r, cfg.max_turns) for r in rows]
+        self.pool = (
+            ProcessPool(factory, extras, cfg.env_workers, cfg.env_timeout_s)
+            if cfg.env_timeout_s > 0
+            else LocalPool(factory, extras, cfg.env_workers)
+        )
+        self.episodes = [Episode(i, p) for i, p in enumerate(self.prompts)]
+        self.stepper = (
+            concurrent.futures.ThreadPoolExecutor(
+                cfg.env_overlap, thread_name_prefix="marlhf-env-step"
+            )
+            if cfg.env_overlap > 1
+            else None
+        )
+        self.closing: list[tuple[list[int], Future]] = []  # finish calls, in order
+
+    def fail(self, i: int, turn: int, call: str, text: str) -> None:
+        where = f"--env {self.factory.name}: {self.names[i]}" + (f", turn {turn}" if turn else "")
         line = f"{where}: {call} {text}"
-        if cfg.env_errors == "fail":
+        if self.cfg.env_errors == "fail":
             raise EnvError(line)
-        if episodes[i].error is None:  # the first error of a row is the one reported
-            episodes[i].error, episodes[i].stop = line, "error"
+        if self.episodes[i].error is None:  # the first error of a row is the one reported
+            self.episodes[i].error, self.episodes[i].stop = line, "error"
 
-    def outcome_text(o: Outcome) -> str:
+    def outcome_text(self, o: Outcome) -> str:
         if o.status == "timeout":
-            return f"did not return within --env_timeout_s {cfg.env_timeout_s:g} (stopped)"
+            return f"did not return within --env_timeout_s {self.cfg.env_timeout_s:g} (stopped)"
         return f"raised {o.text}" if o.status == "error" else ""
 
-    stepper = (
-        concurrent.futures.ThreadPoolExecutor(cfg.env_overlap, thread_name_prefix="marlhf-env-step")
-        if cfg.env_overlap > 1
-        else None
-    )
-
-    def on_envs(kind: str, rows_: list[int], args: list) -> concurrent.futures.Future:
+    def on_envs(self, kind: str, rows: list[int], args: list) -> Future:
         """``pool.call`` on a stepping thread (a thread per group: the groups' calls, on
         different rows, may run at once), or here and now without overlap."""
-        if stepper is not None:
-            return stepper.submit(pool.call, rows_, kind, args)
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        done.set_result(pool.call(rows_, kind, args))
+        if self.stepper is not None:
+            return self.stepper.submit(self.pool.call, rows, kind, args)
+        done: Future = Future()
+        done.set_result(self.pool.call(rows, kind, args))
         return done
 
-    closing: list[tuple[list[int], concurrent.futures.Future]] = []  # finish calls, in order
-
-    def finish(ended: list[int]) -> None:
+    def finish(self, ended: list[int]) -> None:
         """get_metrics and close the environments of ``ended`` (alive ones): the calls go to
-        the environments now, their answers are read by :func:`read_finished`."""
-        live = [i for i in ended if pool.alive(i)]
+        the environments now, their answers are read by :meth:`read_finished`."""
+        live = [i for i in ended if self.pool.alive(i)]
         if live:
-            closing.append((live, on_envs("finish", live, [None] * len(live))))
+            self.closing.append((live, self.on_envs("finish", live, [None] * len(live))))
 
-    def read_finished(wait: bool) -> None:
+    def read_finished(self, wait: bool) -> None:
         """The answers of the finish calls made so far (in order; ``wait``: all of them, else
         those that have come)."""
-        while closing and (wait or closing[0][1].done()):
-            live, future = closing.pop(0)
+        while self.closing and (wait or self.closing[0][1].done()):
+            live, future = self.closing.pop(0)
             for i, o in zip(live, future.result(), strict=True):
-                pool.drop(i)
-                ep = episodes[i]
+                self.pool.drop(i)
+                ep = self.episodes[i]
                 if o.status != "ok":
-                    fail(i, len(ep.turns), "close", outcome_text(o))
+                    self.fail(i, len(ep.turns), "close", self.outcome_text(o))
                     continue
                 problem = o.value["metrics_error"] or o.value["close_error"]
                 if problem:
                     call = "get_metrics" if o.value["metrics_error"] else "close"
-                    fail(i, len(ep.turns), call, f"raised {problem}")
+                    self.fail(i, len(ep.turns), call, f"raised {problem}")
                 elif not isinstance(o.value["metrics"], Mapping):
                     m = o.value["metrics"]
-                    fail(i, len(ep.turns), "get_metrics", f"returned {shown(m)} ({_type(m)})")
+                    self.fail(i, len(ep.turns), "get_metrics", f"returned {shown(m)} ({_type(m)})")
                 else:
                     ep.metrics = dict(o.value["metrics"])
 
-    def playing(rows_: list[int]) -> list[int]:
-        """``rows_`` less those that have stopped (their environments finished), after the
+    def playing(self, rows: list[int]) -> list[int]:
+        """``rows`` less those that have stopped (their environments finished), after the
         conversation length check."""
-        ended = [i for i in rows_ if episodes[i].stop]
-        if measure is not None:
-            for i in rows_:
+        eps = self.episodes
+        ended = [i for i in rows if eps[i].stop]
+        if self.measure is not None:
+            for i in rows:
                 if (
-                    not episodes[i].stop
-                    and measure(i, episodes[i].messages) >= cfg.max_total_seq_len
+                    not eps[i].stop
+                    and self.measure(i, eps[i].messages) >= self.cfg.max_total_seq_len
                 ):
-                    episodes[i].stop = "length"
+                    eps[i].stop = "length"
                     ended.append(i)
-        finish(ended)
-        return [i for i in rows_ if not episodes[i].stop]
+        self.finish(ended)
+        return [i for i in rows if not eps[i].stop]
 
-    try:
-        rows_all = list(range(len(rows)))
-        for i, o in zip(rows_all, pool.call(rows_all, "init", prompts), strict=True):
+    def start(self) -> list[int]:
+        """``init`` every row's environment; returns the rows that play."""
+        rows_all = list(range(len(self.prompts)))
+        for i, o in zip(rows_all, self.pool.call(rows_all, "init", self.prompts), strict=True):
             try:
                 if o.status != "ok":
-                    fail(i, 0, "init", outcome_text(o))
+                    self.fail(i, 0, "init", self.outcome_text(o))
                     continue
-                episodes[i].prompt, episodes[i].info = check_init(o.value)
+                self.episodes[i].prompt, self.episodes[i].info = check_init(o.value)
             except ValueError as err:
-                fail(i, 0, "init", str(err))
-        active = [i for i in rows_all if not episodes[i].stop]
-        finish([i for i in rows_all if episodes[i].stop])
-        read_finished(wait=True)
-        # the groups take turns: while the environments step one group's actions, the policy
-        # samples the next group's (with one group: sample every row, then step every row)
-        n, k = len(active), min(cfg.env_overlap, max(1, len(active)))
+                self.fail(i, 0, "init", str(err))
+        self.finish([i for i in rows_all if self.episodes[i].stop])
+        self.read_finished(wait=True)
+        return [i for i in rows_all if not self.episodes[i].stop]
+
+    def play(self, active: list[int], act: Act) -> None:
+        """The rounds, until every row has stopped. The groups take turns: while the
+        environments step one group's actions, the policy samples the next group's (with one
+        group: sample every row, then step every row)."""
+        eps = self.episodes
+        n, k = len(active), min(self.cfg.env_overlap, max(1, len(active)))
         groups = [active[j * n // k : (j + 1) * n // k] for j in range(k)]
-        stepping: dict[int, tuple[list[int], list[str], concurrent.futures.Future]] = {}
+        stepping: dict[int, tuple[list[int], list[str], Future]] = {}
         while any(groups) or stepping:
             for j in range(k):
                 if j in stepping:
                     acted, actions, future = stepping.pop(j)
                     for i, action, o in zip(acted, actions, future.result(), strict=True):
-                        _record_step(episodes[i], action, o, cfg.max_turns, outcome_text, fail)
+                        _record_step(
+                            eps[i], action, o, self.cfg.max_turns, self.outcome_text, self.fail
+                        )
                     groups[j] = acted
-                groups[j] = playing(groups[j])
-                read_finished(wait=False)
+                groups[j] = self.playing(groups[j])
+                self.read_finished(wait=False)
                 if groups[j]:
                     group = groups[j]
                     actions = _checked_actions(
-                        act(list(group), [episodes[i].messages for i in group]), len(group)
+                        act(list(group), [eps[i].messages for i in group]), len(group)
                     )
-                    stepping[j] = (group, actions, on_envs("step", group, actions))
-        read_finished(wait=True)
-    finally:
-        if stepper is not None:
-            stepper.shutdown(wait=True, cancel_futures=True)
-        pool.shutdown()
-    return episodes
+                    stepping[j] = (group, actions, self.on_envs("step", group, actions))
+        self.read_finished(wait=True)
+
+    def close(self) -> None:
+        """Wait for the stepping threads, then close every environment still open."""
+        if self.stepper is not None:
+            self.stepper.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown()
 
 
 def _checked_actions(actions: object, n: int) -> list[str]:

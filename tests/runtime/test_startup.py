@@ -81,18 +81,21 @@ def test_two_cpu_ranks_start_without_the_shared_memory_op(tmp_path):
         "import sys, torch\n"
         "from marlhf.runtime.distributed import init_distributed, world_size\n"
         "init_distributed()\n"
-        "x = torch.ones(1) * (torch.distributed.get_rank() + 1)\n"
+        "rank = torch.distributed.get_rank()\n"
+        "x = torch.ones(1) * (rank + 1)\n"
         "torch.distributed.all_reduce(x)\n"
-        "print('world', world_size(), float(x), sys.modules['deepspeed.comm.torch'].build_shm_op.__name__)\n"
+        "built = sys.modules['deepspeed.comm.torch'].build_shm_op.__name__\n"
+        "open(sys.argv[1] + f'/rank{rank}.txt', 'w').write(f'world {world_size()} {float(x)} {built}')\n"
         "torch.distributed.destroy_process_group()\n"
     )
     script = tmp_path / "two.py"
     script.write_text(code)
     env = {**stage_env(), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(free_port()), str(script)]  # fmt: skip
+           "--master_port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("world 2 3.0 build_shm_op") == 2, proc.stdout
+    for rank in (0, 1):  # each rank's own file: two ranks printing to one pipe interleave
+        assert (tmp_path / f"rank{rank}.txt").read_text() == "world 2 3.0 build_shm_op"
     assert not (tmp_path / "ext").exists()  # nothing built, nothing looked up
     assert "shm_comm" not in proc.stdout + proc.stderr  # DeepSpeed prints the op's build or load
