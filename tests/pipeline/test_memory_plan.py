@@ -174,9 +174,10 @@ def test_plan_on_the_command_line(tmp_path):
 @pytest.mark.parametrize("dtype,stage", [("fp32", 0), ("bf16", 0), ("bf16", 2)])
 def test_plan_matches_what_an_engine_adds_on_cpu(dtype, stage):
     """A 34 M-parameter Llama: the resident memory a DeepSpeed training engine adds over the model's
-    weights after two steps, against the plan's gradients + optimizer states. Measured: fp32 ZeRO-0
-    322 MiB against 328 planned, bf16 ZeRO-0 532 against 492 (DeepSpeed's bf16 optimizer also keeps
-    a flat 16-bit copy); within 15 %."""
+    weights when its optimizer steps (tests/support/memory_plan_probe.py: the allocator's free pages
+    handed back before each reading), against the plan's gradients + optimizer states. Measured:
+    fp32 ZeRO-0 331 MiB against 328 planned, bf16 ZeRO-0 495 against 492, bf16 ZeRO-2 541 against
+    492 (ZeRO-2 also keeps its flat 16-bit gradient partition while the optimizer steps)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -188,7 +189,9 @@ def test_plan_matches_what_an_engine_adds_on_cpu(dtype, stage):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["measured_mb"] == pytest.approx(out["planned_mb"], rel=0.15), out
+    assert out["measured_mb"] == pytest.approx(
+        out["planned_mb"], rel=0.05 if stage == 0 else 0.15
+    ), out
 
 
 def test_a_token_budget_bounds_the_training_micro_batch():
