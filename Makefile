@@ -47,7 +47,8 @@ demo: $(VENV)/.installed
 # main environment, the demos included.
 SIDE_TESTS := tests/pipeline/test_demo.py tests/pipeline/test_demo_bf16.py \
 	tests/stages/ppo/test_distributed.py tests/test_multinode.py \
-	tests/stages/ppo/test_multiturn_ranks.py tests/gpu_check/test_gpu_check.py
+	tests/stages/ppo/test_multiturn_ranks.py tests/gpu_check/test_gpu_check.py \
+	tests/stages/ppo/test_long_horizon.py
 test: $(VENV)/.installed $(VLLM_VENV)/.installed
 	@mkdir -p output; \
 	( ( $(MAKE) --no-print-directory test-vllm && OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=5 $(SIDE_TESTS) $(ARGS) ) \
