@@ -154,6 +154,17 @@ would take about 85 min. The same runs in commands of at most 60 min: ``--arms p
 ``--arms ppo,fixed10,lowprob10`` (the 30 reported runs), then ``macro_mc5``'s pair as above
 (``--tune_only``, then without). Nothing else changes: arms, grid, seeds, selection rule and
 reading are those above.
+
+Amendment for ``macro_mc5`` at 256 tokens, written before its runs: the cell's finished runs and its
+reward model were not kept, so ``macro_mc5`` runs in a directory of its own with a PPO run again
+beside it (the same code, the same seeds, a new reward model for the critic's start from the same
+recipe): ``--output_dir output/hs_tuned_mc256 --tag _h256_gold_mc --arms ppo,macro_mc5 --tune_lams
+1``, first with ``--tune_only`` (the reward model and 12 tuning runs), then without (20 reported
+runs). PPO is tuned at λ = 1 only: its λ = 0.95 points scored 0.185 and -0.013 against 0.472 and
+0.285 at λ = 1. ``macro_mc5`` does not read λ, so its grid is the two learning rates, as in the
+other cells. Prediction: ``macro_mc5`` matches the tuned PPO here (final and held-out Δ intervals
+containing 0, no speed-up interval above 1) at 3-4x PPO's CPU per step; PPO's figures repeat the
+cell's table above (within its intervals; the same numbers if the runs are deterministic).
 """
 
 from __future__ import annotations
