@@ -207,10 +207,10 @@ from benchmarks.tuning import (  # noqa: E402
     Setting,
     choose,
     grid,
+    reads_lambda,
     selection_score,
     stability,
 )
-from marlhf.algo.registry import resolve_estimator  # noqa: E402
 from marlhf.pipeline.demo_settings import LONG_TASK_PPO_FLAGS  # noqa: E402
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
@@ -470,17 +470,12 @@ def tuning_runs(
 
 
 def uses_lambda(arm: str) -> bool:
-    """Whether GAE's λ enters ``arm``: its estimator is ``gae`` (the critic-free estimators, e.g.
-    ``macro_mc`` and ``grpo``, do not read ``--lam``).
+    """Whether GAE's λ enters ``arm`` (:func:`benchmarks.tuning.reads_lambda` of its flags).
 
     >>> uses_lambda("fixed10"), uses_lambda("macro_mc5"), uses_lambda("grpo")
     (True, False, False)
     """
-    flags = ARMS[arm]
-    name = "gae"
-    if "--advantage_estimator" in flags:
-        name = flags[flags.index("--advantage_estimator") + 1]
-    return resolve_estimator(name) == "gae"
+    return reads_lambda(ARMS[arm])
 
 
 def _run_at(source: str, st: Setting, h: int, arm: str, seed: int, steps: int, task: str) -> RunJob:

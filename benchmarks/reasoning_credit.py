@@ -80,7 +80,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.analysis import load_run  # noqa: E402
 from benchmarks.ppo_vs_mappo import ALL_ARMS  # noqa: E402
-from benchmarks.tuning import TUNE_LRS, Setting  # noqa: E402
+from benchmarks.tuning import TUNE_LRS, Setting, arm_grid  # noqa: E402
 from benchmarks.turn_credit import (  # noqa: E402
     TUNE_LAMS,
     add_study_args,
@@ -92,7 +92,6 @@ from benchmarks.turn_credit import (  # noqa: E402
     tuning_table,
 )
 
-CRITIC_ARMS = ("ppo", "step", "fixed10", "lowprob10")
 STEP_RULE = ["--termination_condition", "step"]
 # Monte-Carlo values at every step start (--mc_max_boundaries 2 k on the k-step task, by arm_flags)
 MC_FLAGS = [
@@ -147,8 +146,7 @@ def settings_of(arm: str, lams=TUNE_LAMS, lrs=TUNE_LRS) -> list[Setting]:
     >>> [s.label for s in settings_of("dr_grpo", (0.95, 1.0), (1e-4,))]
     ['λ=1, lr=1e-04']
     """
-    lam_grid = lams if arm in CRITIC_ARMS else (1.0,)
-    return [Setting(lam, lr) for lam in lam_grid for lr in lrs]
+    return arm_grid(ARMS[arm], lams, lrs)
 
 
 def arm_flags(arm: str, steps: int) -> list[str]:

@@ -55,6 +55,39 @@ def grid(lams: Sequence[float] = TUNE_LAMS, lrs: Sequence[float] = TUNE_LRS) -> 
     return [Setting(lam, lr) for lam in lams for lr in lrs]
 
 
+def estimator_of(flags: Sequence[str]) -> str:
+    """The ``--advantage_estimator`` a run's stage flags name (the stage's default: ``gae``).
+
+    >>> estimator_of(["--ngram", "5"]), estimator_of(["--advantage_estimator", "grpo"])
+    ('gae', 'grpo')
+    """
+    flags = list(flags)
+    if "--advantage_estimator" in flags:
+        return flags[flags.index("--advantage_estimator") + 1]
+    return "gae"
+
+
+def reads_lambda(flags: Sequence[str]) -> bool:
+    """Whether GAE's λ enters a run with these stage flags: its estimator is GAE (by the stage's own
+    estimator registry; the critic-free estimators, ``macro_mc``, ``grpo`` and the like, do not read
+    ``--lam``). Imports the package on first use; the rest of this module is standard library."""
+    from marlhf.algo.registry import resolve_estimator
+
+    return resolve_estimator(estimator_of(flags)) == "gae"
+
+
+def arm_grid(
+    flags: Sequence[str],
+    lams: Sequence[float] = TUNE_LAMS,
+    lrs: Sequence[float] = TUNE_LRS,
+    one_lam: float = 1.0,
+) -> list[Setting]:
+    """The grid of an arm with these stage flags, in the grid's order: every (λ, lr) pair for an
+    arm that reads λ (:func:`reads_lambda`), the learning rates at ``one_lam`` alone for one that
+    does not (at another λ it would be the same run again)."""
+    return grid(lams if reads_lambda(flags) else (one_lam,), lrs)
+
+
 def selection_score(final_gold: Sequence[float], held_out_gold: Sequence[float]) -> float:
     """The selection rule's score of one arm at one setting: the mean over seeds of the mean of a
     seed's final training gold and its held-out gold (NaN without any seed).

@@ -71,10 +71,16 @@ from benchmarks.analysis import (  # noqa: E402
     smooth,
 )
 from benchmarks.analysis import speedup as speedup_of  # noqa: E402
-from benchmarks.tuning import TUNE_LRS, TUNE_SEEDS, Setting, choose, selection_score  # noqa: E402
+from benchmarks.tuning import (  # noqa: E402
+    TUNE_LRS,
+    TUNE_SEEDS,
+    Setting,
+    arm_grid,
+    choose,
+    selection_score,
+)
 from marlhf.stats import mean_ci, welch_diff_ci  # noqa: E402
 
-CRITIC_ARMS = ("ppo", "turn")
 # Monte-Carlo values at every turn start (--mc_max_boundaries N - 1 on the N-turn task, by
 # arm_flags): K = 4 continuations each, the environment replayed by re-running the steps
 MC_ARM = [
@@ -110,13 +116,13 @@ SIZES = {"cpu": Size(60, 16, HELD_OUT), "gpu": Size(200, 64, 1000), "smoke": Siz
 
 
 def settings_of(arm: str, lams=TUNE_LAMS, lrs=TUNE_LRS) -> list[Setting]:
-    """The grid of ``arm`` in its order (λ, then learning rate); one λ for a critic-free arm.
+    """The grid of ``arm`` in its order (λ, then learning rate); one λ for a critic-free arm
+    (:func:`benchmarks.tuning.arm_grid`).
 
     >>> [s.label for s in settings_of("grpo", (0.95, 1.0), (1e-4,))]
     ['λ=1, lr=1e-04']
     """
-    lam_grid = lams if arm in CRITIC_ARMS else (1.0,)
-    return [Setting(lam, lr) for lam in lam_grid for lr in lrs]
+    return arm_grid(ARMS[arm], lams, lrs)
 
 
 def arm_flags(arm: str, turns: int) -> list[str]:
