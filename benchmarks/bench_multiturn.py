@@ -91,9 +91,6 @@ def _env_ways(sampler, prompts, context, turns: int, m: int, cfg, step_ms: float
     from marlhf.envs.config import EnvConfig
     from marlhf.envs.loading import load_env
     from marlhf.envs.runner import run_episodes
-    from marlhf.models.generation import Conversations
-    from marlhf.models.generation.sampling import sample_turns
-    from marlhf.runtime.rows import turn_seeds
 
     global LatencyEnv
     LatencyEnv = LatencyEnv or _latency_env_class()
@@ -111,17 +108,7 @@ def _env_ways(sampler, prompts, context, turns: int, m: int, cfg, step_ms: float
         convs, seen, played, read = [list(p) for p in prompts], [0] * B, [0] * B, [0]
 
         def act(ids, _messages):  # the same tokens as continue's, a subset of rows at a call
-            for r in ids:
-                if played[r]:
-                    convs[r].extend(context)
-            batch = Conversations([list(convs[r]) for r in ids], list(ids), [seen[r] for r in ids])
-            seeds_k = torch.cat([turn_seeds(seeds[r : r + 1], played[r] + 1) for r in ids])
-            out = sample_turns(sampler, batch, cfg, [], 0, seeds_k)
-            assert out.action_mask.sum(1).tolist() == [m] * len(ids)
-            for b, r in enumerate(ids):
-                read[0] += len(convs[r]) if not played[r] else len(context) + 1
-                convs[r].extend(out.response_ids[b, :m].tolist())
-                seen[r], played[r] = len(convs[r]), played[r] + 1
+            read[0] += _continue_rows(sampler, cfg, m, context, seeds, convs, seen, played, ids)
             return [""] * len(ids)
 
         env = EnvConfig(env=factory.spec, env_timeout_s=0, env_workers=B, max_turns=turns,
@@ -132,6 +119,31 @@ def _env_ways(sampler, prompts, context, turns: int, m: int, cfg, step_ms: float
         return read[0]
 
     return {"env": lambda: play(1), "env_overlap": lambda: play(groups)}
+
+
+def _continue_rows(sampler, cfg, m: int, context, seeds, convs, seen, played, rows) -> int:
+    """One turn of ``rows`` by continuation, as the episode runner plays it: a row that played
+    before gets the fixed context after its last action, then the sampler continues each row's
+    conversation from the tokens it has seen (``seen``) with the row's seed of that turn. Returns
+    the prompt tokens read: a new row's whole prompt, else its last action's token and the
+    context."""
+    from marlhf.models.generation import Conversations
+    from marlhf.models.generation.sampling import sample_turns
+    from marlhf.runtime.rows import turn_seeds
+
+    for r in rows:
+        if played[r]:
+            convs[r].extend(context)
+    batch = Conversations([list(convs[r]) for r in rows], list(rows), [seen[r] for r in rows])
+    seeds_k = torch.cat([turn_seeds(seeds[r : r + 1], played[r] + 1) for r in rows])
+    out = sample_turns(sampler, batch, cfg, [], 0, seeds_k)
+    assert out.action_mask.sum(1).tolist() == [m] * len(rows)
+    read = 0
+    for b, r in enumerate(rows):
+        read += len(convs[r]) if not played[r] else len(context) + 1
+        convs[r].extend(out.response_ids[b, :m].tolist())
+        seen[r], played[r] = len(convs[r]), played[r] + 1
+    return read
 
 
 def _layout(path: str):
@@ -169,11 +181,11 @@ def _sampler(name: str, path: str, cfg, batch: int):
 def _ways(sampler, prompts, context, turns: int, m: int, cfg):
     """The three ways of one backend and turn count, as functions (each returns its prompt
     tokens read)."""
-    from marlhf.models.generation import Conversations
-    from marlhf.models.generation.sampling import left_pad, sample_responses, sample_turns
+    from marlhf.models.generation.sampling import left_pad, sample_responses
     from marlhf.runtime.rows import turn_seeds
 
     B = len(prompts)
+    rows = list(range(B))
     seeds = torch.arange(B) + 1000
     single_cfg = _with(cfg, max_answer_seq_len=m * turns)
     ids = torch.tensor(prompts)  # the trail prompts all have the template's 30 tokens
@@ -182,28 +194,22 @@ def _ways(sampler, prompts, context, turns: int, m: int, cfg):
     def play(replay: bool):
         if vllm is not None:
             vllm.llm.reset_prefix_cache()
-        convs = [list(p) for p in prompts]
-        seen, rows, read = [0] * B, list(range(B)), 0
+        convs, seen, played, read = [list(p) for p in prompts], [0] * B, [0] * B, 0
         for k in range(turns):
+            if not replay:
+                read += _continue_rows(sampler, cfg, m, context, seeds, convs, seen, played, rows)
+                continue
+            if vllm is not None:
+                vllm.llm.reset_prefix_cache()
             if k > 0:
                 for c in convs:
                     c.extend(context)
-            seeds_k = turn_seeds(seeds, k + 1)
-            if replay:
-                if vllm is not None:
-                    vllm.llm.reset_prefix_cache()
-                ids_k, mask_k = left_pad(convs, 0)
-                out = sample_responses(sampler, ids_k, mask_k, cfg, [], 0, seeds_k)
-                read += sum(len(c) for c in convs)
-            else:
-                batch = Conversations([list(c) for c in convs], rows, list(seen))
-                out = sample_turns(sampler, batch, cfg, [], 0, seeds_k)
-                # the prompts, then the last action's token and the context
-                read += sum(len(c) for c in convs) if k == 0 else B * (len(context) + 1)
+            ids_k, mask_k = left_pad(convs, 0)
+            out = sample_responses(sampler, ids_k, mask_k, cfg, [], 0, turn_seeds(seeds, k + 1))
+            read += sum(len(c) for c in convs)
             assert out.action_mask.sum(1).tolist() == [m] * B
             for b, c in enumerate(convs):
                 c.extend(out.response_ids[b, :m].tolist())
-                seen[b] = len(c)
         sampler.end_conversations()
         return read
 
