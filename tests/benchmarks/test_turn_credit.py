@@ -10,12 +10,15 @@ from benchmarks import turn_credit
 from benchmarks.tuning import Setting
 
 
-def test_the_default_arms_are_the_registered_cell_s(capsys):
+def test_the_default_arms_are_the_registered_cell_s(capsys, monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         turn_credit.main(["--arms", "ppo,vine"])
     err = capsys.readouterr().err
     assert "unknown arm(s) vine" in err and "macro_mc" in err
-    assert turn_credit.REGISTERED_ARMS == ("ppo", "turn", "grpo", "mt_grpo")
+    studied = []
+    monkeypatch.setattr(turn_credit, "run_study", lambda args, arms, *a, **k: studied.append(arms))
+    turn_credit.main(["--output_dir", str(tmp_path)])  # no --arms: the main cell's four
+    assert list(studied[0]) == ["ppo", "turn", "grpo", "mt_grpo"]
 
 
 def test_grids_critic_arms_get_both_lams_critic_free_one():
