@@ -121,10 +121,11 @@ class _Cache:
 
     def continues(self, rows: list[int], token_ids) -> bool:
         """Whether this cache holds every row of the call and what it holds of each begins the
-        row's conversation."""
+        row's conversation. ``held`` names the rows the decoder still has: both drop the rows left
+        out of a call (:meth:`keep` before the decoder's call)."""
         for r, ids in zip(rows, token_ids, strict=True):
             held = self.held.get(r)
-            if held is None or self.decoder.index[self.at[r]] is None:
+            if held is None:
                 return False
             if len(held) > len(ids) or list(ids[: len(held)]) != held:
                 return False
