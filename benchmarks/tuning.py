@@ -77,15 +77,12 @@ def reads_lambda(flags: Sequence[str]) -> bool:
 
 
 def arm_grid(
-    flags: Sequence[str],
-    lams: Sequence[float] = TUNE_LAMS,
-    lrs: Sequence[float] = TUNE_LRS,
-    one_lam: float = 1.0,
+    flags: Sequence[str], lams: Sequence[float] = TUNE_LAMS, lrs: Sequence[float] = TUNE_LRS
 ) -> list[Setting]:
     """The grid of an arm with these stage flags, in the grid's order: every (λ, lr) pair for an
-    arm that reads λ (:func:`reads_lambda`), the learning rates at ``one_lam`` alone for one that
-    does not (at another λ it would be the same run again)."""
-    return grid(lams if reads_lambda(flags) else (one_lam,), lrs)
+    arm that reads λ (:func:`reads_lambda`), the learning rates at λ = 1 alone for one that does
+    not (at another λ it would be the same run again)."""
+    return grid(lams if reads_lambda(flags) else (1.0,), lrs)
 
 
 def selection_score(final_gold: Sequence[float], held_out_gold: Sequence[float]) -> float:
