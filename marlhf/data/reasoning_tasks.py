@@ -11,14 +11,15 @@ Task ``synthetic-arith-{4,8,16}``: a rule applied 4, 8 or 16 times
 -------------------------------------------------------------------
 A start number (1-99) and ``k`` operations labelled ``A``, ``B``, ... (``LABELS``), each ``+`` or
 ``-`` an operand 1-9. The generator draws one operation per problem (the rule) and writes it at every
-step, with a start that keeps every running total within 0-99::
+step, with a start that keeps every running total within 0-99. The start comes last, on the line
+that opens the solution::
 
-    Task: start is 25.
+    Task:
     A-4
     B-4
     C-4
     D-4
-    Solution:
+    Solution: start is 25.
 
 The solution writes one line per operation: its line of the prompt, a colon, the running total it
 applies to with the operation again, and the new total after ``is`` and before a period; it ends
@@ -33,11 +34,14 @@ with an answer line (no newline after it; the model's EOS follows)::
 The text states any list of operations (``prompt_text``, ``read_problem`` and the scorer take one
 per step); one rule per problem is what the shipped 2-layer base can read. Every value of a line is
 then within its reach: the label follows the label of the line above, the operation is the line
-above's (the prompt's last line for the first), the total it starts from is the number after the
-latest ``is`` (the prompt's ``start is 25`` for the first line), and the answer line follows the
-line of the prompt's last label. Two formats it could not read, teacher-forced (the research page
-"The tasks and their tiny models"): with a different operation at each step, a line must look its
-step's operation up by its label; a base pretrained on it (1,500 steps) read the start (1.00) and
+above's (the prompt's line of its label for the first), the total it starts from is the number after the
+latest ``is`` (the prompt's ``start is 25.`` for the first line, at the same distance from it as a
+line's total from the line above's), and the answer line follows the line of the prompt's last
+label. Formats it could not read, teacher-forced (the research page "The tasks and their tiny
+models"): with the start on the prompt's first line (``Task: start is 25.``), the first line's
+total sat a prompt's length (38-86 tokens) after it, and the base read its units digit 0.21 of the
+time on two-digit starts; with a different operation at each step, a line must look its step's
+operation up by its label; a base pretrained on it (1,500 steps) read the start (1.00) and
 computed the sums (0.99) but found the sign (0.66; the totals' bounds alone give about 0.6) and the
 operand (0.44) of its step poorly, and answered 3-6 % of 4-step problems right, like one on an
 earlier format (``1: plus 5`` in the prompt, ``1: plus 5 to 7 is 12`` in the solution) that read
@@ -83,12 +87,13 @@ first use into ``$MARLHF_HOME/synthetic`` (``data_file``: a directory with ``tra
 ``valid.jsonl``). Its adapter gives SFT the chosen solution, the reward stage both, and PPO the
 prompt with ``meta["columns"]["answer"]``, the true result (what an answer-checking reward reads).
 ``pretraining_rows(n)`` is the corpus of the pretrained base ``tiny-base-arith``
-(``marlhf.pipeline.recipes``): problems of 2-16 steps whose solutions slip at each line with
-probability ``PRETRAIN_SLIP``, so that a base which learns the corpus samples right answers only
-part of the time, and less often the longer the chain (``pretraining.json`` has the shipped base's
-figures: it reads the start's units digit only part of the time, its weakest step).
+(``marlhf.pipeline.recipes``): problems of 2-16 steps whose first line applies the other operation
+with probability ``PRETRAIN_FIRST_FLIP`` (one early decision, made either way, that decides the
+final answer) and whose lines slip with probability ``PRETRAIN_SLIP``, so that a base which learns
+the corpus samples right answers only part of the time, and less often the longer the chain
+(``pretraining.json`` has the shipped base's figures).
 
->>> p = "Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n"
+>>> p = "Task:\\nA+5\\nB-3\\nSolution: start is 7.\\n"
 >>> true_result(p)
 9
 >>> arith_gold(p, "A+5: 7+5 is 12.\\nB-3: 12-3 is 9.\\nanswer: 9")
@@ -115,7 +120,7 @@ from pathlib import Path
 from marlhf.runtime.home import home
 
 # Bump when the generator or the scorer changes (the generated files' names and cache keys hold it).
-ARITH_VERSION = 2
+ARITH_VERSION = 3
 STEPS = (4, 8, 16)
 START = (1, 99)  # the start number, both bounds included
 OPERAND = (1, 9)
@@ -128,10 +133,12 @@ SLIP_KINDS = ("units", "carry", "operator", "operand")
 REJECTED_KINDS = (*SLIP_KINDS, "wrong_final", "truncated")
 # The numbers of comparisons a data path generates (as many as the long-horizon tasks').
 N_TRAIN, N_VALID = 1900, 300
-# Pretraining corpus of tiny-base-arith: step counts drawn uniformly from PRETRAIN_STEPS, each line
-# slipping with probability PRETRAIN_SLIP (see ``pretraining_rows``).
+# Pretraining corpus of tiny-base-arith: step counts drawn uniformly from PRETRAIN_STEPS, the first
+# line applying the other operation with probability PRETRAIN_FIRST_FLIP, each line slipping with
+# probability PRETRAIN_SLIP (see ``pretraining_rows``).
 PRETRAIN_STEPS = (2, 16)
 PRETRAIN_SLIP = 0.08
+PRETRAIN_FIRST_FLIP = 0.5
 
 Op = tuple[str, int]
 
@@ -140,6 +147,8 @@ _OP_LINE = re.compile(r"^([A-Z])([+-])(\d+)$", re.MULTILINE)
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 _ANSWER_VALUE = re.compile(r"\s*(-?\d+)\s*\.?\s*")
 _LINE_TOTAL = re.compile(r" is (-?\d+)\.$")
+# a step line: label, its operation, ``: ``, the total it starts from, the operation again, the total
+_STEP_LINE = re.compile(r"^A([+-]\d+): (\d+)([+-]\d+) is -?\d+\.$")
 
 
 @dataclass(frozen=True)
@@ -163,10 +172,11 @@ def apply(total: int, op: Op) -> int:
 
 
 def prompt_text(start: int, ops: list[Op]) -> str:
-    """The prompt of a problem: the start, the labelled operations, ``Solution:`` and a newline."""
-    lines = [f"Task: start is {start}."]
+    """The prompt of a problem: ``Task:``, the labelled operations, then ``Solution: start is N.``
+    and a newline."""
+    lines = ["Task:"]
     lines += [f"{LABELS[i]}{SIGNS[name]}{operand}" for i, (name, operand) in enumerate(ops)]
-    return "\n".join(lines) + "\nSolution:\n"
+    return "\n".join(lines) + f"\nSolution: start is {start}.\n"
 
 
 def step_line(i: int, total: int, op: Op, result: int) -> str:
@@ -186,14 +196,15 @@ def solution(start: int, ops: list[Op]) -> str:
 
 
 def read_problem(prompt: str) -> tuple[int, list[Op]]:
-    """The start and the operations of the problem in ``prompt`` (text before ``Solution:``).
+    """The start and the operations of the problem in ``prompt`` (the operations before
+    ``Solution:``, the start after it).
 
     Raises:
         ValueError: the prompt holds no ``synthetic-arith`` problem (no start, no operations, or
             operations not labelled A, B, ...).
     """
-    problem = prompt.split("Solution:", 1)[0]
-    start = _START.search(problem)
+    problem, _, opening = prompt.partition("Solution:")
+    start = _START.match(opening.strip())
     found = _OP_LINE.findall(problem)
     if (
         start is None
@@ -231,7 +242,7 @@ def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
     being the total the line before it wrote (the start for line 1): a local check, so one slip
     counts once and the lines after it that carry on correctly from it count as right.
 
-    >>> line_accuracy("Task: start is 7.\\nA+5\\nB-3\\nSolution:\\n",
+    >>> line_accuracy("Task:\\nA+5\\nB-3\\nSolution: start is 7.\\n",
     ...               "A+5: 7+5 is 13.\\nB-3: 13-3 is 10.\\nanswer: 10")
     (1, 2)
     """
@@ -246,6 +257,25 @@ def line_accuracy(prompt: str, response: str) -> tuple[int, int]:
         if written is not None:
             prev = int(written.group(1))
     return right, lines
+
+
+def first_line(prompt: str, response: str) -> dict[str, bool]:
+    """What the first line of ``response`` makes of the problem: ``start_read`` (it starts from the
+    prompt's start number), ``operation_right`` (it writes step A's operation, in its label and in
+    its sum) and ``right`` (the whole line is the correct one).
+
+    >>> first_line("Task:\\nA+5\\nSolution: start is 27.\\n", "A-5: 27-5 is 22.\\nanswer: 22")
+    {'start_read': True, 'operation_right': False, 'right': False}
+    """
+    start, ops = read_problem(prompt)
+    line = response.split("\n", 1)[0]
+    parsed = _STEP_LINE.match(line)
+    written = f"{SIGNS[ops[0][0]]}{ops[0][1]}"
+    return {
+        "start_read": parsed is not None and int(parsed.group(2)) == start,
+        "operation_right": parsed is not None and parsed.group(1) == parsed.group(3) == written,
+        "right": line == step_line(1, start, ops[0], apply(start, ops[0])),
+    }
 
 
 def arith_gold(prompt: str, response: str) -> float:
@@ -401,23 +431,33 @@ def data_file(name: str) -> Path:
     return target
 
 
-def pretraining_rows(n: int, seed: int = 0, slip: float = PRETRAIN_SLIP) -> list[dict]:
+def pretraining_rows(
+    n: int, seed: int = 0, slip: float = PRETRAIN_SLIP, first_flip: float = PRETRAIN_FIRST_FLIP
+) -> list[dict]:
     """``n`` problems of ``PRETRAIN_STEPS`` steps (uniform) with a solution each, as ``{"id",
-    "prompt", "chosen"}`` rows: the corpus of ``tiny-base-arith``. Each line slips with probability
-    ``slip`` (a kind of ``SLIP_KINDS`` at random; the chain goes on from the slipped total, and the
-    answer line copies the last total), as a noisy worked-solutions corpus would: a base that learns it samples
-    slips about that often, so its answers are right only part of the time, less often the longer
-    the chain, and RL has the slips to remove. The random stream (``"arith-pretrain/{seed}"``) is
-    not the one of the comparisons."""
+    "prompt", "chosen"}`` rows: the corpus of ``tiny-base-arith``.
+
+    The first line applies the other operation with probability ``first_flip`` (an ``operator``
+    slip; not where the chain it starts would leave 0..MAX_TOTAL): the early decision the base makes
+    either way and the final answer pays for. Each line slips with probability ``slip`` (a kind of
+    ``SLIP_KINDS`` at random; the chain goes on from the slipped total, and the answer line copies
+    the last total), as a noisy worked-solutions corpus would: a base that learns it samples slips
+    about that often, so its answers are right only part of the time, less often the longer the
+    chain, and RL has the slips to remove. The random stream (``"arith-pretrain/{seed}"``) is not
+    the one of the comparisons."""
     rng = random.Random(f"arith-pretrain/{seed}")
     rows = []
     for i in range(n):
         start, ops = make_problem(rng.randint(*PRETRAIN_STEPS), rng)
         while prompt_text(start, ops) in held_out_prompts():
             start, ops = make_problem(len(ops), rng)
+        # an operator slip draws nothing from rng, so this check leaves the stream as it is
+        flip = rng.random() < first_flip and slipped_lines(start, ops, {0: "operator"}, rng)
         lines = None
         while lines is None:
             slips = {j: rng.choice(SLIP_KINDS) for j in range(len(ops)) if rng.random() < slip}
+            if flip:
+                slips[0] = "operator"
             lines = slipped_lines(start, ops, slips, rng)
         text = "\n".join([*lines, f"answer: {_last_total(lines)}"])
         rows.append({"id": i, "prompt": prompt_text(start, ops), "chosen": text})

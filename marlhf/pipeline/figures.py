@@ -16,7 +16,7 @@ from marlhf.data.long_tasks import N_TRAIN, TASKS, answer_verdict, correct_verdi
 from marlhf.data.long_tasks import gold as gold_of
 from marlhf.data.reasoning_tasks import N_TRAIN as ARITH_N_TRAIN
 from marlhf.data.reasoning_tasks import TASKS as ARITH_TASKS
-from marlhf.data.reasoning_tasks import arith_gold, final_answer, line_accuracy
+from marlhf.data.reasoning_tasks import arith_gold, final_answer, first_line, line_accuracy
 from marlhf.data.reasoning_tasks import generate as arith_generate
 from marlhf.data.synthetic import prompt_of
 from marlhf.envs.config import EnvConfig
@@ -87,7 +87,9 @@ def arith_figures(model_dir: str | Path, prompts: int = 64, tasks: Sequence[str]
     held-out (``valid``) problems:
     ``accuracy`` (mean gold: the share of right final answers), ``answer_line`` (share with a
     readable answer line), ``line_accuracy`` (share of step lines right from their own previous
-    total, ``reasoning_tasks.line_accuracy``), EOS rate and answer tokens (mean, min, max)."""
+    total, ``reasoning_tasks.line_accuracy``), the first line's ``start_read``, ``first_operation``
+    and ``first_line`` shares (``reasoning_tasks.first_line``), EOS rate and answer tokens (mean,
+    min, max)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -111,12 +113,20 @@ def arith_figures(model_dir: str | Path, prompts: int = 64, tasks: Sequence[str]
             pairs = list(zip(texts, answers, strict=True))
             checked = [line_accuracy(p, a) for p, a in pairs]
             right, total = sum(r for r, _ in checked), sum(n for _, n in checked)
+            firsts = [first_line(p, a) for p, a in pairs]
+
+            def share(key: str, firsts=firsts) -> float:
+                return round(sum(f[key] for f in firsts) / len(firsts), 3)
+
             figures[f"{task.name}/{mode}"] = {
                 "accuracy": round(sum(arith_gold(p, a) for p, a in pairs) / len(pairs), 3),
                 "answer_line": round(
                     sum(final_answer(a) is not None for a in answers) / len(pairs), 3
                 ),
                 "line_accuracy": round(right / max(total, 1), 3),
+                "start_read": share("start_read"),
+                "first_operation": share("operation_right"),
+                "first_line": share("right"),
                 "eos_rate": round(ended / len(pairs), 3),
                 "tokens_mean": round(sum(lengths) / len(lengths), 1),
                 "tokens_min": min(lengths),

@@ -27,7 +27,7 @@ import torch
 from marlhf.cli import Parser
 from marlhf.data import trail
 from marlhf.data.long_tasks import pretraining_rows as long_rows
-from marlhf.data.reasoning_tasks import PRETRAIN_SLIP
+from marlhf.data.reasoning_tasks import PRETRAIN_FIRST_FLIP, PRETRAIN_SLIP
 from marlhf.data.reasoning_tasks import pretraining_rows as arith_rows
 from marlhf.data.synthetic import pretraining_rows
 from marlhf.models.reward_model import VALUE_HEAD_FILE, RewardModel, save_reward_model
@@ -86,8 +86,9 @@ HORIZON_FLAGS = {
 }
 # The base of the multi-step arithmetic tasks (``marlhf.data.reasoning_tasks``): ``tiny-base-arith``,
 # the shape and tokenizer of ``tiny-base`` pretrained further on worked solutions of 2-16 steps, a
-# share of whose lines slip (``reasoning_tasks.pretraining_rows``), for two epochs (the start number
-# is read late: 0.17 at step 1,000, 0.30 at 1,900). The longest prompt and solution take 336 tokens.
+# share of whose lines slip and half of whose first lines apply the other operation
+# (``reasoning_tasks.pretraining_rows``), for two epochs. The longest prompt and solution take 336
+# tokens.
 ARITH_START = "tiny-base"
 ARITH_ROWS = 16000
 ARITH_FLAGS = lm_flags(480, 16, "2e-3", 2)
@@ -224,7 +225,7 @@ def _arith_finish(out: Path, rows: int, wall_s: float, prompts: int) -> dict:
     return {
         "recipe": "python -m marlhf.tiny --pretrain OUT_DIR --arith",
         "corpus": f"marlhf.data.reasoning_tasks.pretraining_rows({rows}, seed=0, "
-        f"slip={PRETRAIN_SLIP})",
+        f"slip={PRETRAIN_SLIP}, first_flip={PRETRAIN_FIRST_FLIP})",
         "base": f"{ARITH_START} with max_position_embeddings {HORIZON_MAX_POSITIONS}",
         "stored": "bf16 weights, loaded as fp32",
         "sft_wall_s": round(wall_s, 1),

@@ -14,7 +14,7 @@ from marlhf.data.long_tasks import gold_scorer_for
 from marlhf.data.sources import load_examples
 
 # start 25, then 25 + 8 = 33, 33 - 9 = 24, 24 + 7 = 31, 31 - 4 = 27: worked by hand
-PROMPT = "Task: start is 25.\nA+8\nB-9\nC+7\nD-4\nSolution:\n"
+PROMPT = "Task:\nA+8\nB-9\nC+7\nD-4\nSolution: start is 25.\n"
 RIGHT = "A+8: 25+8 is 33.\nB-9: 33-9 is 24.\nC+7: 24+7 is 31.\nD-4: 31-4 is 27.\nanswer: 27"
 # a carry slip at step 1 (23 for 33), carried on consistently: the final answer is 10 short
 SLIPPED = "A+8: 25+8 is 23.\nB-9: 23-9 is 14.\nC+7: 14+7 is 21.\nD-4: 21-4 is 17.\nanswer: 17"
@@ -68,7 +68,23 @@ def test_gold_scores_the_final_answer_of_hand_worked_solutions():
     with pytest.raises(ValueError, match="not a synthetic-arith prompt"):
         R.arith_gold("POST\nMy dog ate my lunch.\nTL;DR: ", "answer: 1")
     with pytest.raises(ValueError, match="not a synthetic-arith prompt"):  # steps A, C: no B
-        R.arith_gold("Task: start is 2.\nA+1\nC+1\nSolution:\n", "answer: 4")
+        R.arith_gold("Task:\nA+1\nC+1\nSolution: start is 2.\n", "answer: 4")
+
+
+def test_first_line_reads_the_start_and_the_operation_apart():
+    assert R.first_line(PROMPT, RIGHT) == dict(start_read=True, operation_right=True, right=True)
+    flipped = "A-8: 25-8 is 17.\nanswer: 17"
+    assert R.first_line(PROMPT, flipped) == dict(
+        start_read=True, operation_right=False, right=False
+    )
+    misread = "A+8: 23+8 is 31."
+    assert R.first_line(PROMPT, misread) == dict(
+        start_read=False, operation_right=True, right=False
+    )
+    assert R.first_line(PROMPT, SLIPPED) == dict(start_read=True, operation_right=True, right=False)
+    # the operation restated differently in the sum, and a line that is not a step line
+    assert not R.first_line(PROMPT, "A+8: 25-8 is 17.")["operation_right"]
+    assert not any(R.first_line(PROMPT, "answer: 27").values())
 
 
 def test_line_accuracy_counts_each_slip_once():
@@ -138,9 +154,17 @@ def test_pretraining_rows_slip_at_the_stated_rate():
         right, lines = right + a, lines + b
         assert b == n_ops and R.final_answer(r["chosen"]) is not None
     assert set(steps) == set(range(R.PRETRAIN_STEPS[0], R.PRETRAIN_STEPS[1] + 1))
-    assert abs((1 - right / lines) - R.PRETRAIN_SLIP) < 0.02  # 5,000 lines
+    # half the first lines apply the other operation; every line slips at PRETRAIN_SLIP on top
+    firsts = [R.first_line(r["prompt"], r["chosen"]) for r in rows]
+    flipped = sum(f["start_read"] and not f["operation_right"] for f in firsts) / len(rows)
+    # 600 first lines; a flip that does not fit is skipped, an operand slip also counts here
+    assert abs(flipped - R.PRETRAIN_FIRST_FLIP) < 0.07
+    assert all(f["start_read"] for f in firsts)  # a flip or a slip keeps the start
+    later_right = right - sum(f["right"] for f in firsts)
+    assert abs((1 - later_right / (lines - len(rows))) - R.PRETRAIN_SLIP) < 0.02  # 4,400 lines
     assert R.pretraining_rows(50, slip=0.0) != rows[:50]
-    assert all(R.arith_gold(r["prompt"], r["chosen"]) for r in R.pretraining_rows(50, slip=0.0))
+    exact = R.pretraining_rows(50, slip=0.0, first_flip=0.0)
+    assert all(R.arith_gold(r["prompt"], r["chosen"]) for r in exact)
     # the held-out problems (the valid split) are in neither the corpus nor the train split
     held_out = {r["prompt"] for n in R.TASKS for r in R.generate(n, R.N_VALID, 0, "valid", 1900)}
     assert held_out == R.held_out_prompts()
@@ -211,8 +235,8 @@ def test_sft_reward_and_ppo_datasets_of_the_data_path(tmp_path, monkeypatch):
     eos = tok.eos_token
     for row in sft.select(range(5)):
         text = tok.decode(row["input_ids"][1:])
-        prompt, answer = text.split("Solution:\n")
-        assert answer == by_prompt[prompt + "Solution:\n"].chosen + eos
+        head, opening, answer = text.partition(".\n")  # the prompt ends with its start's line
+        assert answer == by_prompt[head + opening].chosen + eos
         learnt = [t for t in row["labels"] if t != -100]
         assert tok.decode(learnt) == answer
     for row in pairs.select(range(5)):

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from marlhf.data.reasoning_tasks import N_TRAIN, PRETRAIN_SLIP, arith_gold, final_answer, generate
+from marlhf.data.reasoning_tasks import (
+    N_TRAIN,
+    PRETRAIN_FIRST_FLIP,
+    PRETRAIN_SLIP,
+    arith_gold,
+    final_answer,
+    generate,
+)
 from marlhf.models import zoo
 from marlhf.models.load import resolve_model_path
 from marlhf.pipeline import recipes
@@ -52,7 +59,7 @@ def test_arith_base_resolves_to_the_shipped_files():
     assert ran == _effective(recipes.ARITH_FLAGS)
     assert record["corpus"] == (
         f"marlhf.data.reasoning_tasks.pretraining_rows({recipes.ARITH_ROWS}, seed=0, "
-        f"slip={PRETRAIN_SLIP})"
+        f"slip={PRETRAIN_SLIP}, first_flip={PRETRAIN_FIRST_FLIP})"
     )
     shipped = AutoTokenizer.from_pretrained(path)
     assert shipped.get_vocab() == AutoTokenizer.from_pretrained(zoo.BASE_DIR).get_vocab()
@@ -122,5 +129,5 @@ def test_infer_scores_the_base_on_the_arithmetic_task_by_its_gold(tmp_path, monk
     rows = read_rows(str(path))
     assert len(rows) == 4
     for r in rows:
-        assert r["prompt"].startswith("Task: start is ")
+        assert r["prompt"].startswith("Task:\nA") and "Solution: start is " in r["prompt"]
         assert r["gold"] == arith_gold(r["prompt"], r["response"])
