@@ -111,6 +111,7 @@ STEPS = (4, 8, 16)
 SEQ = {4: (48, 96), 8: (64, 160), 16: (96, 288)}
 HELD_OUT = 300  # every held-out problem of a task (reasoning_tasks.N_VALID)
 LINES = ("step lines right (T=1)", "line_accuracy")
+FIRST_OPERATION = ("first operation right (T=1)", "first_operation")  # the early decision
 # The smoke measurement (module docstring): CPU s a step of 16 responses on synthetic-arith-4, one
 # thread, after start-up (runs of 31 steps, 11 for macro_mc, less a 1-step run's CPU)
 CPU_S_PER_STEP = {
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
         args, arms, seeds, tune_seeds,
         settings=settings_of, run=run,
         tune=lambda shown, ts: tuning_table(out, k, shown, ts, read=read, settings=settings_of),
-        rep=lambda chosen, rs: report(out, k, chosen, rs, read=read, extra=LINES),
+        rep=lambda chosen, rs: report(out, k, chosen, rs, read=read, extra=(LINES, FIRST_OPERATION)),
         summary=out / f"summary_arith{k}.md", tag="reasoning_credit",
         # the tables hold ppo, the baseline, also when a command runs other arms
         shown=list(dict.fromkeys(["ppo", *arms])),

@@ -292,11 +292,11 @@ FIRST_CALLS = ("right first calls (T=1)", "first_call_key")
 
 
 def report(
-    out: Path, turns: int, chosen: dict[str, Setting], seeds, read=None, extra=FIRST_CALLS
+    out: Path, turns: int, chosen: dict[str, Setting], seeds, read=None, extra=(FIRST_CALLS,)
 ) -> list[str]:
     """The reported table: every arm at its chosen setting on ``seeds``. ``read`` as in
-    :func:`tuning_table`; ``extra``: (the header, the key in ``eval["T1"]``) of one more held-out
-    column."""
+    :func:`tuning_table`; ``extra``: (the header, the key in ``eval["T1"]``) of each further
+    held-out column."""
     read = read or (lambda arm, s, seed: read_run(run_dir(out, turns, arm, s, seed)))
     runs = {}
     for arm, s in chosen.items():
@@ -310,8 +310,9 @@ def report(
     base_steps = min(len(g["gold"]) for g in runs["ppo"])
     lines = [
         "| arm | setting | seeds | final training gold | − ppo | held-out gold (T=1) | − ppo | "
-        f"held-out greedy | {extra[0]} | reaches ppo's final at | speed-up [95 % seed bootstrap] |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"held-out greedy | {' | '.join(h for h, _ in extra)} | reaches ppo's final at | "
+        "speed-up [95 % seed bootstrap] |",
+        "|---" * (10 + len(extra)) + "|",
     ]
     for arm, got in runs.items():
         if not got:
@@ -319,7 +320,7 @@ def report(
         finals = [final_value(g["gold"], FINAL_WINDOW) for g in got]
         held = [g["eval"]["T1"]["gold"] for g in got]
         greedy = [g["eval"]["greedy"]["gold"] for g in got]
-        first = [g["eval"]["T1"][extra[1]] for g in got]
+        further = " | ".join(pm(mean_ci([g["eval"]["T1"][k] for g in got])) for _, k in extra)
         curve = smooth(mean_curve([g["gold"] for g in got]), SMOOTH_WINDOW)
         reach = first_reach(list(range(1, len(curve) + 1)), curve, target)
         sp = speedup_of(base_steps, reach)
@@ -330,7 +331,7 @@ def report(
         lines.append(
             f"| {arm} | {chosen[arm].label} | {len(got)} | {pm(mean_ci(finals))} | "
             f"{pm(welch_diff_ci(finals, base_final))} | {pm(mean_ci(held))} | "
-            f"{pm(welch_diff_ci(held, base_held))} | {pm(mean_ci(greedy))} | {pm(mean_ci(first))} | "
+            f"{pm(welch_diff_ci(held, base_held))} | {pm(mean_ci(greedy))} | {further} | "
             f"{reach if reach is not None else 'never'} | "
             f"{'—' if sp is None else f'{sp:.2f}'} [{boot.low:.2f}, {boot.high:.2f}] |"
         )

@@ -88,13 +88,13 @@ def test_macro_mc_continues_from_every_step_start(tmp_path):
         assert b.positions[row][b.mask[row]].tolist() == starts
 
 
-def _fake_run(out: Path, arm: str, s: Setting, seed: int, curve, held: float, lines: float = 0.5):
+def _fake_run(out: Path, arm: str, s: Setting, seed: int, curve, held: float, lines=0.5, first=0.5):
     run = rc.run_dir(out, 4, arm, s, seed)
     run.mkdir(parents=True)
     with open(run / "metrics.jsonl", "w") as f:
         for step, g in enumerate(curve, 1):
             f.write(json.dumps({"step": step, "objective/gold": g, "time/step": 1.0}) + "\n")
-    scores = {"accuracy": held, "gold": held, "line_accuracy": lines}
+    scores = {"accuracy": held, "gold": held, "line_accuracy": lines, "first_operation": first}
     (run / "eval.json").write_text(json.dumps({"T1": scores, "greedy": scores}))
 
 
@@ -116,11 +116,15 @@ def test_report_speedup_and_differences_against_ppo(tmp_path):
     s = Setting(0.95, 1e-4)
     for seed, held_ppo, held_step in ((11, 0.2, 0.5), (12, 0.3, 0.6)):
         _fake_run(tmp_path, "ppo", s, seed, [0.0] * 6 + [0.5] * 6, held_ppo)
-        _fake_run(tmp_path, "step", s, seed, [0.0, 0.0, 0.5] + [0.5] * 9, held_step, 0.75)
+        _fake_run(
+            tmp_path, "step", s, seed, [0.0, 0.0, 0.5] + [0.5] * 9, held_step, 0.75, seed / 20
+        )
+    extra = (rc.LINES, rc.FIRST_OPERATION)
     lines = rc.report(
-        tmp_path, 4, {"ppo": s, "step": s}, [11, 12], read=rc.reader(tmp_path, 4), extra=rc.LINES
+        tmp_path, 4, {"ppo": s, "step": s}, [11, 12], read=rc.reader(tmp_path, 4), extra=extra
     )
-    assert "step lines right (T=1)" in lines[0]
+    assert "step lines right (T=1) | first operation right (T=1) |" in lines[0]
+    assert lines[1] == "|---" * 12 + "|"
     row = next(ln for ln in lines if ln.startswith("| step |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     # ppo's final (mean of the last 5 steps) is 0.5; step's trailing-5 mean (0, 0, .5, .5, .5, .5,
@@ -130,7 +134,9 @@ def test_report_speedup_and_differences_against_ppo(tmp_path):
     assert cells[5] == "0.550 ± 0.635"
     assert cells[6] == "0.300 ± 0.304"
     assert cells[8] == "0.750 ± 0.000"
-    assert cells[9] == "7" and cells[10].startswith("1.71")
+    # first operation 0.55 and 0.60: mean 0.575, se 0.025, ± 12.706 * 0.025 = 0.318
+    assert cells[9] == "0.575 ± 0.318"
+    assert cells[10] == "7" and cells[11].startswith("1.71")
 
 
 def test_held_out_figures_of_one_task(tmp_path):
