@@ -6,10 +6,13 @@ The task (``marlhf/data/reasoning_tasks.py``, docs/guide/stages.md): a start num
 operations, solved one line per step (``B-4: 21-4 is 17.``) and ended by ``answer: N``; the reward
 (``--reward_source gold``, ``reasoning_tasks.arith_gold``) is 1 for the right final answer and 0
 otherwise, so one slip at any step costs the whole reward. The base ``tiny-base-arith`` writes the
-format; its 4-step accuracy at T = 1 is 0.17, and 46 of its 47 wrong greedy 4-step answers have a
-wrong first line (docs/research/tasks-and-models.md).
+format and reads the problem; at T = 1 it writes the first step's operation right about half the
+time (its corpus applies the other one to half the first lines) and slips on later lines at times:
+4-step accuracy 0.30 at T = 1 (docs/research/tasks-and-models.md). The first line's sign is the
+early decision the final answer pays for, about 65 tokens later.
 
-Pre-registered (docs/research/reasoning.md, written before any run of this script):
+Pre-registered (docs/research/reasoning.md, written before any tuning or reported run of this
+script; its predictions written again for the remade base after a pilot on seed 0):
 
 - Arms (one flag set each, :data:`ARMS`): ``ppo`` (token-level GAE, ``--ngram 1``), ``step``
   (MA-PPO with ``--termination_condition step``: a macro action ends at each newline, so a step
@@ -27,7 +30,8 @@ Pre-registered (docs/research/reasoning.md, written before any run of this scrip
   :mod:`benchmarks.tuning` (the mean over seeds of (final training accuracy + held-out accuracy) / 2).
 - Report: the chosen settings on seeds 11-20 (:data:`REPORT_SEEDS`). Per arm: final training
   accuracy (the mean of the last 5 steps' ``objective/gold``), held-out accuracy on the 300
-  held-out problems at T = 1 and greedy, the share of step lines right at T = 1; differences to
+  held-out problems at T = 1 and greedy, the shares of step lines right and of first lines with step
+  A's operation at T = 1; differences to
   ``ppo`` with Welch's 95 % interval over seeds; the speed-up (the first step at which an arm's
   smoothed mean curve reaches ``ppo``'s final training accuracy, ``ppo``'s steps over it) with a
   seed bootstrap.
