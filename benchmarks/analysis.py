@@ -218,7 +218,7 @@ def pm(x: tuple[float, float], digits: int = 3) -> str:
     return f"{m:.{digits}f}" if math.isnan(h) else f"{m:.{digits}f} ± {h:.{digits}f}"
 
 
-_METRIC_KEYS = {
+METRIC_KEYS = {
     "gold": "objective/gold",
     "score": "objective/score",
     "kl": "objective/kl",
@@ -249,7 +249,7 @@ def last_rows(metrics_file: Path) -> list[dict]:
 def load_run(metrics_file: Path) -> dict[str, list[float]]:
     """Per-step metrics of one PPO run (:func:`last_rows`: a resumed run counts once)."""
     rows = last_rows(metrics_file)
-    run = {k: [float(r.get(key, float("nan"))) for r in rows] for k, key in _METRIC_KEYS.items()}
+    run = {k: [float(r.get(key, float("nan"))) for r in rows] for k, key in METRIC_KEYS.items()}
     run["step"] = [float(r["step"]) for r in rows]
     # cumulative training time (excludes model loading)
     run["elapsed"] = list(itertools.accumulate(run["step_time"]))
