@@ -8,8 +8,8 @@ stage itself (``python -m marlhf.stages.ppo --env``), its rollout, scoring and u
 ``benchmarks/bench_multiturn.py`` measures the sampling alone; this one measures what a training
 step costs. Both arms play :class:`FixedTurns` (this file, loaded by the stage as
 ``benchmarks/bench_turn_step.py:FixedTurns``): an environment that answers every action with one
-fixed observation (the trail task's ``my boss: call my cousin.``, 11 tokens with the chat
-template's turn markers) and ends the episode after ``turns`` turns, with a reward of 0 or 1 from
+fixed observation (the trail task's ``my boss: call my cousin.``, about 10 tokens with the chat
+template's turn markers and the next generation prompt) and ends the episode after ``turns`` turns, with a reward of 0 or 1 from
 the last action's text (so that the advantages are not all 0):
 
 - ``turns``: k turns of ``--action_tokens`` m tokens each (``--max_answer_seq_len m``), the
