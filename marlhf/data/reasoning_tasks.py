@@ -34,14 +34,14 @@ with an answer line (no newline after it; the model's EOS follows)::
 The text states any list of operations (``prompt_text``, ``read_problem`` and the scorer take one
 per step); one rule per problem is what the shipped 2-layer base can read. Every value of a line is
 then within its reach: the label follows the label of the line above, the operation is the line
-above's (the prompt's line of its label for the first), the total it starts from is the number after the
-latest ``is`` (the prompt's ``start is 25.`` for the first line, at the same distance from it as a
-line's total from the line above's), and the answer line follows the line of the prompt's last
-label. Formats it could not read, teacher-forced (the research page "The tasks and their tiny
-models"): with the start on the prompt's first line (``Task: start is 25.``), the first line's
-total sat a prompt's length (38-86 tokens) after it, and the base read its units digit 0.21 of the
-time on two-digit starts; with a different operation at each step, a line must look its step's
-operation up by its label; a base pretrained on it (1,500 steps) read the start (1.00) and
+above's (the prompt's line of its label for the first), the total it starts from is the number
+after the latest ``is`` (the prompt's ``start is 25.`` for the first line, at the same distance
+from it as a line's total from the line above's), and the answer line follows the line of the
+prompt's last label. Formats it could not read, teacher-forced (the research page "The tasks and
+their tiny models"): with the start on the prompt's first line (``Task: start is 25.``), the first
+line's total sat a prompt's length (38-86 tokens) after it, and the base read its units digit 0.21
+of the time on two-digit starts; with a different operation at each step, a line must look its
+step's operation up by its label; a base pretrained on it (1,500 steps) read the start (1.00) and
 computed the sums (0.99) but found the sign (0.66; the totals' bounds alone give about 0.6) and the
 operand (0.44) of its step poorly, and answered 3-6 % of 4-step problems right, like one on an
 earlier format (``1: plus 5`` in the prompt, ``1: plus 5 to 7 is 12`` in the solution) that read
@@ -147,7 +147,7 @@ _OP_LINE = re.compile(r"^([A-Z])([+-])(\d+)$", re.MULTILINE)
 _ANSWER_LINE = re.compile(r"^\s*answer\s*:(.*)$", re.IGNORECASE)
 _ANSWER_VALUE = re.compile(r"\s*(-?\d+)\s*\.?\s*")
 _LINE_TOTAL = re.compile(r" is (-?\d+)\.$")
-# a step line: label, its operation, ``: ``, the total it starts from, the operation again, the total
+# the first step line: label A with its operation, the total it starts from, the operation again
 _STEP_LINE = re.compile(r"^A([+-]\d+): (\d+)([+-]\d+) is -?\d+\.$")
 
 
