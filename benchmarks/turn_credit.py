@@ -323,17 +323,21 @@ def report(
         further = " | ".join(pm(mean_ci([g["eval"]["T1"][k] for g in got])) for _, k in extra)
         curve = smooth(mean_curve([g["gold"] for g in got]), SMOOTH_WINDOW)
         reach = first_reach(list(range(1, len(curve) + 1)), curve, target)
-        sp = speedup_of(base_steps, reach)
-        boot = bootstrap_speedup(
-            [g["gold"] for g in runs["ppo"]], [g["gold"] for g in got],
-            final_window=FINAL_WINDOW, smooth_window=SMOOTH_WINDOW,
-        )  # fmt: skip
+        if arm == "ppo":  # the baseline: its speed-up over itself says nothing
+            speed = "— (the baseline)"
+        else:
+            sp = speedup_of(base_steps, reach)
+            boot = bootstrap_speedup(
+                [g["gold"] for g in runs["ppo"]], [g["gold"] for g in got],
+                final_window=FINAL_WINDOW, smooth_window=SMOOTH_WINDOW,
+            )  # fmt: skip
+            speed = f"{'—' if sp is None else f'{sp:.2f}'} [{boot.low:.2f}, {boot.high:.2f}]"
         lines.append(
             f"| {arm} | {chosen[arm].label} | {len(got)} | {pm(mean_ci(finals))} | "
             f"{pm(welch_diff_ci(finals, base_final))} | {pm(mean_ci(held))} | "
             f"{pm(welch_diff_ci(held, base_held))} | {pm(mean_ci(greedy))} | {further} | "
             f"{reach if reach is not None else 'never'} | "
-            f"{'—' if sp is None else f'{sp:.2f}'} [{boot.low:.2f}, {boot.high:.2f}] |"
+            f"{speed} |"
         )
     return lines
 

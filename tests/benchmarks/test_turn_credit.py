@@ -122,6 +122,10 @@ def test_report_speedup_against_ppo(tmp_path):
     # -> 10 / 6; held-out +0.2 over ppo
     assert cells[5] == "0.700 ± 0.000" and cells[6] == "0.200 ± 0.000"
     assert cells[9] == "6" and cells[10].startswith("1.67")
+    # ppo's own row: its trailing mean reaches its final gold at its last step (10), and it has no
+    # speed-up over itself
+    base = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert base[0] == "ppo" and base[9] == "10" and base[10] == "— (the baseline)"
 
 
 @pytest.mark.slow
