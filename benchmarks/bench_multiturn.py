@@ -25,8 +25,9 @@ every repeat), ``--repeats`` times after a warm-up:
 
 With ``--env_step_ms T`` (> 0) the conversations are also played through the episode runner
 (:func:`marlhf.envs.runner.run_episodes`, as multi-turn PPO plays them) on an environment whose
-every step takes T ms (:class:`LatencyEnv`: a tool call or a remote service; each row's step in a
-thread of its own, ``--env_workers`` = the batch), with the same actions and contexts:
+every step takes T ms (``benchmarks/fixed_turns.py``'s ``FixedTurns``: a tool call or a remote
+service; each row's step in a thread of its own, ``--env_workers`` = the batch), with the same
+actions and contexts:
 
 - ``env``: sample every row's turn, then step every row (``--env_overlap 1``);
 - ``env_overlap``: the rows in ``--overlap`` groups that take turns, the environments stepping one
@@ -50,54 +51,22 @@ from importlib.util import find_spec
 
 import torch
 
-OBSERVATION = [{"role": "user", "content": "my boss: call my cousin."}]
-
-
-def _latency_env_class():
-    """:class:`LatencyEnv`, defined on first use (skyrl-gym is imported only with an
-    environment)."""
-    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
-
-    class LatencyEnv(BaseTextEnv):
-        """Every step takes ``env_config.step_s`` seconds, answers with the trail's fixed
-        observation, and the episode is done after ``env_config.turns`` turns."""
-
-        def __init__(self, env_config=None, extras=None):
-            super().__init__()
-            self.step_s, self.done_at = float(env_config.step_s), int(env_config.turns)
-
-        def init(self, prompt):
-            return prompt, {}
-
-        def step(self, action):
-            time.sleep(self.step_s)
-            self.turns += 1
-            return BaseTextEnvStepOutput(
-                observations=list(OBSERVATION), reward=0.0,
-                done=self.turns >= self.done_at, metadata={},
-            )  # fmt: skip
-
-    return LatencyEnv
-
-
-LatencyEnv = None  # the class, once _latency_env_class has made it (load_env finds it here)
+OBSERVATION = [{"role": "user", "content": "my boss: call my cousin."}]  # FixedTurns' answer
 
 
 def _env_ways(sampler, prompts, context, turns: int, m: int, cfg, step_ms: float, groups: int):
     """``env`` and ``env_overlap`` (module doc): the conversations of ``continue`` played by the
-    episode runner on :class:`LatencyEnv`; each returns its prompt tokens read."""
+    episode runner on ``FixedTurns``; each returns its prompt tokens read."""
     import json as _json
 
     from marlhf.envs.config import EnvConfig
     from marlhf.envs.loading import load_env
     from marlhf.envs.runner import run_episodes
 
-    global LatencyEnv
-    LatencyEnv = LatencyEnv or _latency_env_class()
     B = len(prompts)
     seeds = torch.arange(B) + 1000
     factory = load_env(
-        f"{__name__}:LatencyEnv", _json.dumps({"step_s": step_ms / 1000, "turns": turns})
+        "benchmarks.fixed_turns:FixedTurns", _json.dumps({"step_s": step_ms / 1000, "turns": turns})
     )
     rows = [{"prompt": [{"role": "user", "content": "q"}]} for _ in range(B)]
     vllm = getattr(sampler, "engine", None)

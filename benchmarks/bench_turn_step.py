@@ -6,11 +6,11 @@ stage itself (``python -m marlhf.stages.ppo --env``), its rollout, scoring and u
         .venv-vllm/bin/python benchmarks/bench_turn_step.py --backend vllm        # vLLM
 
 ``benchmarks/bench_multiturn.py`` measures the sampling alone; this one measures what a training
-step costs. Both arms play :class:`FixedTurns` (this file, loaded by the stage as
-``benchmarks/bench_turn_step.py:FixedTurns``): an environment that answers every action with one
-fixed observation (the trail task's ``my boss: call my cousin.``, about 10 tokens with the chat
-template's turn markers and the next generation prompt) and ends the episode after ``turns`` turns, with a reward of 0 or 1 from
-the last action's text (so that the advantages are not all 0):
+step costs. Both arms play ``benchmarks/fixed_turns.py:FixedTurns``: an environment that answers
+every action with one fixed observation (the trail task's ``my boss: call my cousin.``, about 10
+tokens with the chat template's turn markers and the next generation prompt) and ends the episode
+after ``turns`` turns, with a reward of 0 or 1 from the last action's text (so that the advantages
+are not all 0):
 
 - ``turns``: k turns of ``--action_tokens`` m tokens each (``--max_answer_seq_len m``), the
   observation after each but the last;
@@ -44,39 +44,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
-from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
-
 ROOT = Path(__file__).resolve().parents[1]
-OBSERVATION = "my boss: call my cousin."
 PHASES = ("step", "generate", "score", "train")
-
-
-class FixedTurns(BaseTextEnv):
-    """Answers every action with ``env_config.observation`` (default :data:`OBSERVATION`) and ends
-    after ``env_config.turns`` turns; the last turn's reward is the parity of its action text's
-    CRC-32 (0 or 1, the same in every process)."""
-
-    def __init__(self, env_config=None, extras=None):
-        super().__init__()
-        cfg = env_config or {}
-        self.done_at = int(cfg.get("turns", 4))
-        self.observation = str(cfg.get("observation", OBSERVATION))
-
-    def init(self, prompt):
-        return prompt, {}
-
-    def step(self, action: str) -> BaseTextEnvStepOutput:
-        self.turns += 1
-        done = self.turns >= self.done_at
-        return BaseTextEnvStepOutput(
-            observations=[] if done else [{"role": "user", "content": self.observation}],
-            reward=float(zlib.crc32(action.encode()) % 2) if done else 0.0,
-            done=done,
-            metadata={},
-        )
 
 
 def make_policy(work: Path) -> Path:
@@ -102,7 +73,7 @@ def stage_command(policy: Path, run: Path, args, turns: int, answer: int) -> lis
     cmd = [
         sys.executable, "-m", "marlhf.stages.ppo",
         "--actor_model_name_or_path", str(policy), "--critic_model_name_or_path", str(policy),
-        "--env", f"{Path(__file__).resolve()}:FixedTurns",
+        "--env", f"{ROOT / 'benchmarks' / 'fixed_turns.py'}:FixedTurns",
         "--env_config", json.dumps({"turns": turns}), "--max_turns", str(turns),
         "--env_timeout_s", "0", "--data_path", f"marlhf-trail-4:{args.batch * args.steps}",
         "--termination_condition", "turn",
