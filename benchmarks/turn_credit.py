@@ -28,6 +28,8 @@ Pre-registered (docs/research/agents.md, written before any run of this script):
   ``ppo`` with Welch's 95 % interval over seeds; MA-RLHF's speed-up (the first step at which an
   arm's smoothed mean curve reaches ``ppo``'s final training gold, ``ppo``'s steps over it) with a
   seed bootstrap; the λ = 1 control is the tuning table itself (every critic arm at both λ).
+  Below it, outside the registered figures, :func:`curve_table`: each arm's training gold by
+  tenths of the run and its mean over the run, with the difference to ``ppo``.
 - Settings: ``marlhf-trail-4``, 60 steps of 16 games, critic lr 5e-4, ``--kl_ctl 0.01``, T = 1,
   one PPO epoch in minibatches of 8, constant learning rates.
 
@@ -338,6 +340,36 @@ def report(
             f"{pm(welch_diff_ci(held, base_held))} | {pm(mean_ci(greedy))} | {further} | "
             f"{reach if reach is not None else 'never'} | "
             f"{speed} |"
+        )
+    return [*lines, "", *curve_table(runs)]
+
+
+def curve_table(runs: dict[str, list[dict]], parts: int = 10) -> list[str]:
+    """Exploratory, beside the registered table: each arm's training gold, the mean over seeds of
+    ``parts`` equal blocks of steps, and its mean over every step (the area under the curve per
+    step, the speed of learning over the whole run) with Welch's 95 % interval of the difference
+    to ppo. ``runs``: arm -> its runs (each with a per-step ``gold``), ppo among them."""
+    n = min(len(g["gold"]) for got in runs.values() for g in got)
+    size = max(1, n // parts)
+    base = [statistics.fmean(g["gold"][:n]) for g in runs["ppo"]]
+    lines = [
+        f"Training gold by blocks of {size} steps and its mean over the {n} steps "
+        "(exploratory: not among the registered figures):",
+        "",
+        "| arm | seeds | blocks of steps | mean over the run | − ppo |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, got in runs.items():
+        if not got:
+            continue
+        blocks = [
+            statistics.fmean(statistics.fmean(g["gold"][i : i + size]) for g in got)
+            for i in range(0, size * (n // size), size)
+        ]
+        means = [statistics.fmean(g["gold"][:n]) for g in got]
+        lines.append(
+            f"| {arm} | {len(got)} | {', '.join(f'{b:.2f}' for b in blocks)} | "
+            f"{pm(mean_ci(means))} | {pm(welch_diff_ci(means, base))} |"
         )
     return lines
 

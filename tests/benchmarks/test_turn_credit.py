@@ -128,6 +128,21 @@ def test_report_speedup_against_ppo(tmp_path):
     assert base[0] == "ppo" and base[9] == "10" and base[10] == "— (the baseline)"
 
 
+def test_curve_table_blocks_and_run_means():
+    runs = {
+        "ppo": [{"gold": [0.0, 0.0, 1.0, 1.0]}, {"gold": [0.0, 1.0, 1.0, 1.0]}],
+        "turn": [{"gold": [1.0, 1.0, 1.0, 1.0, 0.0]}],  # one step longer: cut to the common 4
+    }
+    lines = turn_credit.curve_table(runs, parts=2)
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip("|").split("|")]
+            for ln in lines if ln.startswith("| ppo") or ln.startswith("| turn")}  # fmt: skip
+    # ppo: blocks (0+0.5)/2 = 0.25 and 1.0; run means 0.5 and 0.75
+    assert rows["ppo"][2] == "0.25, 1.00" and rows["ppo"][3].startswith("0.625 ± ")
+    # turn: 1.0 over its first 4 steps; one seed, so no interval of its own
+    assert rows["turn"][2] == "1.00, 1.00" and rows["turn"][3] == "1.000"
+    assert rows["turn"][4].startswith("0.375")
+
+
 @pytest.mark.slow
 def test_smoke_run_end_to_end_and_resume(tmp_path, capsys):
     argv = [
