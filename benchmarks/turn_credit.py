@@ -186,23 +186,27 @@ def held_out(run: Path, turns: int, games: int) -> dict:
 
 def run_and_eval(run: Path, cmd: list[str], evaluate, label: str) -> str:
     """One run: the stage command ``cmd`` (its output in ``run/stage.log``), then ``evaluate(run)``
-    -> the held-out figures (``T1``/``gold`` among them), written with the wall time, the stage's
-    CPU seconds and the command to ``run/eval.json``; skipped when that file exists. Returns a
-    progress line (``label``: the name of the T = 1 gold in it)."""
+    -> the held-out figures (``T1``/``gold`` among them), written with the wall time, the CPU
+    seconds of the stage process and of the held-out figures, and the command to
+    ``run/eval.json``; skipped when that file exists. Returns a progress line (``label``: the name
+    of the T = 1 gold in it)."""
     if (run / "eval.json").exists():
         return f"{run}: done already"
     run.mkdir(parents=True, exist_ok=True)
-    t0, c0 = time.time(), os.times()
+    t0 = time.time()
     with open(run / "stage.log", "a") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        # this child's own CPU: the process-wide children's times would also count the stages
+        # that other workers' threads reap meanwhile
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         return f"{run}: FAILED (exit {proc.returncode}, see stage.log)"
+    c0 = time.thread_time()  # the held-out figures run in this thread
     figures = evaluate(run)
-    c1 = os.times()
+    figures["cpu_s_held_out"] = round(time.thread_time() - c0, 1)
     figures["wall_s"] = round(time.time() - t0, 1)
-    figures["cpu_s_children"] = round(
-        c1.children_user + c1.children_system - c0.children_user - c0.children_system, 1
-    )
+    figures["cpu_s_stage"] = round(usage.ru_utime + usage.ru_stime, 1)
     figures["command"] = " ".join(cmd[1:])
     (run / "eval.json").write_text(json.dumps(figures, indent=1))
     return f"{run}: {figures['wall_s']:.0f} s, {label} {figures['T1']['gold']:.3f}"

@@ -173,7 +173,7 @@ def test_smoke_run_end_to_end_and_resume(tmp_path, capsys):
     run = rc.run_dir(tmp_path, 4, "step", Setting(0.95, 1e-4), 1)
     ev = json.loads((run / "eval.json").read_text())
     assert 0 <= ev["T1"]["gold"] <= 1 and ev["T1"]["gold"] == ev["T1"]["accuracy"]
-    assert ev["T1"]["tokens_mean"] > 40 and ev["cpu_s_children"] > 0
+    assert ev["T1"]["tokens_mean"] > 40 and ev["cpu_s_stage"] > 0 and ev["cpu_s_held_out"] > 0
     assert "--termination_condition step" in ev["command"]
     argv[3] = "ppo,step"
     assert rc.main(argv) == 0

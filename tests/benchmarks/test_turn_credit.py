@@ -2,6 +2,8 @@
 flags that make the arm), the selection on hand-made runs, and a resumable run at smoke size."""
 
 import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,21 @@ def test_curve_table_blocks_and_run_means():
     assert rows["turn"][4].startswith("0.375")
 
 
+def test_run_and_eval_counts_its_own_stage_cpu_beside_another_worker(tmp_path):
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    idle = "import time; time.sleep(1.5)"
+    jobs = [(tmp_path / "idle", idle), (tmp_path / "busy", busy)]
+    with ThreadPoolExecutor(2) as pool:  # the busy stage ends inside the idle one's run
+        list(pool.map(lambda j: turn_credit.run_and_eval(
+            j[0], [sys.executable, "-c", j[1]], lambda r: {"T1": {"gold": 0.5}}, "gold"), jobs))  # fmt: skip
+    ev = {j[0].name: json.loads((j[0] / "eval.json").read_text()) for j in jobs}
+    assert ev["busy"]["cpu_s_stage"] >= 0.55
+    assert ev["idle"]["cpu_s_stage"] < 0.3  # its own start-up only, not the busy stage's 0.6 s
+    assert ev["idle"]["wall_s"] >= 1.5 and ev["idle"]["T1"] == {"gold": 0.5}
+    # done once: the same call again skips it
+    assert turn_credit.run_and_eval(jobs[0][0], ["false"], None, "gold").endswith("done already")
+
+
 @pytest.mark.slow
 def test_smoke_run_end_to_end_and_resume(tmp_path, capsys):
     argv = [
@@ -160,6 +177,11 @@ def test_smoke_run_end_to_end_and_resume(tmp_path, capsys):
     assert "| ppo | λ=0.95, lr=1e-04 | 1 |" in out and "| mt_grpo | λ=1, lr=1e-04 | 1 |" in out
     run = turn_credit.run_dir(tmp_path, 4, "mt_grpo", Setting(1.0, 1e-4), 1)
     ev = json.loads((run / "eval.json").read_text())
-    assert 0 <= ev["T1"]["gold"] <= 1 and ev["T1"]["turns_mean"] > 1 and ev["cpu_s_children"] > 0
+    assert (
+        0 <= ev["T1"]["gold"] <= 1
+        and ev["T1"]["turns_mean"] > 1
+        and ev["cpu_s_stage"] > 0
+        and ev["cpu_s_held_out"] > 0
+    )
     assert turn_credit.main(argv) == 0
     assert capsys.readouterr().out.count("done already") == 2
