@@ -381,7 +381,8 @@ def curve_table(runs: dict[str, list[dict]], parts: int = 10) -> list[str]:
 def add_study_args(p: argparse.ArgumentParser, output_dir: Path, arms, sizes) -> None:
     """The flags every credit comparison shares: output, arms (``arms``: the default of
     ``--arms``), seeds, phases, size, workers."""
-    p.add_argument("--output_dir", type=Path, default=output_dir)
+    # absolute: the stages run in the repository root, wherever the script was started from
+    p.add_argument("--output_dir", type=lambda v: Path(v).resolve(), default=output_dir)
     p.add_argument("--arms", default=",".join(arms))
     p.add_argument("--seeds", default=",".join(map(str, REPORT_SEEDS)))
     p.add_argument("--tune", action="store_true", help="tune every arm on the grid first")

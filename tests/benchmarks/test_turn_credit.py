@@ -23,6 +23,20 @@ def test_the_default_arms_are_the_registered_cell_s(capsys, monkeypatch, tmp_pat
     assert list(studied[0]) == ["ppo", "turn", "grpo", "mt_grpo"]
 
 
+def test_a_relative_output_dir_is_the_callers_not_the_stages(monkeypatch, tmp_path):
+    # the stages run in the repository root: a relative --output_dir is made absolute first, from
+    # the directory the script was started in
+    given = []
+    monkeypatch.setattr(turn_credit, "run_study", lambda args, *a, **k: given.append(args))
+    monkeypatch.chdir(tmp_path)
+    turn_credit.main(["--output_dir", "out/tc"])
+    assert given[0].output_dir == tmp_path / "out" / "tc"
+    s = Setting(1.0, 1e-4)
+    run = turn_credit.run_dir(given[0].output_dir, 4, "ppo", s, 11)
+    cmd = turn_credit.stage_command(run, 4, "ppo", s, 11, turn_credit.SIZES["cpu"], None)
+    assert Path(cmd[cmd.index("--output_dir") + 1]).is_absolute()
+
+
 def test_grids_critic_arms_get_both_lams_critic_free_one():
     assert [s.label for s in turn_credit.settings_of("turn")] == [
         "λ=0.95, lr=1e-04", "λ=0.95, lr=2e-04", "λ=1, lr=1e-04", "λ=1, lr=2e-04",
