@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps: at least 2 (the first step is not counted)")
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-turn-step-"))
+    # absolute: the stages run in the repository root
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="bench-turn-step-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     policy = make_policy(work)
     m = args.action_tokens
