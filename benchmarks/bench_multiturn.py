@@ -51,8 +51,6 @@ from importlib.util import find_spec
 
 import torch
 
-OBSERVATION = [{"role": "user", "content": "my boss: call my cousin."}]  # FixedTurns' answer
-
 
 def _env_ways(sampler, prompts, context, turns: int, m: int, cfg, step_ms: float, groups: int):
     """``env`` and ``env_overlap`` (module doc): the conversations of ``continue`` played by the
@@ -127,6 +125,7 @@ def _layout(path: str):
 
 def _prompts(layout, batch: int) -> tuple[list[list[int]], list[int]]:
     """The trail task's first prompts and the fixed context after an action cut at its length."""
+    from benchmarks.fixed_turns import OBSERVATION
     from marlhf.data import trail
 
     rows = trail.rows(8, batch, seed=0, split="valid")

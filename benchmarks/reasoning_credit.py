@@ -128,6 +128,9 @@ LONGER = {4: (1.0, 1.0), 8: (2.6, 2.6), 16: (4.5, 10.6)}
 # a run's start-up (stage start and first step, about 9 CPU s) and its held-out answers (300
 # problems at T = 1 and greedy: 10, 25 and 39 CPU s at 4, 8 and 16 steps)
 RUN_OVERHEAD_S = {4: 20.0, 8: 35.0, 16: 50.0}
+# the arms that questions 2 and 3 compare with each other (not only with ppo): the report's pair table
+PAIRS = (("step", "fixed10"), ("step", "lowprob10"), ("fixed10", "lowprob10"), ("grpo", "dr_grpo"))
+
 # the documented commands' arm groups, each at most 60 min on 2 idle cores (tests check it)
 TUNE_GROUPS = (("ppo", "step"), ("fixed10", "lowprob10"), ("grpo", "dr_grpo", "macro_mc"))
 REPORT_GROUPS = (("ppo", "step", "fixed10", "lowprob10"), ("grpo", "dr_grpo"), ("macro_mc",))
@@ -260,7 +263,9 @@ def main(argv=None) -> int:
         args, arms, seeds, tune_seeds,
         settings=settings_of, run=run,
         tune=lambda shown, ts: tuning_table(out, k, shown, ts, read=read, settings=settings_of),
-        rep=lambda chosen, rs: report(out, k, chosen, rs, read=read, extra=(LINES, FIRST_OPERATION)),
+        rep=lambda chosen, rs: report(
+            out, k, chosen, rs, read=read, extra=(LINES, FIRST_OPERATION), pairs=PAIRS
+        ),
         summary=out / f"summary_arith{k}.md", tag="reasoning_credit",
         # the tables hold ppo, the baseline, also when a command runs other arms
         shown=list(dict.fromkeys(["ppo", *arms])),

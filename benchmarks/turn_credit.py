@@ -298,11 +298,17 @@ FIRST_CALLS = ("right first calls (T=1)", "first_call_key")
 
 
 def report(
-    out: Path, turns: int, chosen: dict[str, Setting], seeds, read=None, extra=(FIRST_CALLS,)
+    out: Path,
+    turns: int,
+    chosen: dict[str, Setting],
+    seeds,
+    read=None,
+    extra=(FIRST_CALLS,),
+    pairs=(),
 ) -> list[str]:
-    """The reported table: every arm at its chosen setting on ``seeds``. ``read`` as in
-    :func:`tuning_table`; ``extra``: (the header, the key in ``eval["T1"]``) of each further
-    held-out column."""
+    """The reported table: every arm at its chosen setting on ``seeds``, then :func:`curve_table`
+    and, with ``pairs``, :func:`pair_table`. ``read`` as in :func:`tuning_table`; ``extra``: (the
+    header, the key in ``eval["T1"]``) of each further held-out column."""
     read = read or (lambda arm, s, seed: read_run(run_dir(out, turns, arm, s, seed)))
     runs = {}
     for arm, s in chosen.items():
@@ -345,7 +351,33 @@ def report(
             f"{reach if reach is not None else 'never'} | "
             f"{speed} |"
         )
-    return [*lines, "", *curve_table(runs)]
+    return [*lines, "", *curve_table(runs), *(["", *pair_table(runs, pairs)] if pairs else [])]
+
+
+def pair_table(runs: dict[str, list[dict]], pairs) -> list[str]:
+    """The differences between two arms other than ``ppo`` (``pairs``: (a, b) each, a − b) that a
+    registered question asks about: final training gold, held-out gold at T = 1 and the mean
+    training gold over the run, each with Welch's 95 % interval; a pair missing an arm's runs is
+    left out."""
+    lines = [
+        "| a − b | final training gold | held-out gold (T=1) | mean over the run |",
+        "|---|---|---|---|",
+    ]
+    for a, b in pairs:
+        if not runs.get(a) or not runs.get(b):
+            continue
+        n = min(len(g["gold"]) for g in (*runs[a], *runs[b]))
+        fa, fb = ([_pair_figures(g, n) for g in runs[arm]] for arm in (a, b))
+        cells = [pm(welch_diff_ci([x[i] for x in fa], [x[i] for x in fb])) for i in range(3)]
+        lines.append(f"| {a} − {b} | {' | '.join(cells)} |")
+    return lines
+
+
+def _pair_figures(run: dict, n: int) -> tuple[float, float, float]:
+    """A run's final training gold, held-out gold (T = 1) and mean gold over its first ``n``
+    steps."""
+    gold = run["gold"]
+    return final_value(gold, FINAL_WINDOW), run["eval"]["T1"]["gold"], statistics.fmean(gold[:n])
 
 
 def curve_table(runs: dict[str, list[dict]], parts: int = 10) -> list[str]:
@@ -366,10 +398,8 @@ def curve_table(runs: dict[str, list[dict]], parts: int = 10) -> list[str]:
     for arm, got in runs.items():
         if not got:
             continue
-        blocks = [
-            statistics.fmean(statistics.fmean(g["gold"][i : i + size]) for g in got)
-            for i in range(0, size * (n // size), size)
-        ]
+        curve = mean_curve([g["gold"][:n] for g in got])
+        blocks = [statistics.fmean(curve[i : i + size]) for i in range(0, size * (n // size), size)]
         means = [statistics.fmean(g["gold"][:n]) for g in got]
         lines.append(
             f"| {arm} | {len(got)} | {', '.join(f'{b:.2f}' for b in blocks)} | "

@@ -1,7 +1,6 @@
 """benchmarks/bench_turn_step.py: the whole multi-turn PPO step against one answer with as many
 action tokens, end to end on a tiny random model (mechanics only; its timings are not checked)."""
 
-import json
 import statistics
 
 import pytest
@@ -9,6 +8,7 @@ import pytest
 pytest.importorskip("skyrl_gym")
 
 from benchmarks import bench_turn_step as bench  # noqa: E402
+from marlhf.runtime.tracking import read_metrics  # noqa: E402
 
 
 @pytest.mark.slow
@@ -23,9 +23,7 @@ def test_both_arms_train_on_as_many_action_tokens(tmp_path):
 
     # the ratio from the stage's own per-step log: steps 2.. of each run, their median
     def median_step(run):
-        rows = [
-            json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        ]
+        rows = read_metrics(tmp_path / run / "metrics.jsonl")
         return statistics.median([r["time/step"] for r in rows if "time/step" in r][1:])
 
     ratio = out["k2"]["turns_over_single"]["step"]

@@ -159,6 +159,24 @@ def test_curve_table_blocks_and_run_means():
     assert rows["turn"][4].startswith("0.375")
 
 
+def test_pair_table_welch_differences_between_two_arms():
+    def run(curve, held):
+        return {"gold": curve, "eval": {"T1": {"gold": held}}}
+
+    runs = {
+        "a": [run([0.0] * 5 + [1.0] * 5, 0.9), run([0.0] * 10, 0.7)],
+        "b": [run([0.0] * 10, 0.5), run([0.0] * 10, 0.5)],
+        "c": [],  # no runs: its pair is left out
+    }
+    lines = turn_credit.pair_table(runs, [("a", "b"), ("a", "c")])
+    assert len(lines) == 3
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    # a's finals 1.0 and 0.0, b's 0 and 0: +0.5; held +0.8 - 0.5 = +0.3; run means 0.5, 0 -> +0.25
+    assert cells[0] == "a − b"
+    assert cells[1].startswith("0.500 ± ") and cells[2].startswith("0.300 ± ")
+    assert cells[3].startswith("0.250 ± ")
+
+
 def test_run_and_eval_counts_its_own_stage_cpu_beside_another_worker(tmp_path):
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
     idle = "import time; time.sleep(1.5)"
